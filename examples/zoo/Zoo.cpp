@@ -1,0 +1,44 @@
+#include "examples/zoo/Zoo.h"
+
+#include <stdexcept>
+
+#include "examples/zoo/Models.h"
+
+namespace metamem {
+namespace {
+
+void require_positive(const char* what, std::int64_t value) {
+  if (value <= 0) throw std::invalid_argument(std::string(what) + " must be positive");
+}
+
+}  // namespace
+
+const std::vector<std::string>& zoo_models() {
+  static const std::vector<std::string> names = {"mlp", "resnet18", "resnet50", "gpt2"};
+  return names;
+}
+
+StepBuilder zoo_step(const ZooConfig& config) {
+  require_positive("batch", config.batch);
+  if (config.model == "mlp") return mlp_step(config);
+  if (config.model == "resnet18" || config.model == "resnet50") {
+    require_positive("image", config.image);
+    return resnet_step(config, config.model == "resnet18" ? 18 : 50);
+  }
+  if (config.model == "gpt2") {
+    for (auto [what, value] : {std::pair{"seq", config.seq}, {"layers", config.layers},
+                               {"width", config.width}, {"heads", config.heads},
+                               {"vocab", config.vocab}})
+      require_positive(what, value);
+    if (config.width % config.heads != 0)
+      throw std::invalid_argument("width must be a multiple of heads");
+    if (config.dropout < 0 || config.dropout >= 1)
+      throw std::invalid_argument("dropout must be in [0, 1)");
+    return gpt2_step(config);
+  }
+  std::string known;
+  for (const auto& name : zoo_models()) known += (known.empty() ? "" : ", ") + name;
+  throw std::invalid_argument("unknown model '" + config.model + "' (known: " + known + ")");
+}
+
+}  // namespace metamem

@@ -1,0 +1,178 @@
+#include "meta/MetaKernels.h"
+
+#include <ATen/ATen.h>
+#include <ATen/AccumulateType.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include "meta/MetaMode.h"
+
+namespace metamem {
+namespace {
+
+at::Tensor relu(const at::Tensor& self) { return at::empty_like(self); }
+at::Tensor& relu_(at::Tensor& self) { return self; }
+
+// CUDA's fused dropout returns the output and a bool keep-mask.
+std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double,
+                                                  c10::optional<bool>) {
+  return {at::empty_like(input), at::empty_like(input, input.options().dtype(at::kBool))};
+}
+at::Tensor native_dropout_backward(const at::Tensor& grad, const at::Tensor&, double) {
+  return at::empty_like(grad);
+}
+
+std::vector<std::int64_t> conv_output_size(const at::Tensor& input, const at::Tensor& weight,
+                                           at::IntArrayRef stride, at::IntArrayRef padding,
+                                           at::IntArrayRef dilation, bool transposed,
+                                           at::IntArrayRef output_padding, std::int64_t groups) {
+  const std::int64_t spatial = input.dim() - 2;
+  auto at = [](at::IntArrayRef v, std::int64_t i) { return v.size() == 1 ? v[0] : v[i]; };
+  std::vector<std::int64_t> size = {input.size(0),
+                                    transposed ? weight.size(1) * groups : weight.size(0)};
+  for (std::int64_t i = 0; i < spatial; ++i) {
+    const std::int64_t in = input.size(i + 2), kernel = weight.size(i + 2);
+    const std::int64_t extent = at(dilation, i) * (kernel - 1);
+    size.push_back(transposed ? (in - 1) * at(stride, i) - 2 * at(padding, i) + extent +
+                                    at(output_padding, i) + 1
+                              : (in + 2 * at(padding, i) - extent - 1) / at(stride, i) + 1);
+  }
+  return size;
+}
+
+// libtorch's native CPU convolution (oneDNN off) unfolds the input into
+// columns of batch x (C_in/groups * kernel) x output pixels, except for 1x1
+// kernels with unit stride and no padding, where the input is used as is.
+std::int64_t cpu_conv_columns_bytes(const at::Tensor& input, const at::Tensor& weight,
+                                    at::IntArrayRef output_size, at::IntArrayRef stride,
+                                    at::IntArrayRef padding) {
+  bool pointwise = true;
+  std::int64_t kernel = 1, pixels = 1;
+  for (std::int64_t i = 2; i < weight.dim(); ++i) {
+    kernel *= weight.size(i);
+    pixels *= output_size[i];
+    pointwise = pointwise && weight.size(i) == 1;
+  }
+  for (auto s : stride) pointwise = pointwise && s == 1;
+  for (auto p : padding) pointwise = pointwise && p == 0;
+  if (pointwise) return 0;
+  return input.size(0) * weight.size(1) * kernel * pixels *
+         static_cast<std::int64_t>(input.element_size());
+}
+
+bool models_cpu() { return fake_device().is_cpu(); }
+
+at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
+                       const c10::optional<at::Tensor>&, at::IntArrayRef stride,
+                       at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
+                       at::IntArrayRef output_padding, std::int64_t groups) {
+  auto size = conv_output_size(input, weight, stride, padding, dilation, transposed,
+                               output_padding, groups);
+  if (models_cpu() && !transposed)
+    note_scratch(cpu_conv_columns_bytes(input, weight, size, stride, padding));
+  return at::empty(size, input.options().memory_format(input.suggest_memory_format()));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
+    at::OptionalIntArrayRef bias_sizes, at::IntArrayRef stride, at::IntArrayRef padding,
+    at::IntArrayRef, bool transposed, at::IntArrayRef, std::int64_t,
+    std::array<bool, 3> output_mask) {
+  if (models_cpu() && !transposed)
+    note_scratch(cpu_conv_columns_bytes(input, weight, grad_output.sizes(), stride, padding));
+  return {output_mask[0] ? at::empty_like(input) : at::Tensor(),
+          output_mask[1] ? at::empty_like(weight) : at::Tensor(),
+          output_mask[2] ? at::empty({weight.size(0)}, weight.options()) : at::Tensor()};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm(
+    const at::Tensor& input, const c10::optional<at::Tensor>&, const c10::optional<at::Tensor>&,
+    const c10::optional<at::Tensor>&, const c10::optional<at::Tensor>&, bool training, double,
+    double) {
+  const std::int64_t stats = training ? input.size(1) : 0;
+  auto stat_options = input.options().dtype(at::toAccumulateType(input.scalar_type(), /*is_cuda=*/false));
+  return {at::empty_like(input), at::empty({stats}, stat_options),
+          at::empty({stats}, stat_options)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm_backward(
+    const at::Tensor& grad_out, const at::Tensor& input, const c10::optional<at::Tensor>& weight,
+    const c10::optional<at::Tensor>&, const c10::optional<at::Tensor>&,
+    const c10::optional<at::Tensor>&, const c10::optional<at::Tensor>&, bool, double,
+    std::array<bool, 3> output_mask) {
+  auto channel = [&] { return at::empty({input.size(1)}, weight->options()); };
+  return {output_mask[0] ? at::empty_like(input) : at::Tensor(),
+          output_mask[1] ? channel() : at::Tensor(), output_mask[2] ? channel() : at::Tensor()};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm_backward(
+    const at::Tensor& grad_out, const at::Tensor& input, at::IntArrayRef, const at::Tensor&,
+    const at::Tensor&, const c10::optional<at::Tensor>& weight,
+    const c10::optional<at::Tensor>& bias, std::array<bool, 3> output_mask) {
+  return {output_mask[0] ? at::empty_like(input) : at::Tensor(),
+          output_mask[1] && weight ? at::empty_like(*weight) : at::Tensor(),
+          output_mask[2] && bias ? at::empty_like(*bias) : at::Tensor()};
+}
+
+at::Tensor adaptive_avg_pool2d(const at::Tensor& self, at::IntArrayRef output_size) {
+  auto size = self.sizes().vec();
+  size[size.size() - 2] = output_size[0];
+  size[size.size() - 1] = output_size[1];
+  return at::empty(size, self.options().memory_format(self.suggest_memory_format()));
+}
+
+at::Tensor adaptive_avg_pool2d_backward(const at::Tensor& grad_output, const at::Tensor& self) {
+  return at::empty_like(self);
+}
+
+at::Tensor embedding(const at::Tensor& weight, const at::Tensor& indices, std::int64_t, bool,
+                     bool) {
+  auto size = indices.sizes().vec();
+  size.push_back(weight.size(1));
+  return at::empty(size, weight.options());
+}
+
+at::Tensor embedding_dense_backward(const at::Tensor& grad_output, const at::Tensor&,
+                                    std::int64_t num_weights, std::int64_t, bool) {
+  return at::empty({num_weights, grad_output.size(-1)}, grad_output.options());
+}
+
+at::Tensor index_select(const at::Tensor& self, std::int64_t dim, const at::Tensor& index) {
+  auto size = self.sizes().vec();
+  if (!size.empty()) size[c10::maybe_wrap_dim(dim, self.dim())] = index.numel();
+  return at::empty(size, self.options());
+}
+
+bool has_meta_kernel(const char* name, const char* overload) {
+  auto op = c10::Dispatcher::singleton().findSchema({name, overload});
+  return op && op->hasKernelForDispatchKey(c10::DispatchKey::Meta);
+}
+
+}  // namespace
+
+// Newer libtorch versions have some of these: theirs win.
+void register_missing_meta_kernels() {
+  auto* lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__,
+                                 __LINE__);
+  auto add = [&](const char* name, const char* overload, auto fn) {
+    if (has_meta_kernel((std::string("aten::") + name).c_str(), overload)) return;
+    const std::string qualified = *overload ? std::string(name) + "." + overload : name;
+    lib->impl(qualified.c_str(), fn);
+  };
+  add("relu", "", TORCH_FN(relu));
+  add("relu_", "", TORCH_FN(relu_));
+  add("native_dropout", "", TORCH_FN(native_dropout));
+  add("native_dropout_backward", "", TORCH_FN(native_dropout_backward));
+  add("convolution", "", TORCH_FN(convolution));
+  add("convolution_backward", "", TORCH_FN(convolution_backward));
+  add("native_batch_norm", "", TORCH_FN(native_batch_norm));
+  add("native_batch_norm_backward", "", TORCH_FN(native_batch_norm_backward));
+  add("native_layer_norm_backward", "", TORCH_FN(native_layer_norm_backward));
+  add("_adaptive_avg_pool2d", "", TORCH_FN(adaptive_avg_pool2d));
+  add("_adaptive_avg_pool2d_backward", "", TORCH_FN(adaptive_avg_pool2d_backward));
+  add("embedding", "", TORCH_FN(embedding));
+  add("embedding_dense_backward", "", TORCH_FN(embedding_dense_backward));
+  add("index_select", "", TORCH_FN(index_select));
+}
+
+}  // namespace metamem

@@ -1,0 +1,73 @@
+// MetaMode: while one is alive, factory functions make MetaTensors on its
+// fake device and every aten op on MetaTensors runs on the meta backend.
+// An observer sees each buffer (inner storage) made and freed and each op.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/ArrayRef.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace c10 {
+class OperatorHandle;
+}
+
+namespace metamem {
+
+// Identifies one allocation for the lifetime of the process (never reused).
+using BufferId = std::uint64_t;
+
+// Receives events from any thread: fake-CUDA backward runs on the autograd
+// engine's device thread. Implementations synchronise themselves.
+class MetaObserver {
+ public:
+  virtual ~MetaObserver() = default;
+  virtual void on_alloc(BufferId id, std::size_t bytes) = 0;
+  virtual void on_free(BufferId id) = 0;
+  // After `op` ran; buffers it created were reported by on_alloc just before.
+  virtual void on_op(const c10::OperatorHandle& op, c10::ArrayRef<BufferId> inputs,
+                     c10::ArrayRef<BufferId> outputs) = 0;
+};
+
+// An op has no meta kernel: tracing cannot continue.
+class UnsupportedOpError : public std::runtime_error {
+ public:
+  UnsupportedOpError(const std::string& op, const std::string& schema, const std::string& why);
+  const std::string& op() const { return op_; }
+
+ private:
+  std::string op_;
+};
+
+class MetaMode {
+ public:
+  // One MetaMode at a time in the process; a second throws std::logic_error.
+  explicit MetaMode(c10::Device fake_device, MetaObserver* observer = nullptr);
+  ~MetaMode();
+  MetaMode(const MetaMode&) = delete;
+  MetaMode& operator=(const MetaMode&) = delete;
+
+ private:
+  // Restores the thread's keys exactly: IncludeDispatchKeyGuard would leave
+  // PrivateUse1's backend bit behind.
+  c10::impl::ForceDispatchKeyGuard keys_;
+};
+
+// The fake device of the active MetaMode. Meta kernels ask it to model what
+// the device's own kernel would allocate.
+c10::Device fake_device();
+
+// Called by a meta kernel: the device's kernel also holds a temporary of
+// `bytes` while it runs, live beside the op's outputs and freed before the
+// next one (e.g. im2col columns). Several temporaries are held one at a time.
+void note_scratch(std::int64_t bytes);
+
+// The buffer behind a MetaTensor (shared by its views), or 0 if it has none.
+BufferId buffer_of(const at::Tensor& t);
+
+}  // namespace metamem

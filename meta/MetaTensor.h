@@ -1,0 +1,23 @@
+// MetaTensor: a tensor that claims to live on a device (cpu or cuda) but holds
+// only a meta tensor inside, so autograd and composite kernels behave as on
+// that device while no data is ever allocated.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+namespace metamem {
+
+// Wraps `inner` (a tensor on the meta device) as a MetaTensor on `fake_device`.
+at::Tensor make_meta_tensor(at::Tensor inner, c10::Device fake_device);
+
+bool is_meta_tensor(const at::Tensor& t);
+
+// The meta tensor inside a MetaTensor. Precondition: is_meta_tensor(t).
+const at::Tensor& inner_tensor(const at::Tensor& t);
+
+// Re-reads sizes, strides and offset from the inner tensor after an in-place
+// op changed them (resize_, out= variants, t_, ...).
+void sync_meta_tensor(const at::Tensor& t);
+
+}  // namespace metamem

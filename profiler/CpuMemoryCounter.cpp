@@ -1,0 +1,82 @@
+#include "profiler/CpuMemoryCounter.h"
+
+#include <c10/core/CPUAllocator.h>
+
+#include <atomic>
+#include <mutex>
+#include <unordered_map>
+
+namespace metamem {
+namespace {
+
+// Data pointer and context are the same, as raw_allocate() requires (oneDNN
+// allocates through it), so sizes are looked up by address on free.
+class CountingAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(std::size_t nbytes) const override {
+    if (nbytes == 0) return {nullptr, nullptr, &release, c10::Device(c10::kCPU)};
+    void* data = c10::GetDefaultCPUAllocator()->raw_allocate(nbytes);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      sizes_[data] = nbytes;
+    }
+    std::int64_t live = live_.fetch_add(static_cast<std::int64_t>(nbytes)) +
+                        static_cast<std::int64_t>(nbytes);
+    std::int64_t peak = peak_.load();
+    while (live > peak && !peak_.compare_exchange_weak(peak, live)) {
+    }
+    return {data, data, &release, c10::Device(c10::kCPU)};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+
+  static void release(void* data) {
+    if (data == nullptr) return;
+    std::size_t nbytes = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = sizes_.find(data);
+      nbytes = it->second;
+      sizes_.erase(it);
+    }
+    live_.fetch_sub(static_cast<std::int64_t>(nbytes));
+    c10::GetDefaultCPUAllocator()->raw_deleter()(data);
+  }
+
+  static std::int64_t live() { return live_.load(); }
+  static std::int64_t peak() { return peak_.load(); }
+  static void reset_peak() { peak_.store(live_.load()); }
+
+ private:
+  static std::mutex mutex_;
+  static std::unordered_map<void*, std::size_t> sizes_;
+  static std::atomic<std::int64_t> live_;
+  static std::atomic<std::int64_t> peak_;
+};
+
+std::mutex CountingAllocator::mutex_;
+std::unordered_map<void*, std::size_t> CountingAllocator::sizes_;
+std::atomic<std::int64_t> CountingAllocator::live_{0};
+std::atomic<std::int64_t> CountingAllocator::peak_{0};
+
+void install_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    static CountingAllocator allocator;
+    // Above the default allocator's priority (0), so ours stays in place.
+    c10::SetCPUAllocator(&allocator, /*priority=*/100);
+  });
+}
+
+}  // namespace
+
+CpuMemoryCounter::CpuMemoryCounter() {
+  install_once();
+  CountingAllocator::reset_peak();
+}
+
+void CpuMemoryCounter::reset_peak() { CountingAllocator::reset_peak(); }
+std::int64_t CpuMemoryCounter::live_bytes() const { return CountingAllocator::live(); }
+std::int64_t CpuMemoryCounter::peak_bytes() const { return CountingAllocator::peak(); }
+
+}  // namespace metamem

@@ -1,0 +1,241 @@
+#include "profiler/Tracer.h"
+
+#include <ATen/SequenceNumber.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/record_function.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "meta/MetaMode.h"
+
+namespace metamem {
+namespace {
+
+// The autograd node whose backward runs on this thread, set by a
+// RecordFunction callback around each node.
+thread_local std::int64_t t_node = -1;
+thread_local const char* t_node_name = nullptr;
+
+std::unique_ptr<at::ObserverContext> enter_node(const at::RecordFunction& fn) {
+  t_node = fn.seqNr();
+  t_node_name = fn.name();
+  return nullptr;
+}
+
+void leave_node(const at::RecordFunction&, at::ObserverContext*) {
+  t_node = -1;
+  t_node_name = nullptr;
+}
+
+std::string qualified_name(const c10::OperatorName& name) {
+  return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+}
+
+}  // namespace
+
+namespace detail {
+
+class TraceRecorder final : public MetaObserver {
+ public:
+  explicit TraceRecorder(c10::Device device) {
+    trace_.scopes.push_back("");
+    scope_stack_.push_back(0);
+    node_callback_ = at::addGlobalCallback(
+        at::RecordFunctionCallback(&enter_node, &leave_node)
+            .scopes({at::RecordScope::BACKWARD_FUNCTION}));
+    mode_.emplace(device, this);
+  }
+
+  ~TraceRecorder() override { stop(); }
+
+  void on_alloc(BufferId id, std::size_t bytes) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (trace_.buffers.empty()) first_id_ = id;
+    Buffer buffer;
+    buffer.bytes = static_cast<std::int64_t>(bytes);
+    buffer.phase = phase_;
+    buffer.alloc_event = trace_.events.size();
+    trace_.buffers.push_back(buffer);
+    live_ += buffer.bytes;
+    push_event(EventKind::Alloc, static_cast<std::uint32_t>(trace_.buffers.size() - 1));
+  }
+
+  void on_free(BufferId id) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto index = index_of(id);
+    if (!index) return;
+    Buffer& buffer = trace_.buffers[*index];
+    buffer.free_event = trace_.events.size();
+    live_ -= buffer.bytes;
+    push_event(EventKind::Free, *index);
+  }
+
+  void on_op(const c10::OperatorHandle& op, c10::ArrayRef<BufferId> inputs,
+             c10::ArrayRef<BufferId> outputs) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    OpEvent event;
+    event.name = intern_op(op.operator_name());
+    event.phase = phase_;
+    if (phase_ == Phase::Backward) {
+      event.node = t_node;
+      if (t_node >= 0 && t_node_name != nullptr) trace_.node_names.try_emplace(t_node, t_node_name);
+    } else {
+      // A node made for this op took the last sequence number just before.
+      event.node = static_cast<std::int64_t>(at::sequence_number::peek()) - 1;
+      event.scope = scope_stack_.back();
+    }
+    const auto op_index = static_cast<std::uint32_t>(trace_.ops.size());
+    event.first_input = static_cast<std::uint32_t>(trace_.op_buffers.size());
+    for (BufferId id : inputs)
+      if (auto index = index_of(id)) trace_.op_buffers.push_back(*index);
+    event.n_inputs = static_cast<std::uint32_t>(trace_.op_buffers.size()) - event.first_input;
+    event.first_output = static_cast<std::uint32_t>(trace_.op_buffers.size());
+    for (BufferId id : outputs) {
+      auto index = index_of(id);
+      if (!index) continue;
+      trace_.op_buffers.push_back(*index);
+      Buffer& buffer = trace_.buffers[*index];
+      if (buffer.producer_op < 0 && buffer.alloc_event >= events_at_last_op_)
+        buffer.producer_op = static_cast<std::int32_t>(op_index);
+    }
+    event.n_outputs = static_cast<std::uint32_t>(trace_.op_buffers.size()) - event.first_output;
+    trace_.ops.push_back(event);
+    push_event(EventKind::Op, op_index);
+    events_at_last_op_ = trace_.events.size();
+  }
+
+  void begin_forward() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    phase_ = Phase::Forward;
+    trace_.step_begin = trace_.events.size();
+    trace_.step_begin_bytes = live_;
+    trace_.peak_bytes = live_;
+    trace_.peak_event = trace_.step_begin;
+    in_step_ = true;
+  }
+
+  void begin_backward(const std::vector<at::Tensor>& outputs) {
+    std::unordered_set<std::uint32_t> held;
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const at::Tensor& t : outputs)
+      if (auto index = index_of(buffer_of(t))) held.insert(*index);
+    for (std::uint32_t i = 0; i < trace_.buffers.size(); ++i) {
+      Buffer& buffer = trace_.buffers[i];
+      buffer.saved_for_backward = buffer.phase == Phase::Forward &&
+                                  buffer.free_event == Buffer::kAlive && held.count(i) == 0;
+    }
+    phase_ = Phase::Backward;
+  }
+
+  void begin_optimizer() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    phase_ = Phase::Optimizer;
+  }
+
+  void push_scope(const char* name) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const std::string& parent = trace_.scopes[scope_stack_.back()];
+    std::string path = parent.empty() ? std::string(name) : parent + "." + name;
+    auto [it, added] = scope_ids_.try_emplace(path, trace_.scopes.size());
+    if (added) trace_.scopes.push_back(std::move(path));
+    scope_stack_.push_back(it->second);
+  }
+
+  void pop_scope() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (scope_stack_.size() > 1) scope_stack_.pop_back();
+  }
+
+  Trace finish() {
+    stop();
+    // Backward ops belong to the module whose forward op made their node.
+    std::unordered_map<std::int64_t, std::uint32_t> node_scope;
+    for (const OpEvent& op : trace_.ops)
+      if (op.phase == Phase::Forward) node_scope.try_emplace(op.node, op.scope);
+    for (OpEvent& op : trace_.ops) {
+      if (op.phase != Phase::Backward) continue;
+      auto it = node_scope.find(op.node);
+      if (it != node_scope.end()) op.scope = it->second;
+    }
+    return std::move(trace_);
+  }
+
+ private:
+  void stop() {
+    if (!mode_) return;
+    mode_.reset();
+    at::removeCallback(node_callback_);
+  }
+
+  std::optional<std::uint32_t> index_of(BufferId id) const {
+    if (trace_.buffers.empty() || id < first_id_ || id - first_id_ >= trace_.buffers.size())
+      return std::nullopt;
+    return static_cast<std::uint32_t>(id - first_id_);
+  }
+
+  std::uint32_t intern_op(const c10::OperatorName& name) {
+    auto [it, added] = op_ids_.try_emplace(&name, trace_.op_names.size());
+    if (added) trace_.op_names.push_back(qualified_name(name));
+    return it->second;
+  }
+
+  void push_event(EventKind kind, std::uint32_t index) {
+    trace_.events.push_back({kind, index, live_});
+    if (in_step_ && live_ > trace_.peak_bytes) {
+      trace_.peak_bytes = live_;
+      trace_.peak_event = trace_.events.size() - 1;
+    }
+  }
+
+  std::mutex mutex_;
+  Trace trace_;
+  Phase phase_ = Phase::Setup;
+  bool in_step_ = false;
+  std::int64_t live_ = 0;
+  BufferId first_id_ = 0;  // buffer ids of one trace are consecutive
+  std::size_t events_at_last_op_ = 0;
+  std::vector<std::uint32_t> scope_stack_;
+  std::unordered_map<std::string, std::uint32_t> scope_ids_;
+  std::unordered_map<const c10::OperatorName*, std::uint32_t> op_ids_;
+  at::CallbackHandle node_callback_ = 0;
+  std::optional<MetaMode> mode_;
+};
+
+}  // namespace detail
+
+namespace {
+std::atomic<detail::TraceRecorder*> g_active_recorder{nullptr};
+}
+
+Tracer::Tracer(c10::Device fake_device)
+    : recorder_(std::make_unique<detail::TraceRecorder>(fake_device)) {
+  g_active_recorder.store(recorder_.get());
+}
+
+Tracer::~Tracer() { g_active_recorder.store(nullptr); }
+
+void Tracer::begin_forward() { recorder_->begin_forward(); }
+void Tracer::begin_backward(const std::vector<at::Tensor>& outputs) {
+  recorder_->begin_backward(outputs);
+}
+void Tracer::begin_optimizer() { recorder_->begin_optimizer(); }
+
+Trace Tracer::finish() {
+  g_active_recorder.store(nullptr);
+  return recorder_->finish();
+}
+
+void Tracer::push_scope(const char* name) {
+  if (auto* recorder = g_active_recorder.load()) recorder->push_scope(name);
+}
+
+void Tracer::pop_scope() {
+  if (auto* recorder = g_active_recorder.load()) recorder->pop_scope();
+}
+
+}  // namespace metamem

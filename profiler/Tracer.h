@@ -1,0 +1,62 @@
+// Tracer: records a Trace while a MetaMode is active.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <memory>
+#include <string>
+
+#include "profiler/Trace.h"
+
+namespace metamem {
+
+namespace detail {
+class TraceRecorder;
+}
+
+class Tracer {
+ public:
+  // Starts a MetaMode on `fake_device`: from here on factories make
+  // MetaTensors and every buffer is recorded (phase Setup).
+  explicit Tracer(c10::Device fake_device);
+  ~Tracer();
+  Tracer(const Tracer&) = delete;
+  Tracer& operator=(const Tracer&) = delete;
+
+  // The step begins: what is live now (parameters, buffers, inputs) is its
+  // starting point, and forward ops follow.
+  void begin_forward();
+  // Forward ends. Buffers made in forward and still live, other than those
+  // the caller holds in `outputs`, are the ones autograd saved.
+  void begin_backward(const std::vector<at::Tensor>& outputs);
+  void begin_optimizer();
+  // Ends the MetaMode and returns the trace; no events are recorded after.
+  Trace finish();
+
+  // The innermost module scope: ModuleScope calls these on the active tracer.
+  static void push_scope(const char* name);
+  static void pop_scope();
+
+ private:
+  std::unique_ptr<detail::TraceRecorder> recorder_;
+};
+
+// Marks the module a forward op runs in, e.g. ResNet.layer1.0.conv1. Does
+// nothing when no tracer is active, so models run unchanged for real.
+class ModuleScope {
+ public:
+  explicit ModuleScope(const char* name) { Tracer::push_scope(name); }
+  ~ModuleScope() { Tracer::pop_scope(); }
+  ModuleScope(const ModuleScope&) = delete;
+  ModuleScope& operator=(const ModuleScope&) = delete;
+};
+
+// Runs `fn` inside module scope `name` and returns its result.
+template <typename Fn>
+auto scoped(const char* name, Fn&& fn) {
+  ModuleScope scope(name);
+  return fn();
+}
+
+}  // namespace metamem
