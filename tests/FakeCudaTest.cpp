@@ -1,0 +1,64 @@
+// Tracing on a fake CUDA device with a CPU-only libtorch.
+#include <gtest/gtest.h>
+#include <torch/types.h>
+
+#include <algorithm>
+
+#include "examples/zoo/Zoo.h"
+#include "tests/FunctionStep.h"
+
+namespace metamem {
+namespace {
+
+const c10::Device kCuda(c10::kCUDA);
+
+bool traced(const Trace& trace, const std::string& op) {
+  return std::find(trace.op_names.begin(), trace.op_names.end(), op) != trace.op_names.end();
+}
+
+ZooConfig tiny(const std::string& model) {
+  ZooConfig config;
+  config.model = model;
+  config.batch = 2;
+  config.image = 32;
+  config.seq = 16;
+  config.layers = 2;
+  config.width = 64;
+  config.heads = 4;
+  config.vocab = 100;
+  return config;
+}
+
+TEST(FakeCuda, EveryZooModelRunsForwardAndBackward) {
+  for (const std::string& model : zoo_models()) {
+    SCOPED_TRACE(model);
+    const Trace trace = trace_step(zoo_step(tiny(model)), kCuda);
+    const bool has_backward = std::any_of(trace.ops.begin(), trace.ops.end(),
+                                          [](const OpEvent& op) { return op.phase == Phase::Backward; });
+    EXPECT_TRUE(has_backward);
+    EXPECT_GT(trace.peak_bytes, trace.step_begin_bytes);
+  }
+}
+
+// CUDA runs fused dropout; CPU runs bernoulli_ and a multiply.
+TEST(FakeCuda, DropoutTakesTheCudaPath) {
+  const StepBuilder mlp = zoo_step(tiny("mlp"));
+  const Trace cuda = trace_step(mlp, kCuda);
+  EXPECT_TRUE(traced(cuda, "aten::native_dropout"));
+  EXPECT_FALSE(traced(cuda, "aten::bernoulli_.float"));
+  const Trace cpu = trace_step(mlp, c10::Device(c10::kCPU));
+  EXPECT_FALSE(traced(cpu, "aten::native_dropout"));
+}
+
+// The net that crashed the autograd engine's device thread in the prototype.
+TEST(FakeCuda, WeightReusedTwice) {
+  using testing::Tensors;
+  const StepBuilder build = testing::function_step(
+      [] { return Tensors{torch::randn({64, 64}).requires_grad_(), torch::randn({32, 64})}; },
+      [](Tensors& t) { return torch::mm(torch::relu(torch::mm(t[1], t[0])), t[0]).sum(); });
+  const Trace cuda = trace_step(build, kCuda);
+  EXPECT_EQ(cuda.peak_bytes, trace_step(build, c10::Device(c10::kCPU)).peak_bytes);
+}
+
+}  // namespace
+}  // namespace metamem

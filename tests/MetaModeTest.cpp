@@ -1,0 +1,57 @@
+#include <gtest/gtest.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/types.h>
+
+#include "meta/MetaMode.h"
+#include "meta/MetaTensor.h"
+
+namespace metamem {
+namespace {
+
+TEST(MetaMode, FactoriesMakeMetaTensorsOnTheFakeDevice) {
+  MetaMode mode(c10::Device(c10::kCUDA));
+  at::Tensor t = torch::zeros({3, 5}, torch::kHalf);
+  EXPECT_TRUE(is_meta_tensor(t));
+  EXPECT_TRUE(t.is_cuda());
+  EXPECT_EQ(t.scalar_type(), at::kHalf);
+  EXPECT_EQ(t.sizes(), at::IntArrayRef({3, 5}));
+  EXPECT_EQ(t.t().strides(), at::IntArrayRef({1, 5}));
+  EXPECT_TRUE(inner_tensor(t).is_meta());
+  at::Tensor g = torch::ones({2}).requires_grad_();
+  EXPECT_TRUE(g.requires_grad());
+}
+
+TEST(MetaMode, LeavingRestoresThreadLocalState) {
+  const auto before = c10::impl::tls_local_dispatch_key_set();
+  { MetaMode mode(c10::Device(c10::kCPU)); }
+  const auto after = c10::impl::tls_local_dispatch_key_set();
+  EXPECT_EQ(before.included_, after.included_);
+  EXPECT_EQ(before.excluded_, after.excluded_);
+  at::Tensor real = torch::ones({2}) + 1;
+  EXPECT_FALSE(is_meta_tensor(real));
+  EXPECT_EQ(real[0].item<float>(), 2.0f);
+}
+
+TEST(MetaMode, OnlyOneAtATime) {
+  MetaMode mode(c10::Device(c10::kCPU));
+  EXPECT_THROW(MetaMode(c10::Device(c10::kCUDA)), std::logic_error);
+}
+
+TEST(MetaMode, RejectsOtherFakeDevices) {
+  EXPECT_THROW(MetaMode(c10::Device(c10::kMeta)), std::invalid_argument);
+}
+
+TEST(MetaMode, OpWithoutMetaKernelIsNamed) {
+  MetaMode mode(c10::Device(c10::kCPU));
+  at::Tensor x = torch::randn({16});
+  try {
+    at::histc(x);
+    FAIL() << "histc has no meta kernel; expected UnsupportedOpError";
+  } catch (const UnsupportedOpError& e) {
+    EXPECT_EQ(e.op(), "aten::histc");
+    EXPECT_NE(std::string(e.what()).find("aten::histc(Tensor self"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace metamem

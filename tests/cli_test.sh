@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Exit codes and output of the metamem CLI.
+set -u
+metamem=$1
+failures=0
+
+expect() {  # expect CODE PATTERN ARGS...
+  local code=$1 pattern=$2
+  shift 2
+  local out rc
+  out=$("$metamem" "$@" 2>&1)
+  rc=$?
+  if [[ $rc -ne $code || ! $out =~ $pattern ]]; then
+    echo "FAIL: metamem $* -> exit $rc (want $code), output: $out"
+    failures=$((failures + 1))
+  fi
+}
+
+expect 2 "unknown model 'nope'" profile --model nope --batch 2 --device cpu
+expect 2 "batch must be positive" profile --model mlp --batch 0 --device cpu
+expect 2 "batch must be positive" profile --model mlp --batch -3 --device cpu
+expect 2 "expects an integer" profile --model mlp --batch 2x --device cpu
+expect 2 "unknown flag '--bogus'" profile --model mlp --bogus
+expect 2 "needs a value" profile --model mlp --batch
+expect 2 "--device must be cpu or cuda" profile --model mlp --batch 2 --device tpu
+expect 2 "--format must be" profile --model mlp --batch 2 --format xml
+expect 2 "unknown command" plot
+expect 2 "heads" profile --model gpt2 --batch 1 --width 65 --heads 4
+expect 0 '"peak_bytes": [0-9]+' profile --model mlp --batch 4 --device cpu --achieved --format json
+expect 0 "predicted peak" profile --model resnet18 --batch 2 --image 32 --device cuda
+
+# predicted == achieved for mlp, read from the JSON.
+json=$("$metamem" profile --model mlp --batch 16 --device cpu --achieved --format json)
+peaks=$(python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["predicted"]["peak_bytes"], d["achieved"]["peak_bytes"])' <<<"$json")
+read -r p a <<<"$peaks"
+if [[ "$p" != "$a" ]]; then echo "FAIL: mlp predicted $p != achieved $a"; failures=$((failures + 1)); fi
+
+echo "cli: $failures failed"
+exit $((failures > 0))
