@@ -1,0 +1,69 @@
+// Tracing speed (gpt2 124M, batch 8, seq 1024) and tracer memory on a
+// 7B-parameter gpt2-shaped config: its weights must never be allocated.
+#include <benchmark/benchmark.h>
+#include <sys/resource.h>
+
+#include <chrono>
+
+#include "examples/zoo/Zoo.h"
+
+namespace metamem {
+namespace {
+
+const c10::Device kCuda(c10::kCUDA);
+
+double peak_rss_mib() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB
+}
+
+// Wall time: fake-CUDA backward runs on the autograd engine's device thread,
+// which the main thread's CPU time does not see.
+void trace(benchmark::State& state, const ZooConfig& config) {
+  const StepBuilder build = zoo_step(config);
+  std::size_t ops = 0;
+  std::int64_t peak = 0;
+  double seconds = 0;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    const Trace trace = trace_step(build, kCuda);
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ops = trace.ops.size();
+    peak = trace.peak_bytes;
+  }
+  const double steps = static_cast<double>(state.iterations());
+  state.counters["ops"] = static_cast<double>(ops);
+  state.counters["step_ms"] = 1e3 * seconds / steps;
+  state.counters["us_per_op"] = 1e6 * seconds / (steps * static_cast<double>(ops));
+  state.counters["ops_per_s"] = steps * static_cast<double>(ops) / seconds;
+  state.counters["predicted_peak_GiB"] = static_cast<double>(peak) / (1 << 30);
+  state.counters["peak_rss_MiB"] = peak_rss_mib();
+}
+
+// Runs first, so the process's peak RSS is the 7B trace's own.
+void BM_Trace7B(benchmark::State& state) {
+  ZooConfig config;
+  config.model = "gpt2";
+  config.batch = 1;
+  config.seq = 2048;
+  config.layers = 32;
+  config.width = 4096;
+  config.heads = 32;
+  config.vocab = 32000;
+  trace(state, config);
+}
+BENCHMARK(BM_Trace7B)->Unit(benchmark::kMillisecond)->Iterations(1)->UseRealTime();
+
+void BM_TraceGpt2_124M(benchmark::State& state) {
+  ZooConfig config;  // defaults: GPT-2 124M, seq 1024
+  config.model = "gpt2";
+  config.batch = 8;
+  trace(state, config);
+}
+BENCHMARK(BM_TraceGpt2_124M)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+}  // namespace metamem
+
+BENCHMARK_MAIN();
