@@ -22,8 +22,8 @@ expect 2 "batch must be positive" profile --model mlp --batch -3 --device cpu
 expect 2 "expects an integer" profile --model mlp --batch 2x --device cpu
 expect 2 "unknown flag '--bogus'" profile --model mlp --bogus
 expect 2 "needs a value" profile --model mlp --batch
-expect 2 "--device must be cpu or cuda" profile --model mlp --batch 2 --device tpu
-expect 2 "--format must be" profile --model mlp --batch 2 --format xml
+expect 2 "--device must be cpu\\|cuda" profile --model mlp --batch 2 --device tpu
+expect 2 "--format must be table\\|json" profile --model mlp --batch 2 --format xml
 expect 2 "unknown command" plot
 expect 2 "heads" profile --model gpt2 --batch 1 --width 65 --heads 4
 expect 0 '"peak_bytes": [0-9]+' profile --model mlp --batch 4 --device cpu --achieved --format json
@@ -34,6 +34,27 @@ json=$("$metamem" profile --model mlp --batch 16 --device cpu --achieved --forma
 peaks=$(python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["predicted"]["peak_bytes"], d["achieved"]["peak_bytes"])' <<<"$json")
 read -r p a <<<"$peaks"
 if [[ "$p" != "$a" ]]; then echo "FAIL: mlp predicted $p != achieved $a"; failures=$((failures + 1)); fi
+
+# metamem plan: Caffe2's golden case, then bad files.
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+printf 'id,first,last,bytes\n1,1,3,10\n2,3,4,1\n3,5,6,1\n4,5,7,10\n' >"$dir/golden.csv"
+printf '1,0,1,8\n2,0,x,8\n' >"$dir/letter.csv"
+printf '1,0,1,-8\n' >"$dir/negative.csv"
+printf '1,4,1,8\n' >"$dir/backwards.csv"
+printf '1,0,1,8\n1,2,3,8\n' >"$dir/duplicate.csv"
+expect 0 '"planned_bytes": 11' plan "$dir/golden.csv" --algo dp --format json
+expect 0 '"planned_bytes": 11' plan "$dir/golden.csv" --algo greedy --format json
+expect 0 '"lower_bound_bytes": 11' plan "$dir/golden.csv" --format json
+expect 0 "planned / lower bound = 1.0000" plan "$dir/golden.csv" --algo bestfit
+expect 2 "line 2: last is not an integer: 'x'" plan "$dir/letter.csv"
+expect 2 "line 1: negative bytes" plan "$dir/negative.csv"
+expect 2 "line 1: last step before first step" plan "$dir/backwards.csv"
+expect 2 "line 2: duplicate id 1" plan "$dir/duplicate.csv"
+expect 2 "cannot open" plan "$dir/missing.csv"
+expect 2 "--algo must be" plan "$dir/golden.csv" --algo magic
+expect 2 "exactly one FILE.csv" plan
+expect 2 "alignment must be at least 1" plan "$dir/golden.csv" --alignment 0
 
 echo "cli: $failures failed"
 exit $((failures > 0))

@@ -1,0 +1,58 @@
+#include "examples/cli/Flags.h"
+
+#include <algorithm>
+
+namespace metamem::cli {
+namespace {
+
+std::int64_t parse_int(const std::string& flag, const std::string& text) {
+  std::size_t used = 0;
+  std::int64_t value = 0;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size())
+    throw UsageError(flag + " expects an integer, got '" + text + "'");
+  return value;
+}
+
+std::string join(const std::vector<std::string>& words) {
+  std::string out;
+  for (const auto& w : words) out += (out.empty() ? "" : "|") + w;
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> Flags::parse(const std::vector<std::string>& args) const {
+  std::vector<std::string> positionals;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& flag = args[i];
+    if (flag.rfind("--", 0) != 0) {
+      positionals.push_back(flag);
+      continue;
+    }
+    if (auto s = switches_.find(flag); s != switches_.end()) {
+      *s->second = true;
+      continue;
+    }
+    const bool takes_value = ints_.count(flag) || strings_.count(flag);
+    if (!takes_value) throw UsageError("unknown flag '" + flag + "'");
+    if (i + 1 >= args.size()) throw UsageError(flag + " needs a value");
+    const std::string& value = args[++i];
+    if (auto n = ints_.find(flag); n != ints_.end()) {
+      *n->second = parse_int(flag, value);
+      continue;
+    }
+    const Choice& choice = strings_.at(flag);
+    if (!choice.allowed.empty() &&
+        std::find(choice.allowed.begin(), choice.allowed.end(), value) == choice.allowed.end())
+      throw UsageError(flag + " must be " + join(choice.allowed) + ", got '" + value + "'");
+    *choice.value = value;
+  }
+  return positionals;
+}
+
+}  // namespace metamem::cli

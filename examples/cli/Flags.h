@@ -1,0 +1,42 @@
+// A small flag parser for the metamem commands: --name VALUE, --switch,
+// positionals. Every mistake is a UsageError (exit code 2).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace metamem::cli {
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+class Flags {
+ public:
+  void add(const std::string& name, std::int64_t* value) { ints_[name] = value; }
+  void add(const std::string& name, std::string* value, std::vector<std::string> allowed = {}) {
+    strings_[name] = {value, std::move(allowed)};
+  }
+  void add_switch(const std::string& name, bool* value) { switches_[name] = value; }
+
+  // Parses args (the command name excluded); returns the positionals.
+  std::vector<std::string> parse(const std::vector<std::string>& args) const;
+
+ private:
+  struct Choice {
+    std::string* value;
+    std::vector<std::string> allowed;
+  };
+  std::map<std::string, std::int64_t*> ints_;
+  std::map<std::string, Choice> strings_;
+  std::map<std::string, bool*> switches_;
+};
+
+// Commands: each parses its arguments and returns the exit code.
+int profile_command(const std::vector<std::string>& args);
+int plan_command(const std::vector<std::string>& args);
+
+}  // namespace metamem::cli

@@ -1,0 +1,47 @@
+// metamem: will one training step fit, and how could it use less memory?
+#include <iostream>
+
+#include "examples/cli/Flags.h"
+#include "memonger/LiveRange.h"
+#include "meta/MetaMode.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: metamem profile --model NAME --batch N --device cpu|cuda [--seq L] [--image S]\n"
+    "                       [--layers N] [--width N] [--heads N] [--vocab N]\n"
+    "                       [--achieved] [--format table|json]\n"
+    "       metamem plan FILE.csv [--algo greedy|dp|bestfit|auto] [--alignment N]\n"
+    "                       [--format table|json]\n";
+
+int run(const std::vector<std::string>& args) {
+  using namespace metamem::cli;
+  if (args.empty()) throw UsageError("missing command");
+  const std::vector<std::string> rest(args.begin() + 1, args.end());
+  if (args[0] == "profile") return profile_command(rest);
+  if (args[0] == "plan") return plan_command(rest);
+  throw UsageError("unknown command '" + args[0] + "'");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(std::vector<std::string>(argv + 1, argv + argc));
+  } catch (const metamem::cli::UsageError& e) {
+    std::cerr << "metamem: " << e.what() << "\n" << kUsage;
+    return 2;
+  } catch (const std::invalid_argument& e) {  // bad model sizes
+    std::cerr << "metamem: " << e.what() << "\n";
+    return 2;
+  } catch (const memonger::InputError& e) {  // bad ranges file
+    std::cerr << "metamem: " << e.what() << "\n";
+    return 2;
+  } catch (const metamem::UnsupportedOpError& e) {
+    std::cerr << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "metamem: " << e.what() << "\n";
+    return 1;
+  }
+}
