@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "examples/zoo/Zoo.h"
+#include "tests/SmallModels.h"
 #include "tests/FunctionStep.h"
 
 namespace metamem {
@@ -16,23 +16,10 @@ bool traced(const Trace& trace, const std::string& op) {
   return std::find(trace.op_names.begin(), trace.op_names.end(), op) != trace.op_names.end();
 }
 
-ZooConfig tiny(const std::string& model) {
-  ZooConfig config;
-  config.model = model;
-  config.batch = 2;
-  config.image = 32;
-  config.seq = 16;
-  config.layers = 2;
-  config.width = 64;
-  config.heads = 4;
-  config.vocab = 100;
-  return config;
-}
-
 TEST(FakeCuda, EveryZooModelRunsForwardAndBackward) {
   for (const std::string& model : zoo_models()) {
     SCOPED_TRACE(model);
-    const Trace trace = trace_step(zoo_step(tiny(model)), kCuda);
+    const Trace trace = trace_step(zoo_step(testing::small_model(model, 2, 32)), kCuda);
     const bool has_backward = std::any_of(trace.ops.begin(), trace.ops.end(),
                                           [](const OpEvent& op) { return op.phase == Phase::Backward; });
     EXPECT_TRUE(has_backward);
@@ -42,7 +29,7 @@ TEST(FakeCuda, EveryZooModelRunsForwardAndBackward) {
 
 // CUDA runs fused dropout; CPU runs bernoulli_ and a multiply.
 TEST(FakeCuda, DropoutTakesTheCudaPath) {
-  const StepBuilder mlp = zoo_step(tiny("mlp"));
+  const StepBuilder mlp = zoo_step(testing::small_model("mlp", 2, 0));
   const Trace cuda = trace_step(mlp, kCuda);
   EXPECT_TRUE(traced(cuda, "aten::native_dropout"));
   EXPECT_FALSE(traced(cuda, "aten::bernoulli_.float"));

@@ -3,7 +3,7 @@
 
 #include <cstdlib>
 
-#include "examples/zoo/Zoo.h"
+#include "tests/SmallModels.h"
 
 namespace metamem {
 
@@ -17,20 +17,7 @@ namespace {
 // residue of a few hundred bytes per layer; everything else matches exactly.
 constexpr double kTolerance = 0.005;
 
-ZooConfig small(std::string model, std::int64_t batch, std::int64_t size) {
-  ZooConfig config;
-  config.model = std::move(model);
-  config.batch = batch;
-  config.image = size;
-  config.seq = size;
-  if (config.model == "gpt2") {
-    config.layers = 2;
-    config.width = 64;
-    config.heads = 4;
-    config.vocab = 100;
-  }
-  return config;
-}
+using testing::small_model;
 
 class ZooParity : public ::testing::TestWithParam<ZooConfig> {};
 
@@ -46,9 +33,10 @@ TEST_P(ZooParity, PredictedPeakMatchesRealCpuRun) {
 
 INSTANTIATE_TEST_SUITE_P(
     Zoo, ZooParity,
-    ::testing::Values(small("mlp", 8, 0), small("mlp", 64, 0), small("resnet18", 2, 32),
-                      small("resnet18", 4, 64), small("resnet50", 2, 32),
-                      small("resnet50", 2, 64), small("gpt2", 2, 16), small("gpt2", 4, 32)),
+    ::testing::Values(small_model("mlp", 8, 0), small_model("mlp", 64, 0),
+                      small_model("resnet18", 2, 32), small_model("resnet18", 4, 64),
+                      small_model("resnet50", 2, 32), small_model("resnet50", 2, 64),
+                      small_model("gpt2", 2, 16), small_model("gpt2", 4, 32)),
     [](const auto& info) {
       return info.param.model + "_b" + std::to_string(info.param.batch) + "_s" +
              std::to_string(info.param.model == "gpt2" ? info.param.seq : info.param.image);
@@ -56,7 +44,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Linear, ReLU, dropout and matmuls need no modelled temporaries: exact.
 TEST(Parity, MlpIsByteExact) {
-  const StepBuilder build = zoo_step(small("mlp", 64, 0));
+  const StepBuilder build = zoo_step(small_model("mlp", 64, 0));
   EXPECT_EQ(trace_step(build, c10::Device(c10::kCPU)).peak_bytes, achieved_cpu_peak(build));
 }
 
