@@ -196,7 +196,11 @@ void meta_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   wrap_outputs(schema, *stack, original_args, outputs);
   auto* observer = g_mode.observer.load(std::memory_order_acquire);
   report_scratch(observer);
-  if (observer != nullptr) observer->on_op(op, inputs, outputs);
+  if (observer != nullptr) {
+    const std::size_t n_returns = schema.returns().size();
+    observer->on_op(op, inputs, outputs, original_args,
+                    c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - n_returns, n_returns));
+  }
 }
 
 // Ops with a CompositeImplicitAutograd kernel keep decomposing above us (that

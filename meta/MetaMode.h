@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <ATen/core/ivalue.h>
 #include <c10/util/ArrayRef.h>
 
 #include <cstddef>
@@ -30,8 +31,10 @@ class MetaObserver {
   virtual void on_alloc(BufferId id, std::size_t bytes) = 0;
   virtual void on_free(BufferId id) = 0;
   // After `op` ran; buffers it created were reported by on_alloc just before.
+  // `arguments` and `returns` are the op's MetaTensors and other values.
   virtual void on_op(const c10::OperatorHandle& op, c10::ArrayRef<BufferId> inputs,
-                     c10::ArrayRef<BufferId> outputs) = 0;
+                     c10::ArrayRef<BufferId> outputs, c10::ArrayRef<c10::IValue> arguments,
+                     c10::ArrayRef<c10::IValue> returns) = 0;
 };
 
 // An op has no meta kernel: tracing cannot continue.

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "profiler/Trace.h"
 
@@ -19,17 +21,33 @@ class TrainingStep {
  public:
   virtual ~TrainingStep() = default;
   virtual at::Tensor forward_loss() = 0;
+  virtual std::vector<at::Tensor> parameters() = 0;
 };
 
 // Builds a step on whatever device factories produce now: MetaTensors under
 // a Tracer, real CPU tensors otherwise.
 using StepBuilder = std::function<std::unique_ptr<TrainingStep>()>;
 
-// Setup (build), forward, backward on `fake_device`; the peak is the step's.
-Trace trace_step(const StepBuilder& build, c10::Device fake_device);
+enum class Optimizer { None, Sgd, Momentum, Adam, AdamW };
+
+// "none", "sgd", "momentum", "adam", "adamw"; throws std::invalid_argument.
+Optimizer parse_optimizer(const std::string& name);
+// Tensors of optimizer state per parameter: momentum 1, adam(w) 2.
+int optimizer_states_per_parameter(Optimizer optimizer);
+
+struct StepOptions {
+  Optimizer optimizer = Optimizer::None;
+  // Mixed precision: the optimizer updates fp32 copies of the parameters
+  // (made at setup) and the model's low-precision ones are copied back.
+  bool fp32_master_weights = false;
+};
+
+// Setup (build, optimizer), forward, loss, backward, optimizer step on
+// `fake_device`; the peak is the step's, from forward on.
+Trace trace_step(const StepBuilder& build, c10::Device fake_device, const StepOptions& options = {});
 
 // The same step on real CPU tensors: peak bytes held through the CPU
 // allocator from the step's start (model and inputs live) to its end.
-std::int64_t achieved_cpu_peak(const StepBuilder& build);
+std::int64_t achieved_cpu_peak(const StepBuilder& build, const StepOptions& options = {});
 
 }  // namespace metamem

@@ -30,6 +30,7 @@ struct OpEvent {
   std::uint32_t scope = 0;    // index into Trace::scopes; 0 is the root ""
   Phase phase = Phase::Forward;
   std::int64_t node = -1;     // autograd node: created by (forward) or running (backward)
+  std::int64_t flops = 0;
   std::uint32_t first_input = 0, n_inputs = 0;    // into Trace::op_buffers
   std::uint32_t first_output = 0, n_outputs = 0;  // into Trace::op_buffers
 };
@@ -55,6 +56,8 @@ struct Trace {
   std::int64_t step_begin_bytes = 0;  // live when the step began: parameters, buffers, inputs
   std::int64_t peak_bytes = 0;     // largest live bytes during the step
   std::size_t peak_event = 0;      // the event that reached it
+  std::int64_t parameter_bytes = 0;  // the model's parameters (model states)
+  std::int64_t parameter_count = 0;
 
   const std::string& op_name(const OpEvent& op) const { return op_names[op.name]; }
   std::vector<std::uint32_t> inputs(const OpEvent& op) const;

@@ -12,6 +12,7 @@
 #include <unordered_set>
 
 #include "meta/MetaMode.h"
+#include "profiler/Flops.h"
 
 namespace metamem {
 namespace {
@@ -76,10 +77,12 @@ class TraceRecorder final : public MetaObserver {
   }
 
   void on_op(const c10::OperatorHandle& op, c10::ArrayRef<BufferId> inputs,
-             c10::ArrayRef<BufferId> outputs) override {
+             c10::ArrayRef<BufferId> outputs, c10::ArrayRef<c10::IValue> arguments,
+             c10::ArrayRef<c10::IValue> returns) override {
     std::lock_guard<std::mutex> lock(mutex_);
     OpEvent event;
     event.name = intern_op(op.operator_name());
+    event.flops = count_flops(flop_rules_[event.name], arguments, returns);
     event.phase = phase_;
     if (phase_ == Phase::Backward) {
       event.node = t_node;
@@ -180,7 +183,10 @@ class TraceRecorder final : public MetaObserver {
 
   std::uint32_t intern_op(const c10::OperatorName& name) {
     auto [it, added] = op_ids_.try_emplace(&name, trace_.op_names.size());
-    if (added) trace_.op_names.push_back(qualified_name(name));
+    if (added) {
+      trace_.op_names.push_back(qualified_name(name));
+      flop_rules_.push_back(flop_rule(trace_.op_names.back()));
+    }
     return it->second;
   }
 
@@ -202,6 +208,7 @@ class TraceRecorder final : public MetaObserver {
   std::vector<std::uint32_t> scope_stack_;
   std::unordered_map<std::string, std::uint32_t> scope_ids_;
   std::unordered_map<const c10::OperatorName*, std::uint32_t> op_ids_;
+  std::vector<FlopRule> flop_rules_;  // by op name index
   at::CallbackHandle node_callback_ = 0;
   std::optional<MetaMode> mode_;
 };

@@ -17,6 +17,12 @@ inline StepBuilder function_step(std::function<Tensors()> make,
     Tensors tensors;
     std::function<at::Tensor(Tensors&)> loss;
     at::Tensor forward_loss() override { return loss(tensors); }
+    std::vector<at::Tensor> parameters() override {
+      std::vector<at::Tensor> params;
+      for (const at::Tensor& t : tensors)
+        if (t.requires_grad()) params.push_back(t);
+      return params;
+    }
   };
   return [make, loss] {
     auto step = std::make_unique<Step>();

@@ -92,7 +92,10 @@ class Gpt2Step final : public TrainingStep, public nn::Module {
     tokens_ = torch::zeros({batch, c.seq}, torch::kLong);
     positions_ = torch::arange(c.seq, torch::kLong).unsqueeze(0);
     targets_ = torch::zeros({batch * c.seq}, torch::kLong);
+    cast_floating(*this, c.dtype);
   }
+
+  std::vector<at::Tensor> parameters() override { return Module::parameters(); }
 
   at::Tensor forward_loss() override {
     ModuleScope root("GPT2");

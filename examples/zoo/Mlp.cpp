@@ -1,3 +1,4 @@
+#include <torch/nn/module.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/linear.h>
@@ -10,11 +11,17 @@ namespace metamem {
 namespace {
 
 // Linear(1024->4096) - ReLU - Dropout - Linear(4096->1024), loss = sum().
-class MlpStep final : public TrainingStep {
+class MlpStep final : public TrainingStep, public torch::nn::Module {
  public:
-  explicit MlpStep(std::int64_t batch)
-      : fc1_(1024, 4096), fc2_(4096, 1024), dropout_(0.1),
-        input_(torch::randn({batch, 1024})) {}
+  MlpStep(std::int64_t batch, c10::ScalarType dtype)
+      : fc1_(register_module("fc1", torch::nn::Linear(1024, 4096))),
+        fc2_(register_module("fc2", torch::nn::Linear(4096, 1024))),
+        dropout_(0.1) {
+    cast_floating(*this, dtype);
+    input_ = torch::randn({batch, 1024}, dtype);
+  }
+
+  std::vector<at::Tensor> parameters() override { return Module::parameters(); }
 
   at::Tensor forward_loss() override {
     ModuleScope root("MLP");
@@ -34,7 +41,9 @@ class MlpStep final : public TrainingStep {
 }  // namespace
 
 StepBuilder mlp_step(const ZooConfig& config) {
-  return [batch = config.batch] { return std::make_unique<MlpStep>(batch); };
+  return [batch = config.batch, dtype = config.dtype] {
+    return std::make_unique<MlpStep>(batch, dtype);
+  };
 }
 
 }  // namespace metamem

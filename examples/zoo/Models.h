@@ -3,7 +3,15 @@
 
 #include "examples/zoo/Zoo.h"
 
+namespace torch::nn {
+class Module;
+}
+
 namespace metamem {
+
+// Casts the floating-point parameters and buffers of `module` to `dtype`
+// (Module::to would cast integer and bool buffers too).
+void cast_floating(torch::nn::Module& module, c10::ScalarType dtype);
 
 StepBuilder mlp_step(const ZooConfig& config);
 StepBuilder resnet_step(const ZooConfig& config, int depth);

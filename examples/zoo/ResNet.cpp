@@ -81,7 +81,8 @@ class Block : public nn::Module {
 
 class ResNetStep final : public TrainingStep, public nn::Module {
  public:
-  ResNetStep(int depth, std::int64_t batch, std::int64_t image, std::int64_t classes = 1000)
+  ResNetStep(int depth, std::int64_t batch, std::int64_t image, c10::ScalarType dtype,
+             std::int64_t classes = 1000)
       : stem_{register_module("conv1", conv(3, 64, 7, 2)),
               register_module("bn1", nn::BatchNorm2d(64)), "conv1", "bn1"},
         pool_(nn::MaxPool2dOptions(3).stride(2).padding(1)) {
@@ -99,9 +100,12 @@ class ResNetStep final : public TrainingStep, public nn::Module {
       }
     }
     fc_ = register_module("fc", nn::Linear(in, classes));
-    input_ = torch::randn({batch, 3, image, image});
+    cast_floating(*this, dtype);
+    input_ = torch::randn({batch, 3, image, image}, dtype);
     target_ = torch::zeros({batch}, torch::kLong);
   }
+
+  std::vector<at::Tensor> parameters() override { return Module::parameters(); }
 
   at::Tensor forward_loss() override {
     ModuleScope root("ResNet");
@@ -133,8 +137,8 @@ class ResNetStep final : public TrainingStep, public nn::Module {
 }  // namespace
 
 StepBuilder resnet_step(const ZooConfig& config, int depth) {
-  return [depth, batch = config.batch, image = config.image] {
-    return std::make_unique<ResNetStep>(depth, batch, image);
+  return [depth, batch = config.batch, image = config.image, dtype = config.dtype] {
+    return std::make_unique<ResNetStep>(depth, batch, image, dtype);
   };
 }
 

@@ -1,5 +1,7 @@
 #include "examples/zoo/Zoo.h"
 
+#include <torch/nn/module.h>
+
 #include <stdexcept>
 
 #include "examples/zoo/Models.h"
@@ -16,6 +18,21 @@ void require_positive(const char* what, std::int64_t value) {
 const std::vector<std::string>& zoo_models() {
   static const std::vector<std::string> names = {"mlp", "resnet18", "resnet50", "gpt2"};
   return names;
+}
+
+void cast_floating(torch::nn::Module& module, c10::ScalarType dtype) {
+  auto cast = [dtype](at::Tensor& t) {
+    if (t.is_floating_point() && t.scalar_type() != dtype) t.set_data(t.to(dtype));
+  };
+  for (auto& p : module.parameters()) cast(p);
+  for (auto& b : module.buffers()) cast(b);
+}
+
+c10::ScalarType parse_dtype(const std::string& name) {
+  if (name == "f32") return c10::kFloat;
+  if (name == "f16") return c10::kHalf;
+  if (name == "bf16") return c10::kBFloat16;
+  throw std::invalid_argument("unknown dtype '" + name + "' (known: f32, f16, bf16)");
 }
 
 StepBuilder zoo_step(const ZooConfig& config) {

@@ -1,6 +1,8 @@
 // The built-in model zoo: stable names, each a TrainingStep builder.
 #pragma once
 
+#include <c10/core/ScalarType.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -12,6 +14,7 @@ namespace metamem {
 struct ZooConfig {
   std::string model = "mlp";
   std::int64_t batch = 8;
+  c10::ScalarType dtype = c10::kFloat;  // parameters and float inputs
   std::int64_t image = 224;  // resnet: input is batch x 3 x image x image
   // gpt2 (defaults: GPT-2 124M)
   std::int64_t seq = 1024;
@@ -23,6 +26,9 @@ struct ZooConfig {
 };
 
 const std::vector<std::string>& zoo_models();
+
+// "f32", "f16", "bf16"; throws std::invalid_argument.
+c10::ScalarType parse_dtype(const std::string& name);
 
 // Throws std::invalid_argument for an unknown model or a bad size.
 StepBuilder zoo_step(const ZooConfig& config);
