@@ -3,6 +3,8 @@
 set -u
 metamem=$1
 failures=0
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
 
 expect() {  # expect CODE PATTERN ARGS...
   local code=$1 pattern=$2
@@ -23,11 +25,37 @@ expect 2 "expects an integer" profile --model mlp --batch 2x --device cpu
 expect 2 "unknown flag '--bogus'" profile --model mlp --bogus
 expect 2 "needs a value" profile --model mlp --batch
 expect 2 "--device must be cpu\\|cuda" profile --model mlp --batch 2 --device tpu
-expect 2 "--format must be table\\|json" profile --model mlp --batch 2 --format xml
+expect 2 "--format must be table\\|csv\\|json" profile --model mlp --batch 2 --format xml
 expect 2 "unknown command" plot
 expect 2 "heads" profile --model gpt2 --batch 1 --width 65 --heads 4
 expect 0 '"peak_bytes": [0-9]+' profile --model mlp --batch 4 --device cpu --achieved --format json
 expect 0 "predicted peak" profile --model resnet18 --batch 2 --image 32 --device cuda
+
+# Estimator flags and reports.
+expect 2 "unknown optimizer 'lion'" profile --model mlp --batch 2 --optimizer lion
+expect 2 "unknown dtype 'f64'" profile --model mlp --batch 2 --dtype f64
+expect 2 "--achieved needs --device cpu and --dtype f32" profile --model mlp --dtype bf16 --device cpu --achieved
+expect 2 "--depth must be at least 1" profile --model mlp --table modules --depth 0
+expect 2 "--memory expects a size" fit --model mlp --memory 80XB
+expect 2 "--memory expects a size" fit --model mlp --memory lots
+expect 2 "fit needs --memory" fit --model mlp
+expect 0 "largest batch that fits" fit --model resnet18 --image 64 --memory 1GiB
+expect 0 '"peak_phase": "(forward|backward|optimizer)"' profile --model mlp --batch 2 --optimizer adam --format json
+expect 0 "^name,op,module,phase,fwd_flops" profile --model resnet18 --batch 2 --image 32 --table modules --format csv
+expect 0 "ResNet.layer1" profile --model resnet18 --batch 2 --image 32 --table modules --depth 2
+
+# A memory-viz snapshot: plain pickle, no GLOBAL or REDUCE, with segments and traces.
+"$metamem" profile --model resnet18 --batch 2 --image 32 --snapshot "$dir/r18.pickle" >/dev/null
+if ! python3 - "$dir/r18.pickle" <<'PY'
+import pickle, pickletools, sys
+data = open(sys.argv[1], "rb").read()
+bad = {op.name for op, _, _ in pickletools.genops(data)} & {"GLOBAL", "STACK_GLOBAL", "REDUCE", "BUILD", "INST", "OBJ", "NEWOBJ"}
+snap = pickle.loads(data)
+assert not bad, bad
+assert snap["segments"] and snap["device_traces"][0], "empty snapshot"
+assert {"action", "addr", "size", "stream", "time_us", "frames"} <= set(snap["device_traces"][0][0])
+PY
+then echo "FAIL: snapshot does not load as a plain pickle"; failures=$((failures + 1)); fi
 
 # predicted == achieved for mlp, read from the JSON.
 json=$("$metamem" profile --model mlp --batch 16 --device cpu --achieved --format json)
@@ -36,8 +64,6 @@ read -r p a <<<"$peaks"
 if [[ "$p" != "$a" ]]; then echo "FAIL: mlp predicted $p != achieved $a"; failures=$((failures + 1)); fi
 
 # metamem plan: Caffe2's golden case, then bad files.
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
 printf 'id,first,last,bytes\n1,1,3,10\n2,3,4,1\n3,5,6,1\n4,5,7,10\n' >"$dir/golden.csv"
 printf '1,0,1,8\n2,0,x,8\n' >"$dir/letter.csv"
 printf '1,0,1,-8\n' >"$dir/negative.csv"

@@ -38,5 +38,6 @@ class Flags {
 // Commands: each parses its arguments and returns the exit code.
 int profile_command(const std::vector<std::string>& args);
 int plan_command(const std::vector<std::string>& args);
+int fit_command(const std::vector<std::string>& args);
 
 }  // namespace metamem::cli

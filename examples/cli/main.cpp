@@ -10,7 +10,11 @@ namespace {
 constexpr const char* kUsage =
     "usage: metamem profile --model NAME --batch N --device cpu|cuda [--seq L] [--image S]\n"
     "                       [--layers N] [--width N] [--heads N] [--vocab N]\n"
-    "                       [--achieved] [--format table|json]\n"
+    "                       [--optimizer none|sgd|momentum|adam|adamw] [--dtype f32|f16|bf16]\n"
+    "                       [--table summary|nodes|modules] [--depth N]\n"
+    "                       [--format table|csv|json] [--snapshot FILE.pickle] [--achieved]\n"
+    "       metamem fit --model NAME --memory 80GiB [--device cuda] [model flags as above]\n"
+    "                       [--max-batch N] [--format table|json]\n"
     "       metamem plan FILE.csv [--algo greedy|dp|bestfit|auto] [--alignment N]\n"
     "                       [--format table|json]\n";
 
@@ -20,6 +24,7 @@ int run(const std::vector<std::string>& args) {
   const std::vector<std::string> rest(args.begin() + 1, args.end());
   if (args[0] == "profile") return profile_command(rest);
   if (args[0] == "plan") return plan_command(rest);
+  if (args[0] == "fit") return fit_command(rest);
   throw UsageError("unknown command '" + args[0] + "'");
 }
 

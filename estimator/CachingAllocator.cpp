@@ -1,0 +1,106 @@
+#include "estimator/CachingAllocator.h"
+
+#include <algorithm>
+#include <iterator>
+#include <limits>
+
+namespace metamem {
+
+std::int64_t CachingAllocatorSim::round_size(std::int64_t bytes) {
+  if (bytes < kMinBlockSize) return kMinBlockSize;
+  return (bytes + kMinBlockSize - 1) / kMinBlockSize * kMinBlockSize;
+}
+
+std::int64_t CachingAllocatorSim::segment_size(std::int64_t rounded) {
+  if (rounded <= kSmallSize) return kSmallBuffer;
+  if (rounded < kMinLargeAlloc) return kLargeBuffer;
+  return (rounded + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
+}
+
+void CachingAllocatorSim::malloc(std::uint64_t id, std::int64_t bytes) {
+  if (bytes <= 0) return;
+  const std::int64_t rounded = round_size(bytes);
+  const bool small_pool = rounded <= kSmallSize;
+  auto& free_blocks = pool(small_pool);
+  // Best fit: the smallest free block that holds the request, lowest address first.
+  auto fit = free_blocks.lower_bound({rounded, std::numeric_limits<std::int64_t>::min()});
+  if (fit == free_blocks.end()) {
+    const std::int64_t size = segment_size(rounded);
+    const std::int64_t base = next_segment_address_;
+    next_segment_address_ += size + kSmallBuffer;  // a gap: segments never merge
+    segments_[base] = size;
+    blocks_[base] = {base, size, false, small_pool};
+    reserved_ += size;
+    peak_reserved_ = std::max(peak_reserved_, reserved_);
+    notify("segment_alloc", base, size);
+    fit = free_blocks.emplace(size, base).first;
+  }
+  const std::int64_t address = fit->second;
+  free_blocks.erase(fit);
+  Block& block = blocks_[address];
+  const std::int64_t remaining = block.size - rounded;
+  // Splitting leaves a free remainder; otherwise the whole block is handed
+  // out and counts as allocated.
+  const bool split = small_pool ? remaining >= kMinBlockSize : remaining > kSmallSize;
+  if (split) {
+    block.size = rounded;
+    blocks_[address + rounded] = {block.segment, remaining, false, small_pool};
+    free_blocks.emplace(remaining, address + rounded);
+  }
+  block.allocated = true;
+  allocated_ += block.size;
+  peak_allocated_ = std::max(peak_allocated_, allocated_);
+  address_of_[id] = address;
+  notify("alloc", address, block.size);
+}
+
+void CachingAllocatorSim::free(std::uint64_t id) {
+  auto found = address_of_.find(id);
+  if (found == address_of_.end()) return;
+  const std::int64_t address = found->second;
+  address_of_.erase(found);
+  auto it = blocks_.find(address);
+  Block& block = it->second;
+  allocated_ -= block.size;
+  notify("free_requested", address, block.size);
+  notify("free_completed", address, block.size);
+  block.allocated = false;
+  auto& free_blocks = pool(block.small_pool);
+
+  // Merge with free neighbours in the same segment.
+  auto next = std::next(it);
+  if (next != blocks_.end() && !next->second.allocated && next->second.segment == block.segment) {
+    free_blocks.erase({next->second.size, next->first});
+    block.size += next->second.size;
+    blocks_.erase(next);
+  }
+  if (it != blocks_.begin()) {
+    auto prev = std::prev(it);
+    if (!prev->second.allocated && prev->second.segment == block.segment) {
+      free_blocks.erase({prev->second.size, prev->first});
+      prev->second.size += block.size;
+      blocks_.erase(it);
+      it = prev;
+    }
+  }
+  free_blocks.emplace(it->second.size, it->first);
+}
+
+void CachingAllocatorSim::reset_peaks() {
+  peak_allocated_ = allocated_;
+  peak_reserved_ = reserved_;
+}
+
+void replay_trace(const Trace& trace, CachingAllocatorSim& sim,
+                  const std::function<void(std::size_t)>& before) {
+  for (std::size_t e = 0; e < trace.events.size(); ++e) {
+    if (before) before(e);
+    const Event& event = trace.events[e];
+    if (event.kind == EventKind::Alloc)
+      sim.malloc(event.index, trace.buffers[event.index].bytes);
+    else if (event.kind == EventKind::Free)
+      sim.free(event.index);
+  }
+}
+
+}  // namespace metamem

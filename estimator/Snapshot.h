@@ -1,0 +1,16 @@
+// A memory snapshot PyTorch's memory_viz page opens: the trace replayed
+// through the simulated CUDA caching allocator.
+#pragma once
+
+#include <string>
+
+#include "profiler/Trace.h"
+
+namespace metamem {
+
+// {"segments": [...], "device_traces": [[...]]} as a pickle. Trace entries
+// are stamped with the event index as time_us and the producing op and
+// module as their frame.
+std::string memory_snapshot_pickle(const Trace& trace);
+
+}  // namespace metamem

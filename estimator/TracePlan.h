@@ -1,0 +1,24 @@
+// A trace's buffers as memonger live ranges, and the best static plan.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "memonger/Plan.h"
+#include "profiler/Trace.h"
+
+namespace metamem {
+
+// Every buffer live during the step; steps are event indices, so a buffer
+// freed at one event and one made at a later event may share. Buffers made
+// at setup (parameters, inputs) are pinned.
+std::vector<memonger::LiveRange> trace_live_ranges(const Trace& trace);
+
+struct TracePlan {
+  memonger::Plan plan;
+  memonger::Statistics stats;
+};
+
+TracePlan plan_trace(const Trace& trace, const std::string& algorithm = "auto");
+
+}  // namespace metamem

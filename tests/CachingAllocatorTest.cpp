@@ -1,0 +1,103 @@
+// CachingAllocatorSim against cases worked out by hand from PyTorch's rules.
+#include <gtest/gtest.h>
+
+#include "estimator/CachingAllocator.h"
+
+namespace metamem {
+namespace {
+
+constexpr std::int64_t KiB = 1024, MiB = 1024 * 1024;
+
+TEST(CachingAllocator, RoundsRequestsTo512Bytes) {
+  EXPECT_EQ(CachingAllocatorSim::round_size(1), 512);
+  EXPECT_EQ(CachingAllocatorSim::round_size(512), 512);
+  EXPECT_EQ(CachingAllocatorSim::round_size(513), 1024);
+  CachingAllocatorSim sim;
+  sim.malloc(1, 1);
+  EXPECT_EQ(sim.allocated_bytes(), 512);
+  EXPECT_EQ(sim.reserved_bytes(), 2 * MiB);  // a small-pool segment
+}
+
+TEST(CachingAllocator, SmallAndLargePoolsGetTheirOwnSegments) {
+  CachingAllocatorSim sim;
+  sim.malloc(1, 1 * MiB);      // largest small request: a 2 MiB small segment
+  sim.malloc(2, 1 * MiB + 1);  // large pool: a 20 MiB segment
+  EXPECT_EQ(sim.reserved_bytes(), 2 * MiB + 20 * MiB);
+  sim.malloc(3, 12 * MiB);  // the large segment's free rest holds it
+  sim.malloc(4, 512 * KiB);  // the small segment's free rest holds it
+  EXPECT_EQ(sim.segments().size(), 2u);
+  sim.malloc(5, 31 * MiB + 1);  // >= 10 MiB: a segment of its size rounded to 2 MiB
+  EXPECT_EQ(sim.reserved_bytes(), 2 * MiB + 20 * MiB + 32 * MiB);
+  EXPECT_EQ(sim.allocated_bytes(),
+            1 * MiB + (1 * MiB + 512) + 12 * MiB + 512 * KiB + 32 * MiB);  // < 1 MiB left: unsplit
+}
+
+// 11.5 MiB on a fresh segment: the segment is 12 MiB and the 0.5 MiB left is
+// not worth a split (large pool: > 1 MiB), so all 12 MiB count as allocated.
+// The same request in a free 20 MiB block leaves 8.5 MiB: split.
+TEST(CachingAllocator, SplitRuleOfTheLargePool) {
+  CachingAllocatorSim fresh;
+  fresh.malloc(1, 11 * MiB + 512 * KiB);
+  EXPECT_EQ(fresh.reserved_bytes(), 12 * MiB);
+  EXPECT_EQ(fresh.allocated_bytes(), 12 * MiB);
+
+  CachingAllocatorSim reused;
+  reused.malloc(1, 8 * MiB);  // 20 MiB segment, split
+  EXPECT_EQ(reused.allocated_bytes(), 8 * MiB);
+  reused.free(1);
+  reused.malloc(2, 11 * MiB + 512 * KiB);
+  EXPECT_EQ(reused.reserved_bytes(), 20 * MiB);
+  EXPECT_EQ(reused.allocated_bytes(), 11 * MiB + 512 * KiB);
+}
+
+// A 2 MiB small segment split for 1,000 bytes keeps 2 MiB - 1 KiB free for
+// the next small requests.
+TEST(CachingAllocator, SmallPoolSplitsRemaindersOf512BytesOrMore) {
+  CachingAllocatorSim sim;
+  sim.malloc(1, 1000);
+  EXPECT_EQ(sim.allocated_bytes(), 1024);
+  sim.malloc(2, 1 * MiB);
+  sim.malloc(3, 1 * MiB - 1024);  // exactly what is left
+  EXPECT_EQ(sim.segments().size(), 1u);
+  EXPECT_EQ(sim.allocated_bytes(), 2 * MiB);
+  EXPECT_EQ(sim.blocks().size(), 3u);
+}
+
+TEST(CachingAllocator, FreedBlocksMergeWithFreeNeighbours) {
+  CachingAllocatorSim sim;
+  sim.malloc(1, 4 * MiB);  // one 20 MiB segment: a | b | c | rest
+  sim.malloc(2, 4 * MiB);
+  sim.malloc(3, 4 * MiB);
+  sim.free(1);
+  sim.free(3);  // merges with the rest
+  sim.free(2);  // merges with both sides: one free 20 MiB block
+  EXPECT_EQ(sim.blocks().size(), 1u);
+  sim.malloc(4, 18 * MiB);  // only fits merged
+  EXPECT_EQ(sim.segments().size(), 1u);
+  EXPECT_EQ(sim.reserved_bytes(), 20 * MiB);
+}
+
+TEST(CachingAllocator, ReservedNeverShrinks) {
+  CachingAllocatorSim sim;
+  sim.malloc(1, 30 * MiB);
+  sim.malloc(2, 512);
+  sim.free(1);
+  sim.free(2);
+  EXPECT_EQ(sim.allocated_bytes(), 0);
+  EXPECT_EQ(sim.reserved_bytes(), 30 * MiB + 2 * MiB);
+  EXPECT_EQ(sim.peak_reserved_bytes(), 32 * MiB);
+  EXPECT_EQ(sim.peak_allocated_bytes(), 30 * MiB + 512);
+  sim.reset_peaks();
+  EXPECT_EQ(sim.peak_allocated_bytes(), 0);
+  EXPECT_EQ(sim.peak_reserved_bytes(), 32 * MiB);
+}
+
+TEST(CachingAllocator, ZeroBytesAllocateNothing) {
+  CachingAllocatorSim sim;
+  sim.malloc(1, 0);
+  sim.free(1);
+  EXPECT_EQ(sim.reserved_bytes(), 0);
+}
+
+}  // namespace
+}  // namespace metamem

@@ -1,0 +1,172 @@
+// Per-node tables, model states, FLOPs, memonger plans and snapshots of
+// traced steps: identities that must hold exactly.
+#include <gtest/gtest.h>
+#include <torch/types.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "estimator/Estimate.h"
+#include "estimator/Pickle.h"
+#include "tests/FunctionStep.h"
+#include "tests/SmallModels.h"
+
+namespace metamem {
+namespace {
+
+const c10::Device kCpu(c10::kCPU);
+
+class EveryZooModel : public ::testing::TestWithParam<std::string> {
+ protected:
+  Estimate run(const StepOptions& options = {}) {
+    return estimate(trace_step(zoo_step(testing::small_model(GetParam(), 2, 32)), kCpu, options),
+                    options);
+  }
+};
+
+TEST_P(EveryZooModel, NodesAndTimelineAgreeWithThePeak) {
+  const Estimate est = run();
+  const auto& rows = est.nodes.rows;
+  std::int64_t node_peak = 0, saved = 0;
+  for (const NodeRow& row : rows) {
+    node_peak = std::max(node_peak, row.peak);
+    saved += row.fwd_tmp;
+    EXPECT_GE(row.peak, row.live_before) << row.name;
+  }
+  EXPECT_EQ(node_peak, est.trace.peak_bytes);
+  EXPECT_EQ(rows.at(est.nodes.peak_row).peak, est.trace.peak_bytes);
+  EXPECT_EQ(saved, est.trace.saved_for_backward_bytes());
+
+  std::int64_t timeline_peak = 0;
+  for (std::size_t e = est.trace.step_begin; e < est.trace.events.size(); ++e)
+    timeline_peak = std::max(timeline_peak, est.trace.events[e].live_bytes);
+  EXPECT_EQ(timeline_peak, est.trace.peak_bytes);
+
+  for (int depth : {1, 2, 3}) {
+    const auto modules = module_table(est.nodes, depth);
+    auto total = [](const std::vector<NodeRow>& r, std::int64_t NodeRow::*field) {
+      return std::accumulate(r.begin(), r.end(), std::int64_t{0},
+                             [&](std::int64_t sum, const NodeRow& x) { return sum + x.*field; });
+    };
+    for (auto field : {&NodeRow::fwd_out, &NodeRow::fwd_tmp, &NodeRow::fwd_in, &NodeRow::bwd_out,
+                       &NodeRow::fwd_flops, &NodeRow::bwd_flops})
+      EXPECT_EQ(total(modules, field), total(rows, field)) << "depth " << depth;
+  }
+}
+
+TEST_P(EveryZooModel, MemongerPlanIsVerifiedAndBetweenBounds) {
+  const Estimate est = run();
+  const memonger::Problem problem(trace_live_ranges(est.trace));
+  EXPECT_EQ(memonger::verify(problem, est.plan.plan), std::vector<std::string>{});
+  EXPECT_GE(est.plan.stats.planned_bytes, est.plan.stats.lower_bound_bytes);
+  EXPECT_LE(est.plan.stats.lower_bound_bytes, est.trace.peak_bytes);
+}
+
+TEST_P(EveryZooModel, AllocatorSimulationHoldsAtLeastTheLiveBytes) {
+  const Estimate est = run();
+  EXPECT_GE(est.allocator.allocated, est.trace.peak_bytes);
+  EXPECT_GE(est.allocator.reserved, est.allocator.allocated);
+}
+
+TEST_P(EveryZooModel, ParityHoldsWithAnOptimizerStep) {
+  const StepOptions adam{Optimizer::Adam, false};
+  const StepBuilder build = zoo_step(testing::small_model(GetParam(), 2, 32));
+  const std::int64_t predicted = trace_step(build, kCpu, adam).peak_bytes;
+  const std::int64_t achieved = achieved_cpu_peak(build, adam);
+  EXPECT_LE(std::llabs(predicted - achieved), 0.005 * static_cast<double>(achieved))
+      << "predicted " << predicted << " achieved " << achieved;
+}
+
+INSTANTIATE_TEST_SUITE_P(Zoo, EveryZooModel, ::testing::ValuesIn(zoo_models()));
+
+// Adam keeps exp_avg and exp_avg_sq: two fp32 tensors per parameter.
+TEST(ModelStates, AdamOnGpt2AddsTwoFloatsPerParameter) {
+  ZooConfig gpt2;  // GPT-2 124M
+  gpt2.model = "gpt2";
+  gpt2.batch = 1;
+  gpt2.seq = 64;
+  const StepBuilder build = zoo_step(gpt2);
+  const StepOptions adam{Optimizer::Adam, false};
+  const Trace plain = trace_step(build, c10::Device(c10::kCUDA));
+  const Trace with_adam = trace_step(build, c10::Device(c10::kCUDA), adam);
+  // Embeddings V·d + T·d, per layer 12·d² + 13·d, final norm 2·d (head tied).
+  const std::int64_t d = 768, params = 50257 * d + 64 * d + 12 * (12 * d * d + 13 * d) + 2 * d;
+  EXPECT_EQ(with_adam.parameter_count, params);
+  EXPECT_EQ(with_adam.events.back().live_bytes - plain.events.back().live_bytes, 2 * 4 * params);
+  const ModelStates states = model_states(with_adam, adam);
+  EXPECT_EQ(states.param_bytes, 4 * params);
+  EXPECT_EQ(states.grad_bytes, 4 * params);
+  EXPECT_EQ(states.optimizer_bytes, 2 * 4 * params);
+}
+
+TEST(ModelStates, MixedPrecisionKeepsFp32MasterWeights) {
+  ZooConfig mlp;
+  mlp.model = "mlp";
+  mlp.dtype = c10::kBFloat16;
+  const StepOptions adam_mixed{Optimizer::Adam, true};
+  const Trace trace = trace_step(zoo_step(mlp), c10::Device(c10::kCUDA), adam_mixed);
+  const std::int64_t params = 1024 * 4096 + 4096 + 4096 * 1024 + 1024;
+  EXPECT_EQ(trace.parameter_count, params);
+  const ModelStates states = model_states(trace, adam_mixed);
+  EXPECT_EQ(states.param_bytes, 2 * params);
+  EXPECT_EQ(states.optimizer_bytes, (4 + 2 * 4) * params);
+}
+
+std::int64_t flops_of(const Trace& trace, const std::string& op, Phase phase) {
+  std::int64_t total = 0;
+  for (const OpEvent& e : trace.ops)
+    if (e.phase == phase && trace.op_name(e) == op) total += e.flops;
+  return total;
+}
+
+// Linear(1024->4096), Linear(4096->1024), batch B: 2·m·n·k per matmul. The
+// input needs no gradient, so fc1's backward is one matmul, fc2's two.
+TEST(Flops, MlpMatmulsMatchTheHandFormula) {
+  ZooConfig mlp;
+  mlp.model = "mlp";
+  mlp.batch = 16;
+  const Trace trace = trace_step(zoo_step(mlp), kCpu);
+  const std::int64_t one = 2LL * 16 * 1024 * 4096;
+  EXPECT_EQ(flops_of(trace, "aten::addmm", Phase::Forward), 2 * one);
+  EXPECT_EQ(flops_of(trace, "aten::mm", Phase::Backward), 3 * one);
+}
+
+// 3x3 conv, 16 -> 32 channels on 2x16x8x8 with padding 1: each of the
+// 2·32·8·8 outputs takes 16·3·3 multiply-adds; backward does it twice.
+TEST(Flops, ConvolutionMatchesTheHandFormula) {
+  using testing::Tensors;
+  const Trace trace = trace_step(
+      testing::function_step(
+          [] {
+            return Tensors{torch::randn({2, 16, 8, 8}).requires_grad_(),
+                           torch::randn({32, 16, 3, 3}).requires_grad_()};
+          },
+          [](Tensors& t) { return torch::conv2d(t[0], t[1], {}, 1, 1).sum(); }),
+      kCpu);
+  const std::int64_t forward = 2LL * (2 * 32 * 8 * 8) * (16 * 3 * 3);
+  EXPECT_EQ(forward, 1'179'648);
+  EXPECT_EQ(flops_of(trace, "aten::convolution", Phase::Forward), forward);
+  EXPECT_EQ(flops_of(trace, "aten::convolution_backward", Phase::Backward), 2 * forward);
+}
+
+// {"a": [1, 2**40], "b": "x"}, opcode by opcode.
+TEST(Pickle, WritesProtocolTwoWithoutGlobals) {
+  PickleWriter w;
+  w.begin_dict();
+  w.string("a");
+  w.begin_list();
+  w.integer(1);
+  w.integer(std::int64_t{1} << 40);
+  w.end_list();
+  w.string("b");
+  w.string("x");
+  w.end_dict();
+  const unsigned char expected[] = {
+      0x80, 2, '}', '(', 'X', 1, 0, 0, 0, 'a', ']', '(', 'J', 1, 0, 0, 0,  // PROTO, dict, "a", list, 1
+      0x8a, 8, 0, 0, 0, 0, 0, 1, 0, 0, 'e',                               // LONG1 2**40, APPENDS
+      'X', 1, 0, 0, 0, 'b', 'X', 1, 0, 0, 0, 'x', 'u', '.'};              // "b": "x", SETITEMS, STOP
+  EXPECT_EQ(w.finish(), std::string(std::begin(expected), std::end(expected)));
+}
+
+}  // namespace
+}  // namespace metamem
