@@ -66,6 +66,13 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
                        const c10::optional<at::Tensor>&, at::IntArrayRef stride,
                        at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
                        at::IntArrayRef output_padding, std::int64_t groups) {
+  TORCH_CHECK(input.scalar_type() == weight.scalar_type(), "convolution: input type (",
+              input.scalar_type(), ") and weight type (", weight.scalar_type(),
+              ") should be the same");
+  TORCH_CHECK(input.dim() == weight.dim() &&
+                  input.size(1) == (transposed ? weight.size(0) : weight.size(1) * groups),
+              "convolution: input of shape ", input.sizes(), " does not fit weight of shape ",
+              weight.sizes(), " with groups=", groups);
   auto size = conv_output_size(input, weight, stride, padding, dilation, transposed,
                                output_padding, groups);
   if (models_cpu() && !transposed)
@@ -143,6 +150,11 @@ at::Tensor index_select(const at::Tensor& self, std::int64_t dim, const at::Tens
   return at::empty(size, self.options());
 }
 
+at::Tensor hardtanh_backward(const at::Tensor& grad_output, const at::Tensor&, const at::Scalar&,
+                             const at::Scalar&) {
+  return at::empty_like(grad_output);
+}
+
 bool has_meta_kernel(const char* name, const char* overload) {
   auto op = c10::Dispatcher::singleton().findSchema({name, overload});
   return op && op->hasKernelForDispatchKey(c10::DispatchKey::Meta);
@@ -173,6 +185,7 @@ void register_missing_meta_kernels() {
   add("embedding", "", TORCH_FN(embedding));
   add("embedding_dense_backward", "", TORCH_FN(embedding_dense_backward));
   add("index_select", "", TORCH_FN(index_select));
+  add("hardtanh_backward", "", TORCH_FN(hardtanh_backward));
 }
 
 }  // namespace metamem

@@ -179,7 +179,9 @@ void call_on_meta(const c10::OperatorHandle& op, torch::jit::Stack& stack) {
   } catch (const UnsupportedOpError&) {
     throw;
   } catch (const c10::NotImplementedError& e) {
-    throw UnsupportedOpError(schema.name(), c10::toString(schema), e.what_without_backtrace());
+    // The first sentence says which op could not run; the rest lists backends.
+    const std::string why = e.what_without_backtrace();
+    throw UnsupportedOpError(schema.name(), c10::toString(schema), why.substr(0, why.find(". ") + 1));
   }
 }
 
@@ -241,7 +243,8 @@ c10::impl::LocalDispatchKeySet meta_mode_keys() {
 
 UnsupportedOpError::UnsupportedOpError(const std::string& op, const std::string& schema,
                                        const std::string& why)
-    : std::runtime_error("metamem: no meta kernel for " + op + " (" + schema + "): " + why),
+    : c10::NotImplementedError({__func__, __FILE__, static_cast<std::uint32_t>(__LINE__)},
+                               "metamem: no meta kernel for " + op + " (" + schema + "): " + why),
       op_(op) {}
 
 MetaMode::MetaMode(c10::Device fake_device, MetaObserver* observer) : keys_(meta_mode_keys()) {
@@ -266,6 +269,8 @@ MetaMode::~MetaMode() {
   set_fake_cuda_active(false);
   g_mode.active.store(false);
 }
+
+bool meta_mode_active() { return g_mode.active.load(); }
 
 c10::Device fake_device() { return g_mode.device; }
 

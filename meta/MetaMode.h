@@ -8,6 +8,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <ATen/core/ivalue.h>
 #include <c10/util/ArrayRef.h>
+#include <c10/util/Exception.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -37,8 +38,10 @@ class MetaObserver {
                      c10::ArrayRef<c10::IValue> returns) = 0;
 };
 
-// An op has no meta kernel: tracing cannot continue.
-class UnsupportedOpError : public std::runtime_error {
+// An op has no meta kernel: tracing cannot continue. A NotImplementedError,
+// so it keeps its kind through the TorchScript interpreter, which rethrows
+// other errors as plain std::runtime_error.
+class UnsupportedOpError : public c10::NotImplementedError {
  public:
   UnsupportedOpError(const std::string& op, const std::string& schema, const std::string& why);
   const std::string& op() const { return op_; }
@@ -60,6 +63,8 @@ class MetaMode {
   // PrivateUse1's backend bit behind.
   c10::impl::ForceDispatchKeyGuard keys_;
 };
+
+bool meta_mode_active();
 
 // The fake device of the active MetaMode. Meta kernels ask it to model what
 // the device's own kernel would allocate.

@@ -18,4 +18,7 @@ class CpuMemoryCounter {
   std::int64_t peak_bytes() const;
 };
 
+// Bytes live through the counting allocator now (0 before it is installed).
+std::int64_t cpu_live_bytes();
+
 }  // namespace metamem

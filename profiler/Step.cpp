@@ -18,7 +18,7 @@ namespace {
 class PhaseListener {
  public:
   virtual ~PhaseListener() = default;
-  virtual void forward(const std::vector<at::Tensor>& params) = 0;
+  virtual void forward(const TrainingStep& step, const std::vector<at::Tensor>& params) = 0;
   virtual void backward(const at::Tensor& loss) = 0;
   virtual void optimizer() = 0;
   virtual void end() = 0;
@@ -52,7 +52,7 @@ void run_step(const StepBuilder& build, const StepOptions& options, PhaseListene
     for (const at::Tensor& p : params) masters.push_back(p.detach().to(at::kFloat).requires_grad_());
   auto optimizer = make_optimizer(options.optimizer, masters.empty() ? params : masters);
 
-  phases.forward(params);
+  phases.forward(*step, params);
   at::Tensor loss = step->forward_loss();
   phases.backward(loss);
   loss.backward();
@@ -70,7 +70,7 @@ void run_step(const StepBuilder& build, const StepOptions& options, PhaseListene
 class TracePhases final : public PhaseListener {
  public:
   explicit TracePhases(c10::Device device) : tracer_(device) {}
-  void forward(const std::vector<at::Tensor>& params) override {
+  void forward(const TrainingStep&, const std::vector<at::Tensor>& params) override {
     for (const at::Tensor& p : params) {
       parameter_bytes_ += static_cast<std::int64_t>(p.numel() * p.element_size());
       parameter_count_ += p.numel();
@@ -94,15 +94,18 @@ class TracePhases final : public PhaseListener {
 
 class CounterPhases final : public PhaseListener {
  public:
-  void forward(const std::vector<at::Tensor>&) override { counter_.reset_peak(); }
+  void forward(const TrainingStep& step, const std::vector<at::Tensor>&) override {
+    host_only_ = step.host_only_bytes();
+    counter_.reset_peak();
+  }
   void backward(const at::Tensor&) override {}
   void optimizer() override {}
-  void end() override { peak_ = counter_.peak_bytes(); }
+  void end() override { peak_ = counter_.peak_bytes() - host_only_; }
   std::int64_t peak() const { return peak_; }
 
  private:
   CpuMemoryCounter counter_;
-  std::int64_t peak_ = 0;
+  std::int64_t host_only_ = 0, peak_ = 0;
 };
 
 // oneDNN's convolutions allocate internal reorders and scratchpads that no

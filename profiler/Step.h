@@ -22,6 +22,10 @@ class TrainingStep {
   virtual ~TrainingStep() = default;
   virtual at::Tensor forward_loss() = 0;
   virtual std::vector<at::Tensor> parameters() = 0;
+  // Host memory the step holds that is no tensor of the model and would not
+  // be on a device (the TorchScript loader keeps its debug records): left
+  // out of the achieved CPU peak.
+  virtual std::int64_t host_only_bytes() const { return 0; }
 };
 
 // Builds a step on whatever device factories produce now: MetaTensors under

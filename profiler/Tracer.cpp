@@ -90,7 +90,7 @@ class TraceRecorder final : public MetaObserver {
     } else {
       // A node made for this op took the last sequence number just before.
       event.node = static_cast<std::int64_t>(at::sequence_number::peek()) - 1;
-      event.scope = scope_stack_.back();
+      event.scope = scope_provider_ ? intern_scope(scope_provider_()) : scope_stack_.back();
     }
     const auto op_index = static_cast<std::uint32_t>(trace_.ops.size());
     event.first_input = static_cast<std::uint32_t>(trace_.op_buffers.size());
@@ -143,10 +143,12 @@ class TraceRecorder final : public MetaObserver {
   void push_scope(const char* name) {
     std::lock_guard<std::mutex> lock(mutex_);
     const std::string& parent = trace_.scopes[scope_stack_.back()];
-    std::string path = parent.empty() ? std::string(name) : parent + "." + name;
-    auto [it, added] = scope_ids_.try_emplace(path, trace_.scopes.size());
-    if (added) trace_.scopes.push_back(std::move(path));
-    scope_stack_.push_back(it->second);
+    scope_stack_.push_back(intern_scope(parent.empty() ? std::string(name) : parent + "." + name));
+  }
+
+  void set_scope_provider(Tracer::ScopeProvider provider) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    scope_provider_ = std::move(provider);
   }
 
   void pop_scope() {
@@ -181,6 +183,12 @@ class TraceRecorder final : public MetaObserver {
     return static_cast<std::uint32_t>(id - first_id_);
   }
 
+  std::uint32_t intern_scope(std::string path) {
+    auto [it, added] = scope_ids_.try_emplace(path, trace_.scopes.size());
+    if (added) trace_.scopes.push_back(std::move(path));
+    return it->second;
+  }
+
   std::uint32_t intern_op(const c10::OperatorName& name) {
     auto [it, added] = op_ids_.try_emplace(&name, trace_.op_names.size());
     if (added) {
@@ -206,6 +214,7 @@ class TraceRecorder final : public MetaObserver {
   BufferId first_id_ = 0;  // buffer ids of one trace are consecutive
   std::size_t events_at_last_op_ = 0;
   std::vector<std::uint32_t> scope_stack_;
+  Tracer::ScopeProvider scope_provider_;
   std::unordered_map<std::string, std::uint32_t> scope_ids_;
   std::unordered_map<const c10::OperatorName*, std::uint32_t> op_ids_;
   std::vector<FlopRule> flop_rules_;  // by op name index
@@ -243,6 +252,10 @@ void Tracer::push_scope(const char* name) {
 
 void Tracer::pop_scope() {
   if (auto* recorder = g_active_recorder.load()) recorder->pop_scope();
+}
+
+void Tracer::set_scope_provider(ScopeProvider provider) {
+  if (auto* recorder = g_active_recorder.load()) recorder->set_scope_provider(std::move(provider));
 }
 
 }  // namespace metamem

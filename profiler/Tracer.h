@@ -4,6 +4,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -37,6 +38,11 @@ class Tracer {
   // The innermost module scope: ModuleScope calls these on the active tracer.
   static void push_scope(const char* name);
   static void pop_scope();
+
+  // Module paths that come from elsewhere (the TorchScript interpreter): while
+  // set, each forward op takes the path `provider` returns.
+  using ScopeProvider = std::function<std::string()>;
+  static void set_scope_provider(ScopeProvider provider);
 
  private:
   std::unique_ptr<detail::TraceRecorder> recorder_;

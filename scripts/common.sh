@@ -3,7 +3,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 PACKAGES=(cmake make g++ libtorch-dev libfmt-dev nlohmann-json3-dev libgtest-dev
-          libbenchmark-dev python3)
+          libbenchmark-dev python3 python3-torch python3-torchvision)
 
 install_missing() {
   local missing=()

@@ -2,6 +2,7 @@
 # Exit codes and output of the metamem CLI.
 set -u
 metamem=$1
+models=$2  # TorchScript files made by script_models.py
 failures=0
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
@@ -56,6 +57,16 @@ assert snap["segments"] and snap["device_traces"][0], "empty snapshot"
 assert {"action", "addr", "size", "stream", "time_us", "frames"} <= set(snap["device_traces"][0][0])
 PY
 then echo "FAIL: snapshot does not load as a plain pickle"; failures=$((failures + 1)); fi
+
+# TorchScript models.
+expect 0 "ResNet.layer1" profile --model "$models/resnet18.pt" --input 2x3x64x64 --loss cross_entropy:1000 --table modules --depth 2
+expect 0 '"batch": 2' profile --model "$models/resnet18.pt" --input 2x3x64x64 --device cuda --format json
+expect 2 "is not a TorchScript file" profile --model "$dir/golden.csv.pt" --input 2x3x64x64
+expect 2 "the inputs do not match the model's forward" profile --model "$models/resnet18.pt" --input 2x3x64x64 --input 2x3x64x64
+expect 2 "input type \\(Long\\) and weight type \\(Float\\)" profile --model "$models/resnet18.pt" --input 2x3x64x64:i64
+expect 2 "needs --input" profile --model "$models/resnet18.pt"
+expect 2 "--input is for TorchScript models" profile --model mlp --input 2x3
+expect 1 "no meta kernel for aten::histc" profile --model "$models/unsupported_op.pt" --input 16
 
 # predicted == achieved for mlp, read from the JSON.
 json=$("$metamem" profile --model mlp --batch 16 --device cpu --achieved --format json)

@@ -50,6 +50,7 @@ int fit_command(const std::vector<std::string>& args) {
     throw UsageError("unexpected argument '" + extra[0] + "'");
   if (memory_text.empty()) throw UsageError("fit needs --memory");
   if (max_batch < 1) throw UsageError("--max-batch must be positive");
+  if (m.is_script()) throw UsageError("fit varies the batch of a zoo model; a TorchScript model's batch is in its --input");
   const std::int64_t memory = parse_memory(memory_text);
   const StepOptions options = m.step_options();
 

@@ -38,10 +38,14 @@ std::vector<std::string> Flags::parse(const std::vector<std::string>& args) cons
       *s->second = true;
       continue;
     }
-    const bool takes_value = ints_.count(flag) || strings_.count(flag);
+    const bool takes_value = ints_.count(flag) || strings_.count(flag) || lists_.count(flag);
     if (!takes_value) throw UsageError("unknown flag '" + flag + "'");
     if (i + 1 >= args.size()) throw UsageError(flag + " needs a value");
     const std::string& value = args[++i];
+    if (auto list = lists_.find(flag); list != lists_.end()) {
+      list->second->push_back(value);
+      continue;
+    }
     if (auto n = ints_.find(flag); n != ints_.end()) {
       *n->second = parse_int(flag, value);
       continue;

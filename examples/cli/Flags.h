@@ -21,6 +21,8 @@ class Flags {
     strings_[name] = {value, std::move(allowed)};
   }
   void add_switch(const std::string& name, bool* value) { switches_[name] = value; }
+  // May be given several times; each value is appended.
+  void add_list(const std::string& name, std::vector<std::string>* values) { lists_[name] = values; }
 
   // Parses args (the command name excluded); returns the positionals.
   std::vector<std::string> parse(const std::vector<std::string>& args) const;
@@ -33,6 +35,7 @@ class Flags {
   std::map<std::string, std::int64_t*> ints_;
   std::map<std::string, Choice> strings_;
   std::map<std::string, bool*> switches_;
+  std::map<std::string, std::vector<std::string>*> lists_;
 };
 
 // Commands: each parses its arguments and returns the exit code.

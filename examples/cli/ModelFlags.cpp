@@ -12,6 +12,27 @@ void ModelFlags::add_to(Flags& flags) {
   flags.add("--device", &device, {"cpu", "cuda"});
   flags.add("--optimizer", &optimizer);
   flags.add("--dtype", &dtype);
+  flags.add_list("--input", &inputs);
+  flags.add("--loss", &loss);
+}
+
+bool ModelFlags::is_script() const { return is_script_path(zoo.model); }
+
+std::int64_t ModelFlags::batch() const {
+  if (!is_script() || inputs.empty()) return zoo.batch;
+  return parse_input_spec(inputs.front()).sizes.front();
+}
+
+StepBuilder ModelFlags::builder() const {
+  if (!is_script()) {
+    if (!inputs.empty()) throw std::invalid_argument("--input is for TorchScript models (FILE.pt)");
+    return zoo_step(config());
+  }
+  ScriptConfig script;
+  script.path = zoo.model;
+  for (const std::string& input : inputs) script.inputs.push_back(parse_input_spec(input));
+  script.loss = parse_loss_spec(loss);
+  return script_step(script);
 }
 
 StepOptions ModelFlags::step_options() const {

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "examples/cli/Flags.h"
+#include "examples/zoo/ScriptModel.h"
 #include "examples/zoo/Zoo.h"
 #include "profiler/Step.h"
 
@@ -15,11 +16,18 @@ struct ModelFlags {
   std::string device = "cuda";
   std::string optimizer = "none";
   std::string dtype = "f32";
+  std::vector<std::string> inputs;  // TorchScript models: one --input per forward argument
+  std::string loss = "sum";
 
   void add_to(Flags& flags);
-  // Validates what add_to could not (throws std::invalid_argument).
+  // Validate what add_to could not (throw std::invalid_argument).
   StepOptions step_options() const;
   ZooConfig config() const;
+  bool is_script() const;
+  // The zoo batch, or a TorchScript model's first input's first dimension.
+  std::int64_t batch() const;
+  // The zoo model or the TorchScript file, as configured.
+  StepBuilder builder() const;
 };
 
 }  // namespace metamem::cli

@@ -37,7 +37,7 @@ nlohmann::json report_json(const ModelFlags& m, const Estimate& est, int depth,
   nlohmann::json out = {
       {"model", m.zoo.model},
       {"device", m.device},
-      {"batch", m.zoo.batch},
+      {"batch", m.batch()},
       {"dtype", m.dtype},
       {"optimizer", m.optimizer},
       {"predicted",
@@ -90,7 +90,7 @@ void print_summary(const ModelFlags& m, const Estimate& est, std::int64_t achiev
     fmt::print("  {:<34}{:>14}{}{}\n", what, human_bytes(bytes), note.empty() ? "" : "   ", note);
   };
   fmt::print("model {} · batch {} · {} · optimizer {} · fake device {} · {} ops traced\n",
-             m.zoo.model, m.zoo.batch, m.dtype, m.optimizer, m.device, est.trace.ops.size());
+             m.zoo.model, m.batch(), m.dtype, m.optimizer, m.device, est.trace.ops.size());
   line("parameters", est.states.param_bytes);
   line("gradients", est.states.grad_bytes);
   line("optimizer states", est.states.optimizer_bytes);
@@ -134,7 +134,7 @@ int profile_command(const std::vector<std::string>& args) {
   if (achieved && (m.device != "cpu" || config.dtype != c10::kFloat))
     throw UsageError("--achieved needs --device cpu and --dtype f32 (a real CPU run)");
 
-  const StepBuilder build = zoo_step(config);
+  const StepBuilder build = m.builder();
   const Estimate est = estimate(trace_step(build, c10::Device(m.device), options), options);
   const std::int64_t achieved_peak = achieved ? achieved_cpu_peak(build, options) : -1;
   if (!snapshot.empty()) {

@@ -8,7 +8,8 @@
 namespace {
 
 constexpr const char* kUsage =
-    "usage: metamem profile --model NAME --batch N --device cpu|cuda [--seq L] [--image S]\n"
+    "usage: metamem profile --model NAME|FILE.pt --batch N --device cpu|cuda [--seq L] [--image S]\n"
+    "                       [--input 32x3x224x224[:f32|:i64] ...] [--loss sum|cross_entropy:C]\n"
     "                       [--layers N] [--width N] [--heads N] [--vocab N]\n"
     "                       [--optimizer none|sgd|momentum|adam|adamw] [--dtype f32|f16|bf16]\n"
     "                       [--table summary|nodes|modules] [--depth N]\n"
@@ -42,8 +43,11 @@ int main(int argc, char** argv) {
   } catch (const memonger::InputError& e) {  // bad ranges file
     std::cerr << "metamem: " << e.what() << "\n";
     return 2;
-  } catch (const metamem::UnsupportedOpError& e) {
-    std::cerr << e.what() << "\n";
+  } catch (const c10::NotImplementedError& e) {  // an op without a meta kernel
+    std::cerr << e.what_without_backtrace() << "\n";
+    return 1;
+  } catch (const c10::Error& e) {
+    std::cerr << "metamem: " << e.what_without_backtrace() << "\n";
     return 1;
   } catch (const std::exception& e) {
     std::cerr << "metamem: " << e.what() << "\n";

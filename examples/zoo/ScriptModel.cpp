@@ -1,0 +1,199 @@
+#include "examples/zoo/ScriptModel.h"
+
+#include <torch/csrc/jit/runtime/graph_executor.h>
+#include <torch/csrc/jit/runtime/interpreter.h>
+#include <torch/nn/functional/loss.h>
+#include <torch/script.h>
+
+#include <sstream>
+#include <unordered_set>
+
+#include "meta/MetaMode.h"
+#include "profiler/CpuMemoryCounter.h"
+#include "profiler/Tracer.h"
+
+namespace metamem {
+namespace {
+
+std::int64_t parse_positive(const std::string& text, const std::string& what) {
+  std::size_t used = 0;
+  std::int64_t value = 0;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || value <= 0)
+    throw std::invalid_argument(what + ": '" + text + "' is not a positive integer");
+  return value;
+}
+
+// "TOP(ResNet)::forward", "layer1(Sequential)::forward", "0(BasicBlock)::forward"
+// -> "ResNet.layer1.0"; frames of the same module (SELF) and of functions add nothing.
+std::string module_path(const std::vector<std::string>& hierarchy) {
+  std::string path;
+  for (const std::string& frame : hierarchy) {
+    const std::size_t open = frame.find('('), close = frame.find(')');
+    if (open == std::string::npos || close == std::string::npos || open == 0) continue;
+    std::string instance = frame.substr(0, open);
+    if (instance == "TOP") instance = frame.substr(open + 1, close - open - 1);
+    else if (instance == "SELF" || instance == "CALL_FUNCTION" || instance == "INSTANCE_NAME_UNKNOWN") continue;
+    path += (path.empty() ? "" : ".") + instance;
+  }
+  return path;
+}
+
+// The last line of an interpreter error: "RuntimeError: <what went wrong>".
+std::string last_line(const std::string& message) {
+  std::string line, last;
+  std::istringstream lines(message);
+  while (std::getline(lines, line))
+    if (!line.empty()) last = line;
+  return last;
+}
+
+class ScriptStep final : public TrainingStep {
+ public:
+  ScriptStep(const torch::jit::Module& on_meta, const ScriptConfig& config) : loss_(config.loss) {
+    if (meta_mode_active()) {
+      torch::NoGradGuard no_grad;  // the copies are leaves
+      module_ = on_meta.clone();
+      for (at::Tensor p : module_.parameters()) p.requires_grad_(true);
+    } else {
+      const std::int64_t before = cpu_live_bytes();
+      module_ = torch::jit::load(config.path);
+      host_only_ = cpu_live_bytes() - before - storage_bytes(module_);
+    }
+    module_.train();
+    for (const InputSpec& spec : config.inputs)
+      inputs_.push_back(c10::isFloatingType(spec.dtype)
+                            ? torch::randn(spec.sizes, torch::dtype(spec.dtype))
+                            : torch::zeros(spec.sizes, torch::dtype(spec.dtype)));
+    if (loss_.classes > 0 && !config.inputs.empty())
+      targets_ = torch::zeros({config.inputs[0].sizes[0]}, torch::kLong);
+  }
+
+  std::int64_t host_only_bytes() const override { return host_only_; }
+
+  std::vector<at::Tensor> parameters() override {
+    std::vector<at::Tensor> params;
+    for (const at::Tensor& p : module_.parameters()) params.push_back(p);
+    return params;
+  }
+
+  at::Tensor forward_loss() override {
+    Tracer::set_scope_provider([] { return module_path(torch::jit::currentModuleHierarchy()); });
+    struct ClearProvider {
+      ~ClearProvider() { Tracer::set_scope_provider(nullptr); }
+    } clear;
+    const at::Tensor out = output(run_forward());
+    if (loss_.classes == 0) return out.sum();
+    if (out.dim() != 2 || out.size(1) != loss_.classes)
+      throw std::invalid_argument("cross_entropy:" + std::to_string(loss_.classes) +
+                                  " needs an output of shape [batch, " +
+                                  std::to_string(loss_.classes) + "], got " +
+                                  c10::str(out.sizes()));
+    return torch::nn::functional::cross_entropy(out, targets_);
+  }
+
+ private:
+  c10::IValue run_forward() {
+    std::vector<c10::IValue> args(inputs_.begin(), inputs_.end());
+    try {
+      return module_.forward(args);
+    } catch (const c10::NotImplementedError&) {
+      throw;  // an op without a meta kernel, named
+    } catch (const c10::Error& e) {  // the call itself: argument count or types
+      throw std::invalid_argument("the inputs do not match the model's forward: " +
+                                  last_line(e.what_without_backtrace()));
+    } catch (const std::runtime_error& e) {  // an op inside forward rejected them
+      throw std::invalid_argument("the model's forward failed on the given inputs: " +
+                                  last_line(e.what()));
+    }
+  }
+
+  static at::Tensor output(const c10::IValue& value) {
+    if (value.isTensor()) return value.toTensor();
+    if (value.isTuple())
+      for (const c10::IValue& element : value.toTupleRef().elements())
+        if (element.isTensor()) return element.toTensor();
+    throw std::invalid_argument("the model's forward must return a tensor (or a tuple starting with one)");
+  }
+
+  // Bytes of the parameters' and buffers' storages, each storage once.
+  static std::int64_t storage_bytes(const torch::jit::Module& module) {
+    std::unordered_set<const void*> seen;
+    std::int64_t total = 0;
+    auto add = [&](const at::Tensor& t) {
+      const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+      if (seen.insert(storage).second) total += static_cast<std::int64_t>(storage->nbytes());
+    };
+    for (const at::Tensor& p : module.parameters()) add(p);
+    for (const at::Tensor& b : module.buffers()) add(b);
+    return total;
+  }
+
+  torch::jit::Module module_;
+  std::int64_t host_only_ = 0;  // what the loader keeps besides tensors
+  std::vector<at::Tensor> inputs_;
+  at::Tensor targets_;
+  LossSpec loss_;
+};
+
+}  // namespace
+
+InputSpec parse_input_spec(const std::string& text) {
+  InputSpec spec;
+  const std::size_t colon = text.find(':');
+  const std::string shape = text.substr(0, colon);
+  if (colon != std::string::npos) {
+    const std::string dtype = text.substr(colon + 1);
+    if (dtype == "f32") spec.dtype = c10::kFloat;
+    else if (dtype == "f16") spec.dtype = c10::kHalf;
+    else if (dtype == "bf16") spec.dtype = c10::kBFloat16;
+    else if (dtype == "i64") spec.dtype = c10::kLong;
+    else throw std::invalid_argument("--input " + text + ": unknown dtype '" + dtype + "' (f32, f16, bf16, i64)");
+  }
+  std::size_t start = 0;
+  for (;;) {
+    const std::size_t x = shape.find('x', start);
+    spec.sizes.push_back(parse_positive(shape.substr(start, x - start), "--input " + text));
+    if (x == std::string::npos) break;
+    start = x + 1;
+  }
+  return spec;
+}
+
+LossSpec parse_loss_spec(const std::string& text) {
+  if (text == "sum") return {};
+  const std::string prefix = "cross_entropy:";
+  if (text.rfind(prefix, 0) == 0)
+    return {parse_positive(text.substr(prefix.size()), "--loss " + text)};
+  throw std::invalid_argument("--loss must be sum or cross_entropy:CLASSES, got '" + text + "'");
+}
+
+bool is_script_path(const std::string& model) {
+  auto ends_with = [&](const std::string& suffix) {
+    return model.size() >= suffix.size() &&
+           model.compare(model.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  return model.find('/') != std::string::npos || ends_with(".pt") || ends_with(".pth") ||
+         ends_with(".zip");
+}
+
+StepBuilder script_step(const ScriptConfig& config) {
+  if (config.inputs.empty()) throw std::invalid_argument("a TorchScript model needs --input");
+  // The interpreter runs the unoptimized graph: no fusion or autodiff
+  // subgraphs, so traced and real runs execute the same ops.
+  torch::jit::setGraphExecutorOptimize(false);
+  auto on_meta = std::make_shared<torch::jit::Module>();
+  try {
+    *on_meta = torch::jit::load(config.path, c10::Device(c10::kMeta));
+  } catch (const c10::Error& e) {
+    throw std::invalid_argument("'" + config.path + "' is not a TorchScript file: " +
+                                last_line(e.what_without_backtrace()));
+  }
+  return [on_meta, config] { return std::make_unique<ScriptStep>(*on_meta, config); };
+}
+
+}  // namespace metamem

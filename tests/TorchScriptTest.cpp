@@ -1,0 +1,105 @@
+// Models written in Python, scripted at test time (tests/script_models.py,
+// run by CTest as a fixture): parity on CPU, tracing on fake CUDA, errors.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "examples/zoo/ScriptModel.h"
+
+namespace metamem {
+namespace {
+
+std::string models_dir() {
+  const char* dir = std::getenv("METAMEM_SCRIPT_MODELS");
+  return dir == nullptr ? "" : dir;
+}
+
+struct ScriptCase {
+  std::string name, input, loss;
+};
+
+void PrintTo(const ScriptCase& c, std::ostream* os) { *os << c.name; }
+
+StepBuilder build(const ScriptCase& c) {
+  ScriptConfig config;
+  config.path = models_dir() + "/" + c.name + ".pt";
+  config.inputs.push_back(parse_input_spec(c.input));
+  config.loss = parse_loss_spec(c.loss);
+  return script_step(config);
+}
+
+class ScriptedModel : public ::testing::TestWithParam<ScriptCase> {
+ protected:
+  void SetUp() override { ASSERT_FALSE(models_dir().empty()) << "METAMEM_SCRIPT_MODELS is not set"; }
+};
+
+TEST_P(ScriptedModel, PredictedPeakMatchesRealCpuRun) {
+  const StepBuilder step = build(GetParam());
+  const std::int64_t predicted = trace_step(step, c10::Device(c10::kCPU)).peak_bytes;
+  const std::int64_t achieved = achieved_cpu_peak(step);
+  EXPECT_LE(std::llabs(predicted - achieved), 0.005 * static_cast<double>(achieved))
+      << "predicted " << predicted << " achieved " << achieved;
+}
+
+TEST_P(ScriptedModel, TracesOnFakeCudaWithModuleScopes) {
+  const Trace trace = trace_step(build(GetParam()), c10::Device(c10::kCUDA));
+  bool backward = false, scoped_backward = false;
+  for (const OpEvent& op : trace.ops) {
+    backward = backward || op.phase == Phase::Backward;
+    scoped_backward = scoped_backward || (op.phase == Phase::Backward && op.scope != 0);
+  }
+  EXPECT_TRUE(backward);
+  EXPECT_TRUE(scoped_backward);
+  EXPECT_GT(trace.scopes.size(), 3u);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Torchvision, ScriptedModel,
+    ::testing::Values(ScriptCase{"resnet18", "2x3x64x64", "cross_entropy:1000"},
+                      ScriptCase{"mobilenet_v2", "2x3x64x64", "cross_entropy:1000"},
+                      ScriptCase{"vgg11", "2x3x32x32", "cross_entropy:10"},
+                      ScriptCase{"transformer", "4x16x64", "cross_entropy:10"}),
+    [](const auto& info) { return info.param.name; });
+
+TEST(ScriptModel, ScopesFollowTheModuleHierarchy) {
+  const Trace trace = trace_step(build({"resnet18", "2x3x64x64", "sum"}), c10::Device(c10::kCPU));
+  for (const char* scope : {"ResNet.conv1", "ResNet.layer1.0.conv1", "ResNet.layer4.1.bn2", "ResNet.fc"})
+    EXPECT_NE(std::find(trace.scopes.begin(), trace.scopes.end(), scope), trace.scopes.end()) << scope;
+}
+
+TEST(ScriptModel, OpWithoutMetaKernelIsNamed) {
+  try {
+    trace_step(build({"unsupported_op", "16", "sum"}), c10::Device(c10::kCPU));
+    FAIL() << "expected an error naming aten::histc";
+  } catch (const c10::NotImplementedError& e) {
+    EXPECT_NE(std::string(e.what()).find("no meta kernel for aten::histc"), std::string::npos);
+  }
+}
+
+TEST(ScriptModel, BadFilesAndInputsAreInputErrors) {
+  const std::string dir = ::testing::TempDir();
+  std::ofstream(dir + "/not_script.pt") << "not a zip archive";
+  {
+    std::ifstream full(models_dir() + "/resnet18.pt", std::ios::binary);
+    std::string head(100'000, '\0');
+    full.read(head.data(), static_cast<std::streamsize>(head.size()));
+    std::ofstream(dir + "/truncated.pt", std::ios::binary) << head;
+  }
+  for (const char* file : {"not_script.pt", "truncated.pt", "missing.pt"}) {
+    ScriptConfig config{dir + "/" + file, {parse_input_spec("2x3x64x64")}, {}};
+    EXPECT_THROW(script_step(config), std::invalid_argument) << file;
+  }
+  for (const char* input : {"2x1x64x64", "2x3x64x64:i64"})
+    EXPECT_THROW(trace_step(build({"resnet18", input, "sum"}), c10::Device(c10::kCPU)),
+                 std::invalid_argument)
+        << input;
+  EXPECT_THROW(trace_step(build({"resnet18", "2x3x64x64", "cross_entropy:10"}), c10::Device(c10::kCPU)),
+               std::invalid_argument);
+  EXPECT_THROW(parse_input_spec("2x3x0"), std::invalid_argument);
+  EXPECT_THROW(parse_input_spec("2x3:f64"), std::invalid_argument);
+  EXPECT_THROW(parse_loss_spec("hinge"), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace metamem
