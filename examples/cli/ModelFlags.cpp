@@ -28,6 +28,8 @@ StepBuilder ModelFlags::builder() const {
     if (!inputs.empty()) throw std::invalid_argument("--input is for TorchScript models (FILE.pt)");
     return zoo_step(config());
   }
+  if (dtype != "f32")
+    throw std::invalid_argument("--dtype is for zoo models; a TorchScript model keeps its own dtypes");
   ScriptConfig script;
   script.path = zoo.model;
   for (const std::string& input : inputs) script.inputs.push_back(parse_input_spec(input));
