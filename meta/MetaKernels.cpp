@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/AccumulateType.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
@@ -62,6 +63,28 @@ std::int64_t cpu_conv_columns_bytes(const at::Tensor& input, const at::Tensor& w
 
 bool models_cpu() { return fake_device().is_cpu(); }
 
+std::int64_t bytes_of(const at::Tensor& t) {
+  return t.numel() * static_cast<std::int64_t>(t.element_size());
+}
+
+// A group's slice of a batched NCHW tensor along channels is contiguous only
+// for a batch of one; otherwise the native path copies it.
+std::int64_t group_copy_bytes(const at::Tensor& t, std::int64_t groups) {
+  return t.size(0) > 1 ? bytes_of(t) / groups : 0;
+}
+
+// Native CPU convolution with groups > 1 runs group by group: each group's
+// input is made contiguous and unfolded, and the per-group outputs live until
+// the function returns (after their concatenation into the result).
+std::int64_t cpu_grouped_forward_scratch(const at::Tensor& input, const at::Tensor& weight,
+                                         at::IntArrayRef output_size, at::IntArrayRef stride,
+                                         at::IntArrayRef padding, std::int64_t groups) {
+  std::int64_t output = input.element_size();
+  for (auto d : output_size) output *= d;
+  return std::max(output, group_copy_bytes(input, groups) +
+                              cpu_conv_columns_bytes(input, weight, output_size, stride, padding));
+}
+
 at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
                        const c10::optional<at::Tensor>&, at::IntArrayRef stride,
                        at::IntArrayRef padding, at::IntArrayRef dilation, bool transposed,
@@ -76,20 +99,37 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
   auto size = conv_output_size(input, weight, stride, padding, dilation, transposed,
                                output_padding, groups);
   if (models_cpu() && !transposed)
-    note_scratch(cpu_conv_columns_bytes(input, weight, size, stride, padding));
+    note_scratch(groups > 1
+                     ? cpu_grouped_forward_scratch(input, weight, size, stride, padding, groups)
+                     : cpu_conv_columns_bytes(input, weight, size, stride, padding));
   return at::empty(size, input.options().memory_format(input.suggest_memory_format()));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
     const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
     at::OptionalIntArrayRef bias_sizes, at::IntArrayRef stride, at::IntArrayRef padding,
-    at::IntArrayRef, bool transposed, at::IntArrayRef, std::int64_t,
+    at::IntArrayRef, bool transposed, at::IntArrayRef, std::int64_t groups,
     std::array<bool, 3> output_mask) {
-  if (models_cpu() && !transposed)
-    note_scratch(cpu_conv_columns_bytes(input, weight, grad_output.sizes(), stride, padding));
+  if (models_cpu() && !transposed) {
+    const std::int64_t columns =
+        cpu_conv_columns_bytes(input, weight, grad_output.sizes(), stride, padding);
+    // Grouped: one group's copies and columns, or all per-group gradients
+    // beside their concatenations, whichever is more.
+    note_scratch(groups > 1 ? std::max(columns + group_copy_bytes(input, groups) +
+                                           group_copy_bytes(grad_output, groups),
+                                       (output_mask[0] ? bytes_of(input) : 0) +
+                                           (output_mask[1] ? bytes_of(weight) : 0))
+                            : columns);
+  }
   return {output_mask[0] ? at::empty_like(input) : at::Tensor(),
           output_mask[1] ? at::empty_like(weight) : at::Tensor(),
           output_mask[2] ? at::empty({weight.size(0)}, weight.options()) : at::Tensor()};
+}
+
+// Norm statistics: the input's dtype on CPU, the accumulate type on CUDA.
+at::TensorOptions statistics_options(const at::Tensor& input) {
+  return input.options().dtype(models_cpu() ? input.scalar_type()
+                                            : at::toAccumulateType(input.scalar_type(), /*is_cuda=*/true));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm(
@@ -97,9 +137,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm(
     const c10::optional<at::Tensor>&, const c10::optional<at::Tensor>&, bool training, double,
     double) {
   const std::int64_t stats = training ? input.size(1) : 0;
-  auto stat_options = input.options().dtype(at::toAccumulateType(input.scalar_type(), /*is_cuda=*/false));
-  return {at::empty_like(input), at::empty({stats}, stat_options),
-          at::empty({stats}, stat_options)};
+  // The CPU kernel gathers each channel's mean and sum of squares first.
+  if (models_cpu() && training) note_scratch(2 * stats * static_cast<std::int64_t>(input.element_size()));
+  return {at::empty_like(input), at::empty({stats}, statistics_options(input)),
+          at::empty({stats}, statistics_options(input))};
+}
+
+// Mean and rstd keep the input's leading dimensions, with ones for the
+// normalized ones.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm(
+    const at::Tensor& input, at::IntArrayRef normalized_shape, const c10::optional<at::Tensor>&,
+    const c10::optional<at::Tensor>&, double) {
+  auto stat_shape = input.sizes().vec();
+  const std::size_t axis = stat_shape.size() - normalized_shape.size();
+  std::fill(stat_shape.begin() + static_cast<std::ptrdiff_t>(axis), stat_shape.end(), 1);
+  return {at::empty_like(input, at::MemoryFormat::Contiguous),
+          at::empty(stat_shape, statistics_options(input)),
+          at::empty(stat_shape, statistics_options(input))};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm_backward(
@@ -107,15 +161,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm_backward(
     const c10::optional<at::Tensor>&, const c10::optional<at::Tensor>&,
     const c10::optional<at::Tensor>&, const c10::optional<at::Tensor>&, bool, double,
     std::array<bool, 3> output_mask) {
+  // The CPU kernel computes the input gradient through a temporary of its size.
+  if (models_cpu() && output_mask[0]) note_scratch(bytes_of(input));
   auto channel = [&] { return at::empty({input.size(1)}, weight->options()); };
   return {output_mask[0] ? at::empty_like(input) : at::Tensor(),
           output_mask[1] ? channel() : at::Tensor(), output_mask[2] ? channel() : at::Tensor()};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm_backward(
-    const at::Tensor& grad_out, const at::Tensor& input, at::IntArrayRef, const at::Tensor&,
-    const at::Tensor&, const c10::optional<at::Tensor>& weight,
+    const at::Tensor& grad_out, const at::Tensor& input, at::IntArrayRef normalized_shape,
+    const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>& weight,
     const c10::optional<at::Tensor>& bias, std::array<bool, 3> output_mask) {
+  // The CPU kernel sums weight and bias gradients in a zeroed buffer of
+  // threads x 2 x (normalized elements).
+  if (models_cpu() && (output_mask[1] || output_mask[2])) {
+    std::int64_t normalized = 1;
+    for (auto d : normalized_shape) normalized *= d;
+    note_scratch(at::get_num_threads() * 2 * normalized *
+                 static_cast<std::int64_t>(input.element_size()));
+  }
   return {output_mask[0] ? at::empty_like(input) : at::Tensor(),
           output_mask[1] && weight ? at::empty_like(*weight) : at::Tensor(),
           output_mask[2] && bias ? at::empty_like(*bias) : at::Tensor()};
@@ -179,6 +243,7 @@ void register_missing_meta_kernels() {
   add("convolution_backward", "", TORCH_FN(convolution_backward));
   add("native_batch_norm", "", TORCH_FN(native_batch_norm));
   add("native_batch_norm_backward", "", TORCH_FN(native_batch_norm_backward));
+  add("native_layer_norm", "", TORCH_FN(native_layer_norm));
   add("native_layer_norm_backward", "", TORCH_FN(native_layer_norm_backward));
   add("_adaptive_avg_pool2d", "", TORCH_FN(adaptive_avg_pool2d));
   add("_adaptive_avg_pool2d_backward", "", TORCH_FN(adaptive_avg_pool2d_backward));

@@ -68,13 +68,13 @@ TEST_P(EveryZooModel, AllocatorSimulationHoldsAtLeastTheLiveBytes) {
   EXPECT_GE(est.allocator.reserved, est.allocator.allocated);
 }
 
+// The real Adam step also holds a few bytes of wrapped scalars (12 B seen).
 TEST_P(EveryZooModel, ParityHoldsWithAnOptimizerStep) {
   const StepOptions adam{Optimizer::Adam, false};
   const StepBuilder build = zoo_step(testing::small_model(GetParam(), 2, 32));
   const std::int64_t predicted = trace_step(build, kCpu, adam).peak_bytes;
   const std::int64_t achieved = achieved_cpu_peak(build, adam);
-  EXPECT_LE(std::llabs(predicted - achieved), 0.005 * static_cast<double>(achieved))
-      << "predicted " << predicted << " achieved " << achieved;
+  EXPECT_LE(std::llabs(predicted - achieved), 64) << "predicted " << predicted << " achieved " << achieved;
 }
 
 INSTANTIATE_TEST_SUITE_P(Zoo, EveryZooModel, ::testing::ValuesIn(zoo_models()));

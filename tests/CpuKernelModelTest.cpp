@@ -1,0 +1,154 @@
+// What libtorch's CPU kernels hold beyond their outputs while they run
+// (im2col columns, per-group copies), measured on real CPU and as traced:
+// the meta kernels must model it to the byte.
+#include <gtest/gtest.h>
+#include <torch/types.h>
+
+#include <ATen/Context.h>
+
+#include <functional>
+
+#include "profiler/CpuMemoryCounter.h"
+#include "profiler/Tracer.h"
+#include "tests/FunctionStep.h"
+
+namespace metamem {
+namespace {
+
+using testing::Tensors;
+using MakeInputs = std::function<Tensors()>;
+using RunOp = std::function<Tensors(Tensors&)>;
+
+std::int64_t bytes_of(const Tensors& tensors) {
+  std::int64_t total = 0;
+  for (const at::Tensor& t : tensors)
+    if (t.defined()) total += t.numel() * static_cast<std::int64_t>(t.element_size());
+  return total;
+}
+
+// Peak bytes during `op` above the live bytes before it and its outputs.
+std::int64_t real_scratch(const MakeInputs& make, const RunOp& op) {
+  const bool mkldnn = at::globalContext().userEnabledMkldnn();
+  at::globalContext().setUserEnabledMkldnn(false);  // the native CPU kernels metamem models
+  CpuMemoryCounter counter;
+  Tensors inputs = make();
+  const std::int64_t before = counter.live_bytes();
+  counter.reset_peak();
+  const Tensors outputs = op(inputs);
+  at::globalContext().setUserEnabledMkldnn(mkldnn);
+  return counter.peak_bytes() - before - bytes_of(outputs);
+}
+
+std::int64_t traced_scratch(const MakeInputs& make, const RunOp& op) {
+  Tracer tracer(c10::Device(c10::kCPU));
+  Tensors inputs = make();
+  tracer.begin_forward();
+  const std::int64_t outputs = bytes_of(op(inputs));
+  const Trace trace = tracer.finish();
+  return trace.peak_bytes - trace.step_begin_bytes - outputs;
+}
+
+struct KernelCase {
+  std::string name;
+  MakeInputs make;
+  RunOp op;
+};
+
+void PrintTo(const KernelCase& c, std::ostream* os) { *os << c.name; }
+
+class CpuKernel : public ::testing::TestWithParam<KernelCase> {};
+
+TEST_P(CpuKernel, ScratchMatchesTheRealKernel) {
+  const KernelCase& c = GetParam();
+  EXPECT_EQ(traced_scratch(c.make, c.op), real_scratch(c.make, c.op));
+}
+
+KernelCase conv(std::string name, std::vector<std::int64_t> input, std::vector<std::int64_t> weight,
+                std::int64_t stride, std::int64_t padding, std::int64_t groups,
+                c10::optional<std::array<bool, 3>> backward = c10::nullopt) {
+  auto make = [=] {
+    Tensors t{torch::randn(input), torch::randn(weight)};
+    const at::Tensor out = at::convolution(t[0], t[1], {}, {stride, stride}, {padding, padding},
+                                           {1, 1}, false, {0, 0}, groups);
+    t.push_back(torch::randn(out.sizes()));
+    return t;
+  };
+  auto op = [=](Tensors& t) -> Tensors {
+    if (!backward)
+      return {at::convolution(t[0], t[1], {}, {stride, stride}, {padding, padding}, {1, 1}, false,
+                              {0, 0}, groups)};
+    auto [gi, gw, gb] = at::convolution_backward(t[2], t[0], t[1], c10::nullopt, {stride, stride},
+                                                 {padding, padding}, {1, 1}, false, {0, 0}, groups,
+                                                 *backward);
+    return {gi, gw, gb};
+  };
+  return {std::move(name), make, op};
+}
+
+constexpr std::array<bool, 3> kBoth{true, true, false}, kInput{true, false, false},
+    kWeight{false, true, false};
+
+INSTANTIATE_TEST_SUITE_P(
+    Convolution, CpuKernel,
+    ::testing::Values(conv("dense3x3", {2, 16, 16, 16}, {32, 16, 3, 3}, 1, 1, 1),
+                      conv("dense3x3_backward", {2, 16, 16, 16}, {32, 16, 3, 3}, 1, 1, 1, kBoth),
+                      conv("dense1x1", {2, 16, 16, 16}, {32, 16, 1, 1}, 1, 0, 1),
+                      conv("dense1x1_stride2_backward", {2, 16, 16, 16}, {32, 16, 1, 1}, 2, 0, 1, kBoth),
+                      conv("dense7x7_stride2", {2, 3, 32, 32}, {64, 3, 7, 7}, 2, 3, 1),
+                      conv("depthwise", {2, 32, 16, 16}, {32, 1, 3, 3}, 1, 1, 32),
+                      conv("depthwise_backward", {2, 32, 16, 16}, {32, 1, 3, 3}, 1, 1, 32, kBoth),
+                      conv("depthwise_stride2", {2, 32, 16, 16}, {32, 1, 3, 3}, 2, 1, 32),
+                      conv("depthwise_stride2_grad_input", {2, 32, 16, 16}, {32, 1, 3, 3}, 2, 1, 32, kInput),
+                      conv("depthwise_stride2_grad_weight", {2, 32, 16, 16}, {32, 1, 3, 3}, 2, 1, 32, kWeight),
+                      conv("depthwise_batch1_backward", {1, 32, 16, 16}, {32, 1, 3, 3}, 1, 1, 32, kBoth),
+                      conv("groups4_3x3", {2, 32, 16, 16}, {64, 8, 3, 3}, 1, 1, 4),
+                      conv("groups4_3x3_backward", {2, 32, 16, 16}, {64, 8, 3, 3}, 1, 1, 4, kBoth),
+                      conv("groups4_1x1", {2, 32, 16, 16}, {64, 8, 1, 1}, 1, 0, 4),
+                      conv("groups4_1x1_backward", {2, 32, 16, 16}, {64, 8, 1, 1}, 1, 0, 4, kBoth)),
+    [](const auto& info) { return info.param.name; });
+
+INSTANTIATE_TEST_SUITE_P(
+    Norms, CpuKernel,
+    ::testing::Values(
+        KernelCase{"batch_norm",
+                   [] { return Tensors{torch::randn({4, 16, 8, 8}), torch::randn({16}), torch::randn({16}),
+                                       torch::zeros({16}), torch::ones({16})}; },
+                   [](Tensors& t) {
+                     auto [y, mean, invstd] = at::native_batch_norm(t[0], t[1], t[2], t[3], t[4], true, 0.1, 1e-5);
+                     return Tensors{y, mean, invstd};
+                   }},
+        KernelCase{"batch_norm_backward",
+                   [] {
+                     Tensors t{torch::randn({4, 16, 8, 8}), torch::randn({16}), torch::randn({16}),
+                               torch::zeros({16}), torch::ones({16})};
+                     auto [y, mean, invstd] = at::native_batch_norm(t[0], t[1], t[2], t[3], t[4], true, 0.1, 1e-5);
+                     t.insert(t.end(), {torch::randn(y.sizes()), mean, invstd});
+                     return t;
+                   },
+                   [](Tensors& t) {
+                     auto [gi, gw, gb] = at::native_batch_norm_backward(t[5], t[0], t[1], t[3], t[4], t[6], t[7],
+                                                                        true, 1e-5, {true, true, true});
+                     return Tensors{gi, gw, gb};
+                   }},
+        KernelCase{"layer_norm_backward",
+                   [] {
+                     Tensors t{torch::randn({4, 16, 64}), torch::randn({64}), torch::randn({64})};
+                     auto [y, mean, rstd] = at::native_layer_norm(t[0], {64}, t[1], t[2], 1e-5);
+                     t.insert(t.end(), {torch::randn(y.sizes()), mean, rstd});
+                     return t;
+                   },
+                   [](Tensors& t) {
+                     auto [gi, gw, gb] = at::native_layer_norm_backward(t[3], t[0], {64}, t[4], t[5], t[1], t[2],
+                                                                        {true, true, true});
+                     return Tensors{gi, gw, gb};
+                   }},
+        KernelCase{"layer_norm",
+                   [] { return Tensors{torch::randn({4, 16, 64}), torch::randn({64}), torch::randn({64})}; },
+                   [](Tensors& t) {
+                     auto [y, mean, rstd] = at::native_layer_norm(t[0], {64}, t[1], t[2], 1e-5);
+                     return Tensors{y, mean, rstd};
+                   }}),
+    [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace metamem
