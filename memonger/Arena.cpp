@@ -2,6 +2,8 @@
 // XLA's GlobalDecreasingSizeBestFitHeap), improved by packing into a fixed
 // height from both ends.
 #include <algorithm>
+#include <array>
+#include <stdexcept>
 #include <limits>
 #include <map>
 #include <optional>
@@ -16,8 +18,8 @@ namespace {
 constexpr std::int64_t kUnbounded = std::numeric_limits<std::int64_t>::max();
 // Work all neighbour-query passes together may do: a pass costs its
 // overlapping pairs plus kPerRange for each range (tree updates, queries).
-// About 0.1 to 0.3 s here; small instances get many passes, large ones few.
-constexpr std::int64_t kWorkBudget = 3'000'000;
+// About 0.1 s here; small instances get many passes, large ones few.
+constexpr std::int64_t kWorkBudget = 2'000'000;
 constexpr std::int64_t kPerRange = 16;
 
 // Placed ranges by time: a segment tree over ranges sorted by first step
@@ -231,27 +233,40 @@ Items order_by(const Problem& p, const Items& items, Key key) {
 }  // namespace
 
 Placement arena_best_fit(const Problem& p, const Items& items) {
-  using Key = std::pair<std::int64_t, std::int64_t>;
-  auto duration = [](const LiveRange& r) { return r.last - r.first + 1; };
-  const Items by_size = order_by(p, items, [&](const LiveRange& r, std::int64_t b) { return Key{b, duration(r)}; });
-  const Items by_duration = order_by(p, items, [&](const LiveRange& r, std::int64_t b) { return Key{duration(r), b}; });
-  const Items by_area = order_by(p, items, [&](const LiveRange& r, std::int64_t b) {
-    return Key{static_cast<std::int64_t>(static_cast<double>(b) * static_cast<double>(duration(r))), b};
-  });
-  const Items by_time = order_by(p, items, [](const LiveRange& r, std::int64_t) { return Key{-r.first, -r.last}; });
+  // Orderings, each sorted the first time a pass needs it.
+  enum Ordering { kTime, kSize, kArea, kDuration };
+  std::array<std::optional<Items>, 4> orders;
+  auto order = [&](Ordering o) -> const Items& {
+    if (orders[o]) return *orders[o];
+    using Key = std::pair<std::int64_t, std::int64_t>;
+    auto duration = [](const LiveRange& r) { return r.last - r.first + 1; };
+    switch (o) {
+      case kTime:
+        return *(orders[o] = order_by(p, items, [](const LiveRange& r, std::int64_t) { return Key{-r.first, -r.last}; }));
+      case kSize:
+        return *(orders[o] = order_by(p, items, [&](const LiveRange& r, std::int64_t b) { return Key{b, duration(r)}; }));
+      case kArea:
+        return *(orders[o] = order_by(p, items, [&](const LiveRange& r, std::int64_t b) {
+                   return Key{static_cast<std::int64_t>(static_cast<double>(b) * static_cast<double>(duration(r))), b};
+                 }));
+      case kDuration:
+        return *(orders[o] = order_by(p, items, [&](const LiveRange& r, std::int64_t b) { return Key{duration(r), b}; }));
+    }
+    throw std::logic_error("unknown ordering");
+  };
 
   const ItemTable table(p, items);
   const std::int64_t bound = items_lower_bound(p, items);
-  Placement best = pack_in_time_order(table, by_time);
+  Placement best = pack_in_time_order(table, order(kTime));
 
   // Neighbour-query passes cost about the number of overlapping pairs each;
   // where many ranges are alive at once, only as many run as the budget buys.
   const std::int64_t pass_cost =
-      overlapping_pairs(table, by_time) + kPerRange * static_cast<std::int64_t>(items.size());
+      overlapping_pairs(table, order(kTime)) + kPerRange * static_cast<std::int64_t>(items.size());
   std::int64_t budget = kWorkBudget;
   auto affordable = [&] { return best.height > bound && (budget -= pass_cost) >= 0; };
-  auto try_pack = [&](const Items& order, std::int64_t height) {
-    auto candidate = pack(table, order, height);
+  auto try_pack = [&](Ordering o, std::int64_t height) {
+    auto candidate = pack(table, order(o), height);
     const bool better = candidate && candidate->height < best.height;
     if (better) best = std::move(*candidate);
     return better;
@@ -259,9 +274,9 @@ Placement arena_best_fit(const Problem& p, const Items& items) {
 
   // Cheapest first: a two-ended packing at the lower bound in time order
   // (optimal on chains), then the other orderings unbounded.
-  if (affordable()) try_pack(by_time, bound);
-  for (const Items* order : {&by_size, &by_area, &by_duration})
-    if (affordable()) try_pack(*order, kUnbounded);
+  if (affordable()) try_pack(kTime, bound);
+  for (Ordering o : {kSize, kArea, kDuration})
+    if (affordable()) try_pack(o, kUnbounded);
 
   // Improvement: the smallest height, between the lower bound and the best
   // plan so far, into which a two-ended packing fits (binary search).
@@ -269,9 +284,9 @@ Placement arena_best_fit(const Problem& p, const Items& items) {
   while (low <= high) {
     const std::int64_t target = low + (high - low) / 2;
     bool fitted = false;
-    for (const Items* order : {&by_time, &by_size, &by_area, &by_duration}) {
+    for (Ordering o : {kTime, kSize, kArea, kDuration}) {
       if (!affordable()) return best;
-      if ((fitted = try_pack(*order, target))) break;
+      if ((fitted = try_pack(o, target))) break;
     }
     if (fitted)
       high = best.height - 1;
