@@ -36,6 +36,13 @@ std::string short_name(const std::string& op) {
   return name;
 }
 
+// The first op whose event is `event` or later: the op that was running then.
+std::size_t op_at_or_after(const Trace& trace, std::size_t event) {
+  for (std::size_t e = event; e < trace.events.size(); ++e)
+    if (trace.events[e].kind == EventKind::Op) return trace.events[e].index;
+  return trace.ops.size();
+}
+
 // "ResNet.layer1.0.conv1" at depth 2 is "ResNet.layer1".
 std::string module_prefix(const std::string& path, int depth) {
   std::size_t pos = 0;
@@ -51,19 +58,13 @@ std::string module_prefix(const std::string& path, int depth) {
 
 NodeTable node_table(const Trace& trace) {
   const std::vector<OpSpan> spans = op_spans(trace);
-  std::size_t first_op = trace.ops.size();
-  for (std::size_t e = trace.step_begin; e < trace.events.size() && first_op == trace.ops.size(); ++e)
-    if (trace.events[e].kind == EventKind::Op) first_op = trace.events[e].index;
+  const std::size_t first_op = op_at_or_after(trace, trace.step_begin);
+  const std::size_t peak_op = op_at_or_after(trace, trace.peak_event);
 
   NodeTable table;
   std::unordered_map<std::int64_t, std::size_t> row_of_node;  // autograd node -> forward row
   std::unordered_set<std::uint32_t> saved_inputs_seen;
   std::unordered_map<std::int64_t, std::size_t> backward_row;  // node -> row of orphan backward ops
-  const std::size_t peak_op = [&] {
-    for (std::size_t e = trace.peak_event; e < trace.events.size(); ++e)
-      if (trace.events[e].kind == EventKind::Op) return static_cast<std::size_t>(trace.events[e].index);
-    return trace.ops.size();
-  }();
 
   // Live bytes before each row's first backward op: its temporaries' base.
   std::vector<std::int64_t> backward_base;

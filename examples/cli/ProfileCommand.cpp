@@ -1,5 +1,5 @@
-// metamem profile: trace one training step of a zoo model on a fake device
-// and report where its memory goes.
+// metamem profile: trace one training step of a model (zoo or TorchScript) on a
+// fake device and report where its memory goes.
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
