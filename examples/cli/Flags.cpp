@@ -1,21 +1,16 @@
 #include "examples/cli/Flags.h"
 
+#include "examples/zoo/ParseInteger.h"
+
 #include <algorithm>
 
 namespace metamem::cli {
 namespace {
 
 std::int64_t parse_int(const std::string& flag, const std::string& text) {
-  std::size_t used = 0;
-  std::int64_t value = 0;
-  try {
-    value = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != text.size())
-    throw UsageError(flag + " expects an integer, got '" + text + "'");
-  return value;
+  const auto value = parse_integer(text);
+  if (!value) throw UsageError(flag + " expects an integer, got '" + text + "'");
+  return *value;
 }
 
 std::string join(const std::vector<std::string>& words) {

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "examples/zoo/ParseInteger.h"
 #include "meta/MetaMode.h"
 #include "profiler/CpuMemoryCounter.h"
 #include "profiler/Tracer.h"
@@ -16,16 +17,10 @@ namespace metamem {
 namespace {
 
 std::int64_t parse_positive(const std::string& text, const std::string& what) {
-  std::size_t used = 0;
-  std::int64_t value = 0;
-  try {
-    value = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != text.size() || value <= 0)
+  const auto value = parse_integer(text);
+  if (!value || *value <= 0)
     throw std::invalid_argument(what + ": '" + text + "' is not a positive integer");
-  return value;
+  return *value;
 }
 
 // "TOP(ResNet)::forward", "layer1(Sequential)::forward", "0(BasicBlock)::forward"
