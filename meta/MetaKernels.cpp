@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/AccumulateType.h>
 #include <ATen/Parallel.h>
+#include <ATen/ScalarOps.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
@@ -214,6 +215,41 @@ at::Tensor index_select(const at::Tensor& self, std::int64_t dim, const at::Tens
   return at::empty(size, self.options());
 }
 
+// On CPU, arithmetic with a Scalar wraps it in a 0-dim tensor (double for a
+// floating scalar, long for an integral one) and, when the tensor's dtype
+// differs, casts it: both live while the op runs. On CUDA they stay on the host.
+at::Tensor wrap_scalar(const at::Tensor& self, const at::Scalar& other) {
+  at::Tensor wrapped = at::native::wrapped_scalar_tensor(other);
+  if (models_cpu())
+    note_scratch(bytes_of(wrapped) + (wrapped.scalar_type() == self.scalar_type() ? 0 : self.element_size()));
+  return wrapped;
+}
+
+at::Tensor add_scalar(const at::Tensor& self, const at::Scalar& other, const at::Scalar& alpha) {
+  return at::add(self, wrap_scalar(self, other), alpha);
+}
+at::Tensor& add_scalar_(at::Tensor& self, const at::Scalar& other, const at::Scalar& alpha) {
+  return self.add_(wrap_scalar(self, other), alpha);
+}
+at::Tensor sub_scalar(const at::Tensor& self, const at::Scalar& other, const at::Scalar& alpha) {
+  return at::sub(self, wrap_scalar(self, other), alpha);
+}
+at::Tensor& sub_scalar_(at::Tensor& self, const at::Scalar& other, const at::Scalar& alpha) {
+  return self.sub_(wrap_scalar(self, other), alpha);
+}
+at::Tensor mul_scalar(const at::Tensor& self, const at::Scalar& other) {
+  return at::mul(self, wrap_scalar(self, other));
+}
+at::Tensor& mul_scalar_(at::Tensor& self, const at::Scalar& other) {
+  return self.mul_(wrap_scalar(self, other));
+}
+at::Tensor div_scalar(const at::Tensor& self, const at::Scalar& other) {
+  return at::div(self, wrap_scalar(self, other));
+}
+at::Tensor& div_scalar_(at::Tensor& self, const at::Scalar& other) {
+  return self.div_(wrap_scalar(self, other));
+}
+
 at::Tensor hardtanh_backward(const at::Tensor& grad_output, const at::Tensor&, const at::Scalar&,
                              const at::Scalar&) {
   return at::empty_like(grad_output);
@@ -251,6 +287,14 @@ void register_missing_meta_kernels() {
   add("embedding_dense_backward", "", TORCH_FN(embedding_dense_backward));
   add("index_select", "", TORCH_FN(index_select));
   add("hardtanh_backward", "", TORCH_FN(hardtanh_backward));
+  add("add", "Scalar", TORCH_FN(add_scalar));
+  add("add_", "Scalar", TORCH_FN(add_scalar_));
+  add("sub", "Scalar", TORCH_FN(sub_scalar));
+  add("sub_", "Scalar", TORCH_FN(sub_scalar_));
+  add("mul", "Scalar", TORCH_FN(mul_scalar));
+  add("mul_", "Scalar", TORCH_FN(mul_scalar_));
+  add("div", "Scalar", TORCH_FN(div_scalar));
+  add("div_", "Scalar", TORCH_FN(div_scalar_));
 }
 
 }  // namespace metamem

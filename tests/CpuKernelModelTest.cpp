@@ -150,5 +150,20 @@ INSTANTIATE_TEST_SUITE_P(
                    }}),
     [](const auto& info) { return info.param.name; });
 
+KernelCase scalar_op(std::string name, c10::ScalarType dtype, RunOp op) {
+  return {std::move(name), [dtype] { return Tensors{torch::ones({64}, torch::dtype(dtype))}; }, op};
+}
+
+// A Scalar operand is wrapped in a 0-dim tensor and cast to the tensor's dtype.
+INSTANTIATE_TEST_SUITE_P(
+    ScalarArithmetic, CpuKernel,
+    ::testing::Values(
+        scalar_op("mul_float", c10::kFloat, [](Tensors& t) { return Tensors{t[0].mul(2.5)}; }),
+        scalar_op("div_inplace_float", c10::kFloat, [](Tensors& t) { t[0].div_(2.5); return Tensors{}; }),
+        scalar_op("add_inplace_int_into_double", c10::kDouble, [](Tensors& t) { t[0].add_(2); return Tensors{}; }),
+        scalar_op("sub_bfloat16", c10::kBFloat16, [](Tensors& t) { return Tensors{t[0].sub(0.5)}; }),
+        scalar_op("mul_inplace_long", c10::kLong, [](Tensors& t) { t[0].mul_(3); return Tensors{}; })),
+    [](const auto& info) { return info.param.name; });
+
 }  // namespace
 }  // namespace metamem
