@@ -6,8 +6,18 @@
 
 namespace metamem {
 
-std::int64_t CachingAllocatorSim::round_size(std::int64_t bytes) {
+std::int64_t CachingAllocatorSim::round_size(std::int64_t bytes) const {
   if (bytes < kMinBlockSize) return kMinBlockSize;
+  if (divisions_ > 0 && bytes > kMinBlockSize * divisions_) {
+    if (divisions_ == 1) return bytes;  // as PyTorch: one division rounds nothing
+    std::int64_t floor = 1;  // the power of two at or below bytes
+    while (floor * 2 <= bytes) floor *= 2;
+    if (floor == bytes) return bytes;
+    std::int64_t step = floor;  // floor / (the power of two at or below divisions)
+    for (int d = divisions_; d > 1; d /= 2) step /= 2;
+    if (step == 0) return 2 * floor;
+    return (bytes + step - 1) / step * step;
+  }
   return (bytes + kMinBlockSize - 1) / kMinBlockSize * kMinBlockSize;
 }
 

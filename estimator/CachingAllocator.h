@@ -22,7 +22,12 @@ class CachingAllocatorSim {
   static constexpr std::int64_t kMinLargeAlloc = 10 << 20;
   static constexpr std::int64_t kRoundLarge = 2 << 20;
 
-  static std::int64_t round_size(std::int64_t bytes);
+  // PYTORCH_CUDA_ALLOC_CONF=roundup_power2_divisions:N (0: off): requests
+  // above 512·N bytes round up to one of N equal steps between powers of two.
+  explicit CachingAllocatorSim(int roundup_power2_divisions = 0)
+      : divisions_(roundup_power2_divisions) {}
+
+  std::int64_t round_size(std::int64_t bytes) const;
   static std::int64_t segment_size(std::int64_t rounded);
 
   // What a memory-viz trace records: segment_alloc, alloc, free_completed.
@@ -65,6 +70,7 @@ class CachingAllocatorSim {
   std::map<std::int64_t, std::int64_t> segments_;
   std::set<std::pair<std::int64_t, std::int64_t>> free_small_, free_large_;  // (size, address)
   std::unordered_map<std::uint64_t, std::int64_t> address_of_;
+  int divisions_;
   std::int64_t next_segment_address_ = 0;
   std::int64_t allocated_ = 0, reserved_ = 0, peak_allocated_ = 0, peak_reserved_ = 0;
   Listener listener_;

@@ -17,8 +17,8 @@ ModelStates model_states(const Trace& trace, const StepOptions& options) {
   return states;
 }
 
-AllocatorPeaks simulate_allocator(const Trace& trace) {
-  CachingAllocatorSim sim;
+AllocatorPeaks simulate_allocator(const Trace& trace, int roundup_power2_divisions) {
+  CachingAllocatorSim sim(roundup_power2_divisions);
   replay_trace(trace, sim, [&](std::size_t e) {
     if (e == trace.step_begin) sim.reset_peaks();
   });
@@ -26,11 +26,11 @@ AllocatorPeaks simulate_allocator(const Trace& trace) {
   return {sim.peak_allocated_bytes(), sim.peak_reserved_bytes()};
 }
 
-Estimate estimate(Trace trace, const StepOptions& options) {
+Estimate estimate(Trace trace, const StepOptions& options, int roundup_power2_divisions) {
   Estimate result;
   result.nodes = node_table(trace);
   result.states = model_states(trace, options);
-  result.allocator = simulate_allocator(trace);
+  result.allocator = simulate_allocator(trace, roundup_power2_divisions);
   result.plan = plan_trace(trace);
   result.trace = std::move(trace);
   return result;

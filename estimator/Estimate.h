@@ -23,7 +23,7 @@ struct AllocatorPeaks {
 };
 
 // Replays the trace through CachingAllocatorSim, peaks reset at the step's start.
-AllocatorPeaks simulate_allocator(const Trace& trace);
+AllocatorPeaks simulate_allocator(const Trace& trace, int roundup_power2_divisions = 0);
 
 struct Estimate {
   Trace trace;
@@ -33,6 +33,6 @@ struct Estimate {
   TracePlan plan;
 };
 
-Estimate estimate(Trace trace, const StepOptions& options);
+Estimate estimate(Trace trace, const StepOptions& options, int roundup_power2_divisions = 0);
 
 }  // namespace metamem

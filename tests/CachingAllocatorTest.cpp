@@ -9,13 +9,26 @@ namespace {
 constexpr std::int64_t KiB = 1024, MiB = 1024 * 1024;
 
 TEST(CachingAllocator, RoundsRequestsTo512Bytes) {
-  EXPECT_EQ(CachingAllocatorSim::round_size(1), 512);
-  EXPECT_EQ(CachingAllocatorSim::round_size(512), 512);
-  EXPECT_EQ(CachingAllocatorSim::round_size(513), 1024);
   CachingAllocatorSim sim;
+  EXPECT_EQ(sim.round_size(1), 512);
+  EXPECT_EQ(sim.round_size(512), 512);
+  EXPECT_EQ(sim.round_size(513), 1024);
   sim.malloc(1, 1);
   EXPECT_EQ(sim.allocated_bytes(), 512);
   EXPECT_EQ(sim.reserved_bytes(), 2 * MiB);  // a small-pool segment
+}
+
+// roundup_power2_divisions:4 splits each power-of-two interval in 4 steps,
+// for requests above 512·4 bytes.
+TEST(CachingAllocator, RoundupPower2Divisions) {
+  const CachingAllocatorSim four(4);
+  EXPECT_EQ(four.round_size(2000), 2048);                    // below 2 KiB: 512-byte rounding
+  EXPECT_EQ(four.round_size(3000), 3072);                    // (2048, 4096] in steps of 512
+  EXPECT_EQ(four.round_size(4096), 4096);                    // powers of two stay
+  EXPECT_EQ(four.round_size(1 * MiB + 1), 1 * MiB + 256 * KiB);
+  const CachingAllocatorSim eight(8);
+  EXPECT_EQ(eight.round_size(5 * MiB + 1), 5 * MiB + 512 * KiB);
+  EXPECT_EQ(CachingAllocatorSim(1).round_size(5000), 5000);  // as PyTorch: one division rounds nothing
 }
 
 TEST(CachingAllocator, SmallAndLargePoolsGetTheirOwnSegments) {

@@ -40,6 +40,7 @@ expect 2 "--depth must be at least 1" profile --model mlp --table modules --dept
 expect 2 "--memory expects a size" fit --model mlp --memory 80XB
 expect 2 "--memory expects a size" fit --model mlp --memory lots
 expect 2 "fit needs --memory" fit --model mlp
+expect 2 "roundup-power2-divisions must be between" profile --model mlp --roundup-power2-divisions -1
 expect 0 "largest batch that fits" fit --model resnet18 --image 64 --memory 1GiB
 expect 0 '"peak_phase": "(forward|backward|optimizer)"' profile --model mlp --batch 2 --optimizer adam --format json
 expect 0 "^name,op,module,phase,fwd_flops" profile --model resnet18 --batch 2 --image 32 --table modules --format csv

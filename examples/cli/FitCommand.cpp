@@ -59,7 +59,9 @@ int fit_command(const std::vector<std::string>& args) {
     ZooConfig config = m.config();
     config.batch = batch;
     const Trace trace = trace_step(zoo_step(config), c10::Device(m.device), options);
-    return m.device == "cuda" ? simulate_allocator(trace).reserved : trace.peak_bytes;
+    return m.device == "cuda"
+               ? simulate_allocator(trace, static_cast<int>(m.roundup_power2_divisions)).reserved
+               : trace.peak_bytes;
   };
   // Doubling, then bisection between the last batch that fits and the first that does not.
   std::int64_t fits = 0, fails = 0, fits_bytes = 0, traces = 0;

@@ -14,6 +14,7 @@ void ModelFlags::add_to(Flags& flags) {
   flags.add("--dtype", &dtype);
   flags.add_list("--input", &inputs);
   flags.add("--loss", &loss);
+  flags.add("--roundup-power2-divisions", &roundup_power2_divisions);
 }
 
 bool ModelFlags::is_script() const { return is_script_path(zoo.model); }
@@ -38,6 +39,8 @@ StepBuilder ModelFlags::builder() const {
 }
 
 StepOptions ModelFlags::step_options() const {
+  if (roundup_power2_divisions < 0 || roundup_power2_divisions > 64)
+    throw std::invalid_argument("--roundup-power2-divisions must be between 0 and 64");
   StepOptions options;
   options.optimizer = parse_optimizer(optimizer);
   options.fp32_master_weights = parse_dtype(dtype) != c10::kFloat;

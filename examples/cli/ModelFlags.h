@@ -18,6 +18,7 @@ struct ModelFlags {
   std::string dtype = "f32";
   std::vector<std::string> inputs;  // TorchScript models: one --input per forward argument
   std::string loss = "sum";
+  std::int64_t roundup_power2_divisions = 0;  // the simulated CUDA allocator's setting
 
   void add_to(Flags& flags);
   // Validate what add_to could not (throw std::invalid_argument).

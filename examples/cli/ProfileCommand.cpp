@@ -135,7 +135,8 @@ int profile_command(const std::vector<std::string>& args) {
     throw UsageError("--achieved needs --device cpu and --dtype f32 (a real CPU run)");
 
   const StepBuilder build = m.builder();
-  const Estimate est = estimate(trace_step(build, c10::Device(m.device), options), options);
+  const Estimate est = estimate(trace_step(build, c10::Device(m.device), options), options,
+                                static_cast<int>(m.roundup_power2_divisions));
   const std::int64_t achieved_peak = achieved ? achieved_cpu_peak(build, options) : -1;
   if (!snapshot.empty()) {
     std::ofstream out(snapshot, std::ios::binary);

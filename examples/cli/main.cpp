@@ -14,6 +14,7 @@ constexpr const char* kUsage =
     "                       [--optimizer none|sgd|momentum|adam|adamw] [--dtype f32|f16|bf16]\n"
     "                       [--table summary|nodes|modules] [--depth N]\n"
     "                       [--format table|csv|json] [--snapshot FILE.pickle] [--achieved]\n"
+    "                       [--roundup-power2-divisions N]\n"
     "       metamem fit --model NAME --memory 80GiB [--device cuda] [model flags as above]\n"
     "                       [--max-batch N] [--format table|json]\n"
     "       metamem plan FILE.csv [--algo greedy|dp|bestfit|auto] [--alignment N]\n"
