@@ -31,8 +31,8 @@ void write_frames(PickleWriter& w, const Trace& trace, std::int32_t op) {
 
 }  // namespace
 
-std::string memory_snapshot_pickle(const Trace& trace) {
-  CachingAllocatorSim sim;
+std::string memory_snapshot_pickle(const Trace& trace, int roundup_power2_divisions) {
+  CachingAllocatorSim sim(roundup_power2_divisions);
   std::vector<TraceEntry> entries;
   std::int64_t now = 0;
   std::int32_t op = -1;
@@ -49,11 +49,9 @@ std::string memory_snapshot_pickle(const Trace& trace) {
   w.begin_list();
   for (const auto& [base, size] : sim.segments()) {
     std::int64_t allocated = 0;
-    bool small_pool = false;
-    for (auto it = sim.blocks().lower_bound(base); it != sim.blocks().end() && it->first < base + size; ++it) {
+    for (auto it = sim.blocks().lower_bound(base); it != sim.blocks().end() && it->first < base + size; ++it)
       allocated += it->second.allocated ? it->second.size : 0;
-      small_pool = it->second.small_pool;
-    }
+    const bool small_pool = sim.blocks().at(base).small_pool;  // a segment starts with a block
     w.begin_dict();
     for (auto [key, value] : {std::pair<const char*, std::int64_t>{"device", 0}, {"address", base},
                               {"total_size", size}, {"allocated_size", allocated},

@@ -10,7 +10,7 @@ namespace metamem {
 
 // {"segments": [...], "device_traces": [[...]]} as a pickle. Trace entries
 // are stamped with the event index as time_us and the producing op and
-// module as their frame.
-std::string memory_snapshot_pickle(const Trace& trace);
+// module as their frame. The allocator rounds as in simulate_allocator.
+std::string memory_snapshot_pickle(const Trace& trace, int roundup_power2_divisions = 0);
 
 }  // namespace metamem

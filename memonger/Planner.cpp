@@ -45,45 +45,42 @@ namespace {
 constexpr std::int64_t kDpNodeLimit = 2'000'000;
 constexpr std::size_t kAutoDpRanges = 24;  // auto tries the exact search up to this size
 
-class GreedyPlanner final : public Planner {
+// Pinned ranges first, then `place` on the rest.
+class PlacementPlanner final : public Planner {
  public:
-  std::string name() const override { return "greedy"; }
+  using Place = std::function<Placement(const Problem&, const Items&)>;
+  PlacementPlanner(std::string name, Place place) : name_(std::move(name)), place_(std::move(place)) {}
+  std::string name() const override { return name_; }
   Plan plan(const Problem& p) const override {
-    return assemble(p, name(), [&](const Items& items) { return shared_greedy(p, items); });
+    return assemble(p, name_, [&](const Items& items) { return place_(p, items); });
   }
+
+ private:
+  std::string name_;
+  Place place_;
 };
 
-class DpPlanner final : public Planner {
- public:
-  std::string name() const override { return "dp"; }
-  Plan plan(const Problem& p) const override {
-    return assemble(p, name(), [&](const Items& items) {
-      return shared_optimal(p, items, kDpNodeLimit);
-    });
-  }
-};
-
-class BestFitPlanner final : public Planner {
- public:
-  std::string name() const override { return "bestfit"; }
-  Plan plan(const Problem& p) const override {
-    return assemble(p, name(), [&](const Items& items) { return arena_best_fit(p, items); });
-  }
-};
+std::unique_ptr<Planner> greedy() { return std::make_unique<PlacementPlanner>("greedy", shared_greedy); }
+std::unique_ptr<Planner> dp() {
+  return std::make_unique<PlacementPlanner>("dp", [](const Problem& p, const Items& items) {
+    return shared_optimal(p, items, kDpNodeLimit);
+  });
+}
+std::unique_ptr<Planner> bestfit() { return std::make_unique<PlacementPlanner>("bestfit", arena_best_fit); }
 
 // The smallest plan of the others; the exact search only where it is cheap.
 class AutoPlanner final : public Planner {
  public:
   std::string name() const override { return "auto"; }
   Plan plan(const Problem& p) const override {
-    Plan best = BestFitPlanner().plan(p);
+    Plan best = bestfit()->plan(p);
     auto consider = [&](Plan candidate) {
       if (candidate.planned_bytes < best.planned_bytes) best = std::move(candidate);
     };
-    consider(GreedyPlanner().plan(p));
+    consider(greedy()->plan(p));
     if (p.size() <= kAutoDpRanges) {
       try {
-        consider(DpPlanner().plan(p));
+        consider(dp()->plan(p));
       } catch (const PlanLimitError&) {
       }
     }
@@ -94,9 +91,9 @@ class AutoPlanner final : public Planner {
 }  // namespace
 
 std::unique_ptr<Planner> make_planner(const std::string& name) {
-  if (name == "greedy") return std::make_unique<GreedyPlanner>();
-  if (name == "dp") return std::make_unique<DpPlanner>();
-  if (name == "bestfit") return std::make_unique<BestFitPlanner>();
+  if (name == "greedy") return greedy();
+  if (name == "dp") return dp();
+  if (name == "bestfit") return bestfit();
   if (name == "auto") return std::make_unique<AutoPlanner>();
   throw InputError("unknown algorithm '" + name + "' (known: greedy, dp, bestfit, auto)");
 }

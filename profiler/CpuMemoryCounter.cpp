@@ -76,9 +76,7 @@ CpuMemoryCounter::CpuMemoryCounter() {
 }
 
 void CpuMemoryCounter::reset_peak() { CountingAllocator::reset_peak(); }
-std::int64_t CpuMemoryCounter::live_bytes() const { return CountingAllocator::live(); }
+std::int64_t CpuMemoryCounter::live_bytes() { return CountingAllocator::live(); }
 std::int64_t CpuMemoryCounter::peak_bytes() const { return CountingAllocator::peak(); }
-
-std::int64_t cpu_live_bytes() { return CountingAllocator::live(); }
 
 }  // namespace metamem

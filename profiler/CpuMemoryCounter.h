@@ -14,11 +14,9 @@ class CpuMemoryCounter {
 
   // Peak restarts from the bytes live now.
   void reset_peak();
-  std::int64_t live_bytes() const;
+  // Bytes live now (0 before any counter installed the allocator).
+  static std::int64_t live_bytes();
   std::int64_t peak_bytes() const;
 };
-
-// Bytes live through the counting allocator now (0 before it is installed).
-std::int64_t cpu_live_bytes();
 
 }  // namespace metamem

@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "estimator/Estimate.h"
+#include "examples/cli/Commands.h"
 #include "examples/cli/Flags.h"
 #include "examples/cli/ModelFlags.h"
 #include "examples/cli/Units.h"
@@ -53,15 +54,14 @@ int fit_command(const std::vector<std::string>& args) {
   if (m.is_script()) throw UsageError("fit varies the batch of a zoo model; a TorchScript model's batch is in its --input");
   const std::int64_t memory = parse_memory(memory_text);
   const StepOptions options = m.step_options();
+  const int divisions = m.allocator_divisions();
 
   // On CUDA the allocator's segments must fit; on CPU the live bytes.
   auto needed = [&](std::int64_t batch) {
     ZooConfig config = m.config();
     config.batch = batch;
     const Trace trace = trace_step(zoo_step(config), c10::Device(m.device), options);
-    return m.device == "cuda"
-               ? simulate_allocator(trace, static_cast<int>(m.roundup_power2_divisions)).reserved
-               : trace.peak_bytes;
+    return m.device == "cuda" ? simulate_allocator(trace, divisions).reserved : trace.peak_bytes;
   };
   // Doubling, then bisection between the last batch that fits and the first that does not.
   std::int64_t fits = 0, fails = 0, fits_bytes = 0, traces = 0;

@@ -38,9 +38,4 @@ class Flags {
   std::map<std::string, std::vector<std::string>*> lists_;
 };
 
-// Commands: each parses its arguments and returns the exit code.
-int profile_command(const std::vector<std::string>& args);
-int plan_command(const std::vector<std::string>& args);
-int fit_command(const std::vector<std::string>& args);
-
 }  // namespace metamem::cli

@@ -38,9 +38,13 @@ StepBuilder ModelFlags::builder() const {
   return script_step(script);
 }
 
-StepOptions ModelFlags::step_options() const {
+int ModelFlags::allocator_divisions() const {
   if (roundup_power2_divisions < 0 || roundup_power2_divisions > 64)
     throw std::invalid_argument("--roundup-power2-divisions must be between 0 and 64");
+  return static_cast<int>(roundup_power2_divisions);
+}
+
+StepOptions ModelFlags::step_options() const {
   StepOptions options;
   options.optimizer = parse_optimizer(optimizer);
   options.fp32_master_weights = parse_dtype(dtype) != c10::kFloat;

@@ -29,6 +29,8 @@ struct ModelFlags {
   std::int64_t batch() const;
   // The zoo model or the TorchScript file, as configured.
   StepBuilder builder() const;
+  // --roundup-power2-divisions, checked.
+  int allocator_divisions() const;
 };
 
 }  // namespace metamem::cli

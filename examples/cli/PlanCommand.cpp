@@ -5,6 +5,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "examples/cli/Commands.h"
 #include "examples/cli/Flags.h"
 #include "examples/cli/Units.h"
 #include "memonger/Plan.h"

@@ -8,6 +8,7 @@
 
 #include "estimator/Estimate.h"
 #include "estimator/Snapshot.h"
+#include "examples/cli/Commands.h"
 #include "examples/cli/Flags.h"
 #include "examples/cli/ModelFlags.h"
 #include "examples/cli/Units.h"
@@ -135,12 +136,12 @@ int profile_command(const std::vector<std::string>& args) {
     throw UsageError("--achieved needs --device cpu and --dtype f32 (a real CPU run)");
 
   const StepBuilder build = m.builder();
-  const Estimate est = estimate(trace_step(build, c10::Device(m.device), options), options,
-                                static_cast<int>(m.roundup_power2_divisions));
+  const int divisions = m.allocator_divisions();
+  const Estimate est = estimate(trace_step(build, c10::Device(m.device), options), options, divisions);
   const std::int64_t achieved_peak = achieved ? achieved_cpu_peak(build, options) : -1;
   if (!snapshot.empty()) {
     std::ofstream out(snapshot, std::ios::binary);
-    out << memory_snapshot_pickle(est.trace);
+    out << memory_snapshot_pickle(est.trace, divisions);
     if (!out) throw std::runtime_error("cannot write '" + snapshot + "'");
   }
 

@@ -1,6 +1,7 @@
 // metamem: will one training step fit, and how could it use less memory?
 #include <iostream>
 
+#include "examples/cli/Commands.h"
 #include "examples/cli/Flags.h"
 #include "memonger/LiveRange.h"
 #include "meta/MetaMode.h"

@@ -55,9 +55,9 @@ class ScriptStep final : public TrainingStep {
       module_ = on_meta.clone();
       for (at::Tensor p : module_.parameters()) p.requires_grad_(true);
     } else {
-      const std::int64_t before = cpu_live_bytes();
+      const std::int64_t before = CpuMemoryCounter::live_bytes();
       module_ = torch::jit::load(config.path);
-      host_only_ = cpu_live_bytes() - before - storage_bytes(module_);
+      host_only_ = CpuMemoryCounter::live_bytes() - before - storage_bytes(module_);
     }
     module_.train();
     for (const InputSpec& spec : config.inputs)
