@@ -8,7 +8,9 @@
 
 #include <atomic>
 #include <mutex>
+#include <unordered_map>
 
+#include "meta/CpuKernelModel.h"
 #include "meta/FakeCuda.h"
 #include "meta/MetaKernels.h"
 #include "meta/MetaTensor.h"
@@ -62,22 +64,38 @@ BufferId track_storage(const at::Tensor& inner) {
 
 using BufferList = c10::SmallVector<BufferId, 8>;
 
-// Temporaries noted by meta kernels of the op now running on this thread.
-thread_local c10::SmallVector<std::int64_t, 4> t_scratch;
+// CPU kernels' temporaries by op, filled when the kernel is registered and
+// only read afterwards.
+std::unordered_map<const c10::OperatorName*, CpuScratchModel> g_cpu_scratch;
 
-// Scratch is made and freed after the outputs exist, as it is live beside them.
-void report_scratch(MetaObserver* observer) {
-  for (std::int64_t bytes : t_scratch) {
-    const BufferId id = g_next_buffer.fetch_add(1);
-    if (observer == nullptr) continue;
-    observer->on_alloc(id, static_cast<std::size_t>(bytes));
-    observer->on_free(id);
-  }
-  t_scratch.clear();
+// On a fake cpu, what the op's CPU kernel holds beside its outputs is made
+// and freed after they exist, as it is live beside them.
+void report_scratch(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
+                    c10::ArrayRef<c10::IValue> returns, MetaObserver* observer) {
+  if (observer == nullptr || !g_mode.device.is_cpu()) return;
+  const auto model = g_cpu_scratch.find(&op.operator_name());
+  if (model == g_cpu_scratch.end()) return;
+  const std::int64_t bytes = model->second(arguments, returns);
+  if (bytes <= 0) return;
+  const BufferId id = g_next_buffer.fetch_add(1);
+  observer->on_alloc(id, static_cast<std::size_t>(bytes));
+  observer->on_free(id);
 }
 
-// Non-MetaTensor tensors reaching the kernel (CPU scalars made outside the
-// mode) become meta tensors of the same shape.
+// The thread's keys as they were outside MetaMode. PrivateUse1 must lose
+// both its functionality bit and its backend bit, or a call made under them
+// would come straight back to the kernel.
+c10::impl::LocalDispatchKeySet keys_outside_meta_mode() {
+  c10::impl::LocalDispatchKeySet keys = c10::impl::tls_local_dispatch_key_set();
+  keys.included_ = keys.included_.remove(c10::DispatchKey::PrivateUse1)
+                       .remove_backend(c10::BackendComponent::PrivateUse1Bit);
+  keys.excluded_ = keys.excluded_.remove(c10::DispatchKey::BackendSelect);
+  return keys;
+}
+
+// A real tensor reaching the kernel (a 0-dim CPU scalar that a composite or
+// autograd kernel made with scalar_to_tensor) becomes a plain meta tensor of
+// its shape. On a fake CPU it is memory the real kernel allocates too.
 at::Tensor to_inner(const at::Tensor& t, BufferList& buffers) {
   if (!t.defined()) return t;
   if (is_meta_tensor(t)) {
@@ -86,7 +104,13 @@ at::Tensor to_inner(const at::Tensor& t, BufferList& buffers) {
     return inner;
   }
   if (t.is_meta()) return t;
-  return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
+  at::Tensor copy;
+  {
+    c10::impl::ForceDispatchKeyGuard outside(keys_outside_meta_mode());
+    copy = at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
+  }
+  if (t.is_cpu() && g_mode.device.is_cpu()) buffers.push_back(track_storage(copy));
+  return copy;
 }
 
 bool is_optional_device(const c10::Argument& arg) {
@@ -137,6 +161,9 @@ c10::optional<std::size_t> written_argument(const c10::FunctionSchema& schema,
 
 at::Tensor wrap_output(const at::Tensor& inner, BufferList& outputs) {
   if (!inner.defined()) return inner;
+  // An argument this kernel does not unwrap sent the op back through MetaMode,
+  // which already wrapped and tracked the result.
+  if (is_meta_tensor(inner)) return inner;
   outputs.push_back(track_storage(inner));
   return make_meta_tensor(inner, g_mode.device);
 }
@@ -165,14 +192,9 @@ void wrap_outputs(const c10::FunctionSchema& schema, torch::jit::Stack& stack,
 }
 
 // Runs the op on the inner meta tensors with the thread's keys as they were
-// outside MetaMode. PrivateUse1 must lose both its functionality bit and its
-// backend bit, or the call would come straight back here.
+// outside MetaMode.
 void call_on_meta(const c10::OperatorHandle& op, torch::jit::Stack& stack) {
-  c10::impl::LocalDispatchKeySet keys = c10::impl::tls_local_dispatch_key_set();
-  keys.included_ = keys.included_.remove(c10::DispatchKey::PrivateUse1)
-                       .remove_backend(c10::BackendComponent::PrivateUse1Bit);
-  keys.excluded_ = keys.excluded_.remove(c10::DispatchKey::BackendSelect);
-  c10::impl::ForceDispatchKeyGuard guard(keys);
+  c10::impl::ForceDispatchKeyGuard guard(keys_outside_meta_mode());
   const auto& schema = op.schema();
   try {
     op.callBoxed(&stack);
@@ -193,16 +215,13 @@ void meta_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
   BufferList inputs, outputs;
   unwrap_arguments(schema, *stack, inputs);
-  t_scratch.clear();
   call_on_meta(op, *stack);
   wrap_outputs(schema, *stack, original_args, outputs);
   auto* observer = g_mode.observer.load(std::memory_order_acquire);
-  report_scratch(observer);
-  if (observer != nullptr) {
-    const std::size_t n_returns = schema.returns().size();
-    observer->on_op(op, inputs, outputs, original_args,
-                    c10::ArrayRef<c10::IValue>(stack->data() + stack->size() - n_returns, n_returns));
-  }
+  const std::size_t n_returns = schema.returns().size();
+  const c10::ArrayRef<c10::IValue> returns(stack->data() + stack->size() - n_returns, n_returns);
+  report_scratch(op, original_args, returns, observer);
+  if (observer != nullptr) observer->on_op(op, inputs, outputs, original_args, returns);
 }
 
 // Ops with a CompositeImplicitAutograd kernel keep decomposing above us (that
@@ -217,7 +236,12 @@ void register_meta_kernel() {
       "metamem fallback"));
   for (const auto& name : dispatcher.getAllOpNames()) {
     auto op = dispatcher.findSchema(name);
-    if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) continue;
+    if (!op) continue;
+    const std::string qualified =
+        name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+    if (CpuScratchModel model = cpu_scratch_model(qualified))
+      g_cpu_scratch.emplace(&op->operator_name(), model);
+    if (op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) continue;
     if (!op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
         !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional))
       continue;
@@ -273,10 +297,6 @@ MetaMode::~MetaMode() {
 bool meta_mode_active() { return g_mode.active.load(); }
 
 c10::Device fake_device() { return g_mode.device; }
-
-void note_scratch(std::int64_t bytes) {
-  if (bytes > 0) t_scratch.push_back(bytes);
-}
 
 BufferId buffer_of(const at::Tensor& t) {
   if (!is_meta_tensor(t)) return 0;

@@ -66,14 +66,9 @@ class MetaMode {
 
 bool meta_mode_active();
 
-// The fake device of the active MetaMode. Meta kernels ask it to model what
-// the device's own kernel would allocate.
+// The fake device of the active MetaMode. Meta kernels ask it where the
+// device's own kernels differ (the dtype of norm statistics).
 c10::Device fake_device();
-
-// Called by a meta kernel: the device's kernel also holds a temporary of
-// `bytes` while it runs, live beside the op's outputs and freed before the
-// next one (e.g. im2col columns). Several temporaries are held one at a time.
-void note_scratch(std::int64_t bytes);
 
 // The buffer behind a MetaTensor (shared by its views), or 0 if it has none.
 BufferId buffer_of(const at::Tensor& t);

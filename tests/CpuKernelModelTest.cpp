@@ -60,7 +60,9 @@ class CpuKernel : public ::testing::TestWithParam<KernelCase> {};
 
 TEST_P(CpuKernel, ScratchMatchesTheRealKernel) {
   const KernelCase& c = GetParam();
-  EXPECT_EQ(traced_scratch(c.make, c.op), real_scratch(c.make, c.op));
+  const std::int64_t real = real_scratch(c.make, c.op);
+  RecordProperty("real_scratch", std::to_string(real));
+  EXPECT_EQ(traced_scratch(c.make, c.op), real);
 }
 
 KernelCase conv(std::string name, std::vector<std::int64_t> input, std::vector<std::int64_t> weight,
@@ -163,6 +165,46 @@ INSTANTIATE_TEST_SUITE_P(
         scalar_op("add_inplace_int_into_double", c10::kDouble, [](Tensors& t) { t[0].add_(2); return Tensors{}; }),
         scalar_op("sub_bfloat16", c10::kBFloat16, [](Tensors& t) { return Tensors{t[0].sub(0.5)}; }),
         scalar_op("mul_inplace_long", c10::kLong, [](Tensors& t) { t[0].mul_(3); return Tensors{}; })),
+    [](const auto& info) { return info.param.name; });
+
+KernelCase matmul(std::string name, std::function<Tensors()> make, RunOp op) {
+  return {std::move(name), std::move(make), std::move(op)};
+}
+
+// BLAS reads a matrix with one contiguous dimension; others are copied.
+INSTANTIATE_TEST_SUITE_P(
+    Blas, CpuKernel,
+    ::testing::Values(
+        matmul("mm_contiguous", [] { return Tensors{torch::randn({64, 32}), torch::randn({32, 48})}; },
+               [](Tensors& t) { return Tensors{torch::mm(t[0], t[1])}; }),
+        matmul("mm_transposed", [] { return Tensors{torch::randn({32, 64}), torch::randn({48, 32})}; },
+               [](Tensors& t) { return Tensors{torch::mm(t[0].t(), t[1].t())}; }),
+        matmul("mm_expanded", [] { return Tensors{torch::ones({1, 1}), torch::randn({32, 48})}; },
+               [](Tensors& t) { return Tensors{torch::mm(t[0].expand({64, 32}), t[1])}; }),
+        matmul("mm_strided_columns", [] { return Tensors{torch::randn({64, 64}), torch::randn({32, 48})}; },
+               [](Tensors& t) {
+                 return Tensors{torch::mm(t[0].slice(1, 0, 64, 2), t[1])};
+               }),
+        matmul("addmm_expanded", [] {
+                 return Tensors{torch::randn({48}), torch::ones({1, 1}), torch::randn({32, 48})};
+               },
+               [](Tensors& t) { return Tensors{torch::addmm(t[0], t[1].expand({64, 32}), t[2])}; }),
+        matmul("bmm_transposed", [] { return Tensors{torch::randn({4, 16, 32}), torch::randn({4, 24, 16})}; },
+               [](Tensors& t) { return Tensors{torch::bmm(t[0].transpose(1, 2), t[1].transpose(1, 2))}; }),
+        matmul("bmm_permuted_heads", [] { return Tensors{torch::randn({2, 16, 4, 8}), torch::randn({2, 4, 8, 16})}; },
+               [](Tensors& t) {
+                 // Attention's q @ k^T with heads split out of the last dimension.
+                 at::Tensor q = t[0].permute({0, 2, 1, 3}).reshape({8, 16, 8});
+                 return Tensors{torch::bmm(q, t[1].reshape({8, 8, 16}))};
+               }),
+        matmul("bmm_expanded", [] { return Tensors{torch::ones({1, 1, 1}), torch::randn({4, 32, 24})}; },
+               [](Tensors& t) { return Tensors{torch::bmm(t[0].expand({4, 16, 32}), t[1])}; }),
+        matmul("bmm_small_loop", [] { return Tensors{torch::ones({1, 1, 1}), torch::randn({4, 4, 4})}; },
+               [](Tensors& t) { return Tensors{torch::bmm(t[0].expand({4, 4, 4}), t[1])}; }),
+        matmul("baddbmm_expanded", [] {
+                 return Tensors{torch::randn({4, 16, 24}), torch::ones({1, 1, 1}), torch::randn({4, 32, 24})};
+               },
+               [](Tensors& t) { return Tensors{torch::baddbmm(t[0], t[1].expand({4, 16, 32}), t[2])}; })),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

@@ -1,0 +1,24 @@
+// What libtorch's native CPU kernels hold beside their outputs while they
+// run: im2col columns, per-group copies, BLAS operand copies, wrapped Scalar
+// operands. A trace on fake cpu records them as temporaries of the op, so
+// that its peak is the real CPU run's to the byte (tests/CpuKernelModelTest).
+#pragma once
+
+#include <ATen/core/ivalue.h>
+#include <c10/util/ArrayRef.h>
+
+#include <cstdint>
+#include <string>
+
+namespace metamem {
+
+// Bytes an op's CPU kernel holds at once beside its outputs, from its
+// arguments and results (tensors as the caller's MetaTensors).
+using CpuScratchModel = std::int64_t (*)(c10::ArrayRef<c10::IValue> arguments,
+                                         c10::ArrayRef<c10::IValue> returns);
+
+// The model of op `qualified_name` ("aten::mm", "aten::add.Scalar"), or
+// nullptr when its CPU kernel holds nothing beside its outputs.
+CpuScratchModel cpu_scratch_model(const std::string& qualified_name);
+
+}  // namespace metamem
