@@ -1,35 +1,42 @@
 #include "estimator/Estimate.h"
 
+#include <algorithm>
+
 #include "estimator/CachingAllocator.h"
 
 namespace metamem {
 
-ModelStates model_states(const Trace& trace, const StepOptions& options) {
-  ModelStates states;
-  states.param_bytes = trace.parameter_bytes;
-  states.grad_bytes = trace.parameter_bytes;
-  if (trace.parameter_count == 0 || options.optimizer == Optimizer::None) return states;
-  const bool mixed = options.fp32_master_weights;
-  const std::int64_t state_element = mixed ? 4 : trace.parameter_bytes / trace.parameter_count;
-  states.optimizer_bytes = optimizer_states_per_parameter(options.optimizer) *
-                               trace.parameter_count * state_element +
-                           (mixed ? 4 * trace.parameter_count : 0);
-  return states;
+ModelStates model_states(const Trace& trace) {
+  CategoryBytes live{}, most{};
+  const std::size_t begin = trace.measured().begin;
+  for (std::size_t e = 0; e < trace.events.size(); ++e) {
+    const Event& event = trace.events[e];
+    if (event.kind == EventKind::Op) continue;
+    const Buffer& buffer = trace.buffers[event.index];
+    const auto category = static_cast<std::size_t>(buffer.category);
+    live[category] += event.kind == EventKind::Alloc ? buffer.bytes : -buffer.bytes;
+    if (e + 1 >= begin)
+      for (std::size_t c = 0; c < kCategories; ++c) most[c] = std::max(most[c], live[c]);
+  }
+  auto of = [&](Category c) { return most[static_cast<std::size_t>(c)]; };
+  return {of(Category::Parameter), of(Category::Gradient), of(Category::OptimizerState)};
 }
 
 AllocatorPeaks simulate_allocator(const Trace& trace, int roundup_power2_divisions) {
   CachingAllocatorSim sim(roundup_power2_divisions);
+  const std::size_t begin = trace.measured().begin;
   replay_trace(trace, sim, [&](std::size_t e) {
-    if (e == trace.step_begin) sim.reset_peaks();
+    if (e == begin) sim.reset_peaks();
   });
-  if (trace.step_begin >= trace.events.size()) sim.reset_peaks();
+  if (begin >= trace.events.size()) sim.reset_peaks();
   return {sim.peak_allocated_bytes(), sim.peak_reserved_bytes()};
 }
 
-Estimate estimate(Trace trace, const StepOptions& options, int roundup_power2_divisions) {
+Estimate estimate(Trace trace, int roundup_power2_divisions) {
   Estimate result;
   result.nodes = node_table(trace);
-  result.states = model_states(trace, options);
+  result.states = model_states(trace);
+  result.live_at_peak = trace.live_by_category(trace.measured().peak_event);
   result.allocator = simulate_allocator(trace, roundup_power2_divisions);
   result.plan = plan_trace(trace);
   result.trace = std::move(trace);

@@ -9,30 +9,35 @@
 
 namespace metamem {
 
+// ZeRO's model states, measured: the most bytes of each kind live at once
+// during the measured step.
 struct ModelStates {
   std::int64_t param_bytes = 0;
-  std::int64_t grad_bytes = 0;
-  std::int64_t optimizer_bytes = 0;  // states, and fp32 master weights when mixed
+  std::int64_t grad_bytes = 0;       // gradients, and fp32 master or main gradients
+  std::int64_t optimizer_bytes = 0;  // states, and fp32 master weights
 };
 
-ModelStates model_states(const Trace& trace, const StepOptions& options);
+ModelStates model_states(const Trace& trace);
 
 struct AllocatorPeaks {
-  std::int64_t allocated = 0;  // max_memory_allocated over the step
-  std::int64_t reserved = 0;   // max_memory_reserved over the step
+  std::int64_t allocated = 0;  // max_memory_allocated over the measured step
+  std::int64_t reserved = 0;   // max_memory_reserved over the measured step
 };
 
-// Replays the trace through CachingAllocatorSim, peaks reset at the step's start.
+// Replays every traced step through CachingAllocatorSim, so that the
+// measured step starts from the blocks and segments the steps before left;
+// peaks are reset at its start.
 AllocatorPeaks simulate_allocator(const Trace& trace, int roundup_power2_divisions = 0);
 
 struct Estimate {
   Trace trace;
   NodeTable nodes;
   ModelStates states;
+  CategoryBytes live_at_peak{};  // by category, at the measured step's peak
   AllocatorPeaks allocator;
   TracePlan plan;
 };
 
-Estimate estimate(Trace trace, const StepOptions& options, int roundup_power2_divisions = 0);
+Estimate estimate(Trace trace, int roundup_power2_divisions = 0);
 
 }  // namespace metamem

@@ -16,9 +16,9 @@ struct OpSpan {
 
 std::vector<OpSpan> op_spans(const Trace& trace) {
   std::vector<OpSpan> spans(trace.ops.size());
-  std::int64_t live = trace.step_begin == 0 ? 0 : trace.events[trace.step_begin - 1].live_bytes;
+  const std::int64_t live = trace.measured().begin_bytes;
   OpSpan current{live, live, live, 0};
-  for (std::size_t e = trace.step_begin; e < trace.events.size(); ++e) {
+  for (std::size_t e = trace.measured().begin; e < trace.events.size(); ++e) {
     const Event& event = trace.events[e];
     current.peak = std::max(current.peak, event.live_bytes);
     if (event.kind != EventKind::Op) continue;
@@ -58,8 +58,8 @@ std::string module_prefix(const std::string& path, int depth) {
 
 NodeTable node_table(const Trace& trace) {
   const std::vector<OpSpan> spans = op_spans(trace);
-  const std::size_t first_op = op_at_or_after(trace, trace.step_begin);
-  const std::size_t peak_op = op_at_or_after(trace, trace.peak_event);
+  const std::size_t first_op = op_at_or_after(trace, trace.measured().begin);
+  const std::size_t peak_op = op_at_or_after(trace, trace.measured().peak_event);
 
   NodeTable table;
   std::unordered_map<std::int64_t, std::size_t> row_of_node;  // autograd node -> forward row
@@ -94,11 +94,11 @@ NodeTable node_table(const Trace& trace) {
         const Buffer& buffer = trace.buffers[b];
         if (buffer.producer_op != static_cast<std::int32_t>(i)) continue;
         row.fwd_out += buffer.bytes;
-        if (buffer.saved_for_backward) row.fwd_tmp += buffer.bytes;
+        if (buffer.saved_for_backward()) row.fwd_tmp += buffer.bytes;
       }
       for (std::uint32_t b : trace.inputs(op)) {
         const Buffer& buffer = trace.buffers[b];
-        if (buffer.saved_for_backward && buffer.producer_op != static_cast<std::int32_t>(i) &&
+        if (buffer.saved_for_backward() && buffer.producer_op != static_cast<std::int32_t>(i) &&
             saved_inputs_seen.insert(b).second)
           row.fwd_in += buffer.bytes;
       }

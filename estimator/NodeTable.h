@@ -34,7 +34,7 @@ struct NodeTable {
   Phase peak_phase = Phase::Forward;  // the phase of that op
 };
 
-// Rows for every op from the step's start.
+// Rows for every op of the measured step.
 NodeTable node_table(const Trace& trace);
 
 // Rows summed by module path cut to `depth` components ("ResNet.layer1" at

@@ -9,9 +9,9 @@
 
 namespace metamem {
 
-// Every buffer live during the step; steps are event indices, so a buffer
-// freed at one event and one made at a later event may share. Buffers made
-// at setup (parameters, inputs) are pinned.
+// Every buffer live during the measured step; steps are event indices, so
+// a buffer freed at one event and one made at a later event may share.
+// Buffers live when it begins (model states, inputs) are pinned.
 std::vector<memonger::LiveRange> trace_live_ranges(const Trace& trace);
 
 struct TracePlan {

@@ -4,6 +4,9 @@
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <stdexcept>
 
@@ -13,13 +16,26 @@
 namespace metamem {
 namespace {
 
-// Where the phases of a step begin, for whoever watches it. end() comes
-// while model, optimizer and loss are still alive.
+// The model-state tensors the steps keep besides the optimizer's own.
+struct ModelTensors {
+  std::vector<at::Tensor> params;
+  std::vector<at::Tensor> masters;     // fp32 master weights
+  std::vector<at::Tensor> main_grads;  // fp32 main gradients
+};
+
+// Where the phases of the steps begin, for whoever watches them. end()
+// comes while model, optimizer and loss are still alive.
 class PhaseListener {
  public:
   virtual ~PhaseListener() = default;
-  virtual void forward(const TrainingStep& step, const std::vector<at::Tensor>& params) = 0;
+  // The model, optimizer and model-state tensors exist; steps follow.
+  virtual void setup(const TrainingStep& step, const ModelTensors& model) = 0;
+  virtual void step() = 0;
+  virtual void forward() = 0;
   virtual void backward(const at::Tensor& loss) = 0;
+  // Gradients now held by `tensors` (after a backward pass, or the master
+  // weights' before the optimizer step).
+  virtual void gradients(const std::vector<at::Tensor>& tensors) = 0;
   virtual void optimizer() = 0;
   virtual void end() = 0;
 };
@@ -43,26 +59,93 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(Optimizer kind,
   return nullptr;
 }
 
-// The step both runs execute.
-void run_step(const StepBuilder& build, const StepOptions& options, PhaseListener& phases) {
-  std::unique_ptr<TrainingStep> step = build();
-  std::vector<at::Tensor> params = step->parameters();
-  std::vector<at::Tensor> masters;
-  if (options.fp32_master_weights && options.optimizer != Optimizer::None)
-    for (const at::Tensor& p : params) masters.push_back(p.detach().to(at::kFloat).requires_grad_());
-  auto optimizer = make_optimizer(options.optimizer, masters.empty() ? params : masters);
+// Megatron-LM's gradient hook: once autograd has accumulated a parameter's
+// gradient, add it into the fp32 main gradient and free it.
+class AddToMainGrad final : public torch::autograd::FunctionPostHook {
+ public:
+  AddToMainGrad(at::Tensor param, at::Tensor main_grad)
+      : param_(std::move(param)), main_grad_(std::move(main_grad)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    if (param_.grad().defined()) {
+      main_grad_.add_(param_.grad());
+      param_.mutable_grad().reset();
+    }
+    return outputs;
+  }
 
-  phases.forward(*step, params);
-  at::Tensor loss = step->forward_loss();
-  phases.backward(loss);
-  loss.backward();
-  if (optimizer) {
-    phases.optimizer();
-    for (std::size_t i = 0; i < masters.size(); ++i)
-      masters[i].mutable_grad() = params[i].grad().to(at::kFloat);
-    optimizer->step();
-    at::NoGradGuard no_grad;
-    for (std::size_t i = 0; i < masters.size(); ++i) params[i].copy_(masters[i]);
+ private:
+  at::Tensor param_, main_grad_;
+};
+
+std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> grads;
+  for (const at::Tensor& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  return grads;
+}
+
+void zero_grad(const std::vector<at::Tensor>& params, ZeroGrad mode) {
+  for (const at::Tensor& p : params) {
+    at::Tensor& grad = p.mutable_grad();
+    if (!grad.defined() || mode == ZeroGrad::None) continue;
+    if (mode == ZeroGrad::SetToNone) {
+      grad.reset();
+    } else {
+      grad.detach_();
+      grad.zero_();
+    }
+  }
+}
+
+// The steps both runs execute.
+void run_steps(const StepBuilder& build, const StepOptions& options, PhaseListener& phases) {
+  validate(options);
+  std::unique_ptr<TrainingStep> step = build();
+  ModelTensors model;
+  model.params = step->parameters();
+  const bool mixed = options.fp32_master_weights && options.optimizer != Optimizer::None;
+  for (const at::Tensor& p : model.params) {
+    if (mixed) model.masters.push_back(p.detach().to(at::kFloat).requires_grad_());
+    if (options.fp32_main_grads) model.main_grads.push_back(at::zeros_like(p, at::kFloat));
+  }
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // keep the hooks alive
+  for (std::size_t i = 0; i < model.main_grads.size(); ++i) {
+    auto accumulator = torch::autograd::impl::grad_accumulator(model.params[i]);
+    if (!accumulator) continue;  // needs no gradient
+    accumulator->add_post_hook(
+        std::make_unique<AddToMainGrad>(model.params[i], model.main_grads[i]));
+    accumulators.push_back(std::move(accumulator));
+  }
+  auto optimizer = make_optimizer(options.optimizer, mixed ? model.masters : model.params);
+  phases.setup(*step, model);
+
+  for (int s = 0; s < options.steps; ++s) {
+    phases.step();
+    for (int micro_batch = 0; micro_batch < options.grad_accum; ++micro_batch) {
+      phases.forward();
+      at::Tensor loss = step->forward_loss();
+      phases.backward(loss);
+      loss.backward();
+      phases.gradients(grads_of(model.params));
+    }
+    if (optimizer) {
+      phases.optimizer();
+      for (std::size_t i = 0; i < model.masters.size(); ++i) {
+        const at::Tensor& grad = options.fp32_main_grads ? model.main_grads[i] : model.params[i].grad();
+        if (grad.defined()) model.masters[i].mutable_grad() = grad.to(at::kFloat);
+      }
+      phases.gradients(grads_of(model.masters));
+      optimizer->step();
+      at::NoGradGuard no_grad;
+      for (std::size_t i = 0; i < model.masters.size(); ++i) {
+        model.params[i].copy_(model.masters[i]);
+        model.masters[i].mutable_grad().reset();
+      }
+    }
+    zero_grad(model.params, options.zero_grad);
+    if (options.zero_grad != ZeroGrad::None)
+      for (at::Tensor& main_grad : model.main_grads) main_grad.zero_();
   }
   phases.end();
 }
@@ -70,14 +153,21 @@ void run_step(const StepBuilder& build, const StepOptions& options, PhaseListene
 class TracePhases final : public PhaseListener {
  public:
   explicit TracePhases(c10::Device device) : tracer_(device) {}
-  void forward(const TrainingStep&, const std::vector<at::Tensor>& params) override {
-    for (const at::Tensor& p : params) {
+  void setup(const TrainingStep&, const ModelTensors& model) override {
+    for (const at::Tensor& p : model.params) {
       parameter_bytes_ += static_cast<std::int64_t>(p.numel() * p.element_size());
       parameter_count_ += p.numel();
     }
-    tracer_.begin_forward();
+    tracer_.mark(model.params, Category::Parameter);
+    tracer_.mark(model.masters, Category::OptimizerState);
+    tracer_.mark(model.main_grads, Category::Gradient);
   }
+  void step() override { tracer_.begin_step(); }
+  void forward() override { tracer_.begin_forward(); }
   void backward(const at::Tensor& loss) override { tracer_.begin_backward({loss}); }
+  void gradients(const std::vector<at::Tensor>& grads) override {
+    tracer_.mark(grads, Category::Gradient);
+  }
   void optimizer() override { tracer_.begin_optimizer(); }
   void end() override {
     trace_ = tracer_.finish();
@@ -92,20 +182,32 @@ class TracePhases final : public PhaseListener {
   std::int64_t parameter_bytes_ = 0, parameter_count_ = 0;
 };
 
+// Each step's peak: the counter restarts at every step's start.
 class CounterPhases final : public PhaseListener {
  public:
-  void forward(const TrainingStep& step, const std::vector<at::Tensor>&) override {
+  void setup(const TrainingStep& step, const ModelTensors&) override {
     host_only_ = step.host_only_bytes();
-    counter_.reset_peak();
   }
+  void step() override {
+    close_step();
+    counter_.reset_peak();
+    in_step_ = true;
+  }
+  void forward() override {}
   void backward(const at::Tensor&) override {}
+  void gradients(const std::vector<at::Tensor>&) override {}
   void optimizer() override {}
-  void end() override { peak_ = counter_.peak_bytes() - host_only_; }
-  std::int64_t peak() const { return peak_; }
+  void end() override { close_step(); }
+  std::vector<std::int64_t> take() { return std::move(peaks_); }
 
  private:
+  void close_step() {
+    if (in_step_) peaks_.push_back(counter_.peak_bytes() - host_only_);
+  }
   CpuMemoryCounter counter_;
-  std::int64_t host_only_ = 0, peak_ = 0;
+  std::int64_t host_only_ = 0;
+  bool in_step_ = false;
+  std::vector<std::int64_t> peaks_;
 };
 
 // oneDNN's convolutions allocate internal reorders and scratchpads that no
@@ -133,31 +235,54 @@ Optimizer parse_optimizer(const std::string& name) {
                               "' (known: none, sgd, momentum, adam, adamw)");
 }
 
-int optimizer_states_per_parameter(Optimizer optimizer) {
+const char* optimizer_name(Optimizer optimizer) {
   switch (optimizer) {
-    case Optimizer::None:
-    case Optimizer::Sgd:
-      return 0;
-    case Optimizer::Momentum:
-      return 1;
-    case Optimizer::Adam:
-    case Optimizer::AdamW:
-      return 2;
+    case Optimizer::None: return "none";
+    case Optimizer::Sgd: return "sgd";
+    case Optimizer::Momentum: return "momentum";
+    case Optimizer::Adam: return "adam";
+    case Optimizer::AdamW: return "adamw";
   }
-  return 0;
+  return "?";
+}
+
+ZeroGrad parse_zero_grad(const std::string& name) {
+  if (name == "set_to_none") return ZeroGrad::SetToNone;
+  if (name == "zero") return ZeroGrad::Zero;
+  if (name == "none") return ZeroGrad::None;
+  throw std::invalid_argument("unknown zero-grad mode '" + name +
+                              "' (known: set_to_none, zero, none)");
+}
+
+const char* zero_grad_name(ZeroGrad mode) {
+  switch (mode) {
+    case ZeroGrad::SetToNone: return "set_to_none";
+    case ZeroGrad::Zero: return "zero";
+    case ZeroGrad::None: return "none";
+  }
+  return "?";
+}
+
+void validate(const StepOptions& options) {
+  if (options.steps < 1) throw std::invalid_argument("steps must be at least 1");
+  if (options.grad_accum < 1) throw std::invalid_argument("grad-accum must be at least 1");
+  if (options.fp32_main_grads && !options.fp32_master_weights)
+    throw std::invalid_argument(
+        "fp32 main gradients are for low-precision parameters with fp32 master weights");
 }
 
 Trace trace_step(const StepBuilder& build, c10::Device fake_device, const StepOptions& options) {
   TracePhases phases(fake_device);
-  run_step(build, options, phases);
+  run_steps(build, options, phases);
   return phases.take();
 }
 
-std::int64_t achieved_cpu_peak(const StepBuilder& build, const StepOptions& options) {
+std::vector<std::int64_t> achieved_cpu_step_peaks(const StepBuilder& build,
+                                                  const StepOptions& options) {
   NativeCpuConvolution native_convolution;
   CounterPhases phases;
-  run_step(build, options, phases);
-  return phases.peak();
+  run_steps(build, options, phases);
+  return phases.take();
 }
 
 }  // namespace metamem

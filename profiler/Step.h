@@ -36,22 +36,43 @@ enum class Optimizer { None, Sgd, Momentum, Adam, AdamW };
 
 // "none", "sgd", "momentum", "adam", "adamw"; throws std::invalid_argument.
 Optimizer parse_optimizer(const std::string& name);
-// Tensors of optimizer state per parameter: momentum 1, adam(w) 2.
-int optimizer_states_per_parameter(Optimizer optimizer);
+const char* optimizer_name(Optimizer optimizer);
+
+// What happens to gradients after the optimizer step: set_to_none frees
+// them (PyTorch 2.x's default), zero keeps and zeroes them (libtorch 1.13's
+// C++ default), none keeps them as they are.
+enum class ZeroGrad { SetToNone, Zero, None };
+ZeroGrad parse_zero_grad(const std::string& name);  // throws std::invalid_argument
+const char* zero_grad_name(ZeroGrad mode);
 
 struct StepOptions {
   Optimizer optimizer = Optimizer::None;
   // Mixed precision: the optimizer updates fp32 copies of the parameters
-  // (made at setup) and the model's low-precision ones are copied back.
+  // (made at setup) from fp32 copies of their gradients (made for the
+  // optimizer step, freed after it), and the model's low-precision
+  // parameters are copied back.
   bool fp32_master_weights = false;
+  // Megatron-LM's main gradients: a persistent fp32 buffer per parameter
+  // that each gradient is added into as soon as autograd accumulates it;
+  // the low-precision gradient is then freed. The fp32 master weights use
+  // them as their gradients.
+  bool fp32_main_grads = false;
+  int steps = 2;       // consecutive training steps; the last is measured
+  int grad_accum = 1;  // micro-batches (forward and backward) per optimizer step
+  ZeroGrad zero_grad = ZeroGrad::SetToNone;
 };
 
-// Setup (build, optimizer), forward, loss, backward, optimizer step on
-// `fake_device`; the peak is the step's, from forward on.
+// Throws std::invalid_argument for options that cannot run together.
+void validate(const StepOptions& options);
+
+// Setup (build, optimizer), then `options.steps` steps of forward, loss,
+// backward (per micro-batch), optimizer step and zero_grad on
+// `fake_device`. The trace's measured step is the last.
 Trace trace_step(const StepBuilder& build, c10::Device fake_device, const StepOptions& options = {});
 
-// The same step on real CPU tensors: peak bytes held through the CPU
-// allocator from the step's start (model and inputs live) to its end.
-std::int64_t achieved_cpu_peak(const StepBuilder& build, const StepOptions& options = {});
+// The same steps on real CPU tensors: each step's peak bytes held through
+// the CPU allocator, from its start (model states and inputs live) to its end.
+std::vector<std::int64_t> achieved_cpu_step_peaks(const StepBuilder& build,
+                                                  const StepOptions& options = {});
 
 }  // namespace metamem

@@ -1,6 +1,7 @@
-// Trace: what one training step did to memory, in order.
+// Trace: what consecutive training steps did to memory, in order.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -12,6 +13,20 @@ namespace metamem {
 enum class Phase : std::uint8_t { Setup, Forward, Backward, Optimizer };
 const char* phase_name(Phase phase);
 
+// What a buffer holds, for the memory picture (ZeRO's model states, then
+// activations and temporaries).
+enum class Category : std::uint8_t {
+  Parameter,       // the model's parameters
+  Input,           // other tensors made at setup: inputs, targets, module buffers
+  Gradient,        // parameter gradients, fp32 master and main gradients
+  OptimizerState,  // momentum, Adam moments, fp32 master weights
+  Activation,      // made in forward and kept by autograd for backward
+  Temporary,       // everything else: freed within the step
+};
+constexpr std::size_t kCategories = 6;
+const char* category_name(Category category);
+using CategoryBytes = std::array<std::int64_t, kCategories>;
+
 // One allocation. Views, detach and in-place results share their base's
 // buffer, so a buffer is counted once however many tensors or nodes use it.
 struct Buffer {
@@ -20,8 +35,9 @@ struct Buffer {
   std::size_t free_event = kAlive;  // kAlive: still live when the trace ended
   std::int32_t producer_op = -1;    // op that created it; -1 if made outside an op
   Phase phase = Phase::Setup;       // phase it was allocated in
-  bool saved_for_backward = false;  // made in forward, kept by autograd for backward
+  Category category = Category::Temporary;
 
+  bool saved_for_backward() const { return category == Category::Activation; }
   static constexpr std::size_t kAlive = static_cast<std::size_t>(-1);
 };
 
@@ -43,6 +59,15 @@ struct Event {
   std::int64_t live_bytes;  // after the event
 };
 
+// One training step: its micro-batches' forward and backward passes, the
+// optimizer step and zero_grad.
+struct StepSpan {
+  std::size_t begin = 0;         // its first event
+  std::int64_t begin_bytes = 0;  // live when it began: model states, inputs
+  std::int64_t peak_bytes = 0;   // largest live bytes during it
+  std::size_t peak_event = 0;    // the event that reached it
+};
+
 struct Trace {
   std::vector<Event> events;
   std::vector<Buffer> buffers;
@@ -52,17 +77,22 @@ struct Trace {
   std::vector<std::string> scopes;  // module paths, "" first
   std::map<std::int64_t, std::string> node_names;  // autograd nodes that ran backward
 
-  std::size_t step_begin = 0;      // first event of the step
-  std::int64_t step_begin_bytes = 0;  // live when the step began: parameters, buffers, inputs
-  std::int64_t peak_bytes = 0;     // largest live bytes during the step
-  std::size_t peak_event = 0;      // the event that reached it
-  std::int64_t parameter_bytes = 0;  // the model's parameters (model states)
+  // Every traced step in order. The last is the one reported: from the
+  // second step on, what the steps before left (optimizer states, kept
+  // gradients) is live, as in training; the steps before it are its setup.
+  std::vector<StepSpan> steps;
+  std::vector<std::size_t> forward_begins;  // first event of each forward pass
+  std::int64_t parameter_bytes = 0;  // the model's parameters
   std::int64_t parameter_count = 0;
 
+  const StepSpan& measured() const { return steps.back(); }
   const std::string& op_name(const OpEvent& op) const { return op_names[op.name]; }
   std::vector<std::uint32_t> inputs(const OpEvent& op) const;
   std::vector<std::uint32_t> outputs(const OpEvent& op) const;
+  // Bytes autograd kept from the measured step's last forward pass for its backward.
   std::int64_t saved_for_backward_bytes() const;
+  // Live bytes of each category after `event`.
+  CategoryBytes live_by_category(std::size_t event) const;
 };
 
 }  // namespace metamem

@@ -60,6 +60,7 @@ class TraceRecorder final : public MetaObserver {
     Buffer buffer;
     buffer.bytes = static_cast<std::int64_t>(bytes);
     buffer.phase = phase_;
+    buffer.category = phase_ == Phase::Setup ? Category::Input : Category::Temporary;
     buffer.alloc_event = trace_.events.size();
     trace_.buffers.push_back(buffer);
     live_ += buffer.bytes;
@@ -112,14 +113,17 @@ class TraceRecorder final : public MetaObserver {
     events_at_last_op_ = trace_.events.size();
   }
 
+  void begin_step() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    open_step();
+  }
+
   void begin_forward() {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (trace_.steps.empty()) open_step();
     phase_ = Phase::Forward;
-    trace_.step_begin = trace_.events.size();
-    trace_.step_begin_bytes = live_;
-    trace_.peak_bytes = live_;
-    trace_.peak_event = trace_.step_begin;
-    in_step_ = true;
+    trace_.forward_begins.push_back(trace_.events.size());
+    forward_first_buffer_ = trace_.buffers.size();
   }
 
   void begin_backward(const std::vector<at::Tensor>& outputs) {
@@ -127,10 +131,11 @@ class TraceRecorder final : public MetaObserver {
     std::lock_guard<std::mutex> lock(mutex_);
     for (const at::Tensor& t : outputs)
       if (auto index = index_of(buffer_of(t))) held.insert(*index);
-    for (std::uint32_t i = 0; i < trace_.buffers.size(); ++i) {
+    for (std::size_t i = forward_first_buffer_; i < trace_.buffers.size(); ++i) {
       Buffer& buffer = trace_.buffers[i];
-      buffer.saved_for_backward = buffer.phase == Phase::Forward &&
-                                  buffer.free_event == Buffer::kAlive && held.count(i) == 0;
+      if (buffer.free_event == Buffer::kAlive && buffer.category == Category::Temporary &&
+          held.count(static_cast<std::uint32_t>(i)) == 0)
+        buffer.category = Category::Activation;
     }
     phase_ = Phase::Backward;
   }
@@ -138,6 +143,12 @@ class TraceRecorder final : public MetaObserver {
   void begin_optimizer() {
     std::lock_guard<std::mutex> lock(mutex_);
     phase_ = Phase::Optimizer;
+  }
+
+  void mark(const std::vector<at::Tensor>& tensors, Category category) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const at::Tensor& t : tensors)
+      if (auto index = index_of(buffer_of(t))) trace_.buffers[*index].category = category;
   }
 
   void push_scope(const char* name) {
@@ -158,6 +169,14 @@ class TraceRecorder final : public MetaObserver {
 
   Trace finish() {
     stop();
+    if (trace_.steps.empty()) {  // no step was begun: the whole trace is one
+      StepSpan whole;
+      for (std::size_t e = 0; e < trace_.events.size(); ++e)
+        if (trace_.events[e].live_bytes > whole.peak_bytes)
+          whole = {0, 0, trace_.events[e].live_bytes, e};
+      trace_.steps.push_back(whole);
+    }
+    mark_optimizer_states();
     // Backward ops belong to the module whose forward op made their node.
     std::unordered_map<std::int64_t, std::uint32_t> node_scope;
     for (const OpEvent& op : trace_.ops)
@@ -171,6 +190,22 @@ class TraceRecorder final : public MetaObserver {
   }
 
  private:
+  // Buffers the last step's optimizer made and left alive are its states.
+  void mark_optimizer_states() {
+    for (std::size_t i = step_first_buffer_; i < trace_.buffers.size(); ++i) {
+      Buffer& buffer = trace_.buffers[i];
+      if (buffer.phase == Phase::Optimizer && buffer.free_event == Buffer::kAlive &&
+          buffer.category == Category::Temporary)
+        buffer.category = Category::OptimizerState;
+    }
+  }
+
+  void open_step() {
+    mark_optimizer_states();
+    trace_.steps.push_back({trace_.events.size(), live_, live_, trace_.events.size()});
+    step_first_buffer_ = trace_.buffers.size();
+  }
+
   void stop() {
     if (!mode_) return;
     mode_.reset();
@@ -200,16 +235,17 @@ class TraceRecorder final : public MetaObserver {
 
   void push_event(EventKind kind, std::uint32_t index) {
     trace_.events.push_back({kind, index, live_});
-    if (in_step_ && live_ > trace_.peak_bytes) {
-      trace_.peak_bytes = live_;
-      trace_.peak_event = trace_.events.size() - 1;
+    if (!trace_.steps.empty() && live_ > trace_.steps.back().peak_bytes) {
+      trace_.steps.back().peak_bytes = live_;
+      trace_.steps.back().peak_event = trace_.events.size() - 1;
     }
   }
 
   std::mutex mutex_;
   Trace trace_;
   Phase phase_ = Phase::Setup;
-  bool in_step_ = false;
+  std::size_t step_first_buffer_ = 0;     // first buffer made in the current step
+  std::size_t forward_first_buffer_ = 0;  // first buffer made in the current forward pass
   std::int64_t live_ = 0;
   BufferId first_id_ = 0;  // buffer ids of one trace are consecutive
   std::size_t events_at_last_op_ = 0;
@@ -235,11 +271,15 @@ Tracer::Tracer(c10::Device fake_device)
 
 Tracer::~Tracer() { g_active_recorder.store(nullptr); }
 
+void Tracer::begin_step() { recorder_->begin_step(); }
 void Tracer::begin_forward() { recorder_->begin_forward(); }
 void Tracer::begin_backward(const std::vector<at::Tensor>& outputs) {
   recorder_->begin_backward(outputs);
 }
 void Tracer::begin_optimizer() { recorder_->begin_optimizer(); }
+void Tracer::mark(const std::vector<at::Tensor>& tensors, Category category) {
+  recorder_->mark(tensors, category);
+}
 
 Trace Tracer::finish() {
   g_active_recorder.store(nullptr);

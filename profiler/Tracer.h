@@ -25,14 +25,22 @@ class Tracer {
   Tracer(const Tracer&) = delete;
   Tracer& operator=(const Tracer&) = delete;
 
-  // The step begins: what is live now (parameters, buffers, inputs) is its
-  // starting point, and forward ops follow.
+  // A training step begins: what is live now (parameters, buffers, inputs,
+  // and what earlier steps left) is its starting point.
+  void begin_step();
+  // A forward pass begins (one per micro-batch); the first begins a step
+  // if none was begun.
   void begin_forward();
-  // Forward ends. Buffers made in forward and still live, other than those
-  // the caller holds in `outputs`, are the ones autograd saved.
+  // Forward ends. Buffers made in this forward pass and still live, other
+  // than those the caller holds in `outputs`, are the ones autograd saved.
   void begin_backward(const std::vector<at::Tensor>& outputs);
   void begin_optimizer();
+  // The buffers behind `tensors` hold `category`. Buffers made at setup are
+  // inputs, the optimizer's that outlive their step are its states, and
+  // buffers made in a step are temporaries unless marked otherwise.
+  void mark(const std::vector<at::Tensor>& tensors, Category category);
   // Ends the MetaMode and returns the trace; no events are recorded after.
+  // Without begin_step or begin_forward, the whole trace is one step.
   Trace finish();
 
   // The innermost module scope: ModuleScope calls these on the active tracer.

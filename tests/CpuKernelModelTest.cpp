@@ -45,7 +45,7 @@ std::int64_t traced_scratch(const MakeInputs& make, const RunOp& op) {
   tracer.begin_forward();
   const std::int64_t outputs = bytes_of(op(inputs));
   const Trace trace = tracer.finish();
-  return trace.peak_bytes - trace.step_begin_bytes - outputs;
+  return trace.measured().peak_bytes - trace.measured().begin_bytes - outputs;
 }
 
 struct KernelCase {

@@ -23,7 +23,7 @@ TEST(FakeCuda, EveryZooModelRunsForwardAndBackward) {
     const bool has_backward = std::any_of(trace.ops.begin(), trace.ops.end(),
                                           [](const OpEvent& op) { return op.phase == Phase::Backward; });
     EXPECT_TRUE(has_backward);
-    EXPECT_GT(trace.peak_bytes, trace.step_begin_bytes);
+    EXPECT_GT(trace.measured().peak_bytes, trace.measured().begin_bytes);
   }
 }
 
@@ -44,7 +44,7 @@ TEST(FakeCuda, WeightReusedTwice) {
       [] { return Tensors{torch::randn({64, 64}).requires_grad_(), torch::randn({32, 64})}; },
       [](Tensors& t) { return torch::mm(torch::relu(torch::mm(t[1], t[0])), t[0]).sum(); });
   const Trace cuda = trace_step(build, kCuda);
-  EXPECT_EQ(cuda.peak_bytes, trace_step(build, c10::Device(c10::kCPU)).peak_bytes);
+  EXPECT_EQ(cuda.measured().peak_bytes, trace_step(build, c10::Device(c10::kCPU)).measured().peak_bytes);
 }
 
 }  // namespace

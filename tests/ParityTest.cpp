@@ -17,8 +17,8 @@ class ZooParity : public ::testing::TestWithParam<ZooConfig> {};
 
 TEST_P(ZooParity, PredictedPeakMatchesRealCpuRun) {
   const StepBuilder build = zoo_step(GetParam());
-  const std::int64_t predicted = trace_step(build, c10::Device(c10::kCPU)).peak_bytes;
-  const std::int64_t achieved = achieved_cpu_peak(build);
+  const std::int64_t predicted = trace_step(build, c10::Device(c10::kCPU)).measured().peak_bytes;
+  const std::int64_t achieved = achieved_cpu_step_peaks(build).back();
   RecordProperty("predicted", std::to_string(predicted));
   RecordProperty("achieved", std::to_string(achieved));
   EXPECT_EQ(predicted, achieved);  // byte-exact

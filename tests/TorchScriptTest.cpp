@@ -36,8 +36,8 @@ class ScriptedModel : public ::testing::TestWithParam<ScriptCase> {
 
 TEST_P(ScriptedModel, PredictedPeakMatchesRealCpuRun) {
   const StepBuilder step = build(GetParam());
-  const std::int64_t predicted = trace_step(step, c10::Device(c10::kCPU)).peak_bytes;
-  const std::int64_t achieved = achieved_cpu_peak(step);
+  const std::int64_t predicted = trace_step(step, c10::Device(c10::kCPU)).measured().peak_bytes;
+  const std::int64_t achieved = achieved_cpu_step_peaks(step).back();
   EXPECT_EQ(predicted, achieved);  // byte-exact
 }
 

@@ -46,6 +46,26 @@ expect 0 '"peak_phase": "(forward|backward|optimizer)"' profile --model mlp --ba
 expect 0 "^name,op,module,phase,fwd_flops" profile --model resnet18 --batch 2 --image 32 --table modules --format csv
 expect 0 "ResNet.layer1" profile --model resnet18 --batch 2 --image 32 --table modules --depth 2
 
+# Steady state: several steps, zero_grad modes, micro-batches, main gradients.
+expect 2 "--steps must be between 1 and 1000" profile --model mlp --steps 0
+expect 2 "--grad-accum must be between 1 and 1000" profile --model mlp --grad-accum 0
+expect 2 "--zero-grad must be set_to_none\\|zero\\|none" profile --model mlp --zero-grad sometimes
+expect 2 "--main-grads fp32 is for low-precision parameters" profile --model mlp --main-grads fp32
+expect 0 '"step_peaks": \[' profile --model mlp --batch 2 --steps 3 --optimizer adam --format json
+expect 0 "first step peak" profile --model mlp --batch 2 --optimizer momentum --zero-grad zero
+expect 0 "18.0 bytes per parameter" profile --model mlp --batch 2 --dtype bf16 --optimizer adam --main-grads fp32
+json=$("$metamem" profile --model mlp --batch 4 --device cpu --steps 3 --grad-accum 2 --optimizer adamw --achieved --format json)
+if ! python3 - <<PY
+import json
+d = json.loads("""$json""")
+p = d["predicted"]
+assert len(p["step_peaks"]) == 3 and p["peak_bytes"] == p["step_peaks"][-1], p["step_peaks"]
+assert p["first_step_peak_bytes"] == p["step_peaks"][0]
+assert d["achieved"]["step_peaks"] == p["step_peaks"], (d["achieved"], p["step_peaks"])
+assert d["steps"] == 3 and d["grad_accum"] == 2 and d["zero_grad"] == "set_to_none"
+PY
+then echo "FAIL: steady-state JSON"; failures=$((failures + 1)); fi
+
 # A memory-viz snapshot: plain pickle, no GLOBAL or REDUCE, with segments and traces.
 "$metamem" profile --model resnet18 --batch 2 --image 32 --snapshot "$dir/r18.pickle" >/dev/null
 if ! python3 - "$dir/r18.pickle" <<'PY'

@@ -2,41 +2,15 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
-#include <cmath>
 #include <iostream>
 
 #include "estimator/Estimate.h"
+#include "estimator/Units.h"
 #include "examples/cli/Commands.h"
 #include "examples/cli/Flags.h"
 #include "examples/cli/ModelFlags.h"
-#include "examples/cli/Units.h"
 
 namespace metamem::cli {
-namespace {
-
-// "80GiB", "1.5TB", "512MiB", "4096" (bytes).
-std::int64_t parse_memory(const std::string& text) {
-  static const std::pair<const char*, double> units[] = {
-      {"TiB", 1099511627776.0}, {"GiB", 1073741824.0}, {"MiB", 1048576.0}, {"KiB", 1024.0},
-      {"TB", 1e12},             {"GB", 1e9},           {"MB", 1e6},        {"KB", 1e3},
-      {"B", 1.0}};
-  std::size_t used = 0;
-  double number = -1;
-  try {
-    number = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  const std::string unit = text.substr(used);
-  double scale = unit.empty() ? 1.0 : 0.0;
-  for (const auto& [name, factor] : units)
-    if (unit == name) scale = factor;
-  if (used == 0 || scale == 0.0 || !(number > 0) || !std::isfinite(number))
-    throw UsageError("--memory expects a size such as 80GiB or 40GB, got '" + text + "'");
-  return static_cast<std::int64_t>(number * scale);
-}
-
-}  // namespace
 
 int fit_command(const std::vector<std::string>& args) {
   ModelFlags m;
@@ -52,7 +26,7 @@ int fit_command(const std::vector<std::string>& args) {
   if (memory_text.empty()) throw UsageError("fit needs --memory");
   if (max_batch < 1) throw UsageError("--max-batch must be positive");
   if (m.is_script()) throw UsageError("fit varies the batch of a zoo model; a TorchScript model's batch is in its --input");
-  const std::int64_t memory = parse_memory(memory_text);
+  const std::int64_t memory = parse_memory(memory_text, "--memory");
   const StepOptions options = m.step_options();
   const int divisions = m.allocator_divisions();
 
@@ -61,7 +35,8 @@ int fit_command(const std::vector<std::string>& args) {
     ZooConfig config = m.config();
     config.batch = batch;
     const Trace trace = trace_step(zoo_step(config), c10::Device(m.device), options);
-    return m.device == "cuda" ? simulate_allocator(trace, divisions).reserved : trace.peak_bytes;
+    return m.device == "cuda" ? simulate_allocator(trace, divisions).reserved
+                              : trace.measured().peak_bytes;
   };
   // Doubling, then bisection between the last batch that fits and the first that does not.
   std::int64_t fits = 0, fails = 0, fits_bytes = 0, traces = 0;

@@ -15,6 +15,10 @@ void ModelFlags::add_to(Flags& flags) {
   flags.add_list("--input", &inputs);
   flags.add("--loss", &loss);
   flags.add("--roundup-power2-divisions", &roundup_power2_divisions);
+  flags.add("--steps", &steps);
+  flags.add("--grad-accum", &grad_accum);
+  flags.add("--zero-grad", &zero_grad, {"set_to_none", "zero", "none"});
+  flags.add("--main-grads", &main_grads, {"param", "fp32"});
 }
 
 bool ModelFlags::is_script() const { return is_script_path(zoo.model); }
@@ -45,9 +49,20 @@ int ModelFlags::allocator_divisions() const {
 }
 
 StepOptions ModelFlags::step_options() const {
+  auto count = [](const char* flag, std::int64_t value) {
+    if (value < 1 || value > 1000)
+      throw std::invalid_argument(std::string(flag) + " must be between 1 and 1000");
+    return static_cast<int>(value);
+  };
   StepOptions options;
   options.optimizer = parse_optimizer(optimizer);
   options.fp32_master_weights = parse_dtype(dtype) != c10::kFloat;
+  options.fp32_main_grads = main_grads == "fp32";
+  if (options.fp32_main_grads && !options.fp32_master_weights)
+    throw std::invalid_argument("--main-grads fp32 is for low-precision parameters (--dtype f16|bf16)");
+  options.steps = count("--steps", steps);
+  options.grad_accum = count("--grad-accum", grad_accum);
+  options.zero_grad = parse_zero_grad(zero_grad);
   return options;
 }
 
@@ -55,6 +70,16 @@ ZooConfig ModelFlags::config() const {
   ZooConfig config = zoo;
   config.dtype = parse_dtype(dtype);
   return config;
+}
+
+RunInfo ModelFlags::run_info() const {
+  RunInfo run;
+  run.model = zoo.model;
+  run.device = device;
+  run.dtype = dtype;
+  run.batch = batch();
+  run.options = step_options();
+  return run;
 }
 
 }  // namespace metamem::cli

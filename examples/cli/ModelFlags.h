@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "estimator/Report.h"
 #include "examples/cli/Flags.h"
 #include "examples/zoo/ScriptModel.h"
 #include "examples/zoo/Zoo.h"
@@ -19,6 +20,10 @@ struct ModelFlags {
   std::vector<std::string> inputs;  // TorchScript models: one --input per forward argument
   std::string loss = "sum";
   std::int64_t roundup_power2_divisions = 0;  // the simulated CUDA allocator's setting
+  std::int64_t steps = 2;
+  std::int64_t grad_accum = 1;
+  std::string zero_grad = "set_to_none";
+  std::string main_grads = "param";  // or fp32
 
   void add_to(Flags& flags);
   // Validate what add_to could not (throw std::invalid_argument).
@@ -31,6 +36,8 @@ struct ModelFlags {
   StepBuilder builder() const;
   // --roundup-power2-divisions, checked.
   int allocator_divisions() const;
+  // The run as the report names it.
+  RunInfo run_info() const;
 };
 
 }  // namespace metamem::cli

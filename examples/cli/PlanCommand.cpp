@@ -6,8 +6,8 @@
 #include <iostream>
 
 #include "examples/cli/Commands.h"
+#include "estimator/Units.h"
 #include "examples/cli/Flags.h"
-#include "examples/cli/Units.h"
 #include "memonger/Plan.h"
 #include "memonger/RangeCsv.h"
 

@@ -1,0 +1,161 @@
+#include "estimator/Report.h"
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "estimator/Units.h"
+
+namespace metamem {
+namespace {
+
+nlohmann::json row_json(const NodeRow& row) {
+  return {{"name", row.name},           {"op", row.op},
+          {"module", row.module},       {"phase", phase_name(row.phase)},
+          {"fwd_flops", row.fwd_flops}, {"bwd_flops", row.bwd_flops},
+          {"fwd_in", row.fwd_in},       {"fwd_tmp", row.fwd_tmp},
+          {"fwd_out", row.fwd_out},     {"bwd_tmp", row.bwd_tmp},
+          {"bwd_out", row.bwd_out},     {"accumulated", row.accumulated},
+          {"peak", row.peak}};
+}
+
+nlohmann::json category_json(const CategoryBytes& bytes) {
+  nlohmann::json out = nlohmann::json::object();
+  for (std::size_t c = 0; c < kCategories; ++c)
+    out[category_name(static_cast<Category>(c))] = bytes[c];
+  return out;
+}
+
+std::vector<std::int64_t> step_peaks(const Trace& trace) {
+  std::vector<std::int64_t> peaks;
+  for (const StepSpan& step : trace.steps) peaks.push_back(step.peak_bytes);
+  return peaks;
+}
+
+}  // namespace
+
+nlohmann::json report_json(const RunInfo& run, const Estimate& est, int depth,
+                           const StepPeaks& achieved) {
+  const Trace& trace = est.trace;
+  const NodeRow& peak_row = est.nodes.rows.at(est.nodes.peak_row);
+  nlohmann::json nodes = nlohmann::json::array(), modules = nlohmann::json::array();
+  for (const NodeRow& row : est.nodes.rows) nodes.push_back(row_json(row));
+  for (const NodeRow& row : module_table(est.nodes, depth)) modules.push_back(row_json(row));
+  std::vector<std::int64_t> timeline;
+  for (std::size_t e = trace.measured().begin; e < trace.events.size(); ++e)
+    timeline.push_back(trace.events[e].live_bytes);
+  nlohmann::json out = {
+      {"model", run.model},
+      {"device", run.device},
+      {"batch", run.batch},
+      {"dtype", run.dtype},
+      {"optimizer", optimizer_name(run.options.optimizer)},
+      {"steps", run.options.steps},
+      {"grad_accum", run.options.grad_accum},
+      {"zero_grad", zero_grad_name(run.options.zero_grad)},
+      {"main_grads", run.options.fp32_main_grads ? "fp32" : "param"},
+      {"predicted",
+       {{"peak_bytes", trace.measured().peak_bytes},
+        {"first_step_peak_bytes", trace.steps.front().peak_bytes},
+        {"step_peaks", step_peaks(trace)},
+        {"peak_phase", phase_name(est.nodes.peak_phase)},
+        {"peak_node", peak_row.name},
+        {"peak_module", peak_row.module},
+        {"step_begin_bytes", trace.measured().begin_bytes},
+        {"saved_for_backward_bytes", trace.saved_for_backward_bytes()},
+        {"live_at_peak", category_json(est.live_at_peak)},
+        {"allocator_allocated_peak_bytes", est.allocator.allocated},
+        {"allocator_reserved_peak_bytes", est.allocator.reserved},
+        {"ops", trace.ops.size()}}},
+      {"model_states",
+       {{"param_bytes", est.states.param_bytes},
+        {"grad_bytes", est.states.grad_bytes},
+        {"optimizer_bytes", est.states.optimizer_bytes},
+        {"parameters", trace.parameter_count}}},
+      {"memonger",
+       {{"algorithm", est.plan.plan.algorithm},
+        {"planned_bytes", est.plan.stats.planned_bytes},
+        {"lower_bound_bytes", est.plan.stats.lower_bound_bytes},
+        {"baseline_bytes", est.plan.stats.baseline_bytes}}},
+      {"nodes", nodes},
+      {"modules", modules},
+      {"timeline", timeline}};
+  if (!achieved.empty())
+    out["achieved"] = {{"peak_bytes", achieved.back()}, {"step_peaks", achieved}};
+  return out;
+}
+
+std::string rows_table(const std::vector<NodeRow>& rows) {
+  constexpr const char* kRow =
+      "{:<36} {:<30} {:>9} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n";
+  std::string out = fmt::format(kRow, "node", "module", "phase", "fwd_flops", "bwd_flops",
+                                "fwd_in", "fwd_tmp", "fwd_out", "bwd_tmp", "bwd_out", "accum");
+  for (const NodeRow& r : rows)
+    out += fmt::format(kRow, r.name, r.module, phase_name(r.phase), human_flops(r.fwd_flops),
+                       human_flops(r.bwd_flops), human_bytes(r.fwd_in), human_bytes(r.fwd_tmp),
+                       human_bytes(r.fwd_out), human_bytes(r.bwd_tmp), human_bytes(r.bwd_out),
+                       human_bytes(r.accumulated));
+  return out;
+}
+
+std::string rows_csv(const std::vector<NodeRow>& rows) {
+  std::string out =
+      "name,op,module,phase,fwd_flops,bwd_flops,fwd_in,fwd_tmp,fwd_out,bwd_tmp,bwd_out,"
+      "accumulated,peak\n";
+  for (const NodeRow& r : rows)
+    out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{}\n", r.name, r.op, r.module,
+                       phase_name(r.phase), r.fwd_flops, r.bwd_flops, r.fwd_in, r.fwd_tmp,
+                       r.fwd_out, r.bwd_tmp, r.bwd_out, r.accumulated, r.peak);
+  return out;
+}
+
+std::string summary_text(const RunInfo& run, const Estimate& est, const StepPeaks& achieved) {
+  const Trace& trace = est.trace;
+  const NodeRow& peak_row = est.nodes.rows.at(est.nodes.peak_row);
+  const StepOptions& options = run.options;
+  std::string out;
+  auto line = [&](const std::string& what, std::int64_t bytes, const std::string& note = "") {
+    out += fmt::format("  {:<34}{:>14}{}{}\n", what, human_bytes(bytes), note.empty() ? "" : "   ",
+                       note);
+  };
+  out += fmt::format(
+      "model {} · batch {} · {} · optimizer {} · fake device {} · {} step{} (zero_grad {}{}{}) · "
+      "{} ops traced\n",
+      run.model, run.batch, run.dtype, optimizer_name(options.optimizer), run.device,
+      options.steps, options.steps == 1 ? "" : "s", zero_grad_name(options.zero_grad),
+      options.grad_accum > 1 ? fmt::format(", {} micro-batches", options.grad_accum) : "",
+      options.fp32_main_grads ? ", fp32 main grads" : "", trace.ops.size());
+  const double per_parameter = static_cast<double>(std::max<std::int64_t>(trace.parameter_count, 1));
+  const std::int64_t model_states =
+      est.states.param_bytes + est.states.grad_bytes + est.states.optimizer_bytes;
+  line("parameters", est.states.param_bytes);
+  line("gradients", est.states.grad_bytes);
+  line("optimizer states", est.states.optimizer_bytes);
+  line("model states", model_states,
+       fmt::format("{:.1f} bytes per parameter", static_cast<double>(model_states) / per_parameter));
+  line("live at step start", trace.measured().begin_bytes);
+  line("saved for backward", trace.saved_for_backward_bytes());
+  if (trace.steps.size() > 1) line("first step peak", trace.steps.front().peak_bytes);
+  line(trace.steps.size() > 1 ? fmt::format("predicted peak (step {})", trace.steps.size())
+                              : "predicted peak",
+       trace.measured().peak_bytes,
+       fmt::format("at {} ({}, module {})", peak_row.name, phase_name(est.nodes.peak_phase),
+                   peak_row.module.empty() ? "-" : peak_row.module));
+  out += "  live at the peak\n";
+  for (std::size_t c = 0; c < kCategories; ++c)
+    if (est.live_at_peak[c] > 0)
+      line(fmt::format("  {}", category_name(static_cast<Category>(c))), est.live_at_peak[c]);
+  line("CUDA allocator: max allocated", est.allocator.allocated);
+  line("CUDA allocator: max reserved", est.allocator.reserved);
+  line("memonger plan", est.plan.stats.planned_bytes,
+       fmt::format("{} · lower bound {} · planned/lower bound {:.4f}", est.plan.plan.algorithm,
+                   human_bytes(est.plan.stats.lower_bound_bytes), est.plan.stats.ratio()));
+  if (!achieved.empty()) {
+    const std::int64_t predicted = trace.measured().peak_bytes, real = achieved.back();
+    const double error = 100.0 * static_cast<double>(predicted - real) / static_cast<double>(real);
+    line("achieved peak (real CPU)", real,
+         fmt::format("error {:+.4f}% ({:+} B)", error, predicted - real));
+  }
+  return out;
+}
+
+}  // namespace metamem

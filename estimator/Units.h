@@ -1,0 +1,19 @@
+// Sizes and counts as people read and write them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace metamem {
+
+// 1536 -> "1.50 KiB"; below 1 KiB, exact bytes.
+std::string human_bytes(std::int64_t bytes);
+
+// 7'550'000'000 -> "7.55 GFLOP"; below 1000, exact.
+std::string human_flops(std::int64_t flops);
+
+// "80GiB", "1.5TB", "512MiB", "4096" (bytes) -> bytes. Throws
+// std::invalid_argument naming `what` (e.g. "--memory") for anything else.
+std::int64_t parse_memory(const std::string& text, const std::string& what);
+
+}  // namespace metamem

@@ -1,0 +1,145 @@
+// Several training steps: what the first step leaves (optimizer states,
+// kept gradients) is live in the next, gradients accumulate over
+// micro-batches, and mixed-precision recipes keep their model states.
+#include <gtest/gtest.h>
+
+#include <tuple>
+
+#include "estimator/Estimate.h"
+#include "tests/SmallModels.h"
+
+namespace metamem {
+
+void PrintTo(Optimizer optimizer, std::ostream* os) { *os << optimizer_name(optimizer); }
+void PrintTo(ZeroGrad mode, std::ostream* os) { *os << zero_grad_name(mode); }
+
+namespace {
+
+const c10::Device kCpu(c10::kCPU), kCuda(c10::kCUDA);
+
+using ParityCase = std::tuple<std::string, Optimizer, ZeroGrad>;
+
+class SteadyStateParity : public ::testing::TestWithParam<ParityCase> {};
+
+// Every step's peak, traced on fake cpu, equals the real CPU run's, over
+// two and three steps and with two micro-batches per step.
+TEST_P(SteadyStateParity, EveryStepMatchesRealCpuRun) {
+  const auto& [model, optimizer, zero_grad] = GetParam();
+  const StepBuilder build = zoo_step(testing::small_model(model, 2, 32));
+  for (auto [steps, grad_accum] : {std::pair{2, 1}, {3, 1}, {2, 2}}) {
+    StepOptions options;
+    options.optimizer = optimizer;
+    options.zero_grad = zero_grad;
+    options.steps = steps;
+    options.grad_accum = grad_accum;
+    const Trace trace = trace_step(build, kCpu, options);
+    std::vector<std::int64_t> predicted;
+    for (const StepSpan& step : trace.steps) predicted.push_back(step.peak_bytes);
+    EXPECT_EQ(predicted, achieved_cpu_step_peaks(build, options))
+        << steps << " steps, " << grad_accum << " micro-batches";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Zoo, SteadyStateParity,
+    ::testing::Combine(::testing::ValuesIn(zoo_models()),
+                       ::testing::Values(Optimizer::Sgd, Optimizer::Momentum, Optimizer::Adam,
+                                         Optimizer::AdamW),
+                       ::testing::Values(ZeroGrad::SetToNone, ZeroGrad::Zero, ZeroGrad::None)),
+    [](const auto& info) {
+      return std::get<0>(info.param) + "_" + optimizer_name(std::get<1>(info.param)) + "_" +
+             zero_grad_name(std::get<2>(info.param));
+    });
+
+// gpt2 small enough to test, with activations (batch 8, sequence 128) far
+// larger than its 0.1M parameters: the first step peaks in backward.
+ZooConfig activation_heavy_gpt2() { return testing::small_model("gpt2", 8, 128); }
+
+StepOptions adam(ZeroGrad zero_grad) {
+  StepOptions options;
+  options.optimizer = Optimizer::Adam;
+  options.zero_grad = zero_grad;
+  return options;
+}
+
+// Between steps Adam keeps two fp32 moments per parameter; zero and none
+// keep the gradients too, set_to_none frees them.
+TEST(SteadyState, WhatPersistsBetweenStepsDependsOnZeroGrad) {
+  for (ZeroGrad mode : {ZeroGrad::SetToNone, ZeroGrad::Zero, ZeroGrad::None}) {
+    const Trace trace = trace_step(zoo_step(activation_heavy_gpt2()), kCuda, adam(mode));
+    const std::int64_t params = trace.parameter_count;
+    const std::int64_t kept = mode == ZeroGrad::SetToNone ? 2 * 4 * params : 3 * 4 * params;
+    EXPECT_EQ(trace.measured().begin_bytes - trace.steps.front().begin_bytes, kept)
+        << zero_grad_name(mode);
+  }
+}
+
+// The first step's backward peak, again in the second step with Adam's
+// states live: exactly their bytes higher.
+TEST(SteadyState, SecondStepPeakAddsAdamStates) {
+  const Trace trace = trace_step(zoo_step(activation_heavy_gpt2()), kCuda, adam(ZeroGrad::SetToNone));
+  ASSERT_EQ(trace.steps.size(), 2u);
+  EXPECT_EQ(trace.measured().peak_bytes - trace.steps.front().peak_bytes,
+            2 * 4 * trace.parameter_count);
+  const Estimate est = estimate(trace);
+  EXPECT_EQ(est.nodes.peak_phase, Phase::Backward);
+  EXPECT_EQ(est.live_at_peak[static_cast<std::size_t>(Category::OptimizerState)],
+            2 * 4 * trace.parameter_count);
+}
+
+// The second micro-batch starts with the first one's gradients live.
+TEST(SteadyState, GradientsAccumulateOverMicroBatches) {
+  StepOptions options;
+  options.grad_accum = 2;
+  const Trace trace = trace_step(zoo_step(activation_heavy_gpt2()), kCuda, options);
+  ASSERT_EQ(trace.forward_begins.size(), 4u);
+  const std::size_t second = trace.forward_begins.back();
+  EXPECT_EQ(trace.events[second - 1].live_bytes - trace.measured().begin_bytes,
+            trace.parameter_bytes);
+}
+
+// Model states of the recipes, per parameter Ψ: fp32 Adam 4 + 4 + 8; fp32
+// master weights over bf16 parameters (ZeRO's 2 + 2 + 12, plus the fp32
+// copies of the gradients the optimizer step reads); Megatron-LM's
+// persistent fp32 main gradients, 2 + 4 + 12.
+TEST(SteadyState, MixedPrecisionRecipesKeepTheirModelStates) {
+  struct Recipe {
+    c10::ScalarType dtype;
+    bool masters, main_grads;
+    std::int64_t param, grad, optimizer;  // bytes per parameter
+  };
+  for (const Recipe& r : {Recipe{c10::kFloat, false, false, 4, 4, 8},
+                          Recipe{c10::kBFloat16, true, false, 2, 2 + 4, 12},
+                          Recipe{c10::kBFloat16, true, true, 2, 4, 12}}) {
+    ZooConfig mlp = testing::small_model("mlp", 8, 0);
+    mlp.dtype = r.dtype;
+    StepOptions options = adam(ZeroGrad::SetToNone);
+    options.fp32_master_weights = r.masters;
+    options.fp32_main_grads = r.main_grads;
+    const Trace trace = trace_step(zoo_step(mlp), kCuda, options);
+    const std::int64_t params = 1024 * 4096 + 4096 + 4096 * 1024 + 1024;
+    ASSERT_EQ(trace.parameter_count, params);
+    const ModelStates states = model_states(trace);
+    SCOPED_TRACE(std::string(c10::toString(r.dtype)) + (r.main_grads ? " main grads" : ""));
+    EXPECT_EQ(states.param_bytes, r.param * params);
+    EXPECT_EQ(states.grad_bytes, r.grad * params);
+    EXPECT_EQ(states.optimizer_bytes, r.optimizer * params);
+  }
+}
+
+TEST(SteadyState, BadOptionsAreRejected) {
+  const StepBuilder build = zoo_step(testing::small_model("mlp", 2, 0));
+  StepOptions options;
+  options.steps = 0;
+  EXPECT_THROW(trace_step(build, kCpu, options), std::invalid_argument);
+  options = {};
+  options.grad_accum = 0;
+  EXPECT_THROW(trace_step(build, kCpu, options), std::invalid_argument);
+  options = {};
+  options.fp32_main_grads = true;  // without master weights
+  EXPECT_THROW(trace_step(build, kCpu, options), std::invalid_argument);
+  EXPECT_THROW(parse_zero_grad("sometimes"), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace metamem
