@@ -33,6 +33,7 @@ class PhaseListener {
   virtual void step() = 0;
   virtual void forward() = 0;
   virtual void backward(const at::Tensor& loss) = 0;
+  virtual void end_backward() = 0;
   // Gradients now held by `tensors` (after a backward pass, or the master
   // weights' before the optimizer step).
   virtual void gradients(const std::vector<at::Tensor>& tensors) = 0;
@@ -127,6 +128,7 @@ void run_steps(const StepBuilder& build, const StepOptions& options, PhaseListen
       at::Tensor loss = step->forward_loss();
       phases.backward(loss);
       loss.backward();
+      phases.end_backward();
       phases.gradients(grads_of(model.params));
     }
     if (optimizer) {
@@ -165,6 +167,7 @@ class TracePhases final : public PhaseListener {
   void step() override { tracer_.begin_step(); }
   void forward() override { tracer_.begin_forward(); }
   void backward(const at::Tensor& loss) override { tracer_.begin_backward({loss}); }
+  void end_backward() override { tracer_.end_backward(); }
   void gradients(const std::vector<at::Tensor>& grads) override {
     tracer_.mark(grads, Category::Gradient);
   }
@@ -195,6 +198,7 @@ class CounterPhases final : public PhaseListener {
   }
   void forward() override {}
   void backward(const at::Tensor&) override {}
+  void end_backward() override {}
   void gradients(const std::vector<at::Tensor>&) override {}
   void optimizer() override {}
   void end() override { close_step(); }

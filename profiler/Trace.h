@@ -68,6 +68,22 @@ struct StepSpan {
   std::size_t peak_event = 0;    // the event that reached it
 };
 
+// Stretches of the trace that a chain runner and the checkpoint machinery
+// mark, for the checkpointing simulator.
+enum class RegionKind : std::uint8_t {
+  Unit,                // a unit of a chain runs: forward, with or without autograd, or recomputed
+  CheckpointBackward,  // a checkpoint node's backward: recomputation, then the segment's backward
+  Recompute,           // the recomputation inside it
+};
+
+struct Region {
+  RegionKind kind = RegionKind::Unit;
+  std::int32_t first = -1, last = -1;  // the unit, or the units of the segment
+  bool grad = false;                   // autograd was on when it began
+  std::size_t begin = 0, end = 0;      // its events: [begin, end)
+  std::int64_t input = -1, output = -1;  // Unit: buffers of its input and output tensors
+};
+
 struct Trace {
   std::vector<Event> events;
   std::vector<Buffer> buffers;
@@ -81,7 +97,10 @@ struct Trace {
   // second step on, what the steps before left (optimizer states, kept
   // gradients) is live, as in training; the steps before it are its setup.
   std::vector<StepSpan> steps;
-  std::vector<std::size_t> forward_begins;  // first event of each forward pass
+  std::vector<std::size_t> forward_begins;   // first event of each forward pass
+  std::vector<std::size_t> backward_begins;  // first event of each backward pass
+  std::vector<std::size_t> backward_ends;    // first event after each backward pass
+  std::vector<Region> regions;              // in the order they began
   std::int64_t parameter_bytes = 0;  // the model's parameters
   std::int64_t parameter_count = 0;
 

@@ -1,6 +1,7 @@
 #include "profiler/Tracer.h"
 
 #include <ATen/SequenceNumber.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
 
@@ -131,6 +132,7 @@ class TraceRecorder final : public MetaObserver {
     std::lock_guard<std::mutex> lock(mutex_);
     for (const at::Tensor& t : outputs)
       if (auto index = index_of(buffer_of(t))) held.insert(*index);
+    trace_.backward_begins.push_back(trace_.events.size());
     for (std::size_t i = forward_first_buffer_; i < trace_.buffers.size(); ++i) {
       Buffer& buffer = trace_.buffers[i];
       if (buffer.free_event == Buffer::kAlive && buffer.category == Category::Temporary &&
@@ -138,6 +140,11 @@ class TraceRecorder final : public MetaObserver {
         buffer.category = Category::Activation;
     }
     phase_ = Phase::Backward;
+  }
+
+  void end_backward() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    trace_.backward_ends.push_back(trace_.events.size());
   }
 
   void begin_optimizer() {
@@ -160,6 +167,30 @@ class TraceRecorder final : public MetaObserver {
   void set_scope_provider(Tracer::ScopeProvider provider) {
     std::lock_guard<std::mutex> lock(mutex_);
     scope_provider_ = std::move(provider);
+  }
+
+  std::int64_t begin_region(RegionKind kind, std::int32_t first, std::int32_t last) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Region region;
+    region.kind = kind;
+    region.first = first;
+    region.last = last;
+    region.grad = at::GradMode::is_enabled();
+    region.begin = region.end = trace_.events.size();
+    trace_.regions.push_back(region);
+    return static_cast<std::int64_t>(trace_.regions.size() - 1);
+  }
+
+  void set_region_buffer(std::int64_t index, const at::Tensor& tensor, bool output) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto buffer = index_of(buffer_of(tensor));
+    Region& region = trace_.regions[static_cast<std::size_t>(index)];
+    (output ? region.output : region.input) = buffer ? static_cast<std::int64_t>(*buffer) : -1;
+  }
+
+  void end_region(std::int64_t index) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    trace_.regions[static_cast<std::size_t>(index)].end = trace_.events.size();
   }
 
   void pop_scope() {
@@ -276,6 +307,7 @@ void Tracer::begin_forward() { recorder_->begin_forward(); }
 void Tracer::begin_backward(const std::vector<at::Tensor>& outputs) {
   recorder_->begin_backward(outputs);
 }
+void Tracer::end_backward() { recorder_->end_backward(); }
 void Tracer::begin_optimizer() { recorder_->begin_optimizer(); }
 void Tracer::mark(const std::vector<at::Tensor>& tensors, Category category) {
   recorder_->mark(tensors, category);
@@ -293,6 +325,28 @@ void Tracer::push_scope(const char* name) {
 void Tracer::pop_scope() {
   if (auto* recorder = g_active_recorder.load()) recorder->pop_scope();
 }
+
+std::int64_t Tracer::begin_region(RegionKind kind, std::int32_t first, std::int32_t last) {
+  auto* recorder = g_active_recorder.load();
+  return recorder != nullptr ? recorder->begin_region(kind, first, last) : -1;
+}
+
+void Tracer::end_region(std::int64_t index) {
+  if (auto* recorder = g_active_recorder.load(); recorder != nullptr && index >= 0)
+    recorder->end_region(index);
+}
+
+RegionScope::RegionScope(RegionKind kind, std::int32_t first, std::int32_t last)
+    : index_(Tracer::begin_region(kind, first, last)) {}
+
+void Tracer::set_region_buffer(std::int64_t index, const at::Tensor& tensor, bool output) {
+  if (auto* recorder = g_active_recorder.load(); recorder != nullptr && index >= 0)
+    recorder->set_region_buffer(index, tensor, output);
+}
+
+RegionScope::~RegionScope() { Tracer::end_region(index_); }
+void RegionScope::set_input(const at::Tensor& input) { Tracer::set_region_buffer(index_, input, false); }
+void RegionScope::set_output(const at::Tensor& output) { Tracer::set_region_buffer(index_, output, true); }
 
 void Tracer::set_scope_provider(ScopeProvider provider) {
   if (auto* recorder = g_active_recorder.load()) recorder->set_scope_provider(std::move(provider));

@@ -34,6 +34,8 @@ class Tracer {
   // Forward ends. Buffers made in this forward pass and still live, other
   // than those the caller holds in `outputs`, are the ones autograd saved.
   void begin_backward(const std::vector<at::Tensor>& outputs);
+  // Backward ends: gradients are computed.
+  void end_backward();
   void begin_optimizer();
   // The buffers behind `tensors` hold `category`. Buffers made at setup are
   // inputs, the optimizer's that outlive their step are its states, and
@@ -52,8 +54,29 @@ class Tracer {
   using ScopeProvider = std::function<std::string()>;
   static void set_scope_provider(ScopeProvider provider);
 
+  // RegionScope calls these on the active tracer; -1: no tracer.
+  static std::int64_t begin_region(RegionKind kind, std::int32_t first, std::int32_t last);
+  static void end_region(std::int64_t index);
+  static void set_region_buffer(std::int64_t index, const at::Tensor& tensor, bool output);
+
  private:
   std::unique_ptr<detail::TraceRecorder> recorder_;
+};
+
+// Marks a region of the trace (see RegionKind) while it lives. Does nothing
+// when no tracer is active.
+class RegionScope {
+ public:
+  RegionScope(RegionKind kind, std::int32_t first, std::int32_t last);
+  ~RegionScope();
+  // The tensors a Unit region reads and returns.
+  void set_input(const at::Tensor& input);
+  void set_output(const at::Tensor& output);
+  RegionScope(const RegionScope&) = delete;
+  RegionScope& operator=(const RegionScope&) = delete;
+
+ private:
+  std::int64_t index_;
 };
 
 // Marks the module a forward op runs in, e.g. ResNet.layer1.0.conv1. Does

@@ -80,12 +80,17 @@ class Block : public nn::Module {
 class Gpt2Step final : public TrainingStep, public nn::Module {
  public:
   Gpt2Step(const ZooConfig& c, std::int64_t batch)
-      : wte_(register_module("wte", nn::Embedding(c.vocab, c.width))),
+      : checkpoint_(c.checkpoint),
+        wte_(register_module("wte", nn::Embedding(c.vocab, c.width))),
         wpe_(register_module("wpe", nn::Embedding(c.seq, c.width))),
         drop_(register_module("drop", nn::Dropout(c.dropout))),
         ln_f_(register_module("ln_f", nn::LayerNorm(nn::LayerNormOptions({c.width})))) {
-    for (std::int64_t i = 0; i < c.layers; ++i)
+    for (std::int64_t i = 0; i < c.layers; ++i) {
       blocks_.push_back(register_module("h_" + std::to_string(i), std::make_shared<Block>(c)));
+      units_.push_back({{"h", std::to_string(i)}, [this, block = blocks_.back()](const at::Tensor& x) {
+                          return block->forward(x, causal_mask_);
+                        }});
+    }
     // True above the diagonal: positions a token may not attend to.
     causal_mask_ = register_buffer(
         "causal_mask", torch::ones({c.seq, c.seq}, torch::kBool).triu(1).view({1, 1, c.seq, c.seq}));
@@ -102,14 +107,7 @@ class Gpt2Step final : public TrainingStep, public nn::Module {
     at::Tensor x = scoped("wte", [&] { return wte_->forward(tokens_); }) +
                    scoped("wpe", [&] { return wpe_->forward(positions_); });
     x = scoped("drop", [&] { return drop_->forward(x); });
-    {
-      ModuleScope h("h");
-      for (std::size_t i = 0; i < blocks_.size(); ++i) {
-        std::string name = std::to_string(i);
-        ModuleScope block(name.c_str());
-        x = blocks_[i]->forward(x, causal_mask_);
-      }
-    }
+    x = run_chain(units_, std::move(x), checkpoint_);
     x = scoped("ln_f", [&] { return ln_f_->forward(x); });
     // The LM head shares the token embedding's weight.
     at::Tensor logits =
@@ -118,10 +116,12 @@ class Gpt2Step final : public TrainingStep, public nn::Module {
   }
 
  private:
+  CheckpointPolicy checkpoint_;
   nn::Embedding wte_, wpe_;
   nn::Dropout drop_;
   nn::LayerNorm ln_f_;
   std::vector<std::shared_ptr<Block>> blocks_;
+  std::vector<Unit> units_;  // the blocks, in order
   at::Tensor causal_mask_, tokens_, positions_, targets_;
 };
 

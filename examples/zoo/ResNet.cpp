@@ -82,10 +82,11 @@ class Block : public nn::Module {
 class ResNetStep final : public TrainingStep, public nn::Module {
  public:
   ResNetStep(int depth, std::int64_t batch, std::int64_t image, c10::ScalarType dtype,
-             std::int64_t classes = 1000)
+             CheckpointPolicy checkpoint, std::int64_t classes = 1000)
       : stem_{register_module("conv1", conv(3, 64, 7, 2)),
               register_module("bn1", nn::BatchNorm2d(64)), "conv1", "bn1"},
-        pool_(nn::MaxPool2dOptions(3).stride(2).padding(1)) {
+        pool_(nn::MaxPool2dOptions(3).stride(2).padding(1)),
+        checkpoint_(std::move(checkpoint)) {
     const bool bottleneck = depth == 50;
     const std::int64_t blocks[2][4] = {{2, 2, 2, 2}, {3, 4, 6, 3}};
     std::int64_t in = 64;
@@ -96,6 +97,8 @@ class ResNetStep final : public TrainingStep, public nn::Module {
         std::string name = "layer" + std::to_string(stage + 1) + "_" + std::to_string(b);
         stage_blocks.push_back(register_module(
             name, std::make_shared<Block>(in, planes, b == 0 && stage > 0 ? 2 : 1, bottleneck)));
+        units_.push_back({{"layer" + std::to_string(stage + 1), std::to_string(b)},
+                          [block = stage_blocks.back()](const at::Tensor& x) { return block->forward(x); }});
         in = planes * (bottleneck ? 4 : 1);
       }
     }
@@ -112,15 +115,7 @@ class ResNetStep final : public TrainingStep, public nn::Module {
     at::Tensor x = stem_.forward(input_);
     x = scoped("relu", [&] { return torch::relu_(x); });
     x = scoped("maxpool", [&] { return pool_->forward(x); });
-    for (std::size_t stage = 0; stage < stages_.size(); ++stage) {
-      std::string stage_name = "layer" + std::to_string(stage + 1);
-      ModuleScope stage_scope(stage_name.c_str());
-      for (std::size_t b = 0; b < stages_[stage].size(); ++b) {
-        std::string block_name = std::to_string(b);
-        ModuleScope block_scope(block_name.c_str());
-        x = stages_[stage][b]->forward(x);
-      }
-    }
+    x = run_chain(units_, std::move(x), checkpoint_);
     x = scoped("avgpool", [&] { return torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1); });
     x = scoped("fc", [&] { return fc_->forward(x); });
     return torch::nn::functional::cross_entropy(x, target_);
@@ -130,6 +125,8 @@ class ResNetStep final : public TrainingStep, public nn::Module {
   ConvBn stem_;
   nn::MaxPool2d pool_;
   std::vector<std::vector<std::shared_ptr<Block>>> stages_;
+  std::vector<Unit> units_;  // the blocks, in order
+  CheckpointPolicy checkpoint_;
   nn::Linear fc_{nullptr};
   at::Tensor input_, target_;
 };
@@ -137,8 +134,9 @@ class ResNetStep final : public TrainingStep, public nn::Module {
 }  // namespace
 
 StepBuilder resnet_step(const ZooConfig& config, int depth) {
-  return [depth, batch = config.batch, image = config.image, dtype = config.dtype] {
-    return std::make_unique<ResNetStep>(depth, batch, image, dtype);
+  return [depth, batch = config.batch, image = config.image, dtype = config.dtype,
+          checkpoint = config.checkpoint] {
+    return std::make_unique<ResNetStep>(depth, batch, image, dtype, checkpoint);
   };
 }
 

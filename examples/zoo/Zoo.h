@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "profiler/Chain.h"
 #include "profiler/Step.h"
 
 namespace metamem {
@@ -23,6 +24,9 @@ struct ZooConfig {
   std::int64_t heads = 12;
   std::int64_t vocab = 50257;
   double dropout = 0.1;
+  // Units of the model's chain (mlp: its four layers; resnet: residual
+  // blocks; gpt2: transformer blocks) recomputed in backward.
+  CheckpointPolicy checkpoint;
 };
 
 const std::vector<std::string>& zoo_models();
