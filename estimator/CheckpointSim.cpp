@@ -1,7 +1,10 @@
 #include "estimator/CheckpointSim.h"
 
+#include "profiler/KeptOutputs.h"
+
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -50,13 +53,19 @@ struct CheckpointSimulator::Span {
   }
 };
 
+// One pass of a trace with every unit checkpointed, per unit.
+struct CheckpointSimulator::Calibration {
+  std::vector<Span> no_grad;         // its forward without autograd
+  std::vector<Span> recompute;       // its recomputation
+  std::vector<Span> first_backward;  // its backward as its segment's first unit
+};
+
 struct CheckpointSimulator::Pass {
   Span before;  // from the previous pass (or the step's start) to this forward: as traced
   Span head_forward, tail_forward, tail_backward, head_backward;
-  std::vector<Span> forward, backward;              // each unit without checkpointing
-  std::vector<Span> no_grad;                        // each unit's forward without autograd
-  std::vector<Span> first_forward, first_backward;  // recomputed as its segment's first unit
-  std::vector<std::int64_t> boundary_bytes;         // x_0..x_n; x_0 is -1 if made before the pass
+  std::vector<Span> forward, backward;       // each unit without checkpointing
+  std::vector<Calibration> calibrations;     // by keep set, as CheckpointSimulator::keeps_
+  std::vector<std::int64_t> boundary_bytes;  // x_0..x_n; x_0 is -1 if made before the pass
   Span after;  // the step's last pass: from its backward's end to the step's end
 };
 
@@ -228,33 +237,52 @@ std::vector<std::size_t> backward_cuts(const Trace& trace, const PassBounds& pas
   return cut;
 }
 
-UnitCost unit_cost(const Trace& trace, const Region& forward, std::size_t backward_begin,
-                   std::size_t backward_end, const Span& forward_span, const Span& backward_span) {
-  UnitCost cost;
-  cost.forward_flops = forward_span.flops;
-  cost.backward_flops = backward_span.flops;
-  if (forward.input >= 0) cost.input_bytes = trace.buffers[static_cast<std::size_t>(forward.input)].bytes;
-  cost.keeps_input = backward_span.releases(forward.first, Holder::Consumer);
-  const std::int64_t live_before = forward.begin == 0 ? 0 : trace.events[forward.begin - 1].live_bytes;
-  for (std::size_t e = forward.begin; e < forward.end; ++e) {
-    cost.forward_peak = std::max(cost.forward_peak, trace.events[e].live_bytes - live_before);
+// The most bytes live during events [begin, end), above those live before them.
+std::int64_t peak_above(const Trace& trace, std::size_t begin, std::size_t end) {
+  const std::int64_t before = begin == 0 ? 0 : trace.events[begin - 1].live_bytes;
+  std::int64_t peak = 0;
+  for (std::size_t e = begin; e < end; ++e) peak = std::max(peak, trace.events[e].live_bytes - before);
+  return peak;
+}
+
+// Bytes of the buffers made during [begin, end) that are still live at its end.
+std::int64_t left_behind(const Trace& trace, std::size_t begin, std::size_t end) {
+  std::int64_t bytes = 0;
+  for (std::size_t e = begin; e < end; ++e) {
     const Event& event = trace.events[e];
-    if (event.kind != EventKind::Alloc || static_cast<std::int64_t>(event.index) == forward.output) continue;
+    if (event.kind != EventKind::Alloc) continue;
     const Buffer& buffer = trace.buffers[event.index];
-    if (buffer.free_event >= backward_begin && buffer.free_event < backward_end)
-      cost.saved_bytes += buffer.bytes;
+    if (buffer.free_event == Buffer::kAlive || buffer.free_event >= end) bytes += buffer.bytes;
   }
-  const std::int64_t backward_live = backward_begin == 0 ? 0 : trace.events[backward_begin - 1].live_bytes;
-  for (std::size_t e = backward_begin; e < backward_end; ++e)
-    cost.backward_peak = std::max(cost.backward_peak, trace.events[e].live_bytes - backward_live);
-  return cost;
+  return bytes;
+}
+
+// The module path the ops of events [begin, end) share: a unit's own.
+std::string common_scope(const Trace& trace, std::size_t begin, std::size_t end) {
+  std::optional<std::string> common;
+  for (std::size_t e = begin; e < end; ++e) {
+    if (trace.events[e].kind != EventKind::Op) continue;
+    const std::string& scope = trace.scopes[trace.ops[trace.events[e].index].scope];
+    if (!common) {
+      common = scope;
+      continue;
+    }
+    std::size_t same = 0;
+    while (same < common->size() && same < scope.size() && (*common)[same] == scope[same]) ++same;
+    if (same < common->size() && !(same == scope.size() && (*common)[same] == '.'))
+      same = common->rfind('.', same) == std::string::npos ? 0 : common->rfind('.', same);
+    common->resize(same);
+  }
+  return common.value_or("");
 }
 
 // Runs a policy over one pass's spans: the buffers and holders of x_u
 // instances, live bytes, peak, recomputed FLOPs.
 class Run {
  public:
-  Run(const CheckpointSimulator::Pass& pass, std::int64_t live) : pass_(pass), live_(live), peak_(live) {}
+  Run(const CheckpointSimulator::Pass& pass, const CheckpointSimulator::Calibration& calibration,
+      bool keeps, std::int64_t live)
+      : pass_(pass), calibration_(calibration), keeps_(keeps), live_(live), peak_(live) {}
 
   std::int64_t live() const { return live_; }
   std::int64_t peak() const { return peak_; }
@@ -313,11 +341,15 @@ class Run {
     return true;
   }
 
+  // A recomputed unit is the calibration's: as its segment's first unit,
+  // or (kept outputs are reused) at all. Its backward is the calibration's
+  // only as a first unit, whose input is the segment's detached leaf.
   const Span& forward_span(const Context& c, std::int32_t u) const {
-    return (c.recompute && u == c.first ? pass_.first_forward : pass_.forward)[static_cast<std::size_t>(u)];
+    const bool calibrated = c.recompute && (u == c.first || keeps_);
+    return (calibrated ? calibration_.recompute : pass_.forward)[static_cast<std::size_t>(u)];
   }
   const Span& backward_span(const Context& c, std::int32_t u) const {
-    return (c.recompute && u == c.first ? pass_.first_backward : pass_.backward)[static_cast<std::size_t>(u)];
+    return (c.recompute && u == c.first ? calibration_.first_backward : pass_.backward)[static_cast<std::size_t>(u)];
   }
 
   int& slot(Context& c, std::int32_t boundary) {
@@ -401,7 +433,7 @@ class Run {
       }
       hold(c, s->first, Holder::Segment);  // the segment function's reference
       for (std::int32_t v = s->first; v <= s->last; ++v) {
-        const Span& span = pass_.no_grad[static_cast<std::size_t>(v)];
+        const Span& span = calibration_.no_grad[static_cast<std::size_t>(v)];
         emit(span, c);
         if (c.recompute) recompute_flops_ += span.flops;
         release(c, v, v == s->first ? Holder::Segment : Holder::Runner);
@@ -435,6 +467,8 @@ class Run {
   }
 
   const CheckpointSimulator::Pass& pass_;
+  const CheckpointSimulator::Calibration& calibration_;
+  bool keeps_;
   std::vector<Instance> instances_;
   std::int64_t live_, peak_;
   std::int64_t recompute_flops_ = 0;
@@ -455,11 +489,9 @@ CheckpointPolicy every_unit_policy(std::int32_t units) {
   return policy;
 }
 
-CheckpointSimulator::CheckpointSimulator(const Trace& plain, const Trace& every_unit) {
+CheckpointSimulator::CheckpointSimulator(TraceUnder trace) : trace_(std::move(trace)) {
+  const Trace plain = trace_({});
   const std::vector<PassBounds> plain_passes = measured_passes(plain);
-  const std::vector<PassBounds> ckpt_passes = measured_passes(every_unit);
-  if (plain_passes.size() != ckpt_passes.size())
-    invalid("the two traces have different passes per step");
   begin_bytes_ = plain.measured().begin_bytes;
   for (std::size_t e = plain.measured().begin; e < plain.events.size(); ++e)
     if (plain.events[e].kind == EventKind::Op) step_flops_ += plain.ops[plain.events[e].index].flops;
@@ -467,7 +499,6 @@ CheckpointSimulator::CheckpointSimulator(const Trace& plain, const Trace& every_
   std::size_t previous_end = plain.measured().begin;
   for (std::size_t p = 0; p < plain_passes.size(); ++p) {
     const PassBounds& a = plain_passes[p];
-    const PassBounds& b = ckpt_passes[p];
     const auto units = regions_in(plain, RegionKind::Unit, a.forward, a.backward);
     const auto n = static_cast<std::int32_t>(units.size());
     if (n == 0) invalid("the model runs no chain of units");
@@ -506,28 +537,86 @@ CheckpointSimulator::CheckpointSimulator(const Trace& plain, const Trace& every_
       const std::size_t k = static_cast<std::size_t>(n - u);
       pass.forward.push_back(plain_spans.build(r.begin, r.end, {SpanRole::Forward, u}));
       pass.backward.push_back(plain_spans.build(cut[k], cut[k + 1], {SpanRole::Backward, u}));
-      if (p + 1 == plain_passes.size()) {
-        UnitCost cost = unit_cost(plain, r, cut[k], cut[k + 1], pass.forward.back(), pass.backward.back());
-        cost.name = plain.scopes[0];
-        for (std::size_t e = r.begin; e < r.end; ++e)
-          if (plain.events[e].kind == EventKind::Op) {
-            cost.name = plain.scopes[plain.ops[plain.events[e].index].scope];
-            break;
-          }
-        costs_.push_back(cost);
-      }
     }
     pass.head_backward = plain_spans.build(cut[static_cast<std::size_t>(n) + 1], a.end, {SpanRole::Backward, -1});
     previous_end = a.end;
 
-    // The same pass with every unit checkpointed: forwards without
-    // autograd, and each unit's recomputation and backward as a first unit.
+    // The chain as solvers model it, from the step's last pass.
+    chain_base_ = std::max(chain_base_, plain.events[units.front()->begin - 1].live_bytes);
+    if (p + 1 == plain_passes.size()) {
+      chain_.clear();
+      for (std::int32_t u = 0; u <= n; ++u) {
+        const std::size_t k = static_cast<std::size_t>(n - u);
+        const bool tail = u == n;
+        const std::size_t begin = tail ? units.back()->end : units[static_cast<std::size_t>(u)]->begin;
+        const std::size_t end = tail ? a.backward : units[static_cast<std::size_t>(u)]->end;
+        ChainStage stage;
+        stage.name = tail ? "(tail)" : common_scope(plain, begin, end);
+        stage.input = plain.buffers[static_cast<std::size_t>(
+            tail ? units.back()->output : units[static_cast<std::size_t>(u)]->input)].bytes;
+        stage.kept = left_behind(plain, begin, end);
+        stage.forward_peak = stage.no_grad_peak = peak_above(plain, begin, end);
+        stage.backward_peak = peak_above(plain, cut[k], cut[k + 1]);
+        stage.forward_flops = (tail ? pass.tail_forward : pass.forward[static_cast<std::size_t>(u)]).flops;
+        stage.backward_flops = (tail ? pass.tail_backward : pass.backward[static_cast<std::size_t>(u)]).flops;
+        chain_.push_back(stage);
+      }
+    }
+
+    passes_.push_back(std::move(pass));
+  }
+  passes_.back().after =
+      SpanBuilder(plain, {}).build(plain_passes.back().end, plain.events.size(), {});
+
+  // Selective solvers keep the products that cost the most FLOPs per byte.
+  std::unordered_map<std::string, std::pair<double, double>> keepable;  // op: FLOPs, output bytes
+  for (const std::string& op : keepable_ops()) keepable[op] = {0, 0};
+  const auto last_units = regions_in(plain, RegionKind::Unit, plain_passes.back().forward, plain_passes.back().backward);
+  for (const Region* r : last_units)
+    for (std::size_t e = r->begin; e < r->end; ++e) {
+      const Event& event = plain.events[e];
+      if (event.kind != EventKind::Op) continue;
+      const OpEvent& op = plain.ops[event.index];
+      auto found = keepable.find(plain.op_name(op));
+      if (found == keepable.end()) continue;
+      found->second.first += static_cast<double>(op.flops);
+      for (std::uint32_t b : plain.outputs(op)) found->second.second += static_cast<double>(plain.buffers[b].bytes);
+    }
+  for (const auto& [op, cost] : keepable)
+    if (cost.first > 0) keep_candidates_.push_back(op);
+  std::sort(keep_candidates_.begin(), keep_candidates_.end(), [&](const std::string& a, const std::string& b) {
+    const auto &ca = keepable[a], &cb = keepable[b];
+    return ca.first / std::max(ca.second, 1.0) > cb.first / std::max(cb.second, 1.0);
+  });
+  add_calibration({}, trace_(every_unit_policy(units())));
+}
+
+void CheckpointSimulator::calibrate(const std::vector<std::string>& keep) {
+  std::vector<std::string> sorted = keep;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::find(keeps_.begin(), keeps_.end(), sorted) != keeps_.end()) return;
+  CheckpointPolicy policy = every_unit_policy(units());
+  policy.keep = keep;
+  add_calibration(std::move(sorted), trace_(policy));
+}
+
+// The same passes with every unit checkpointed: forwards without autograd,
+// and each unit's recomputation and backward as its segment's first unit.
+void CheckpointSimulator::add_calibration(std::vector<std::string> keep, const Trace& every_unit) {
+  const std::vector<PassBounds> ckpt_passes = measured_passes(every_unit);
+  if (ckpt_passes.size() != passes_.size())
+    invalid("the trace with every unit checkpointed has other passes than the plain one");
+  for (std::size_t p = 0; p < passes_.size(); ++p) {
+    Pass& pass = passes_[p];
+    const PassBounds& b = ckpt_passes[p];
+    const std::size_t units = pass.forward.size();
+    Calibration calibration;
     const auto no_grad = regions_in(every_unit, RegionKind::Unit, b.forward, b.backward);
     const auto checkpoints = regions_in(every_unit, RegionKind::CheckpointBackward, b.backward, b.end);
     const auto recomputes = regions_in(every_unit, RegionKind::Recompute, b.backward, b.end);
     const auto recomputed = regions_in(every_unit, RegionKind::Unit, b.backward, b.end);
-    if (no_grad.size() != units.size() || checkpoints.size() != units.size() ||
-        recomputes.size() != units.size() || recomputed.size() != units.size())
+    if (no_grad.size() != units || checkpoints.size() != units ||
+        recomputes.size() != units || recomputed.size() != units)
       invalid("the trace with every unit checkpointed does not match the plain one");
     std::unordered_map<std::int64_t, std::int32_t> ckpt_boundary;
     for (const Region* r : no_grad) {
@@ -537,24 +626,26 @@ CheckpointSimulator::CheckpointSimulator(const Trace& plain, const Trace& every_
     for (const Region* r : recomputed) ckpt_boundary[r->output] = r->first + 1;
     if (pass.boundary_bytes[0] < 0) ckpt_boundary.erase(no_grad.front()->input);
     const SpanBuilder ckpt_spans(every_unit, ckpt_boundary);
-    pass.no_grad.resize(units.size());
-    pass.first_forward.resize(units.size());
-    pass.first_backward.resize(units.size());
-    for (const Region* r : no_grad)
-      pass.no_grad[static_cast<std::size_t>(r->first)] = ckpt_spans.build(r->begin, r->end, {SpanRole::Forward, r->first});
+    calibration.no_grad.resize(units);
+    calibration.recompute.resize(units);
+    calibration.first_backward.resize(units);
+    for (const Region* r : no_grad) {
+      calibration.no_grad[static_cast<std::size_t>(r->first)] = ckpt_spans.build(r->begin, r->end, {SpanRole::Forward, r->first});
+      if (p + 1 == passes_.size() && keeps_.empty())
+        chain_[static_cast<std::size_t>(r->first)].no_grad_peak = peak_above(every_unit, r->begin, r->end);
+    }
     for (std::size_t i = 0; i < checkpoints.size(); ++i) {
       const Region &c = *checkpoints[i], &rc = *recomputes[i], &u = *recomputed[i];
       if (c.first != c.last || rc.first != c.first || u.first != c.first || u.begin < rc.begin ||
           u.end > rc.end || rc.begin < c.begin || rc.end > c.end)
         invalid("unexpected checkpoint regions in the trace with every unit checkpointed");
       const auto unit = static_cast<std::size_t>(c.first);
-      pass.first_forward[unit] = ckpt_spans.build(u.begin, u.end, {SpanRole::Forward, c.first});
-      pass.first_backward[unit] = ckpt_spans.build(rc.end, c.end, {SpanRole::Backward, c.first}, true);
+      calibration.recompute[unit] = ckpt_spans.build(u.begin, u.end, {SpanRole::Forward, c.first});
+      calibration.first_backward[unit] = ckpt_spans.build(rc.end, c.end, {SpanRole::Backward, c.first}, true);
     }
-    passes_.push_back(std::move(pass));
+    pass.calibrations.push_back(std::move(calibration));
   }
-  passes_.back().after =
-      SpanBuilder(plain, {}).build(plain_passes.back().end, plain.events.size(), {});
+  keeps_.push_back(std::move(keep));
 }
 
 CheckpointSimulator::~CheckpointSimulator() = default;
@@ -563,11 +654,17 @@ CheckpointSimulator& CheckpointSimulator::operator=(CheckpointSimulator&&) noexc
 
 SimulatedStep CheckpointSimulator::simulate(const CheckpointPolicy& policy) const {
   validate(policy, units());
+  std::vector<std::string> keep = policy.keep;
+  std::sort(keep.begin(), keep.end());
+  const auto calibrated = std::find(keeps_.begin(), keeps_.end(), keep);
+  if (calibrated == keeps_.end())
+    throw std::logic_error("checkpoint simulation: " + to_string(policy) + " keeps ops not calibrated");
+  const auto calibration = static_cast<std::size_t>(calibrated - keeps_.begin());
   SimulatedStep result;
   std::int64_t live = begin_bytes_;
   result.peak_bytes = live;
   for (const Pass& pass : passes_) {
-    Run run(pass, live);
+    Run run(pass, pass.calibrations[calibration], !keep.empty(), live);
     run.as_traced(pass.before);
     run.pass(policy);
     run.as_traced(pass.after);

@@ -1,8 +1,9 @@
 // The peak memory and recompute FLOPs of a training step under any
 // checkpointing policy, without tracing the step again for each policy.
 //
-// It reads two calibration traces of the same steps: without checkpointing,
-// and with every unit of the chain checkpointed on its own. They hold, per
+// It reads calibration traces of the same steps: without checkpointing, and
+// with every unit of the chain checkpointed on its own (for selective
+// policies, also while keeping their ops' outputs). They hold, per
 // unit, what its forward allocates with and without autograd and what its
 // backward does; the simulator splices them in the order the policy runs
 // them (recomputations nested in backward) and follows the buffers that
@@ -11,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -19,15 +21,17 @@
 
 namespace metamem {
 
-// One unit of the chain, measured on the trace without checkpointing.
-struct UnitCost {
+// One stage of the chain as a solver models it: a unit, or the tail (the
+// loss and what comes after the last unit), which is never checkpointed.
+// Peaks are above the bytes live when the stage begins.
+struct ChainStage {
   std::string name;                 // module path, e.g. GPT2.h.3
-  std::int64_t input_bytes = 0;     // the activation it reads
-  std::int64_t saved_bytes = 0;     // what its forward leaves for its backward, input excluded
+  std::int64_t input = 0;           // the activation it reads; its gradient is as large
+  std::int64_t kept = 0;            // what its forward leaves for its backward, its output included
+  std::int64_t forward_peak = 0;    // its forward with autograd
+  std::int64_t no_grad_peak = 0;    // its forward without autograd, its output included
+  std::int64_t backward_peak = 0;   // its backward, from its kept bytes and incoming gradient
   std::int64_t forward_flops = 0, backward_flops = 0;
-  std::int64_t forward_peak = 0;    // its forward's peak above the bytes live when it began
-  std::int64_t backward_peak = 0;   // its backward's peak above the bytes live when it began
-  bool keeps_input = false;         // its backward reads its input
 };
 
 struct SimulatedStep {
@@ -37,27 +41,49 @@ struct SimulatedStep {
 
 class CheckpointSimulator {
  public:
-  // Both traces are of the same model, options and fake device. Throws
+  // Traces the same steps (model, options, fake device) under a policy.
+  using TraceUnder = std::function<Trace(const CheckpointPolicy&)>;
+
+  // Takes the two calibration traces through `trace`. Throws
   // std::invalid_argument when the model is not a chain the simulator can
   // follow (a unit's buffer read or freed by another unit).
-  CheckpointSimulator(const Trace& plain, const Trace& every_unit);
+  explicit CheckpointSimulator(TraceUnder trace);
   ~CheckpointSimulator();
   CheckpointSimulator(CheckpointSimulator&&) noexcept;
   CheckpointSimulator& operator=(CheckpointSimulator&&) noexcept;
 
-  std::int32_t units() const { return static_cast<std::int32_t>(costs_.size()); }
-  const std::vector<UnitCost>& costs() const { return costs_; }
+  // Selective policies keeping `keep` need a calibration trace of their
+  // own (every unit checkpointed, keeping them): taken once, here.
+  void calibrate(const std::vector<std::string>& keep);
+  // Keepable ops the units run, the most FLOPs per byte of output first:
+  // what selective solvers try to keep.
+  const std::vector<std::string>& keep_candidates() const { return keep_candidates_; }
+
+  std::int32_t units() const { return static_cast<std::int32_t>(chain_.size()) - 1; }
+  // The units, then the tail, measured on the step's last pass.
+  const std::vector<ChainStage>& chain() const { return chain_; }
+  // Bytes live when the first unit begins (parameters, states, the head's
+  // activations, the first unit's input): the chain's base.
+  std::int64_t chain_base() const { return chain_base_; }
   // The measured step's FLOPs without checkpointing.
   std::int64_t step_flops() const { return step_flops_; }
-  // The peak and recompute FLOPs of the measured step under `policy`.
+  // The peak and recompute FLOPs of the measured step under `policy`; its
+  // kept ops must have been calibrated (std::logic_error otherwise).
   SimulatedStep simulate(const CheckpointPolicy& policy) const;
 
   struct Span;
+  struct Calibration;
   struct Pass;
 
  private:
+  void add_calibration(std::vector<std::string> keep, const Trace& every_unit);
+
+  TraceUnder trace_;
   std::vector<Pass> passes_;
-  std::vector<UnitCost> costs_;
+  std::vector<std::vector<std::string>> keeps_;  // calibrated keep sets, sorted; [0] is none
+  std::vector<std::string> keep_candidates_;
+  std::vector<ChainStage> chain_;
+  std::int64_t chain_base_ = 0;
   std::int64_t begin_bytes_ = 0;
   std::int64_t step_flops_ = 0;
 };

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "estimator/Units.h"
+#include "profiler/Chain.h"
 
 namespace metamem {
 namespace {
@@ -154,6 +155,78 @@ std::string summary_text(const RunInfo& run, const Estimate& est, const StepPeak
     const double error = 100.0 * static_cast<double>(predicted - real) / static_cast<double>(real);
     line("achieved peak (real CPU)", real,
          fmt::format("error {:+.4f}% ({:+} B)", error, predicted - real));
+  }
+  return out;
+}
+
+namespace {
+
+nlohmann::json segments_json(const std::vector<Segment>& segments, const std::vector<std::string>& names) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const Segment& s : segments)
+    out.push_back({{"first", names.at(static_cast<std::size_t>(s.first))},
+                   {"last", names.at(static_cast<std::size_t>(s.last))},
+                   {"inner", segments_json(s.inner, names)}});
+  return out;
+}
+
+}  // namespace
+
+nlohmann::json checkpoint_json(const CheckpointReport& r) {
+  nlohmann::json pareto = nlohmann::json::array();
+  for (const auto& p : r.pareto)
+    pareto.push_back({{"budget_bytes", p.budget}, {"peak_bytes", p.peak}, {"recompute_flops", p.recompute_flops}});
+  nlohmann::json out = {{"model", r.run.model},
+                        {"device", r.run.device},
+                        {"batch", r.run.batch},
+                        {"dtype", r.run.dtype},
+                        {"optimizer", optimizer_name(r.run.options.optimizer)},
+                        {"budget_bytes", r.budget},
+                        {"solver", r.solver},
+                        {"peak_bytes", r.peak_bytes},
+                        {"retraced_peak_bytes", r.retraced_peak_bytes},
+                        {"unchecked_peak_bytes", r.unchecked_peak_bytes},
+                        {"recompute_flops", r.recompute_flops},
+                        {"step_flops", r.step_flops},
+                        {"overhead", r.overhead()},
+                        {"solver_ms", r.solver_ms},
+                        {"policy", segments_json(r.policy.segments, r.unit_names)},
+                        {"policy_text", to_string(r.policy)},
+                        {"units", r.unit_names},
+                        {"pareto", pareto}};
+  if (r.achieved_peak_bytes >= 0) out["achieved"] = {{"peak_bytes", r.achieved_peak_bytes}};
+  return out;
+}
+
+std::string checkpoint_text(const CheckpointReport& r) {
+  std::string out = fmt::format("model {} · batch {} · {} · optimizer {} · fake device {} · {} units\n",
+                                r.run.model, r.run.batch, r.run.dtype,
+                                optimizer_name(r.run.options.optimizer), r.run.device,
+                                r.unit_names.size());
+  auto line = [&](const std::string& what, const std::string& value, const std::string& note = "") {
+    out += fmt::format("  {:<30}{:>16}{}{}\n", what, value, note.empty() ? "" : "   ", note);
+  };
+  line("budget", human_bytes(r.budget));
+  line("peak without checkpointing", human_bytes(r.unchecked_peak_bytes));
+  if (!r.unit_names.empty())
+    out += fmt::format("  units 0..{}: {} .. {}\n", r.unit_names.size() - 1, r.unit_names.front(),
+                       r.unit_names.back());
+  out += fmt::format("  policy ({}): {}   (segments of units by index, nested ones in brackets)\n",
+                     r.solver, to_string(r.policy));
+  line("predicted peak", human_bytes(r.peak_bytes), "simulated");
+  line("re-traced peak", human_bytes(r.retraced_peak_bytes),
+       r.retraced_peak_bytes == r.peak_bytes ? "equal" : fmt::format("{:+} B", r.retraced_peak_bytes - r.peak_bytes));
+  line("recompute", human_flops(r.recompute_flops),
+       fmt::format("{:.1f}% of the step's {}", 100.0 * r.overhead(), human_flops(r.step_flops)));
+  line("solver time", fmt::format("{:.1f} ms", r.solver_ms));
+  if (r.achieved_peak_bytes >= 0)
+    line("achieved peak (real CPU)", human_bytes(r.achieved_peak_bytes),
+         fmt::format("{:+} B", r.peak_bytes - r.achieved_peak_bytes));
+  if (!r.pareto.empty()) {
+    out += fmt::format("  {:>16} {:>16} {:>16}\n", "budget", "peak", "recompute");
+    for (const auto& p : r.pareto)
+      out += fmt::format("  {:>16} {:>16} {:>16}\n", human_bytes(p.budget), human_bytes(p.peak),
+                         human_flops(p.recompute_flops));
   }
   return out;
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "estimator/Estimate.h"
+#include "profiler/Chain.h"
 
 namespace metamem {
 
@@ -37,5 +38,32 @@ std::string rows_csv(const std::vector<NodeRow>& rows);
 // The summary: model states, peaks (first and measured step), what is live
 // at the peak by category, allocator, plan, achieved.
 std::string summary_text(const RunInfo& run, const Estimate& est, const StepPeaks& achieved = {});
+
+// A checkpointing plan for a budget: the simulator's peak, the re-traced
+// one, what it recomputes, and the memory-recompute curve.
+struct CheckpointReport {
+  RunInfo run;
+  std::int64_t budget = 0;
+  std::string solver;
+  CheckpointPolicy policy;
+  std::vector<std::string> unit_names;
+  std::int64_t peak_bytes = 0;           // simulated
+  std::int64_t retraced_peak_bytes = 0;  // traced under the policy
+  std::int64_t recompute_flops = 0;
+  std::int64_t step_flops = 0;           // without checkpointing
+  std::int64_t unchecked_peak_bytes = 0;  // without checkpointing
+  double solver_ms = 0;
+  struct Point {
+    std::int64_t budget, peak, recompute_flops;
+  };
+  std::vector<Point> pareto;  // least recompute per budget, with --pareto
+  std::int64_t achieved_peak_bytes = -1;  // real CPU run; -1: none
+  double overhead() const {
+    return step_flops == 0 ? 0.0 : static_cast<double>(recompute_flops) / static_cast<double>(step_flops);
+  }
+};
+
+nlohmann::json checkpoint_json(const CheckpointReport& report);
+std::string checkpoint_text(const CheckpointReport& report);
 
 }  // namespace metamem

@@ -82,13 +82,16 @@ void report_scratch(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> ar
   observer->on_free(id);
 }
 
-// The thread's keys as they were outside MetaMode. PrivateUse1 must lose
-// both its functionality bit and its backend bit, or a call made under them
-// would come straight back to the kernel.
+// The thread's keys as they were outside MetaMode, and without metamem's
+// other key (selective checkpointing, handled above). A private key must
+// lose both its functionality bit and its backend bit, or a call made
+// under them would come straight back.
 c10::impl::LocalDispatchKeySet keys_outside_meta_mode() {
   c10::impl::LocalDispatchKeySet keys = c10::impl::tls_local_dispatch_key_set();
   keys.included_ = keys.included_.remove(c10::DispatchKey::PrivateUse1)
-                       .remove_backend(c10::BackendComponent::PrivateUse1Bit);
+                       .remove_backend(c10::BackendComponent::PrivateUse1Bit)
+                       .remove(c10::DispatchKey::PrivateUse2)
+                       .remove_backend(c10::BackendComponent::PrivateUse2Bit);
   keys.excluded_ = keys.excluded_.remove(c10::DispatchKey::BackendSelect);
   return keys;
 }

@@ -1,10 +1,12 @@
 #include "profiler/Chain.h"
 
+#include <algorithm>
 #include <cctype>
 #include <memory>
 #include <stdexcept>
 
 #include "profiler/Checkpoint.h"
+#include "profiler/KeptOutputs.h"
 #include "profiler/Tracer.h"
 
 namespace metamem {
@@ -98,7 +100,8 @@ void run_unit(const std::vector<Unit>& units, std::int32_t u, at::Tensor& x) {
 }
 
 void run_range(const std::vector<Unit>& units, std::int32_t first, std::int32_t last,
-               const std::vector<Segment>& segments, at::Tensor& x) {
+               const std::vector<Segment>& segments, const std::vector<std::string>& keep,
+               at::Tensor& x) {
   auto segment = segments.begin();
   for (std::int32_t u = first; u <= last;) {
     if (segment == segments.end() || segment->first != u) {
@@ -108,10 +111,10 @@ void run_range(const std::vector<Unit>& units, std::int32_t first, std::int32_t 
     const Segment s = *segment++;
     const SegmentFn fn = [&units, s](const std::vector<at::Tensor>& inputs) {
       at::Tensor y = inputs[0];
-      run_range(units, s.first, s.last, s.inner, y);
+      run_range(units, s.first, s.last, s.inner, {}, y);
       return std::vector<at::Tensor>{y};
     };
-    x = checkpoint(fn, {x}, {s.first, s.last})[0];
+    x = checkpoint(fn, {x}, {s.first, s.last}, keep)[0];
     u = s.last + 1;
   }
 }
@@ -120,23 +123,43 @@ void run_range(const std::vector<Unit>& units, std::int32_t first, std::int32_t 
 
 void validate(const CheckpointPolicy& policy, std::int32_t units) {
   validate_range(policy.segments, 0, units - 1, false);
+  if (policy.keep.empty()) return;
+  validate_keep(policy.keep);
+  for (const Segment& s : policy.segments)
+    if (!s.inner.empty())
+      throw std::invalid_argument("checkpoint policy: kept outputs need segments without inner ones");
 }
 
 std::string to_string(const CheckpointPolicy& policy) {
-  return policy.segments.empty() ? "none" : format(policy.segments);
+  std::string out = policy.segments.empty() ? "none" : format(policy.segments);
+  for (std::size_t i = 0; i < policy.keep.size(); ++i) out += (i == 0 ? ";keep=" : ",") + policy.keep[i];
+  return out;
 }
 
 CheckpointPolicy parse_policy(const std::string& text) {
-  if (text == "none" || text.empty()) return {};
-  PolicyParser parser(text);
-  CheckpointPolicy policy{parser.segments(false)};
-  parser.finish();
+  const std::size_t keep_at = text.find(";keep=");
+  const std::string segments = text.substr(0, keep_at);
+  CheckpointPolicy policy;
+  if (segments != "none" && !segments.empty()) {
+    PolicyParser parser(segments);
+    policy.segments = parser.segments(false);
+    parser.finish();
+  }
+  if (keep_at != std::string::npos) {
+    std::string ops = text.substr(keep_at + 6);
+    for (std::size_t start = 0; start <= ops.size();) {
+      const std::size_t comma = std::min(ops.find(',', start), ops.size());
+      if (comma == start) throw std::invalid_argument("checkpoint policy '" + text + "': an empty op to keep");
+      policy.keep.push_back(ops.substr(start, comma - start));
+      start = comma + 1;
+    }
+  }
   return policy;
 }
 
 at::Tensor run_chain(const std::vector<Unit>& units, at::Tensor x, const CheckpointPolicy& policy) {
   validate(policy, static_cast<std::int32_t>(units.size()));
-  run_range(units, 0, static_cast<std::int32_t>(units.size()) - 1, policy.segments, x);
+  run_range(units, 0, static_cast<std::int32_t>(units.size()) - 1, policy.segments, policy.keep, x);
   return x;
 }
 

@@ -21,14 +21,18 @@ struct Segment {
 
 struct CheckpointPolicy {
   std::vector<Segment> segments;  // disjoint, in chain order; none: nothing is recomputed
+  // Selective: ops whose outputs checkpointed segments keep rather than
+  // recompute (see KeptOutputs.h); only for segments without inner ones.
+  std::vector<std::string> keep;
 };
 
 // Throws std::invalid_argument unless every segment lies inside the chain of
-// `units`, segments are disjoint and ordered, and inner segments are proper
-// parts of theirs.
+// `units`, segments are disjoint and ordered, inner segments are proper
+// parts of theirs, and kept ops can be kept (by segments without inner ones).
 void validate(const CheckpointPolicy& policy, std::int32_t units);
 
-// "0-3[1-2],5,7-11": segments by unit index, inner segments in brackets.
+// "0-3[1-2],5,7-11": segments by unit index, inner segments in brackets;
+// "0-3,4-7;keep=aten::mm,aten::addmm" keeps those ops' outputs.
 std::string to_string(const CheckpointPolicy& policy);
 // The inverse; throws std::invalid_argument for text it cannot read.
 CheckpointPolicy parse_policy(const std::string& text);

@@ -8,7 +8,9 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <mutex>
+#include <optional>
 
+#include "profiler/KeptOutputs.h"
 #include "profiler/Tracer.h"
 
 namespace metamem {
@@ -62,8 +64,9 @@ class ReleaseRootGradients final : public torch::autograd::FunctionPreHook {
 class CheckpointBackward final : public torch::autograd::Node {
  public:
   CheckpointBackward(SegmentFn fn, std::vector<at::Tensor> inputs, CpuRandomState random,
-                     SegmentLabel label)
-      : fn_(std::move(fn)), inputs_(std::move(inputs)), random_(random), label_(label) {}
+                     SegmentLabel label, std::unique_ptr<KeptOutputs> kept)
+      : fn_(std::move(fn)), inputs_(std::move(inputs)), random_(random), label_(label),
+        kept_(std::move(kept)) {}
 
   std::string name() const override { return "CheckpointBackward"; }
 
@@ -82,7 +85,11 @@ class CheckpointBackward final : public torch::autograd::Node {
       const CpuRandomState now = CpuRandomState::capture();
       random_.restore();
       at::AutoGradMode grad(true);
+      std::optional<KeptOutputs::Scope> replay;
+      if (kept_) replay.emplace(*kept_, KeptOutputs::Mode::Replay);
       recomputed = fn_(leaves);
+      replay.reset();
+      if (kept_) kept_->clear();
       now.restore();
     }
     torch::autograd::edge_list roots;
@@ -109,6 +116,7 @@ class CheckpointBackward final : public torch::autograd::Node {
   void release_variables() override {
     inputs_.clear();
     outputs_.clear();
+    if (kept_) kept_->clear();
   }
 
  private:
@@ -117,21 +125,25 @@ class CheckpointBackward final : public torch::autograd::Node {
   std::vector<at::Tensor> outputs_;  // detached aliases: no reference cycle
   CpuRandomState random_;
   SegmentLabel label_;
+  std::unique_ptr<KeptOutputs> kept_;  // selective: outputs the forward kept
 };
 
 }  // namespace
 
 std::vector<at::Tensor> checkpoint(const SegmentFn& fn, const std::vector<at::Tensor>& inputs,
-                                   SegmentLabel label) {
+                                   SegmentLabel label, const std::vector<std::string>& keep) {
   if (!at::GradMode::is_enabled()) return fn(inputs);
   const CpuRandomState random = CpuRandomState::capture();
+  auto kept = keep.empty() ? nullptr : std::make_unique<KeptOutputs>(keep);
   std::vector<at::Tensor> outputs;
   {
     at::NoGradGuard no_grad;
+    std::optional<KeptOutputs::Scope> record;
+    if (kept) record.emplace(*kept, KeptOutputs::Mode::Record);
     outputs = fn(inputs);
   }
-  std::shared_ptr<CheckpointBackward> node(new CheckpointBackward(fn, inputs, random, label),
-                                           torch::autograd::deleteNode);
+  std::shared_ptr<CheckpointBackward> node(
+      new CheckpointBackward(fn, inputs, random, label, std::move(kept)), torch::autograd::deleteNode);
   node->set_next_edges(torch::autograd::collect_next_edges(inputs));
   std::vector<at::Tensor> aliases;
   for (const at::Tensor& output : outputs) {

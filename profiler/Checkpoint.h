@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace metamem {
@@ -31,7 +32,10 @@ struct SegmentLabel {
 // the node keeps its outputs until then, so that their bytes are freed at a
 // point that does not depend on what the following layers save. Outputs
 // must be new tensors (not views); without autograd, `fn` just runs.
+//
+// Ops named in `keep` (see KeptOutputs.h) keep their outputs from the
+// forward, and the recomputation reuses them instead of running them.
 std::vector<at::Tensor> checkpoint(const SegmentFn& fn, const std::vector<at::Tensor>& inputs,
-                                   SegmentLabel label = {});
+                                   SegmentLabel label = {}, const std::vector<std::string>& keep = {});
 
 }  // namespace metamem

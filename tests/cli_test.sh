@@ -66,6 +66,25 @@ assert d["steps"] == 3 and d["grad_accum"] == 2 and d["zero_grad"] == "set_to_no
 PY
 then echo "FAIL: steady-state JSON"; failures=$((failures + 1)); fi
 
+# Checkpointing: the plan fits, the re-trace agrees, the real CPU run too.
+expect 2 "checkpoint needs --budget" checkpoint --model gpt2
+expect 2 "--budget expects a size" checkpoint --model gpt2 --budget lots
+expect 2 "--solver must be none\\|uniform\\|chen\\|rotor\\|selective\\|auto" checkpoint --model gpt2 --budget 1GiB --solver magic
+expect 2 "checkpoint needs a zoo model" checkpoint --model "$models/resnet18.pt" --input 2x3x64x64 --budget 1GiB
+expect 1 "the least memory any policy reaches is [0-9.]+ [KMG]iB \\([0-9]+ B\\)" checkpoint --model gpt2 --batch 2 --seq 64 --budget 1MiB
+json=$("$metamem" checkpoint --model gpt2 --batch 4 --seq 64 --layers 4 --width 64 --heads 4 --vocab 100 \
+  --device cpu --budget 6MiB --achieved --pareto --format json)
+if ! python3 - <<PY
+import json
+d = json.loads("""$json""")
+assert d["peak_bytes"] <= d["budget_bytes"] < d["unchecked_peak_bytes"], d
+assert d["retraced_peak_bytes"] == d["peak_bytes"] == d["achieved"]["peak_bytes"], d
+assert d["recompute_flops"] > 0 and 0 < d["overhead"] < 1 and d["policy"], d
+assert d["pareto"] and all(p["peak_bytes"] <= p["budget_bytes"] for p in d["pareto"]), d["pareto"]
+PY
+then echo "FAIL: checkpoint JSON"; failures=$((failures + 1)); fi
+expect 0 "with checkpointing \\([a-z]+\\): units" fit --model gpt2 --seq 256 --layers 4 --memory 2GiB --checkpoint auto
+
 # A memory-viz snapshot: plain pickle, no GLOBAL or REDUCE, with segments and traces.
 "$metamem" profile --model resnet18 --batch 2 --image 32 --snapshot "$dir/r18.pickle" >/dev/null
 if ! python3 - "$dir/r18.pickle" <<'PY'

@@ -10,5 +10,6 @@ namespace metamem::cli {
 int profile_command(const std::vector<std::string>& args);
 int plan_command(const std::vector<std::string>& args);
 int fit_command(const std::vector<std::string>& args);
+int checkpoint_command(const std::vector<std::string>& args);
 
 }  // namespace metamem::cli

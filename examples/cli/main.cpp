@@ -19,6 +19,9 @@ constexpr const char* kUsage =
     "                       [--zero-grad set_to_none|zero|none] [--main-grads param|fp32]\n"
     "       metamem fit --model NAME --memory 80GiB [--device cuda] [model flags as above]\n"
     "                       [--max-batch N] [--format table|json]\n"
+    "       metamem checkpoint --model NAME --budget 16GiB [model flags as above]\n"
+    "                       [--solver none|uniform|chen|rotor|selective|auto] [--pareto] [--achieved]\n"
+    "                       [--format table|json]\n"
     "       metamem plan FILE.csv [--algo greedy|dp|bestfit|auto] [--alignment N]\n"
     "                       [--format table|json]\n";
 
@@ -29,6 +32,7 @@ int run(const std::vector<std::string>& args) {
   if (args[0] == "profile") return profile_command(rest);
   if (args[0] == "plan") return plan_command(rest);
   if (args[0] == "fit") return fit_command(rest);
+  if (args[0] == "checkpoint") return checkpoint_command(rest);
   throw UsageError("unknown command '" + args[0] + "'");
 }
 

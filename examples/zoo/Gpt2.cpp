@@ -20,6 +20,16 @@ namespace {
 
 namespace nn = torch::nn;
 
+// A linear layer over the last dimension as one addmm on the flattened
+// input, as PyTorch 2.x runs contiguous 3-d input (1.13 adds the bias in
+// place after a matmul, which would change a kept product's output).
+at::Tensor linear(const nn::Linear& layer, const at::Tensor& x) {
+  auto sizes = x.sizes().vec();
+  const at::Tensor y = torch::addmm(layer->bias, x.reshape({-1, sizes.back()}), layer->weight.t());
+  sizes.back() = y.size(1);
+  return y.view(sizes);
+}
+
 class Block : public nn::Module {
  public:
   explicit Block(const ZooConfig& c)
@@ -43,9 +53,9 @@ class Block : public nn::Module {
                    });
     return h + scoped("mlp", [&] {
              at::Tensor y = scoped("ln_2", [&] { return ln_2_->forward(h); });
-             y = scoped("c_fc", [&] { return c_fc_->forward(y); });
+             y = scoped("c_fc", [&] { return linear(c_fc_, y); });
              y = scoped("gelu", [&] { return nn::functional::gelu(y); });
-             y = scoped("c_proj", [&] { return mlp_proj_->forward(y); });
+             y = scoped("c_proj", [&] { return linear(mlp_proj_, y); });
              return scoped("dropout", [&] { return resid_dropout_->forward(y); });
            });
   }
@@ -54,7 +64,7 @@ class Block : public nn::Module {
   at::Tensor attention(const at::Tensor& x, const at::Tensor& causal_mask) {
     const std::int64_t batch = x.size(0), seq = x.size(1), width = x.size(2);
     const std::int64_t head_dim = width / heads_;
-    auto qkv = scoped("c_attn", [&] { return c_attn_->forward(x); }).split(width, 2);
+    auto qkv = scoped("c_attn", [&] { return linear(c_attn_, x); }).split(width, 2);
     auto heads = [&](const at::Tensor& t) {
       return t.view({batch, seq, heads_, head_dim}).transpose(1, 2);
     };
@@ -65,7 +75,7 @@ class Block : public nn::Module {
       return attn_dropout_->forward(torch::softmax(scores, -1));
     });
     at::Tensor y = torch::matmul(probs, v).transpose(1, 2).contiguous().view({batch, seq, width});
-    y = scoped("c_proj", [&] { return attn_proj_->forward(y); });
+    y = scoped("c_proj", [&] { return linear(attn_proj_, y); });
     return scoped("resid_dropout", [&] { return resid_dropout_->forward(y); });
   }
 
