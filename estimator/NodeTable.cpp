@@ -86,10 +86,10 @@ NodeTable node_table(const Trace& trace) {
   for (std::size_t i = first_op; i < trace.ops.size(); ++i) {
     const OpEvent& op = trace.ops[i];
     std::size_t row_index;
-    if (op.phase == Phase::Forward) {
+    if (op.phase == Phase::Forward || op.phase == Phase::Recompute) {
       row_index = new_row(i);
       NodeRow& row = table.rows[row_index];
-      row.fwd_flops = op.flops;
+      (op.phase == Phase::Forward ? row.fwd_flops : row.recompute_flops) = op.flops;
       for (std::uint32_t b : trace.outputs(op)) {
         const Buffer& buffer = trace.buffers[b];
         if (buffer.producer_op != static_cast<std::int32_t>(i)) continue;
@@ -152,6 +152,7 @@ std::vector<NodeRow> module_table(const NodeTable& table, int depth) {
     NodeRow& m = modules[it->second];
     m.fwd_flops += row.fwd_flops;
     m.bwd_flops += row.bwd_flops;
+    m.recompute_flops += row.recompute_flops;
     m.fwd_in += row.fwd_in;
     m.fwd_tmp += row.fwd_tmp;
     m.fwd_out += row.fwd_out;

@@ -10,14 +10,15 @@
 
 namespace metamem {
 
-// One forward op with the backward ops of the autograd node it made; or a
-// backward or optimizer op that no forward op accounts for.
+// One forward op with the backward ops of the autograd node it made; one
+// op a checkpointed segment's recomputation ran, with the backward of the
+// node it made there; or a backward or optimizer op that neither accounts for.
 struct NodeRow {
   std::string name;    // "<op>_<index>", unique
   std::string op;      // aten::addmm
   std::string module;  // ResNet.layer1.0.conv1
   Phase phase = Phase::Forward;
-  std::int64_t fwd_flops = 0, bwd_flops = 0;
+  std::int64_t fwd_flops = 0, bwd_flops = 0, recompute_flops = 0;
   std::int64_t fwd_in = 0;   // its inputs that autograd saves (each buffer at its first reader)
   std::int64_t fwd_tmp = 0;  // buffers it makes that autograd saves
   std::int64_t fwd_out = 0;  // buffers it makes

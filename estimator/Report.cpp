@@ -13,6 +13,7 @@ nlohmann::json row_json(const NodeRow& row) {
   return {{"name", row.name},           {"op", row.op},
           {"module", row.module},       {"phase", phase_name(row.phase)},
           {"fwd_flops", row.fwd_flops}, {"bwd_flops", row.bwd_flops},
+          {"recompute_flops", row.recompute_flops},
           {"fwd_in", row.fwd_in},       {"fwd_tmp", row.fwd_tmp},
           {"fwd_out", row.fwd_out},     {"bwd_tmp", row.bwd_tmp},
           {"bwd_out", row.bwd_out},     {"accumulated", row.accumulated},
@@ -87,12 +88,14 @@ nlohmann::json report_json(const RunInfo& run, const Estimate& est, int depth,
 
 std::string rows_table(const std::vector<NodeRow>& rows) {
   constexpr const char* kRow =
-      "{:<36} {:<30} {:>9} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n";
+      "{:<36} {:<30} {:>9} {:>12} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}\n";
   std::string out = fmt::format(kRow, "node", "module", "phase", "fwd_flops", "bwd_flops",
-                                "fwd_in", "fwd_tmp", "fwd_out", "bwd_tmp", "bwd_out", "accum");
+                                "recompute", "fwd_in", "fwd_tmp", "fwd_out", "bwd_tmp", "bwd_out",
+                                "accum");
   for (const NodeRow& r : rows)
     out += fmt::format(kRow, r.name, r.module, phase_name(r.phase), human_flops(r.fwd_flops),
-                       human_flops(r.bwd_flops), human_bytes(r.fwd_in), human_bytes(r.fwd_tmp),
+                       human_flops(r.bwd_flops), human_flops(r.recompute_flops),
+                       human_bytes(r.fwd_in), human_bytes(r.fwd_tmp),
                        human_bytes(r.fwd_out), human_bytes(r.bwd_tmp), human_bytes(r.bwd_out),
                        human_bytes(r.accumulated));
   return out;
@@ -100,11 +103,11 @@ std::string rows_table(const std::vector<NodeRow>& rows) {
 
 std::string rows_csv(const std::vector<NodeRow>& rows) {
   std::string out =
-      "name,op,module,phase,fwd_flops,bwd_flops,fwd_in,fwd_tmp,fwd_out,bwd_tmp,bwd_out,"
-      "accumulated,peak\n";
+      "name,op,module,phase,fwd_flops,bwd_flops,recompute_flops,fwd_in,fwd_tmp,fwd_out,bwd_tmp,"
+      "bwd_out,accumulated,peak\n";
   for (const NodeRow& r : rows)
-    out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{}\n", r.name, r.op, r.module,
-                       phase_name(r.phase), r.fwd_flops, r.bwd_flops, r.fwd_in, r.fwd_tmp,
+    out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", r.name, r.op, r.module,
+                       phase_name(r.phase), r.fwd_flops, r.bwd_flops, r.recompute_flops, r.fwd_in, r.fwd_tmp,
                        r.fwd_out, r.bwd_tmp, r.bwd_out, r.accumulated, r.peak);
   return out;
 }

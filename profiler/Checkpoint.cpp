@@ -66,7 +66,7 @@ class CheckpointBackward final : public torch::autograd::Node {
   CheckpointBackward(SegmentFn fn, std::vector<at::Tensor> inputs, CpuRandomState random,
                      SegmentLabel label, std::unique_ptr<KeptOutputs> kept)
       : fn_(std::move(fn)), inputs_(std::move(inputs)), random_(random), label_(label),
-        kept_(std::move(kept)) {}
+        kept_(std::move(kept)), scope_(Tracer::current_scope()) {}
 
   std::string name() const override { return "CheckpointBackward"; }
 
@@ -82,6 +82,7 @@ class CheckpointBackward final : public torch::autograd::Node {
     std::vector<at::Tensor> recomputed;
     {
       RegionScope recompute(RegionKind::Recompute, label_.first, label_.last);
+      ScopePath scope(scope_);
       const CpuRandomState now = CpuRandomState::capture();
       random_.restore();
       at::AutoGradMode grad(true);
@@ -126,6 +127,7 @@ class CheckpointBackward final : public torch::autograd::Node {
   CpuRandomState random_;
   SegmentLabel label_;
   std::unique_ptr<KeptOutputs> kept_;  // selective: outputs the forward kept
+  std::string scope_;                  // the module path the segment ran in
 };
 
 }  // namespace

@@ -7,6 +7,7 @@ const char* phase_name(Phase phase) {
     case Phase::Setup: return "setup";
     case Phase::Forward: return "forward";
     case Phase::Backward: return "backward";
+    case Phase::Recompute: return "recompute";
     case Phase::Optimizer: return "optimizer";
   }
   return "?";

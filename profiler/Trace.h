@@ -10,8 +10,15 @@
 
 namespace metamem {
 
-enum class Phase : std::uint8_t { Setup, Forward, Backward, Optimizer };
+// Recompute: a checkpointed segment's forward run again during backward.
+enum class Phase : std::uint8_t { Setup, Forward, Backward, Recompute, Optimizer };
 const char* phase_name(Phase phase);
+
+// An autograd node's identity: sequence numbers count per thread, and a
+// recomputation runs on the thread backward runs on.
+inline std::int64_t node_id(std::uint64_t thread, std::uint64_t sequence_nr) {
+  return static_cast<std::int64_t>((thread << 40) | (sequence_nr & ((std::uint64_t{1} << 40) - 1)));
+}
 
 // What a buffer holds, for the memory picture (ZeRO's model states, then
 // activations and temporaries).
@@ -45,7 +52,9 @@ struct OpEvent {
   std::uint32_t name = 0;     // index into Trace::op_names ("aten::addmm" or "aten::add.Tensor")
   std::uint32_t scope = 0;    // index into Trace::scopes; 0 is the root ""
   Phase phase = Phase::Forward;
-  std::int64_t node = -1;     // autograd node: created by (forward) or running (backward)
+  // Autograd node created by the op (forward, recompute) or running it
+  // (backward): its creating thread and sequence number, as node_id makes.
+  std::int64_t node = -1;
   std::int64_t flops = 0;
   std::uint32_t first_input = 0, n_inputs = 0;    // into Trace::op_buffers
   std::uint32_t first_output = 0, n_outputs = 0;  // into Trace::op_buffers

@@ -24,7 +24,7 @@ thread_local std::int64_t t_node = -1;
 thread_local const char* t_node_name = nullptr;
 
 std::unique_ptr<at::ObserverContext> enter_node(const at::RecordFunction& fn) {
-  t_node = fn.seqNr();
+  t_node = fn.seqNr() < 0 ? -1 : node_id(fn.forwardThreadId(), static_cast<std::uint64_t>(fn.seqNr()));
   t_node_name = fn.name();
   return nullptr;
 }
@@ -85,13 +85,14 @@ class TraceRecorder final : public MetaObserver {
     OpEvent event;
     event.name = intern_op(op.operator_name());
     event.flops = count_flops(flop_rules_[event.name], arguments, returns);
-    event.phase = phase_;
-    if (phase_ == Phase::Backward) {
+    event.phase = recomputing_ > 0 ? Phase::Recompute : phase_;
+    if (event.phase == Phase::Backward) {
       event.node = t_node;
       if (t_node >= 0 && t_node_name != nullptr) trace_.node_names.try_emplace(t_node, t_node_name);
     } else {
-      // A node made for this op took the last sequence number just before.
-      event.node = static_cast<std::int64_t>(at::sequence_number::peek()) - 1;
+      // A node made for this op took the thread's last sequence number just before.
+      const std::uint64_t next = at::sequence_number::peek();
+      event.node = next == 0 ? -1 : node_id(at::RecordFunction::currentThreadId(), next - 1);
       event.scope = scope_provider_ ? intern_scope(scope_provider_()) : scope_stack_.back();
     }
     const auto op_index = static_cast<std::uint32_t>(trace_.ops.size());
@@ -178,6 +179,7 @@ class TraceRecorder final : public MetaObserver {
     region.grad = at::GradMode::is_enabled();
     region.begin = region.end = trace_.events.size();
     trace_.regions.push_back(region);
+    if (kind == RegionKind::Recompute) ++recomputing_;
     return static_cast<std::int64_t>(trace_.regions.size() - 1);
   }
 
@@ -190,12 +192,24 @@ class TraceRecorder final : public MetaObserver {
 
   void end_region(std::int64_t index) {
     std::lock_guard<std::mutex> lock(mutex_);
-    trace_.regions[static_cast<std::size_t>(index)].end = trace_.events.size();
+    Region& region = trace_.regions[static_cast<std::size_t>(index)];
+    region.end = trace_.events.size();
+    if (region.kind == RegionKind::Recompute) --recomputing_;
   }
 
   void pop_scope() {
     std::lock_guard<std::mutex> lock(mutex_);
     if (scope_stack_.size() > 1) scope_stack_.pop_back();
+  }
+
+  std::string current_scope() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return trace_.scopes[scope_stack_.back()];
+  }
+
+  void push_scope_path(std::string path) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    scope_stack_.push_back(intern_scope(std::move(path)));
   }
 
   Trace finish() {
@@ -211,7 +225,7 @@ class TraceRecorder final : public MetaObserver {
     // Backward ops belong to the module whose forward op made their node.
     std::unordered_map<std::int64_t, std::uint32_t> node_scope;
     for (const OpEvent& op : trace_.ops)
-      if (op.phase == Phase::Forward) node_scope.try_emplace(op.node, op.scope);
+      if (op.phase == Phase::Forward || op.phase == Phase::Recompute) node_scope.try_emplace(op.node, op.scope);
     for (OpEvent& op : trace_.ops) {
       if (op.phase != Phase::Backward) continue;
       auto it = node_scope.find(op.node);
@@ -275,6 +289,7 @@ class TraceRecorder final : public MetaObserver {
   std::mutex mutex_;
   Trace trace_;
   Phase phase_ = Phase::Setup;
+  int recomputing_ = 0;                    // open Recompute regions
   std::size_t step_first_buffer_ = 0;     // first buffer made in the current step
   std::size_t forward_first_buffer_ = 0;  // first buffer made in the current forward pass
   std::int64_t live_ = 0;
@@ -324,6 +339,19 @@ void Tracer::push_scope(const char* name) {
 
 void Tracer::pop_scope() {
   if (auto* recorder = g_active_recorder.load()) recorder->pop_scope();
+}
+
+std::string Tracer::current_scope() {
+  auto* recorder = g_active_recorder.load();
+  return recorder != nullptr ? recorder->current_scope() : std::string();
+}
+
+ScopePath::ScopePath(const std::string& path) : active_(g_active_recorder.load() != nullptr) {
+  if (auto* recorder = g_active_recorder.load()) recorder->push_scope_path(path);
+}
+
+ScopePath::~ScopePath() {
+  if (active_) Tracer::pop_scope();
 }
 
 std::int64_t Tracer::begin_region(RegionKind kind, std::int32_t first, std::int32_t last) {

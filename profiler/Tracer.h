@@ -48,6 +48,8 @@ class Tracer {
   // The innermost module scope: ModuleScope calls these on the active tracer.
   static void push_scope(const char* name);
   static void pop_scope();
+  // The module path ops run in now ("" without a tracer).
+  static std::string current_scope();
 
   // Module paths that come from elsewhere (the TorchScript interpreter): while
   // set, each forward op takes the path `provider` returns.
@@ -87,6 +89,19 @@ class ModuleScope {
   ~ModuleScope() { Tracer::pop_scope(); }
   ModuleScope(const ModuleScope&) = delete;
   ModuleScope& operator=(const ModuleScope&) = delete;
+};
+
+// Puts ops back in a module path taken earlier with Tracer::current_scope()
+// (a recomputation runs in backward, outside its module's scopes).
+class ScopePath {
+ public:
+  explicit ScopePath(const std::string& path);
+  ~ScopePath();
+  ScopePath(const ScopePath&) = delete;
+  ScopePath& operator=(const ScopePath&) = delete;
+
+ private:
+  bool active_;
 };
 
 // Runs `fn` inside module scope `name` and returns its result.

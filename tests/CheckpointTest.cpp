@@ -7,6 +7,7 @@
 #include <random>
 
 #include "estimator/CheckpointSolve.h"
+#include "estimator/Estimate.h"
 #include "tests/SmallModels.h"
 
 namespace metamem {
@@ -189,6 +190,25 @@ TEST(Checkpoint, GradientsEqualThoseWithoutIt) {
     ASSERT_EQ(actual.size(), expected.size());
     for (std::size_t i = 0; i < expected.size(); ++i) EXPECT_TRUE(actual[i].equal(expected[i])) << policy << " " << i;
   }
+}
+
+// A checkpointed unit's module row holds its recomputation and the backward
+// of the nodes the recomputation made; a plain unit's has none.
+TEST(Checkpoint, ModuleTableShowsRecomputationWhereItRuns) {
+  ZooConfig config = with_policy(activation_heavy("gpt2"), "1");
+  const Estimate est = estimate(trace_step(zoo_step(config), kCuda));
+  const std::vector<NodeRow> modules = module_table(est.nodes, 3);
+  auto row = [&](const std::string& name) {
+    for (const NodeRow& r : modules)
+      if (r.name == name) return r;
+    ADD_FAILURE() << "no row " << name;
+    return NodeRow{};
+  };
+  const NodeRow plain = row("GPT2.h.0"), checkpointed = row("GPT2.h.1");
+  EXPECT_EQ(plain.recompute_flops, 0);
+  EXPECT_EQ(checkpointed.recompute_flops, checkpointed.fwd_flops);
+  EXPECT_EQ(checkpointed.bwd_flops, plain.bwd_flops);
+  EXPECT_LT(checkpointed.fwd_tmp, plain.fwd_tmp);  // only its input stays for backward
 }
 
 // Kept products are not run again: the recomputation's FLOPs shrink by theirs.

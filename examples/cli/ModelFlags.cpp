@@ -19,6 +19,7 @@ void ModelFlags::add_to(Flags& flags) {
   flags.add("--grad-accum", &grad_accum);
   flags.add("--zero-grad", &zero_grad, {"set_to_none", "zero", "none"});
   flags.add("--main-grads", &main_grads, {"param", "fp32"});
+  flags.add("--policy", &policy);
 }
 
 bool ModelFlags::is_script() const { return is_script_path(zoo.model); }
@@ -35,6 +36,8 @@ StepBuilder ModelFlags::builder() const {
   }
   if (dtype != "f32")
     throw std::invalid_argument("--dtype is for zoo models; a TorchScript model keeps its own dtypes");
+  if (policy != "none")
+    throw std::invalid_argument("--policy is for zoo models: their chains of units can be checkpointed");
   ScriptConfig script;
   script.path = zoo.model;
   for (const std::string& input : inputs) script.inputs.push_back(parse_input_spec(input));
@@ -69,6 +72,7 @@ StepOptions ModelFlags::step_options() const {
 ZooConfig ModelFlags::config() const {
   ZooConfig config = zoo;
   config.dtype = parse_dtype(dtype);
+  config.checkpoint = parse_policy(policy);
   return config;
 }
 

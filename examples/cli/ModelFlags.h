@@ -24,6 +24,7 @@ struct ModelFlags {
   std::int64_t grad_accum = 1;
   std::string zero_grad = "set_to_none";
   std::string main_grads = "param";  // or fp32
+  std::string policy = "none";       // checkpointed units, as "0-3[1-2],5"
 
   void add_to(Flags& flags);
   // Validate what add_to could not (throw std::invalid_argument).
