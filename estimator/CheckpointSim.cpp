@@ -294,7 +294,7 @@ class Run {
 
   void pass(const CheckpointPolicy& policy) {
     const auto n = static_cast<std::int32_t>(pass_.forward.size());
-    Context top{0, n - 1, &policy.segments, false, std::vector<int>(static_cast<std::size_t>(n) + 1, -1)};
+    Context top{0, n - 1, &policy.segments, false, std::vector<int>(static_cast<std::size_t>(n) + 1, -1), {}, {}};
     index_segments(top);
     emit(pass_.head_forward, top);
     forward(top);
@@ -453,7 +453,7 @@ class Run {
       }
       release(c, s->last + 1, Holder::Output);
       Context inner{s->first, s->last, &s->inner, true,
-                    std::vector<int>(static_cast<std::size_t>(s->last - s->first) + 2, -1)};
+                    std::vector<int>(static_cast<std::size_t>(s->last - s->first) + 2, -1), {}, {}};
       index_segments(inner);
       slot(inner, s->first) = slot(c, s->first);
       hold(inner, s->first, Holder::Runner);  // the segment function's reference, recomputing

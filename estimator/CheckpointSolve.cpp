@@ -145,10 +145,10 @@ std::vector<CheckpointPolicy> chen_candidates(const std::vector<ChainStage>& cha
   }
   std::vector<CheckpointPolicy> candidates;
   for (std::vector<Segment>& segments : partitions) {
-    candidates.push_back({segments});
+    candidates.push_back({segments, {}});
     if (segments.size() > 1) {
       segments.pop_back();
-      candidates.push_back({segments});
+      candidates.push_back({segments, {}});
     }
   }
   return candidates;

@@ -50,11 +50,8 @@ nlohmann::json report_json(const RunInfo& run, const Estimate& est, int depth,
       {"device", run.device},
       {"batch", run.batch},
       {"dtype", run.dtype},
-      {"optimizer", optimizer_name(run.options.optimizer)},
-      {"steps", run.options.steps},
-      {"grad_accum", run.options.grad_accum},
-      {"zero_grad", zero_grad_name(run.options.zero_grad)},
-      {"main_grads", run.options.fp32_main_grads ? "fp32" : "param"},
+      {"optimizer", run.optimizer},
+      {"steps", trace.steps.size()},
       {"predicted",
        {{"peak_bytes", trace.measured().peak_bytes},
         {"first_step_peak_bytes", trace.steps.front().peak_bytes},
@@ -81,6 +78,11 @@ nlohmann::json report_json(const RunInfo& run, const Estimate& est, int depth,
       {"nodes", nodes},
       {"modules", modules},
       {"timeline", timeline}};
+  if (run.options) {
+    out["grad_accum"] = run.options->grad_accum;
+    out["zero_grad"] = zero_grad_name(run.options->zero_grad);
+    out["main_grads"] = run.options->fp32_main_grads ? "fp32" : "param";
+  }
   if (!achieved.empty())
     out["achieved"] = {{"peak_bytes", achieved.back()}, {"step_peaks", achieved}};
   return out;
@@ -115,19 +117,20 @@ std::string rows_csv(const std::vector<NodeRow>& rows) {
 std::string summary_text(const RunInfo& run, const Estimate& est, const StepPeaks& achieved) {
   const Trace& trace = est.trace;
   const NodeRow& peak_row = est.nodes.rows.at(est.nodes.peak_row);
-  const StepOptions& options = run.options;
   std::string out;
   auto line = [&](const std::string& what, std::int64_t bytes, const std::string& note = "") {
     out += fmt::format("  {:<34}{:>14}{}{}\n", what, human_bytes(bytes), note.empty() ? "" : "   ",
                        note);
   };
-  out += fmt::format(
-      "model {} · batch {} · {} · optimizer {} · fake device {} · {} step{} (zero_grad {}{}{}) · "
-      "{} ops traced\n",
-      run.model, run.batch, run.dtype, optimizer_name(options.optimizer), run.device,
-      options.steps, options.steps == 1 ? "" : "s", zero_grad_name(options.zero_grad),
-      options.grad_accum > 1 ? fmt::format(", {} micro-batches", options.grad_accum) : "",
-      options.fp32_main_grads ? ", fp32 main grads" : "", trace.ops.size());
+  std::string how;  // how metamem ran the steps
+  if (const auto& o = run.options)
+    how = fmt::format(" (zero_grad {}{}{})", zero_grad_name(o->zero_grad),
+                      o->grad_accum > 1 ? fmt::format(", {} micro-batches", o->grad_accum) : "",
+                      o->fp32_main_grads ? ", fp32 main grads" : "");
+  out += fmt::format("model {}{} · {} · optimizer {} · fake device {} · {} step{}{} · {} ops traced\n",
+                     run.model, run.batch > 0 ? fmt::format(" · batch {}", run.batch) : "", run.dtype,
+                     run.optimizer, run.device, trace.steps.size(), trace.steps.size() == 1 ? "" : "s",
+                     how, trace.ops.size());
   const double per_parameter = static_cast<double>(std::max<std::int64_t>(trace.parameter_count, 1));
   const std::int64_t model_states =
       est.states.param_bytes + est.states.grad_bytes + est.states.optimizer_bytes;
@@ -183,7 +186,7 @@ nlohmann::json checkpoint_json(const CheckpointReport& r) {
                         {"device", r.run.device},
                         {"batch", r.run.batch},
                         {"dtype", r.run.dtype},
-                        {"optimizer", optimizer_name(r.run.options.optimizer)},
+                        {"optimizer", r.run.optimizer},
                         {"budget_bytes", r.budget},
                         {"solver", r.solver},
                         {"peak_bytes", r.peak_bytes},
@@ -203,8 +206,7 @@ nlohmann::json checkpoint_json(const CheckpointReport& r) {
 
 std::string checkpoint_text(const CheckpointReport& r) {
   std::string out = fmt::format("model {} · batch {} · {} · optimizer {} · fake device {} · {} units\n",
-                                r.run.model, r.run.batch, r.run.dtype,
-                                optimizer_name(r.run.options.optimizer), r.run.device,
+                                r.run.model, r.run.batch, r.run.dtype, r.run.optimizer, r.run.device,
                                 r.unit_names.size());
   auto line = [&](const std::string& what, const std::string& value, const std::string& note = "") {
     out += fmt::format("  {:<30}{:>16}{}{}\n", what, value, note.empty() ? "" : "   ", note);

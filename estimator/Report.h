@@ -5,6 +5,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,8 +19,9 @@ struct RunInfo {
   std::string model;
   std::string device = "cuda";
   std::string dtype = "f32";
-  std::int64_t batch = 0;
-  StepOptions options;
+  std::int64_t batch = 0;       // 0: not known (Python code traced as it runs)
+  std::string optimizer = "none";
+  std::optional<StepOptions> options;  // how metamem ran the steps; none: the traced code ran them
 };
 
 // Peak bytes of each step of a real CPU run; empty when there was none.

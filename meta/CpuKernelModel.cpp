@@ -2,6 +2,10 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ExpandUtils.h>
+#include <ATen/core/Reduction.h>
+#include <ATen/native/TypeProperties.h>
+#include <c10/core/WrapDimMinimal.h>
 
 #include <algorithm>
 #include <unordered_map>
@@ -14,6 +18,12 @@ using Args = c10::ArrayRef<c10::IValue>;
 
 std::int64_t element_size(const at::Tensor& t) { return static_cast<std::int64_t>(t.element_size()); }
 std::int64_t bytes_of(const at::Tensor& t) { return t.numel() * element_size(t); }
+// What t.contiguous(format) allocates: a copy unless it already is.
+std::int64_t copy_unless_contiguous(const at::Tensor& t,
+                                    at::MemoryFormat format = at::MemoryFormat::Contiguous) {
+  return t.defined() && !t.is_contiguous(format) ? bytes_of(t) : 0;
+}
+
 std::int64_t numel(at::IntArrayRef sizes) {
   std::int64_t n = 1;
   for (auto s : sizes) n *= s;
@@ -73,7 +83,7 @@ std::int64_t convolution_backward(Args args, Args) {
   const auto mask = args[10].toBoolList();
   const std::int64_t columns =
       conv_columns_bytes(input, weight, grad_output.sizes(), stride, padding);
-  if (groups == 1) return columns;
+  if (groups == 1) return columns + copy_unless_contiguous(grad_output, input.suggest_memory_format());
   return std::max(columns + group_copy_bytes(input, groups) + group_copy_bytes(grad_output, groups),
                   (mask[0] ? bytes_of(input) : 0) + (mask[1] ? bytes_of(weight) : 0));
 }
@@ -84,31 +94,257 @@ std::int64_t native_batch_norm(Args args, Args) {
   return args[5].toBool() ? 2 * input.size(1) * element_size(input) : 0;
 }
 
-// The input gradient goes through a temporary of its size.
+// Dense in some memory format, as the batch norm kernels test it.
+bool dense(const at::Tensor& t) {
+  return t.is_contiguous() || t.is_contiguous(at::MemoryFormat::ChannelsLast) ||
+         t.is_contiguous(at::MemoryFormat::ChannelsLast3d);
+}
+
+// With input and gradient dense alike, the fast path allocates the input
+// gradient twice (the first is dropped); otherwise a per-channel sum of
+// the gradient comes first.
 std::int64_t native_batch_norm_backward(Args args, Args) {
-  return args[9].toBoolList()[0] ? bytes_of(args[1].toTensor()) : 0;
+  const at::Tensor &grad_out = args[0].toTensor(), &input = args[1].toTensor();
+  const bool fast = dense(input) && dense(grad_out) &&
+                    input.suggest_memory_format() == grad_out.suggest_memory_format();
+  if (!fast) return input.size(1) * element_size(grad_out);
+  return args[9].toBoolList()[0] ? bytes_of(input) : 0;
+}
+
+// Layer norm works on contiguous inputs.
+std::int64_t native_layer_norm(Args args, Args) {
+  std::int64_t bytes = copy_unless_contiguous(args[0].toTensor());
+  for (std::size_t i : {2, 3})
+    if (args[i].isTensor()) bytes += copy_unless_contiguous(args[i].toTensor());
+  return bytes;
 }
 
 // Weight and bias gradients are summed in a zeroed buffer of
 // threads x 2 x (normalized elements).
+// A gradient that is not contiguous is copied first.
 std::int64_t native_layer_norm_backward(Args args, Args) {
   const auto mask = args[7].toBoolList();
-  if (!mask[1] && !mask[2]) return 0;
-  return at::get_num_threads() * 2 * numel(args[2].toIntVector()) * element_size(args[1].toTensor());
+  const std::int64_t copies = copy_unless_contiguous(args[0].toTensor()) + copy_unless_contiguous(args[1].toTensor());
+  if (!mask[1] && !mask[2]) return copies;
+  return copies + at::get_num_threads() * 2 * numel(args[2].toIntVector()) * element_size(args[1].toTensor());
 }
 
-// Arithmetic with a Scalar wraps it in a 0-dim tensor (double, long, bool or
-// complex double) and, when the tensor's dtype differs, casts it: both live
-// while the op runs.
-std::int64_t scalar_operand(Args args, Args) {
+// The backward kernel sums per (sample, channel) into two N x C buffers.
+std::int64_t native_group_norm_backward(Args args, Args) {
+  const at::Tensor& input = args[1].toTensor();
+  return 2 * args[5].toInt() * args[6].toInt() * element_size(input);
+}
+
+// TensorIterator, building an elementwise op on CPU, copies each operand
+// whose dtype differs from the operands' common dtype into that dtype, and
+// computes into a temporary when a given output (in place, out=) has another
+// dtype. A Scalar operand is first wrapped in a 0-dim tensor (double, long,
+// bool or complex double). Meta kernels skip all of it: the copies are CPU's.
+enum class Promotion : std::uint8_t { Common, ToFloat, Comparison };
+
+struct IteratorOperands {
+  std::size_t first = 0, count = 2;  // the operands among the arguments
+  Promotion promotion = Promotion::Common;
+};
+
+c10::ScalarType wrapped_type(const c10::Scalar& scalar) {
+  return scalar.isFloatingPoint() ? c10::kDouble
+         : scalar.isIntegral(false) ? c10::kLong
+         : scalar.isBoolean()       ? c10::kBool
+                                    : c10::kComplexDouble;
+}
+
+std::int64_t iterator_casts(Args args, Args returns, IteratorOperands operands) {
+  const std::size_t end = std::min(args.size(), operands.first + operands.count);
+  at::native::ResultTypeState state;
+  for (std::size_t i = operands.first; i < end; ++i) {
+    if (args[i].isTensor() && args[i].toTensor().defined())
+      state = at::native::update_result_type_state(args[i].toTensor(), state);
+    else if (args[i].isScalar())
+      state = at::native::update_result_type_state(args[i].toScalar(), state);
+  }
+  c10::ScalarType common = at::native::result_type(state);
+  if (operands.promotion == Promotion::ToFloat && c10::isIntegralType(common, /*includeBool=*/true))
+    common = c10::typeMetaToScalarType(c10::get_default_dtype());
+  const auto common_size = static_cast<std::int64_t>(c10::elementSize(common));
+  std::int64_t bytes = 0;
+  for (std::size_t i = operands.first; i < end; ++i) {
+    if (args[i].isScalar()) {
+      const c10::ScalarType wrapped = wrapped_type(args[i].toScalar());
+      bytes += static_cast<std::int64_t>(c10::elementSize(wrapped)) + (wrapped == common ? 0 : common_size);
+    } else if (args[i].isTensor()) {
+      const at::Tensor& t = args[i].toTensor();
+      if (t.defined() && t.scalar_type() != common) bytes += t.numel() * common_size;
+    }
+  }
+  // A given output is its own argument: self in place, or out.
+  const at::Tensor& out = returns[0].toTensor();
+  const bool given = args[0].isTensor() && out.is_same(args[0].toTensor()) ||
+                     args.back().isTensor() && out.is_same(args.back().toTensor());
+  const bool cast_out = operands.promotion != Promotion::Comparison || out.scalar_type() != c10::kBool;
+  if (given && cast_out && out.scalar_type() != common) bytes += out.numel() * common_size;
+  return bytes;
+}
+
+template <std::size_t kFirst, std::size_t kCount, Promotion kPromotion>
+std::int64_t elementwise(Args args, Args returns) {
+  return iterator_casts(args, returns, {kFirst, kCount, kPromotion});
+}
+
+// Division rounds (trunc, floor) in the operands' common dtype and divides
+// truly in a floating one.
+std::int64_t div(Args args, Args returns) {
+  const bool rounds = args.size() > 2 && args[2].isString();
+  return iterator_casts(args, returns, {0, 2, rounds ? Promotion::Common : Promotion::ToFloat});
+}
+
+// Sums, products, all and any reduce in their result's dtype: an input of
+// another dtype is copied into it first.
+std::int64_t reduction_cast(Args args, Args returns) {
+  const at::Tensor &self = args[0].toTensor(), &result = returns[0].toTensor();
+  return self.scalar_type() == result.scalar_type()
+             ? 0
+             : self.numel() * static_cast<std::int64_t>(c10::elementSize(result.scalar_type()));
+}
+
+// The CPU mean is a sum into the result, then div_ by the count (a wrapped long).
+std::int64_t mean(Args args, Args returns) {
+  const at::Tensor& result = returns[0].toTensor();
+  return reduction_cast(args, returns) + static_cast<std::int64_t>(c10::elementSize(c10::kLong)) +
+         (result.scalar_type() == c10::kLong ? 0 : element_size(result));
+}
+
+// Softmax kernels work on contiguous inputs, and backward on a contiguous
+// gradient and output.
+std::int64_t softmax(Args args, Args) {
+  const at::Tensor& input = args[0].toTensor();
+  return input.numel() == 0 ? 0 : copy_unless_contiguous(input);
+}
+
+std::int64_t softmax_backward(Args args, Args) {
+  return copy_unless_contiguous(args[0].toTensor()) + copy_unless_contiguous(args[1].toTensor());
+}
+
+// Pooling and padding gradients are computed from a gradient laid out as
+// the input suggests (NCHW or channels last), copied if it is not.
+std::int64_t gradient_in_input_layout(Args args, Args) {
+  return copy_unless_contiguous(args[0].toTensor(), args[1].toTensor().suggest_memory_format());
+}
+
+// Upsampling gradients (the first argument) are computed contiguous.
+std::int64_t contiguous_gradient(Args args, Args) { return copy_unless_contiguous(args[0].toTensor()); }
+
+// The generic upsampling kernel (NCHW input; channels-last ones have their
+// own) precomputes, for each output position along each resized dimension,
+// `taps` source indices (int64) and weights (the input's dtype).
+template <int kTaps>
+std::int64_t upsample(Args args, Args returns) {
+  const at::Tensor &input = args[0].toTensor(), &output = returns[0].toTensor();
+  const std::int64_t spatial = input.dim() - 2;
+  if ((spatial == 2 && input.is_contiguous(at::MemoryFormat::ChannelsLast) && kTaps < 4) ||
+      (spatial == 3 && input.is_contiguous(at::MemoryFormat::ChannelsLast3d)))
+    return 0;
+  std::int64_t positions = 0;
+  for (std::int64_t d = 2; d < output.dim(); ++d) positions += output.size(d);
+  return kTaps * positions * (8 + element_size(input));
+}
+
+// tril and triu copy an input whose matrices are not laid out one after
+// another (a 2-d input always is, in their sense).
+std::int64_t triangle(Args args, Args returns) {
   const at::Tensor& self = args[0].toTensor();
-  const c10::IValue& scalar = args[1];
-  const c10::ScalarType wrapped = scalar.isDouble()  ? c10::kDouble
-                                  : scalar.isInt()   ? c10::kLong
-                                  : scalar.isBool()  ? c10::kBool
-                                                     : c10::kComplexDouble;
-  return static_cast<std::int64_t>(c10::elementSize(wrapped)) +
-         (wrapped == self.scalar_type() ? 0 : element_size(self));
+  if (self.is_contiguous() || self.dim() < 3) return 0;
+  const bool in_place = returns[0].toTensor().is_same(self);
+  if (in_place) return 0;
+  std::int64_t expected = self.size(-1) * self.size(-2);
+  for (std::int64_t i = self.dim() - 3; i >= 0; --i) {
+    if (self.stride(i) != expected) return bytes_of(self);
+    expected *= self.size(i);
+  }
+  return 0;
+}
+
+// The dense embedding gradient reads a contiguous gradient and indices.
+std::int64_t embedding_dense_backward(Args args, Args) {
+  return copy_unless_contiguous(args[0].toTensor()) + copy_unless_contiguous(args[1].toTensor());
+}
+
+// index_select reads a contiguous index; selecting along dim 1 into a
+// contiguous result takes a contiguous copy of the input too.
+std::int64_t index_select(Args args, Args returns) {
+  const at::Tensor &self = args[0].toTensor(), &index = args[2].toTensor(), &result = returns[0].toTensor();
+  const std::int64_t dim = c10::maybe_wrap_dim(args[1].toInt(), std::max<std::int64_t>(self.dim(), 1));
+  const bool dim1 = self.dim() > 1 && index.numel() > 0 && self.numel() > 0 && dim == 1 && result.is_contiguous();
+  return copy_unless_contiguous(index) + (dim1 ? copy_unless_contiguous(self) : 0);
+}
+
+// The weight gradient is collected per input element, then summed.
+std::int64_t prelu_backward(Args args, Args) {
+  return bytes_of(args[1].toTensor()) + bytes_of(args[2].toTensor());
+}
+
+// roll over no dims rolls the flattened input; over several dims it rolls
+// one at a time, keeping every intermediate.
+std::int64_t roll(Args args, Args returns) {
+  const at::Tensor& self = args[0].toTensor();
+  const std::int64_t dims = static_cast<std::int64_t>(args[2].toIntVector().size());
+  if (dims == 0) return copy_unless_contiguous(self);
+  return std::max<std::int64_t>(dims - 1, 0) * bytes_of(returns[0].toTensor());
+}
+
+// Sorting fills the indices from an arange along the sorted dimension.
+std::int64_t sort(Args args, Args) {
+  const at::Tensor& self = args[0].toTensor();
+  if (self.dim() == 0) return 0;
+  for (const c10::IValue& arg : args.slice(1))
+    if (arg.isInt()) return self.size(c10::maybe_wrap_dim(arg.toInt(), self.dim())) * 8;
+  return 0;
+}
+
+// normal(mean, std) checks std.min() >= 0 (a 0-dim minimum, a wrapped and
+// cast 0, a bool), then draws through a contiguous tensor of the output.
+std::int64_t normal_with_std(Args args, Args returns) {
+  const at::Tensor& output = returns[0].toTensor();
+  const c10::IValue& std = args[1];
+  std::int64_t check = 0;
+  if (std.isTensor() && std.toTensor().numel() > 0)
+    check = 2 * element_size(std.toTensor()) + 8 + 1;
+  return std::max(check, bytes_of(output));
+}
+
+// A triangular solve hands LAPACK the broadcast A as is when it is row or
+// column major, and a column-major copy otherwise.
+std::int64_t linalg_solve_triangular(Args args, Args) {
+  const at::Tensor &A = args[0].toTensor(), &B = args[1].toTensor();
+  const at::Tensor broadcast_A = A.expand(
+      [&] {
+        auto size = at::infer_size(A.sizes().slice(0, A.dim() - 2), B.sizes().slice(0, B.dim() - 2));
+        size.push_back(A.size(-2));
+        size.push_back(A.size(-1));
+        return size;
+      }());
+  const bool ready = broadcast_A.is_contiguous() || broadcast_A.transpose(-2, -1).is_contiguous();
+  return ready ? 0 : bytes_of(broadcast_A);
+}
+
+// Unpooling reads its input and indices in the input's memory format.
+std::int64_t max_unpool(Args args, Args) {
+  const at::Tensor &self = args[0].toTensor(), &indices = args[1].toTensor();
+  const at::MemoryFormat format = self.suggest_memory_format();
+  return copy_unless_contiguous(self, format) + copy_unless_contiguous(indices, format);
+}
+
+// Reducing losses compute the elementwise loss first; the mean divides it
+// in place by the count (a wrapped long, cast).
+std::int64_t reduced_loss(Args args, Args) {
+  const at::Tensor& self = args[0].toTensor();
+  const std::int64_t reduction = args[3].toInt();
+  if (reduction == at::Reduction::None) return 0;
+  return bytes_of(self) + (reduction == at::Reduction::Mean ? 8 + element_size(self) : 0);
+}
+
+std::int64_t loss_backward_mean(Args args, Args) {
+  return args[4].toInt() == at::Reduction::Mean ? 8 + element_size(args[1].toTensor()) : 0;
 }
 
 // addmm_impl_cpu_ hands BLAS each matrix as it is when its strides allow it
@@ -178,6 +414,61 @@ std::int64_t baddbmm(Args args, Args returns) {
 
 }  // namespace
 
+// Elementwise families: every overload of the op and of its in-place form.
+CpuScratchModel elementwise_model(const std::string& op) {
+  static const std::unordered_map<std::string, CpuScratchModel> families = {
+      {"aten::add", &elementwise<0, 2, Promotion::Common>},
+      {"aten::sub", &elementwise<0, 2, Promotion::Common>},
+      {"aten::rsub", &elementwise<0, 2, Promotion::Common>},
+      {"aten::mul", &elementwise<0, 2, Promotion::Common>},
+      {"aten::remainder", &elementwise<0, 2, Promotion::Common>},
+      {"aten::fmod", &elementwise<0, 2, Promotion::Common>},
+      {"aten::maximum", &elementwise<0, 2, Promotion::Common>},
+      {"aten::minimum", &elementwise<0, 2, Promotion::Common>},
+      {"aten::fmax", &elementwise<0, 2, Promotion::Common>},
+      {"aten::fmin", &elementwise<0, 2, Promotion::Common>},
+      {"aten::hypot", &elementwise<0, 2, Promotion::Common>},
+      {"aten::nextafter", &elementwise<0, 2, Promotion::Common>},
+      {"aten::heaviside", &elementwise<0, 2, Promotion::Common>},
+      {"aten::floor_divide", &elementwise<0, 2, Promotion::Common>},
+      {"aten::logaddexp", &elementwise<0, 2, Promotion::Common>},
+      {"aten::logaddexp2", &elementwise<0, 2, Promotion::Common>},
+      {"aten::bitwise_and", &elementwise<0, 2, Promotion::Common>},
+      {"aten::bitwise_or", &elementwise<0, 2, Promotion::Common>},
+      {"aten::bitwise_xor", &elementwise<0, 2, Promotion::Common>},
+      {"aten::addcmul", &elementwise<0, 3, Promotion::Common>},
+      {"aten::addcdiv", &elementwise<0, 3, Promotion::Common>},
+      {"aten::where", &elementwise<1, 2, Promotion::Common>},
+      {"aten::div", &div},
+      {"aten::atan2", &elementwise<0, 2, Promotion::ToFloat>},
+      {"aten::copysign", &elementwise<0, 2, Promotion::ToFloat>},
+      {"aten::xlogy", &elementwise<0, 2, Promotion::ToFloat>},
+      {"aten::special_xlog1py", &elementwise<0, 2, Promotion::ToFloat>},
+      {"aten::special_zeta", &elementwise<0, 2, Promotion::ToFloat>},
+      {"aten::igamma", &elementwise<0, 2, Promotion::ToFloat>},
+      {"aten::igammac", &elementwise<0, 2, Promotion::ToFloat>},
+      {"aten::eq", &elementwise<0, 2, Promotion::Comparison>},
+      {"aten::ne", &elementwise<0, 2, Promotion::Comparison>},
+      {"aten::lt", &elementwise<0, 2, Promotion::Comparison>},
+      {"aten::le", &elementwise<0, 2, Promotion::Comparison>},
+      {"aten::gt", &elementwise<0, 2, Promotion::Comparison>},
+      {"aten::ge", &elementwise<0, 2, Promotion::Comparison>},
+      {"aten::logical_and", &elementwise<0, 2, Promotion::Comparison>},
+      {"aten::logical_or", &elementwise<0, 2, Promotion::Comparison>},
+      {"aten::logical_xor", &elementwise<0, 2, Promotion::Comparison>},
+      {"aten::sum", &reduction_cast},
+      {"aten::nansum", &reduction_cast},
+      {"aten::prod", &reduction_cast},
+      {"aten::all", &reduction_cast},
+      {"aten::any", &reduction_cast},
+      {"aten::mean", &mean},
+  };
+  std::string family = op;
+  if (!family.empty() && family.back() == '_') family.pop_back();
+  const auto it = families.find(family);
+  return it == families.end() ? nullptr : it->second;
+}
+
 CpuScratchModel cpu_scratch_model(const std::string& qualified_name) {
   static const std::unordered_map<std::string, CpuScratchModel> models = {
       {"aten::convolution", &convolution},
@@ -185,14 +476,80 @@ CpuScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::native_batch_norm", &native_batch_norm},
       {"aten::native_batch_norm_backward", &native_batch_norm_backward},
       {"aten::native_layer_norm_backward", &native_layer_norm_backward},
-      {"aten::add.Scalar", &scalar_operand},
-      {"aten::add_.Scalar", &scalar_operand},
-      {"aten::sub.Scalar", &scalar_operand},
-      {"aten::sub_.Scalar", &scalar_operand},
-      {"aten::mul.Scalar", &scalar_operand},
-      {"aten::mul_.Scalar", &scalar_operand},
-      {"aten::div.Scalar", &scalar_operand},
-      {"aten::div_.Scalar", &scalar_operand},
+      {"aten::native_layer_norm", &native_layer_norm},
+      {"aten::native_group_norm_backward", &native_group_norm_backward},
+      {"aten::tril", &triangle},
+      {"aten::triu", &triangle},
+      {"aten::embedding_dense_backward", &embedding_dense_backward},
+      {"aten::index_select", &index_select},
+      {"aten::prelu_backward", &prelu_backward},
+      {"aten::roll", &roll},
+      {"aten::sort", &sort},
+      {"aten::sort.stable", &sort},
+      {"aten::normal.Tensor_Tensor", &normal_with_std},
+      {"aten::normal.float_Tensor", &normal_with_std},
+      {"aten::linalg_solve_triangular", &linalg_solve_triangular},
+      {"aten::max_unpool2d", &max_unpool},
+      {"aten::max_unpool3d", &max_unpool},
+      {"aten::binary_cross_entropy", &reduced_loss},
+      {"aten::binary_cross_entropy_backward", &loss_backward_mean},
+      {"aten::_softmax", &softmax},
+      {"aten::_log_softmax", &softmax},
+      {"aten::_softmax_backward_data", &softmax_backward},
+      {"aten::_log_softmax_backward_data", &softmax_backward},
+      {"aten::avg_pool2d_backward", &gradient_in_input_layout},
+      {"aten::avg_pool3d_backward", &gradient_in_input_layout},
+      {"aten::max_pool2d_with_indices_backward", &gradient_in_input_layout},
+      {"aten::max_pool3d_with_indices_backward", &gradient_in_input_layout},
+      {"aten::_adaptive_avg_pool2d_backward", &gradient_in_input_layout},
+      {"aten::_adaptive_avg_pool3d_backward", &gradient_in_input_layout},
+      {"aten::adaptive_max_pool2d_backward", &gradient_in_input_layout},
+      {"aten::adaptive_max_pool3d_backward", &gradient_in_input_layout},
+      {"aten::fractional_max_pool2d_backward", &gradient_in_input_layout},
+      {"aten::fractional_max_pool3d_backward", &gradient_in_input_layout},
+      {"aten::reflection_pad1d_backward", &gradient_in_input_layout},
+      {"aten::reflection_pad2d_backward", &gradient_in_input_layout},
+      {"aten::reflection_pad3d_backward", &gradient_in_input_layout},
+      {"aten::replication_pad1d_backward", &gradient_in_input_layout},
+      {"aten::replication_pad2d_backward", &gradient_in_input_layout},
+      {"aten::replication_pad3d_backward", &gradient_in_input_layout},
+      {"aten::upsample_nearest1d.vec", &upsample<1>},
+      {"aten::upsample_nearest2d.vec", &upsample<1>},
+      {"aten::upsample_nearest3d.vec", &upsample<1>},
+      {"aten::_upsample_nearest_exact1d.vec", &upsample<1>},
+      {"aten::_upsample_nearest_exact2d.vec", &upsample<1>},
+      {"aten::_upsample_nearest_exact3d.vec", &upsample<1>},
+      {"aten::upsample_linear1d.vec", &upsample<2>},
+      {"aten::upsample_bilinear2d.vec", &upsample<2>},
+      {"aten::upsample_trilinear3d.vec", &upsample<2>},
+      {"aten::upsample_bicubic2d.vec", &upsample<4>},
+      {"aten::upsample_nearest1d", &upsample<1>},
+      {"aten::upsample_nearest2d", &upsample<1>},
+      {"aten::upsample_nearest3d", &upsample<1>},
+      {"aten::_upsample_nearest_exact1d", &upsample<1>},
+      {"aten::_upsample_nearest_exact2d", &upsample<1>},
+      {"aten::_upsample_nearest_exact3d", &upsample<1>},
+      {"aten::upsample_linear1d", &upsample<2>},
+      {"aten::upsample_bilinear2d", &upsample<2>},
+      {"aten::upsample_trilinear3d", &upsample<2>},
+      {"aten::upsample_bicubic2d", &upsample<4>},
+      {"aten::upsample_nearest1d_backward.vec", &contiguous_gradient},
+      {"aten::upsample_nearest2d_backward.vec", &contiguous_gradient},
+      {"aten::upsample_nearest3d_backward.vec", &contiguous_gradient},
+      {"aten::_upsample_nearest_exact1d_backward.vec", &contiguous_gradient},
+      {"aten::_upsample_nearest_exact2d_backward.vec", &contiguous_gradient},
+      {"aten::_upsample_nearest_exact3d_backward.vec", &contiguous_gradient},
+      {"aten::upsample_linear1d_backward.vec", &contiguous_gradient},
+      {"aten::upsample_bilinear2d_backward.vec", &contiguous_gradient},
+      {"aten::upsample_trilinear3d_backward.vec", &contiguous_gradient},
+      {"aten::upsample_bicubic2d_backward.vec", &contiguous_gradient},
+      {"aten::upsample_nearest1d_backward", &contiguous_gradient},
+      {"aten::upsample_nearest2d_backward", &contiguous_gradient},
+      {"aten::upsample_nearest3d_backward", &contiguous_gradient},
+      {"aten::upsample_linear1d_backward", &contiguous_gradient},
+      {"aten::upsample_bilinear2d_backward", &contiguous_gradient},
+      {"aten::upsample_trilinear3d_backward", &contiguous_gradient},
+      {"aten::upsample_bicubic2d_backward", &contiguous_gradient},
       {"aten::mm", &mm},
       {"aten::addmm", &addmm},
       {"aten::addmm_", &addmm},
@@ -201,7 +558,8 @@ CpuScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::baddbmm_", &baddbmm},
   };
   const auto it = models.find(qualified_name);
-  return it == models.end() ? nullptr : it->second;
+  if (it != models.end()) return it->second;
+  return elementwise_model(qualified_name.substr(0, qualified_name.find('.')));
 }
 
 }  // namespace metamem

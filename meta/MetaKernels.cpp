@@ -5,6 +5,9 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <string>
+#include <unordered_map>
+
 #include "meta/MetaMode.h"
 
 namespace metamem {
@@ -149,6 +152,95 @@ at::Tensor hardtanh_backward(const at::Tensor& grad_output, const at::Tensor&, c
   return at::empty_like(grad_output);
 }
 
+// Gradients of pooling and padding that native kernels zero-fill in the
+// input's shape, contiguous.
+at::Tensor input_shaped_gradient(const at::Tensor&, const at::Tensor& self) {
+  return at::empty_like(self, at::MemoryFormat::Contiguous);
+}
+at::Tensor padding_backward(const at::Tensor& grad_output, const at::Tensor& self, at::IntArrayRef) {
+  return input_shaped_gradient(grad_output, self);
+}
+
+at::Tensor upsample_nearest3d(const at::Tensor& input, at::OptionalIntArrayRef output_size,
+                              c10::optional<at::ArrayRef<double>> scale_factors) {
+  auto size = input.sizes().vec();
+  for (std::size_t i = 0; i < 3; ++i) {
+    const std::size_t d = size.size() - 3 + i;
+    size[d] = output_size ? (*output_size)[i]
+                          : static_cast<std::int64_t>(std::floor(static_cast<double>(size[d]) * (*scale_factors)[i]));
+  }
+  return at::empty(size, input.options().memory_format(input.suggest_memory_format()));
+}
+
+// Unpooling writes a zeroed (batch,) channels, output_size tensor.
+at::Tensor max_unpool(const at::Tensor& self, at::IntArrayRef output_size) {
+  auto size = self.sizes().vec();
+  size.resize(size.size() - output_size.size());
+  size.insert(size.end(), output_size.begin(), output_size.end());
+  return at::empty(size, self.options().memory_format(self.suggest_memory_format()));
+}
+at::Tensor max_unpool2d(const at::Tensor& self, const at::Tensor&, at::IntArrayRef output_size) {
+  return max_unpool(self, output_size);
+}
+at::Tensor max_unpool3d(const at::Tensor& self, const at::Tensor&, at::IntArrayRef output_size,
+                        at::IntArrayRef, at::IntArrayRef) {
+  return max_unpool(self, output_size);
+}
+
+at::Tensor take(const at::Tensor& self, const at::Tensor& index) {
+  return at::empty(index.sizes(), self.options());
+}
+
+// Without reduction the loss keeps (N, H, W); total_weight is a scalar.
+std::tuple<at::Tensor, at::Tensor> nll_loss2d_forward(const at::Tensor& self, const at::Tensor& target,
+                                                      const c10::optional<at::Tensor>&,
+                                                      std::int64_t reduction, std::int64_t) {
+  const bool none = reduction == at::Reduction::None;
+  return {none ? at::empty(target.sizes(), self.options()) : at::empty({}, self.options()),
+          at::empty({}, self.options())};
+}
+
+// The solution is B broadcast against A's batch, column-major (LAPACK's).
+at::Tensor linalg_solve_triangular(const at::Tensor& A, const at::Tensor& B, bool, bool, bool) {
+  auto size = at::infer_size(A.sizes().slice(0, A.dim() - 2), B.sizes().slice(0, B.dim() - 2));
+  size.push_back(B.size(-1));
+  size.push_back(B.size(-2));
+  return at::empty(size, B.options()).transpose(-2, -1);
+}
+
+// The native flip writes into empty_like(self, Preserve): dense strides in
+// the input's order, also for an expanded input (Python's meta keeps its
+// zero strides).
+at::Tensor flip(const at::Tensor& self, at::IntArrayRef) {
+  return at::empty_like(self, at::MemoryFormat::Preserve);
+}
+
+// The native narrow_copy narrows a copy of the whole input: its storage
+// keeps the input's size.
+at::Tensor narrow_copy(const at::Tensor& self, std::int64_t dim, c10::SymInt, c10::SymInt length) {
+  auto size = self.sizes().vec();
+  size[c10::maybe_wrap_dim(dim, self.dim())] = length.expect_int();
+  return at::empty_like(self).resize_(size);
+}
+
+// Pixel (un)shuffle always writes a new tensor, laid out as the input.
+at::Tensor pixel_shuffle(const at::Tensor& self, std::int64_t factor) {
+  auto size = self.sizes().vec();
+  const std::size_t c = size.size() - 3;
+  size[c] /= factor * factor;
+  size[c + 1] *= factor;
+  size[c + 2] *= factor;
+  return at::empty(size, self.options().memory_format(self.suggest_memory_format()));
+}
+at::Tensor pixel_unshuffle(const at::Tensor& self, std::int64_t factor) {
+  auto size = self.sizes().vec();
+  const std::size_t c = size.size() - 3;
+  size[c] *= factor * factor;
+  size[c + 1] /= factor;
+  size[c + 2] /= factor;
+  return at::empty(size, self.options().memory_format(self.suggest_memory_format()));
+}
+
 bool has_meta_kernel(const char* name, const char* overload) {
   auto op = c10::Dispatcher::singleton().findSchema({name, overload});
   return op && op->hasKernelForDispatchKey(c10::DispatchKey::Meta);
@@ -181,6 +273,28 @@ void register_missing_meta_kernels() {
   add("embedding_dense_backward", "", TORCH_FN(embedding_dense_backward));
   add("index_select", "", TORCH_FN(index_select));
   add("hardtanh_backward", "", TORCH_FN(hardtanh_backward));
+  add("upsample_nearest3d", "vec", TORCH_FN(upsample_nearest3d));
+  add("reflection_pad2d_backward", "", TORCH_FN(padding_backward));
+  add("replication_pad2d_backward", "", TORCH_FN(padding_backward));
+  add("_adaptive_avg_pool3d_backward", "", TORCH_FN(input_shaped_gradient));
+  add("max_unpool2d", "", TORCH_FN(max_unpool2d));
+  add("max_unpool3d", "", TORCH_FN(max_unpool3d));
+  add("take", "", TORCH_FN(take));
+  add("nll_loss2d_forward", "", TORCH_FN(nll_loss2d_forward));
+  add("linalg_solve_triangular", "", TORCH_FN(linalg_solve_triangular));
+}
+
+bool call_native_layout_kernel(const c10::OperatorHandle& op, torch::jit::Stack& stack) {
+  static const std::unordered_map<std::string, c10::KernelFunction> kernels = {
+      {"aten::flip", c10::KernelFunction::makeFromUnboxedFunction(TORCH_FN(flip))},
+      {"aten::narrow_copy", c10::KernelFunction::makeFromUnboxedFunction(TORCH_FN(narrow_copy))},
+      {"aten::pixel_shuffle", c10::KernelFunction::makeFromUnboxedFunction(TORCH_FN(pixel_shuffle))},
+      {"aten::pixel_unshuffle", c10::KernelFunction::makeFromUnboxedFunction(TORCH_FN(pixel_unshuffle))},
+  };
+  const auto it = kernels.find(op.schema().name());
+  if (it == kernels.end() || !op.schema().overload_name().empty()) return false;
+  it->second.callBoxed(op, c10::DispatchKeySet(c10::DispatchKey::Meta), &stack);
+  return true;
 }
 
 }  // namespace metamem

@@ -8,7 +8,9 @@
 
 #include <atomic>
 #include <mutex>
+#include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "meta/CpuKernelModel.h"
 #include "meta/FakeCuda.h"
@@ -96,9 +98,11 @@ c10::impl::LocalDispatchKeySet keys_outside_meta_mode() {
   return keys;
 }
 
-// A real tensor reaching the kernel (a 0-dim CPU scalar that a composite or
-// autograd kernel made with scalar_to_tensor) becomes a plain meta tensor of
-// its shape. On a fake CPU it is memory the real kernel allocates too.
+// A real tensor reaching the kernel beside MetaTensors (a 0-dim CPU scalar
+// an autograd formula made with scalar_to_tensor) becomes a plain meta
+// tensor of its shape, still a wrapped number if it was one (type promotion
+// ranks those last); its own buffer is the one the observer recorded for it,
+// if any (a fake cpu's).
 at::Tensor to_inner(const at::Tensor& t, BufferList& buffers) {
   if (!t.defined()) return t;
   if (is_meta_tensor(t)) {
@@ -107,13 +111,12 @@ at::Tensor to_inner(const at::Tensor& t, BufferList& buffers) {
     return inner;
   }
   if (t.is_meta()) return t;
-  at::Tensor copy;
-  {
-    c10::impl::ForceDispatchKeyGuard outside(keys_outside_meta_mode());
-    copy = at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
-  }
-  if (t.is_cpu() && g_mode.device.is_cpu()) buffers.push_back(track_storage(copy));
-  return copy;
+  if (auto* observer = g_mode.observer.load(std::memory_order_acquire); observer != nullptr && t.is_cpu())
+    if (const BufferId id = observer->real_buffer(t.storage().data())) buffers.push_back(id);
+  c10::impl::ForceDispatchKeyGuard outside(keys_outside_meta_mode());
+  at::Tensor meta = at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
+  if (t.unsafeGetTensorImpl()->is_wrapped_number()) meta.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return meta;
 }
 
 bool is_optional_device(const c10::Argument& arg) {
@@ -196,22 +199,87 @@ void wrap_outputs(const c10::FunctionSchema& schema, torch::jit::Stack& stack,
 
 // Runs the op on the inner meta tensors with the thread's keys as they were
 // outside MetaMode.
+std::atomic<UnsupportedOpReporter> g_reporter{nullptr};
+
+[[noreturn]] void unsupported(const c10::FunctionSchema& schema, const std::string& why) {
+  const UnsupportedOpError error(schema.name(), c10::toString(schema), why);
+  if (UnsupportedOpReporter reporter = g_reporter.load()) reporter(error);
+  throw error;
+}
+
+thread_local int t_meta_calls = 0;
+
 void call_on_meta(const c10::OperatorHandle& op, torch::jit::Stack& stack) {
   c10::impl::ForceDispatchKeyGuard guard(keys_outside_meta_mode());
+  struct Depth {
+    Depth() { ++t_meta_calls; }
+    ~Depth() { --t_meta_calls; }
+  } depth;
   const auto& schema = op.schema();
+  if (schema.name() == "aten::_local_scalar_dense")
+    unsupported(schema, "reading a tensor's value (.item(), bool(), a branch on it) needs its data, "
+                        "which a trace does not have.");
   try {
-    op.callBoxed(&stack);
+    if (!call_native_layout_kernel(op, stack)) op.callBoxed(&stack);
   } catch (const UnsupportedOpError&) {
     throw;
   } catch (const c10::NotImplementedError& e) {
     // The first sentence says which op could not run; the rest lists backends.
     const std::string why = e.what_without_backtrace();
-    throw UnsupportedOpError(schema.name(), c10::toString(schema), why.substr(0, why.find(". ") + 1));
+    unsupported(schema, why.substr(0, why.find(". ") + 1));
   }
+}
+
+// The profiler's record_function ops (torch.optim wraps step() in one) keep
+// a pointer in a small CPU tensor they write to: they run for real, outside
+// MetaMode, and their handles reach them untouched.
+void run_for_real(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  c10::impl::ForceDispatchKeyGuard guard(keys_outside_meta_mode());
+  op.callBoxed(stack);
+}
+
+// torch.tensor(data) writes Python data into a CPU tensor it makes with
+// the mode keys excluded (so that modes do not see it), then lifts it onto
+// its device, through this kernel: that tensor is made for real.
+bool holds_python_data(const c10::FunctionSchema& schema) {
+  const c10::DispatchKeySet excluded = c10::impl::tls_local_dispatch_key_set().excluded_;
+  return schema.name() == "aten::empty" && excluded.has(c10::DispatchKey::Python) &&
+         excluded.has(c10::DispatchKey::FuncTorchDynamicLayerFrontMode);
+}
+
+// Whether `value` holds only real tensors (at least one) and no device
+// but the CPU: an op on it runs for real.
+void scan_real(const c10::IValue& value, bool& any, bool& all) {
+  auto tensor = [&](const at::Tensor& t) {
+    if (!t.defined()) return;
+    any = true;
+    all = all && !is_meta_tensor(t) && !t.is_meta();
+  };
+  if (value.isTensor()) {
+    tensor(value.toTensor());
+  } else if (value.isTensorList()) {
+    for (const at::Tensor& t : value.toTensorList()) tensor(t);
+  } else if (value.isList()) {
+    for (const c10::IValue& element : value.toListRef())
+      if (element.isTensor()) tensor(element.toTensor());
+  } else if (value.isDevice()) {
+    all = all && value.toDevice().is_cpu();
+  }
+}
+
+bool all_real(const c10::FunctionSchema& schema, const torch::jit::Stack& stack) {
+  bool any = false, all = true;
+  const std::size_t n = schema.arguments().size();
+  for (std::size_t i = stack.size() - n; i < stack.size(); ++i) scan_real(stack[i], any, all);
+  return any && all;
 }
 
 void meta_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
+  if (holds_python_data(schema) || all_real(schema, *stack)) {
+    run_for_real(op, stack);
+    return;
+  }
   const std::size_t n_args = schema.arguments().size();
   // Written arguments must be returned as the caller's own MetaTensors.
   std::vector<c10::IValue> original_args(stack->end() - n_args, stack->end());
@@ -227,10 +295,26 @@ void meta_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (observer != nullptr) observer->on_op(op, inputs, outputs, original_args, returns);
 }
 
-// Ops with a CompositeImplicitAutograd kernel keep decomposing above us (that
-// is where the fake device picks CUDA or CPU paths). A backend fallback alone
-// loses to CompositeExplicitAutograd kernels, so those ops get the kernel
-// directly. Registrations live as long as the process.
+// Whether an op gets the meta kernel as its own PrivateUse1 kernel, beside
+// the fallback, which loses to composite kernels. Ops with only a
+// CompositeImplicitAutograd kernel keep decomposing above us (that is where
+// the fake device picks CUDA or CPU paths); with a native kernel as well they
+// run fused, as on the device. CompositeExplicitAutograd kernels often pick a
+// backend (convolution) or read data: they run as one op, except a few whose
+// decomposition is plain arithmetic, whose temporaries we then trace as the
+// device makes them.
+bool runs_as_one_op(const c10::OperatorHandle& op, const std::string& qualified) {
+  static const std::unordered_set<std::string> decomposed = {
+      "aten::isinf", "aten::binary_cross_entropy_with_logits", "aten::soft_margin_loss",
+      "aten::soft_margin_loss_backward", "aten::huber_loss_backward"};
+  if (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))
+    return op.hasKernelForDispatchKey(c10::DispatchKey::CPU);
+  if (decomposed.count(qualified) != 0) return false;
+  return op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+         op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
+}
+
+// Registrations live as long as the process.
 void register_meta_kernel() {
   auto& dispatcher = c10::Dispatcher::singleton();
   auto* handles = new std::vector<c10::RegistrationHandleRAII>();
@@ -244,10 +328,14 @@ void register_meta_kernel() {
         name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
     if (CpuScratchModel model = cpu_scratch_model(qualified))
       g_cpu_scratch.emplace(&op->operator_name(), model);
-    if (op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) continue;
-    if (!op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
-        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional))
+    if (qualified.rfind("profiler::", 0) == 0) {
+      for (auto key : {c10::DispatchKey::PrivateUse1, c10::DispatchKey::AutogradPrivateUse1})
+        handles->push_back(dispatcher.registerImpl(
+            name, key, c10::KernelFunction::makeFromBoxedFunction<&run_for_real>(), c10::nullopt,
+            nullptr, "metamem: runs for real"));
       continue;
+    }
+    if (!runs_as_one_op(*op, qualified)) continue;
     handles->push_back(dispatcher.registerImpl(
         name, c10::DispatchKey::PrivateUse1,
         c10::KernelFunction::makeFromBoxedFunction<&meta_kernel>(), c10::nullopt, nullptr,
@@ -298,6 +386,12 @@ MetaMode::~MetaMode() {
 }
 
 bool meta_mode_active() { return g_mode.active.load(); }
+
+void set_unsupported_op_reporter(UnsupportedOpReporter reporter) { g_reporter.store(reporter); }
+
+BufferId new_buffer_id() { return g_next_buffer.fetch_add(1); }
+
+bool in_meta_call() { return t_meta_calls > 0; }
 
 c10::Device fake_device() { return g_mode.device; }
 

@@ -1,6 +1,9 @@
 // MetaMode: while one is alive, factory functions make MetaTensors on its
 // fake device and every aten op on MetaTensors runs on the meta backend.
 // An observer sees each buffer (inner storage) made and freed and each op.
+// Real tensors stay real: a tensor made from Python data (torch.tensor) is a
+// real CPU tensor, and an op whose tensors are all real runs for real unless
+// it puts a tensor on the fake cuda device (optimizers keep step counters so).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -36,6 +39,9 @@ class MetaObserver {
   virtual void on_op(const c10::OperatorHandle& op, c10::ArrayRef<BufferId> inputs,
                      c10::ArrayRef<BufferId> outputs, c10::ArrayRef<c10::IValue> arguments,
                      c10::ArrayRef<c10::IValue> returns) = 0;
+  // The buffer of a real CPU allocation at `data` the observer recorded
+  // (a fake cpu's real tensors), or 0.
+  virtual BufferId real_buffer(const void* data) { return 0; }
 };
 
 // An op has no meta kernel: tracing cannot continue. A NotImplementedError,
@@ -49,6 +55,12 @@ class UnsupportedOpError : public c10::NotImplementedError {
  private:
   std::string op_;
 };
+
+// How an op without a meta kernel is reported, when set: it receives the
+// error and throws (the Python module throws its own exception type, which
+// torch's bindings pass on as it is). Otherwise the error is thrown.
+using UnsupportedOpReporter = void (*)(const UnsupportedOpError& error);
+void set_unsupported_op_reporter(UnsupportedOpReporter reporter);
 
 class MetaMode {
  public:
@@ -72,5 +84,15 @@ c10::Device fake_device();
 
 // The buffer behind a MetaTensor (shared by its views), or 0 if it has none.
 BufferId buffer_of(const at::Tensor& t);
+
+// A buffer id no other buffer has, for an observer recording a buffer of
+// its own (a real CPU allocation).
+BufferId new_buffer_id();
+
+// Whether this thread is inside an op run on the meta backend: real CPU
+// allocations made there (a Scalar wrapped by a composite kernel) are the
+// kernels' own, which meta/CpuKernelModel models; a fake cpu's observer
+// records only those made outside.
+bool in_meta_call();
 
 }  // namespace metamem

@@ -25,6 +25,7 @@ class CountingAllocator final : public c10::Allocator {
     std::int64_t peak = peak_.load();
     while (live > peak && !peak_.compare_exchange_weak(peak, live)) {
     }
+    if (auto* listener = listener_.load()) listener->on_cpu_alloc(data, nbytes);
     return {data, data, &release, c10::Device(c10::kCPU)};
   }
 
@@ -32,6 +33,7 @@ class CountingAllocator final : public c10::Allocator {
 
   static void release(void* data) {
     if (data == nullptr) return;
+    if (auto* listener = listener_.load()) listener->on_cpu_free(data);
     std::size_t nbytes = 0;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -46,18 +48,21 @@ class CountingAllocator final : public c10::Allocator {
   static std::int64_t live() { return live_.load(); }
   static std::int64_t peak() { return peak_.load(); }
   static void reset_peak() { peak_.store(live_.load()); }
+  static void set_listener(CpuAllocationListener* listener) { listener_.store(listener); }
 
  private:
   static std::mutex mutex_;
   static std::unordered_map<void*, std::size_t> sizes_;
   static std::atomic<std::int64_t> live_;
   static std::atomic<std::int64_t> peak_;
+  static std::atomic<CpuAllocationListener*> listener_;
 };
 
 std::mutex CountingAllocator::mutex_;
 std::unordered_map<void*, std::size_t> CountingAllocator::sizes_;
 std::atomic<std::int64_t> CountingAllocator::live_{0};
 std::atomic<std::int64_t> CountingAllocator::peak_{0};
+std::atomic<CpuAllocationListener*> CountingAllocator::listener_{nullptr};
 
 void install_once() {
   static std::once_flag once;
@@ -73,6 +78,11 @@ void install_once() {
 CpuMemoryCounter::CpuMemoryCounter() {
   install_once();
   CountingAllocator::reset_peak();
+}
+
+void CpuMemoryCounter::set_listener(CpuAllocationListener* listener) {
+  install_once();
+  CountingAllocator::set_listener(listener);
 }
 
 void CpuMemoryCounter::reset_peak() { CountingAllocator::reset_peak(); }

@@ -2,12 +2,26 @@
 // of a real CPU run, to compare with a trace's prediction.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace metamem {
 
+// Sees every allocation and free made through libtorch's CPU allocator
+// while it is set (a trace on a fake cpu records the traced code's own).
+class CpuAllocationListener {
+ public:
+  virtual ~CpuAllocationListener() = default;
+  virtual void on_cpu_alloc(void* data, std::size_t bytes) = 0;
+  virtual void on_cpu_free(void* data) = 0;
+};
+
 class CpuMemoryCounter {
  public:
+  // Installs the counting allocator (once: it stays for the process) and
+  // sets the listener, or unsets it with nullptr.
+  static void set_listener(CpuAllocationListener* listener);
+
   // Installs the counting allocator the first time (it stays installed for
   // the process) and starts with the bytes already live.
   CpuMemoryCounter();

@@ -38,6 +38,7 @@ class PhaseListener {
   // weights' before the optimizer step).
   virtual void gradients(const std::vector<at::Tensor>& tensors) = 0;
   virtual void optimizer() = 0;
+  virtual void optimizer_done() = 0;
   virtual void end() = 0;
 };
 
@@ -144,6 +145,7 @@ void run_steps(const StepBuilder& build, const StepOptions& options, PhaseListen
         model.params[i].copy_(model.masters[i]);
         model.masters[i].mutable_grad().reset();
       }
+      phases.optimizer_done();
     }
     zero_grad(model.params, options.zero_grad);
     if (options.zero_grad != ZeroGrad::None)
@@ -172,6 +174,7 @@ class TracePhases final : public PhaseListener {
     tracer_.mark(grads, Category::Gradient);
   }
   void optimizer() override { tracer_.begin_optimizer(); }
+  void optimizer_done() override { tracer_.end_optimizer(); }
   void end() override {
     trace_ = tracer_.finish();
     trace_.parameter_bytes = parameter_bytes_;
@@ -201,6 +204,7 @@ class CounterPhases final : public PhaseListener {
   void end_backward() override {}
   void gradients(const std::vector<at::Tensor>&) override {}
   void optimizer() override {}
+  void optimizer_done() override {}
   void end() override { close_step(); }
   std::vector<std::int64_t> take() { return std::move(peaks_); }
 

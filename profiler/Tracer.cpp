@@ -13,6 +13,8 @@
 #include <unordered_set>
 
 #include "meta/MetaMode.h"
+#include "meta/MetaTensor.h"
+#include "profiler/CpuMemoryCounter.h"
 #include "profiler/Flops.h"
 
 namespace metamem {
@@ -42,21 +44,58 @@ std::string qualified_name(const c10::OperatorName& name) {
 
 namespace detail {
 
-class TraceRecorder final : public MetaObserver {
+// On a fake cpu, the traced code's own real CPU allocations (a tensor made
+// from Python data, an op on real tensors, a Scalar an autograd formula
+// wraps) are real memory too: the recorder records them from the CPU
+// allocator, leaving out those made inside meta calls (see in_meta_call).
+class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
  public:
-  explicit TraceRecorder(c10::Device device) {
+  explicit TraceRecorder(c10::Device device) : listens_(device.is_cpu()) {
     trace_.scopes.push_back("");
     scope_stack_.push_back(0);
     node_callback_ = at::addGlobalCallback(
         at::RecordFunctionCallback(&enter_node, &leave_node)
             .scopes({at::RecordScope::BACKWARD_FUNCTION}));
     mode_.emplace(device, this);
+    if (listens_) CpuMemoryCounter::set_listener(this);
   }
 
   ~TraceRecorder() override { stop(); }
 
+  void on_cpu_alloc(void* data, std::size_t bytes) override {
+    if (in_meta_call() || bytes == 0) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    const BufferId id = new_buffer_id();
+    real_[data] = id;
+    record_alloc(id, bytes);
+  }
+
+  void on_cpu_free(void* data) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto found = real_.find(data);
+    if (found == real_.end()) return;
+    const BufferId id = found->second;
+    real_.erase(found);
+    record_free(id);
+  }
+
+  BufferId real_buffer(const void* data) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto found = real_.find(data);
+    return found == real_.end() ? 0 : found->second;
+  }
+
   void on_alloc(BufferId id, std::size_t bytes) override {
     std::lock_guard<std::mutex> lock(mutex_);
+    record_alloc(id, bytes);
+  }
+
+  void on_free(BufferId id) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    record_free(id);
+  }
+
+  void record_alloc(BufferId id, std::size_t bytes) {
     if (trace_.buffers.empty()) first_id_ = id;
     Buffer buffer;
     buffer.bytes = static_cast<std::int64_t>(bytes);
@@ -68,8 +107,7 @@ class TraceRecorder final : public MetaObserver {
     push_event(EventKind::Alloc, static_cast<std::uint32_t>(trace_.buffers.size() - 1));
   }
 
-  void on_free(BufferId id) override {
-    std::lock_guard<std::mutex> lock(mutex_);
+  void record_free(BufferId id) {
     auto index = index_of(id);
     if (!index) return;
     Buffer& buffer = trace_.buffers[*index];
@@ -85,7 +123,9 @@ class TraceRecorder final : public MetaObserver {
     OpEvent event;
     event.name = intern_op(op.operator_name());
     event.flops = count_flops(flop_rules_[event.name], arguments, returns);
-    event.phase = recomputing_ > 0 ? Phase::Recompute : phase_;
+    // Ops an autograd node runs are backward's, whatever the phase (grad(),
+    // a recomputation torch.utils.checkpoint makes while backward unpacks).
+    event.phase = recomputing_ > 0 ? Phase::Recompute : t_node >= 0 ? Phase::Backward : phase_;
     if (event.phase == Phase::Backward) {
       event.node = t_node;
       if (t_node >= 0 && t_node_name != nullptr) trace_.node_names.try_emplace(t_node, t_node_name);
@@ -132,7 +172,7 @@ class TraceRecorder final : public MetaObserver {
     std::unordered_set<std::uint32_t> held;
     std::lock_guard<std::mutex> lock(mutex_);
     for (const at::Tensor& t : outputs)
-      if (auto index = index_of(buffer_of(t))) held.insert(*index);
+      if (auto index = index_of_tensor(t)) held.insert(*index);
     trace_.backward_begins.push_back(trace_.events.size());
     for (std::size_t i = forward_first_buffer_; i < trace_.buffers.size(); ++i) {
       Buffer& buffer = trace_.buffers[i];
@@ -150,13 +190,24 @@ class TraceRecorder final : public MetaObserver {
 
   void begin_optimizer() {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (phase_ != Phase::Optimizer) optimizer_first_buffer_ = trace_.buffers.size();
     phase_ = Phase::Optimizer;
+  }
+
+  // What the optimizer step made and left alive is its state.
+  void end_optimizer() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (std::size_t i = optimizer_first_buffer_; i < trace_.buffers.size(); ++i) {
+      Buffer& buffer = trace_.buffers[i];
+      if (buffer.free_event == Buffer::kAlive && buffer.category == Category::Temporary)
+        buffer.category = Category::OptimizerState;
+    }
   }
 
   void mark(const std::vector<at::Tensor>& tensors, Category category) {
     std::lock_guard<std::mutex> lock(mutex_);
     for (const at::Tensor& t : tensors)
-      if (auto index = index_of(buffer_of(t))) trace_.buffers[*index].category = category;
+      if (auto index = index_of_tensor(t)) trace_.buffers[*index].category = category;
   }
 
   void push_scope(const char* name) {
@@ -185,7 +236,7 @@ class TraceRecorder final : public MetaObserver {
 
   void set_region_buffer(std::int64_t index, const at::Tensor& tensor, bool output) {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto buffer = index_of(buffer_of(tensor));
+    auto buffer = index_of_tensor(tensor);
     Region& region = trace_.regions[static_cast<std::size_t>(index)];
     (output ? region.output : region.input) = buffer ? static_cast<std::int64_t>(*buffer) : -1;
   }
@@ -221,7 +272,6 @@ class TraceRecorder final : public MetaObserver {
           whole = {0, 0, trace_.events[e].live_bytes, e};
       trace_.steps.push_back(whole);
     }
-    mark_optimizer_states();
     // Backward ops belong to the module whose forward op made their node.
     std::unordered_map<std::int64_t, std::uint32_t> node_scope;
     for (const OpEvent& op : trace_.ops)
@@ -235,26 +285,23 @@ class TraceRecorder final : public MetaObserver {
   }
 
  private:
-  // Buffers the last step's optimizer made and left alive are its states.
-  void mark_optimizer_states() {
-    for (std::size_t i = step_first_buffer_; i < trace_.buffers.size(); ++i) {
-      Buffer& buffer = trace_.buffers[i];
-      if (buffer.phase == Phase::Optimizer && buffer.free_event == Buffer::kAlive &&
-          buffer.category == Category::Temporary)
-        buffer.category = Category::OptimizerState;
-    }
-  }
-
   void open_step() {
-    mark_optimizer_states();
     trace_.steps.push_back({trace_.events.size(), live_, live_, trace_.events.size()});
-    step_first_buffer_ = trace_.buffers.size();
   }
 
   void stop() {
     if (!mode_) return;
+    if (listens_) CpuMemoryCounter::set_listener(nullptr);
     mode_.reset();
     at::removeCallback(node_callback_);
+  }
+
+  // The buffer of a MetaTensor, or of a real CPU tensor recorded here.
+  std::optional<std::uint32_t> index_of_tensor(const at::Tensor& t) const {
+    if (is_meta_tensor(t)) return index_of(buffer_of(t));
+    if (!t.defined() || !t.is_cpu()) return std::nullopt;
+    const auto found = real_.find(t.storage().data());
+    return found == real_.end() ? std::nullopt : index_of(found->second);
   }
 
   std::optional<std::uint32_t> index_of(BufferId id) const {
@@ -290,7 +337,7 @@ class TraceRecorder final : public MetaObserver {
   Trace trace_;
   Phase phase_ = Phase::Setup;
   int recomputing_ = 0;                    // open Recompute regions
-  std::size_t step_first_buffer_ = 0;     // first buffer made in the current step
+  std::size_t optimizer_first_buffer_ = 0;  // first buffer made by the current optimizer step
   std::size_t forward_first_buffer_ = 0;  // first buffer made in the current forward pass
   std::int64_t live_ = 0;
   BufferId first_id_ = 0;  // buffer ids of one trace are consecutive
@@ -302,6 +349,8 @@ class TraceRecorder final : public MetaObserver {
   std::vector<FlopRule> flop_rules_;  // by op name index
   at::CallbackHandle node_callback_ = 0;
   std::optional<MetaMode> mode_;
+  bool listens_;                                    // to real CPU allocations (a fake cpu)
+  std::unordered_map<const void*, BufferId> real_;  // their buffers, by data pointer
 };
 
 }  // namespace detail
@@ -324,6 +373,7 @@ void Tracer::begin_backward(const std::vector<at::Tensor>& outputs) {
 }
 void Tracer::end_backward() { recorder_->end_backward(); }
 void Tracer::begin_optimizer() { recorder_->begin_optimizer(); }
+void Tracer::end_optimizer() { recorder_->end_optimizer(); }
 void Tracer::mark(const std::vector<at::Tensor>& tensors, Category category) {
   recorder_->mark(tensors, category);
 }

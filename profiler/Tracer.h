@@ -37,9 +37,11 @@ class Tracer {
   // Backward ends: gradients are computed.
   void end_backward();
   void begin_optimizer();
+  // The optimizer step ends: what it made and left alive is its state.
+  void end_optimizer();
   // The buffers behind `tensors` hold `category`. Buffers made at setup are
-  // inputs, the optimizer's that outlive their step are its states, and
-  // buffers made in a step are temporaries unless marked otherwise.
+  // inputs, and buffers made in a step are temporaries unless marked
+  // otherwise (or found to be saved activations or optimizer states).
   void mark(const std::vector<at::Tensor>& tensors, Category category);
   // Ends the MetaMode and returns the trace; no events are recorded after.
   // Without begin_step or begin_forward, the whole trace is one step.

@@ -60,7 +60,7 @@ int checkpoint_command(const std::vector<std::string>& args) {
   auto trace_with = [&](const CheckpointPolicy& policy) {
     ZooConfig c = config;
     c.checkpoint = policy;
-    return trace_step(zoo_step(c), device, run.options);
+    return trace_step(zoo_step(c), device, *run.options);
   };
   const Trace plain = trace_with({});
   CheckpointSimulator simulator([&](const CheckpointPolicy& policy) {
@@ -97,7 +97,7 @@ int checkpoint_command(const std::vector<std::string>& args) {
   if (achieved) {
     ZooConfig c = config;
     c.checkpoint = plan->policy;
-    report.achieved_peak_bytes = achieved_cpu_step_peaks(zoo_step(c), run.options).back();
+    report.achieved_peak_bytes = achieved_cpu_step_peaks(zoo_step(c), *run.options).back();
   }
   if (format == "json")
     std::cout << checkpoint_json(report).dump(2) << "\n";

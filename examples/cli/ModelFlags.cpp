@@ -83,6 +83,7 @@ RunInfo ModelFlags::run_info() const {
   run.dtype = dtype;
   run.batch = batch();
   run.options = step_options();
+  run.optimizer = optimizer_name(run.options->optimizer);
   return run;
 }
 

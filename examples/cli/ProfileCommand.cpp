@@ -35,8 +35,8 @@ int profile_command(const std::vector<std::string>& args) {
 
   const StepBuilder build = m.builder();
   const int divisions = m.allocator_divisions();
-  const Estimate est = estimate(trace_step(build, c10::Device(m.device), run.options), divisions);
-  const StepPeaks achieved_peaks = achieved ? achieved_cpu_step_peaks(build, run.options) : StepPeaks{};
+  const Estimate est = estimate(trace_step(build, c10::Device(m.device), *run.options), divisions);
+  const StepPeaks achieved_peaks = achieved ? achieved_cpu_step_peaks(build, *run.options) : StepPeaks{};
   if (!snapshot.empty()) {
     std::ofstream out(snapshot, std::ios::binary);
     out << memory_snapshot_pickle(est.trace, divisions);

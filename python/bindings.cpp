@@ -1,0 +1,276 @@
+// _metamem: the C++ half of metamem's Python module. A Session traces the
+// Python code run while it is open (metamem/__init__.py drives it from
+// module hooks and torch.autograd.backward); a Result renders the same
+// report as the CLI.
+#include <ATen/Context.h>
+#include <ATen/record_function.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/utils/pybind.h>
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <fstream>
+#include <memory>
+#include <optional>
+
+#include "estimator/Estimate.h"
+#include "estimator/Report.h"
+#include "estimator/Snapshot.h"
+#include "meta/MetaMode.h"
+#include "profiler/CpuMemoryCounter.h"
+#include "profiler/Tracer.h"
+
+namespace py = pybind11;
+
+namespace metamem::python {
+namespace {
+
+// metamem.UnsupportedOpError: torch's bindings raise a PyTorchError as the
+// Python type it names, from wherever in the user's code the op ran.
+PyObject* g_unsupported_op_error = nullptr;
+
+struct UnsupportedOp final : torch::PyTorchError {
+  using PyTorchError::PyTorchError;
+  PyObject* python_type() override {
+    return g_unsupported_op_error != nullptr ? g_unsupported_op_error : PyExc_NotImplementedError;
+  }
+};
+
+void raise_unsupported(const UnsupportedOpError& error) { throw UnsupportedOp(error.what_without_backtrace()); }
+
+class Result {
+ public:
+  Result(Estimate estimate, RunInfo run) : est_(std::move(estimate)), run_(std::move(run)) {}
+
+  std::int64_t peak_bytes() const { return est_.trace.measured().peak_bytes; }
+  std::vector<std::int64_t> step_peaks() const {
+    std::vector<std::int64_t> peaks;
+    for (const StepSpan& step : est_.trace.steps) peaks.push_back(step.peak_bytes);
+    return peaks;
+  }
+  std::string report() const { return summary_text(run_, est_); }
+  std::string table(const std::string& kind, int depth, bool csv) const {
+    if (kind != "nodes" && kind != "modules")
+      throw py::value_error("table kind must be 'nodes' or 'modules', got '" + kind + "'");
+    if (depth < 1) throw py::value_error("depth must be at least 1");
+    const std::vector<NodeRow> rows = kind == "modules" ? module_table(est_.nodes, depth) : est_.nodes.rows;
+    return csv ? rows_csv(rows) : rows_table(rows);
+  }
+  // (op, bytes) of each allocation; the op is the one whose output the
+  // buffer became ("" for none).
+  std::vector<std::pair<std::string, std::int64_t>> allocations() const {
+    const Trace& trace = est_.trace;
+    std::vector<std::pair<std::string, std::int64_t>> out;
+    for (const Event& event : trace.events) {
+      if (event.kind != EventKind::Alloc) continue;
+      const Buffer& buffer = trace.buffers[event.index];
+      out.emplace_back(buffer.producer_op < 0 ? "" : trace.op_name(trace.ops[buffer.producer_op]), buffer.bytes);
+    }
+    return out;
+  }
+  std::string to_json(int depth) const { return report_json(run_, est_, depth).dump(2); }
+  void snapshot(const std::string& path) const {
+    std::ofstream out(path, std::ios::binary);
+    out << memory_snapshot_pickle(est_.trace);
+    if (!out) throw py::value_error("cannot write '" + path + "'");
+  }
+
+ private:
+  Estimate est_;
+  RunInfo run_;
+};
+
+class Session;
+std::atomic<Session*> g_session{nullptr};
+
+// A traced block of Python code. The first step begins with the block, the
+// others with the first forward or backward after an optimizer's step();
+// a forward pass begins with the first module call after a backward.
+class Session {
+ public:
+  explicit Session(const std::string& device) {
+    if (device != "cpu" && device != "cuda")
+      throw py::value_error("device must be 'cpu' or 'cuda', got '" + device + "'");
+    run_.device = device;
+    tracer_ = std::make_unique<Tracer>(c10::Device(device));
+    tracer_->begin_step();
+    g_session.store(this);
+    // torch.optim wraps step() and zero_grad() in these record_function scopes.
+    callback_ = at::addGlobalCallback(
+        at::RecordFunctionCallback(&enter_scope, &leave_scope).scopes({at::RecordScope::USER_SCOPE}));
+  }
+
+  ~Session() {
+    if (tracer_) close();
+  }
+
+  void forward() {
+    if (!step_open_) {
+      tracer_->begin_step();
+      step_open_ = true;
+    }
+    if (phase_ != Phase::Forward) tracer_->begin_forward();
+    phase_ = Phase::Forward;
+  }
+
+  void backward(const std::vector<at::Tensor>& outputs) {
+    if (!step_open_) forward();
+    tracer_->begin_backward(outputs);
+    phase_ = Phase::Backward;
+  }
+
+  void backward_done(const std::vector<at::Tensor>& gradients) {
+    tracer_->end_backward();
+    tracer_->mark(gradients, Category::Gradient);
+  }
+
+  void parameters(const std::vector<at::Tensor>& params) {
+    tracer_->mark(params, Category::Parameter);
+    for (const at::Tensor& p : params) {
+      parameter_bytes_ += static_cast<std::int64_t>(p.numel() * p.element_size());
+      parameter_count_ += p.numel();
+    }
+  }
+
+  void push_scope(const std::string& path) { scopes_.emplace_back(std::make_unique<ScopePath>(path)); }
+  void pop_scope() {
+    if (!scopes_.empty()) scopes_.pop_back();
+  }
+
+  Result finish(const std::string& model, const std::string& dtype) {
+    scopes_.clear();
+    Trace trace = close();
+    trace.parameter_bytes = parameter_bytes_;
+    trace.parameter_count = parameter_count_;
+    run_.model = model;
+    run_.dtype = dtype;
+    return Result(estimate(std::move(trace)), run_);
+  }
+
+ private:
+  static std::unique_ptr<at::ObserverContext> enter_scope(const at::RecordFunction& fn) {
+    Session* session = g_session.load();
+    const std::string name = fn.name();
+    if (session == nullptr || name.rfind("Optimizer.", 0) != 0) return nullptr;
+    session->tracer_->begin_optimizer();
+    session->phase_ = Phase::Optimizer;
+    // "Optimizer.step#AdamW.step": the optimizer's class.
+    const std::size_t hash = name.find('#'), dot = name.find('.', hash);
+    if (name.rfind("Optimizer.step#", 0) == 0 && hash != std::string::npos)
+      session->run_.optimizer = name.substr(hash + 1, dot - hash - 1);
+    return nullptr;
+  }
+
+  static void leave_scope(const at::RecordFunction& fn, at::ObserverContext*) {
+    Session* session = g_session.load();
+    if (session == nullptr || std::string(fn.name()).rfind("Optimizer.step#", 0) != 0) return;
+    session->tracer_->end_optimizer();
+    session->step_open_ = false;
+  }
+
+  Trace close() {
+    if (!tracer_) throw std::logic_error("metamem: the trace was already finished");
+    at::removeCallback(callback_);
+    g_session.store(nullptr);
+    Trace trace = tracer_->finish();
+    tracer_.reset();
+    return trace;
+  }
+
+  std::unique_ptr<Tracer> tracer_;
+  at::CallbackHandle callback_ = 0;
+  std::vector<std::unique_ptr<ScopePath>> scopes_;
+  RunInfo run_;
+  Phase phase_ = Phase::Setup;
+  bool step_open_ = true;
+  std::int64_t parameter_bytes_ = 0, parameter_count_ = 0;
+};
+
+// The peak bytes held through the CPU allocator while `step` runs, above
+// those held before (oneDNN off: metamem models the native kernels).
+std::int64_t achieved_cpu(const py::function& step) {
+  const bool mkldnn = at::globalContext().userEnabledMkldnn();
+  at::globalContext().setUserEnabledMkldnn(false);
+  CpuMemoryCounter counter;
+  const std::int64_t before = CpuMemoryCounter::live_bytes();
+  counter.reset_peak();
+  try {
+    step();
+  } catch (...) {
+    at::globalContext().setUserEnabledMkldnn(mkldnn);
+    throw;
+  }
+  at::globalContext().setUserEnabledMkldnn(mkldnn);
+  return counter.peak_bytes() - before;
+}
+
+// (op, bytes) of each allocation a real CPU run of `step` makes, the op being
+// the innermost one running: where a trace and a real run part ways.
+class AllocationLog final : public CpuAllocationListener {
+ public:
+  void on_cpu_alloc(void*, std::size_t bytes) override {
+    log.emplace_back(t_ops.empty() ? std::string() : t_ops.back(), static_cast<std::int64_t>(bytes));
+  }
+  void on_cpu_free(void*) override {}
+
+  static std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn) {
+    t_ops.emplace_back(fn.name());
+    return nullptr;
+  }
+  static void leave(const at::RecordFunction&, at::ObserverContext*) {
+    if (!t_ops.empty()) t_ops.pop_back();
+  }
+
+  std::vector<std::pair<std::string, std::int64_t>> log;
+  static thread_local std::vector<std::string> t_ops;
+};
+thread_local std::vector<std::string> AllocationLog::t_ops;
+
+std::vector<std::pair<std::string, std::int64_t>> cpu_allocations(const py::function& step) {
+  AllocationLog log;
+  const at::CallbackHandle handle = at::addGlobalCallback(
+      at::RecordFunctionCallback(&AllocationLog::enter, &AllocationLog::leave).scopes({at::RecordScope::FUNCTION}));
+  CpuMemoryCounter::set_listener(&log);
+  try {
+    achieved_cpu(step);
+  } catch (...) {
+    CpuMemoryCounter::set_listener(nullptr);
+    at::removeCallback(handle);
+    throw;
+  }
+  CpuMemoryCounter::set_listener(nullptr);
+  at::removeCallback(handle);
+  return std::move(log.log);
+}
+
+}  // namespace
+}  // namespace metamem::python
+
+PYBIND11_MODULE(_metamem, m) {
+  using namespace metamem::python;
+  m.doc() = "metamem's C++ half; use the metamem package.";
+  metamem::set_unsupported_op_reporter(&raise_unsupported);
+  m.def("set_unsupported_op_error", [](py::object type) {
+    Py_XINCREF(type.ptr());
+    g_unsupported_op_error = type.ptr();
+  });
+  py::class_<Result>(m, "Result")
+      .def_property_readonly("peak_bytes", &Result::peak_bytes)
+      .def_property_readonly("step_peaks", &Result::step_peaks)
+      .def("report", &Result::report)
+      .def("table", &Result::table, py::arg("kind"), py::arg("depth"), py::arg("csv"))
+      .def("allocations", &Result::allocations)
+      .def("to_json", &Result::to_json, py::arg("depth"))
+      .def("snapshot", &Result::snapshot, py::arg("path"));
+  py::class_<Session>(m, "Session")
+      .def(py::init<const std::string&>())
+      .def("forward", &Session::forward)
+      .def("backward", &Session::backward)
+      .def("backward_done", &Session::backward_done)
+      .def("parameters", &Session::parameters)
+      .def("push_scope", &Session::push_scope)
+      .def("pop_scope", &Session::pop_scope)
+      .def("finish", &Session::finish);
+  m.def("achieved_cpu", &achieved_cpu, py::arg("step"));
+  m.def("cpu_allocations", &cpu_allocations, py::arg("step"));
+}

@@ -1,0 +1,185 @@
+"""import metamem: eager Python traced on a fake device, checked against real CPU runs."""
+
+import json
+import pickle
+import resource
+
+import pytest
+import torch
+import torchvision
+
+import metamem
+
+
+def trace_and_run(step, modules=()):
+    """The traced peak on fake cpu and the achieved peak of a real CPU run."""
+    with metamem.trace(device="cpu", modules=modules) as t:
+        step()
+    return t.peak_bytes, metamem.achieved_cpu(step, modules=modules)
+
+
+def training_step(make_model, input_shape, optimizer=torch.optim.SGD, classes=None):
+    def step():
+        torch.manual_seed(0)
+        model = make_model()
+        opt = optimizer(model.parameters(), lr=0.01)
+        x = torch.randn(*input_shape)
+        out = model(x)
+        loss = torch.nn.functional.cross_entropy(out, torch.zeros(input_shape[0], dtype=torch.long)) if classes else out.sum()
+        loss.backward()
+        opt.step()
+    return step
+
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "vgg11", "squeezenet1_0"])
+def test_eager_torchvision_model_is_exact_on_cpu(name):
+    make = lambda: getattr(torchvision.models, name)(num_classes=10)
+    traced, achieved = trace_and_run(training_step(make, (2, 3, 64, 64), torch.optim.AdamW, classes=10))
+    assert traced == achieved
+
+
+class Branchy(torch.nn.Module):
+    """Control flow on Python values and shapes, hooks, in-place ops."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(32, 32) for _ in range(4))
+        self.layers[1].register_forward_hook(lambda m, i, o: o * 2)
+
+    def forward(self, x):
+        depth = 3 if x.shape[0] > 4 else 2  # a branch on the shape
+        for i, layer in enumerate(self.layers[:depth]):
+            x = layer(x)
+            if i % 2 == 0:
+                x.relu_()  # in place
+            else:
+                x = torch.tanh(x)
+        x.register_hook(lambda g: g * 0.5)  # a tensor hook on the gradient
+        return x
+
+
+class Cube(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x ** 3
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return 3 * x * x * grad
+
+
+class Checkpointed(torch.nn.Module):
+    def __init__(self, reentrant):
+        super().__init__()
+        self.reentrant = reentrant
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)) for _ in range(3))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=self.reentrant)
+        return Cube.apply(x)
+
+
+@pytest.mark.parametrize("make, shape", [
+    (Branchy, (8, 32)),
+    (Branchy, (2, 32)),
+    (lambda: Checkpointed(reentrant=False), (16, 64)),
+    (lambda: Checkpointed(reentrant=True), (16, 64)),
+], ids=["branch_on_shape", "other_branch", "checkpoint", "checkpoint_reentrant"])
+def test_python_only_model_is_exact_on_cpu(make, shape):
+    def step():
+        model = make()
+        x = torch.randn(*shape, requires_grad=True)
+        model(x).sum().backward()
+        torch.optim.Adam(model.parameters()).step()
+    traced, achieved = trace_and_run(step)
+    assert traced == achieved
+
+
+def test_model_built_before_the_block_runs_on_the_fake_device_and_is_restored():
+    model = torchvision.models.resnet18(num_classes=10)
+    weight = model.conv1.weight
+    before = weight.detach().clone()
+
+    def step():
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.randn(2, 3, 32, 32)).sum().backward()
+        opt.step()
+        model.zero_grad(set_to_none=True)
+
+    with metamem.trace(device="cuda", modules=[model]) as t:
+        assert model.conv1.weight.device.type == "cuda"
+        step()
+    assert model.conv1.weight is weight and torch.equal(weight, before)
+    assert model.conv1.weight.grad is None
+    traced, achieved = trace_and_run(step, modules=[model])
+    assert traced == achieved
+    assert t.peak_bytes > 0
+
+
+def test_fake_cuda_looks_like_a_gpu_and_allocates_nothing():
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with metamem.trace(device="cuda") as t:
+        x = torch.randn(4, 8, device="cuda")
+        assert str(x.device) == "cuda:0" and torch.cuda.is_available()
+        big = torch.nn.Linear(16384, 16384).cuda()  # 1 GiB of parameters, never allocated
+        big(torch.randn(2, 16384, device="cuda")).sum().backward()
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before < 256 * 1024  # KiB
+    assert t.peak_bytes > 2 * 16384 * 16384 * 4  # weights and their gradients
+    assert not torch.cuda.is_available()
+
+
+def test_reports_render_the_cli_report_model(tmp_path):
+    with metamem.trace(device="cuda") as t:
+        training_step(lambda: torchvision.models.resnet18(num_classes=10), (2, 3, 32, 32), torch.optim.AdamW)()
+    assert "predicted peak" in t.report() and "optimizer states" in t.report()
+    modules = t.table("modules", depth=2)
+    assert "ResNet.layer1" in modules and "ResNet.fc" in modules
+    assert t.table("nodes", csv=True).startswith("name,op,module,phase")
+    report = t.json()
+    assert report["predicted"]["peak_bytes"] == t.peak_bytes
+    assert report["optimizer"] == "AdamW" and report["model"] == "ResNet"
+    # Adam's two moments; its step counters are host tensors, as on a GPU.
+    assert report["model_states"]["optimizer_bytes"] == 2 * report["model_states"]["param_bytes"]
+    t.snapshot(tmp_path / "s.pickle")
+    assert pickle.loads((tmp_path / "s.pickle").read_bytes())["device_traces"]
+    with pytest.raises(ValueError):
+        t.table("rows")
+
+
+def test_unsupported_ops_raise_named_errors_and_the_block_restores_everything():
+    original_backward = torch.autograd.backward
+    for code, op in [(lambda: torch.histc(torch.randn(10)), "aten::histc"),
+                     (lambda: bool(torch.randn(3).sum() > 0), "aten::_local_scalar_dense")]:
+        with pytest.raises(metamem.UnsupportedOpError) as error:
+            with metamem.trace(device="cuda"):
+                code()
+        assert error.value.op == op and isinstance(error.value, NotImplementedError)
+    assert torch.autograd.backward is original_backward and not torch.cuda.is_available()
+    x = torch.ones(3, requires_grad=True)
+    (x * 2).sum().backward()  # real tensors, real values
+    assert x.grad.tolist() == [2.0, 2.0, 2.0]
+    with pytest.raises(ZeroDivisionError):
+        with metamem.trace(device="cpu"):
+            torch.nn.Linear(4, 4)(torch.randn(2, 4))
+            1 / 0
+    assert torch.randn(2).add(1).shape == (2,)
+
+
+def test_trace_is_read_after_its_block():
+    with metamem.trace(device="cpu") as t:
+        with pytest.raises(RuntimeError):
+            t.peak_bytes
+        torch.randn(256)
+    assert t.peak_bytes == 1024
+
+
+def test_code_written_for_cuda_runs_on_cpu_traced_and_for_real():
+    def step():
+        model = torch.nn.Linear(64, 64).cuda()
+        model(torch.randn(8, 64, device="cuda")).sum().backward()
+    traced, achieved = trace_and_run(step)
+    assert traced == achieved
