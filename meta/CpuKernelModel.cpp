@@ -49,19 +49,41 @@ std::int64_t conv_columns_bytes(const at::Tensor& input, const at::Tensor& weigh
   return input.size(0) * weight.size(1) * kernel * pixels * element_size(input);
 }
 
-// A group's slice of a batched NCHW tensor along channels is contiguous only
-// for a batch of one; otherwise the native path copies it.
+// The native path copies a group's slice along channels unless it is
+// contiguous (for a contiguous NCHW tensor: a batch of one).
 std::int64_t group_copy_bytes(const at::Tensor& t, std::int64_t groups) {
-  return t.size(0) > 1 ? bytes_of(t) / groups : 0;
+  return copy_unless_contiguous(t.narrow(1, 0, t.size(1) / groups));
 }
 
 // convolution(input, weight, bias, stride, padding, dilation, transposed,
 // output_padding, groups). With groups > 1 it runs group by group: each
 // group's input is made contiguous and unfolded, and the per-group outputs
 // live until the function returns (after their concatenation).
+// The slow transposed convolution scatters one batch item at a time
+// through columns of C_out x kernel x input pixels and adds a bias through
+// a plane of ones; the 3-d one allocates its output input-sized first and
+// resizes it. With groups > 1 it runs group by group like the direct one.
+std::int64_t transposed_columns_bytes(const at::Tensor& input, const at::Tensor& weight) {
+  std::int64_t columns = weight.size(1) * element_size(input);
+  for (std::int64_t i = 2; i < weight.dim(); ++i) columns *= weight.size(i) * input.size(i);
+  return columns;
+}
+
+std::int64_t transposed_convolution(Args args, const at::Tensor& output) {
+  const at::Tensor &input = args[0].toTensor(), &weight = args[1].toTensor();
+  const std::int64_t groups = args[8].toInt();
+  std::int64_t ones = args[2].isTensor() && args[2].toTensor().defined() ? element_size(input) : 0;
+  for (std::int64_t i = 2; i < output.dim(); ++i) ones *= output.size(i);
+  const std::int64_t group_input = bytes_of(input) / groups;
+  std::int64_t group = transposed_columns_bytes(input, weight) + ones;
+  if (input.dim() == 5) group = std::max(group, group_input);
+  if (groups == 1) return group;
+  return std::max(bytes_of(output), group_copy_bytes(input, groups) + group);
+}
+
 std::int64_t convolution(Args args, Args returns) {
   const at::Tensor &input = args[0].toTensor(), &weight = args[1].toTensor();
-  if (args[6].toBool()) return 0;  // transposed
+  if (args[6].toBool()) return transposed_convolution(args, returns[0].toTensor());
   const auto stride = args[3].toIntVector(), padding = args[4].toIntVector();
   const std::int64_t groups = args[8].toInt();
   const at::Tensor& output = returns[0].toTensor();
@@ -77,10 +99,15 @@ std::int64_t convolution(Args args, Args returns) {
 std::int64_t convolution_backward(Args args, Args) {
   const at::Tensor &grad_output = args[0].toTensor(), &input = args[1].toTensor(),
                    &weight = args[2].toTensor();
-  if (args[7].toBool()) return 0;  // transposed
-  const auto stride = args[4].toIntVector(), padding = args[5].toIntVector();
   const std::int64_t groups = args[9].toInt();
   const auto mask = args[10].toBoolList();
+  if (args[7].toBool()) {
+    const std::int64_t columns = transposed_columns_bytes(input, weight);
+    if (groups == 1) return copy_unless_contiguous(grad_output) + columns;
+    return std::max(columns + group_copy_bytes(input, groups) + group_copy_bytes(grad_output, groups),
+                    (mask[0] ? bytes_of(input) : 0) + (mask[1] ? bytes_of(weight) : 0));
+  }
+  const auto stride = args[4].toIntVector(), padding = args[5].toIntVector();
   const std::int64_t columns =
       conv_columns_bytes(input, weight, grad_output.sizes(), stride, padding);
   if (groups == 1) return columns + copy_unless_contiguous(grad_output, input.suggest_memory_format());
@@ -124,8 +151,9 @@ std::int64_t native_layer_norm(Args args, Args) {
 // A gradient that is not contiguous is copied first.
 std::int64_t native_layer_norm_backward(Args args, Args) {
   const auto mask = args[7].toBoolList();
-  const std::int64_t copies = copy_unless_contiguous(args[0].toTensor()) + copy_unless_contiguous(args[1].toTensor());
-  if (!mask[1] && !mask[2]) return copies;
+  const at::Tensor& input = args[1].toTensor();
+  const std::int64_t copies = copy_unless_contiguous(args[0].toTensor()) + copy_unless_contiguous(input);
+  if ((!mask[1] && !mask[2]) || input.numel() == 0) return copies;
   return copies + at::get_num_threads() * 2 * numel(args[2].toIntVector()) * element_size(args[1].toTensor());
 }
 
@@ -301,15 +329,72 @@ std::int64_t sort(Args args, Args) {
   return 0;
 }
 
-// normal(mean, std) checks std.min() >= 0 (a 0-dim minimum, a wrapped and
-// cast 0, a bool), then draws through a contiguous tensor of the output.
-std::int64_t normal_with_std(Args args, Args returns) {
-  const at::Tensor& output = returns[0].toTensor();
-  const c10::IValue& std = args[1];
-  std::int64_t check = 0;
-  if (std.isTensor() && std.toTensor().numel() > 0)
-    check = 2 * element_size(std.toTensor()) + 8 + 1;
-  return std::max(check, bytes_of(output));
+// normal with a std tensor checks std.min() >= 0 (a 0-dim minimum, a
+// wrapped and cast 0, a bool) once more after allocating its output; with a
+// mean number it then fills a 0-dim tensor with it.
+std::int64_t std_check(const at::Tensor& std) { return std.numel() > 0 ? 2 * element_size(std) + 8 + 1 : 0; }
+
+std::int64_t normal_tensors(Args args, Args) { return std_check(args[1].toTensor()); }
+
+std::int64_t normal_mean_number(Args args, Args returns) {
+  return std::max(std_check(args[1].toTensor()), element_size(returns[0].toTensor()));
+}
+
+// With a std number, the kernel makes an (unused) tensor like its output.
+std::int64_t normal_std_number(Args, Args returns) { return bytes_of(returns[0].toTensor()); }
+
+// count_nonzero over dims is (self != 0).sum(dims): a wrapped and cast 0
+// beside the bool mask, then the mask beside its int64 copy that the sum
+// reads. Over all dims it counts in place.
+std::int64_t count_nonzero(Args args, Args returns) {
+  const at::Tensor& self = args[0].toTensor();
+  if (args[1].toIntVector().empty()) return 0;
+  const std::int64_t mask = self.numel();
+  return std::max(8 + element_size(self) + mask - bytes_of(returns[0].toTensor()), mask + 8 * mask);
+}
+
+// kthvalue selects in a contiguous clone with an int64 index per element.
+std::int64_t kthvalue(Args args, Args) {
+  const at::Tensor& self = args[0].toTensor();
+  return bytes_of(self) + self.numel() * 8;
+}
+
+// Binary searches read the sorted sequence and the values contiguous.
+std::int64_t searchsorted(Args args, Args) {
+  std::int64_t bytes = copy_unless_contiguous(args[0].toTensor()) + copy_unless_contiguous(args[1].toTensor());
+  if (args[5].isTensor()) bytes += copy_unless_contiguous(args[5].toTensor());
+  return bytes;
+}
+
+std::int64_t bucketize(Args args, Args) {
+  return copy_unless_contiguous(args[0].toTensor()) + copy_unless_contiguous(args[1].toTensor());
+}
+
+// cdist and its gradient read both operands expanded to their common batch,
+// contiguous; the gradient also a contiguous gradient and distance.
+std::int64_t cdist_operands(const at::Tensor& x1, const at::Tensor& x2) {
+  auto batch = at::infer_size(x1.sizes().slice(0, x1.dim() - 2), x2.sizes().slice(0, x2.dim() - 2));
+  auto expanded = [&](const at::Tensor& x) {
+    auto size = batch;
+    size.push_back(x.size(-2));
+    size.push_back(x.size(-1));
+    return copy_unless_contiguous(x.expand(size));
+  };
+  return expanded(x1) + expanded(x2);
+}
+
+std::int64_t cdist_backward(Args args, Args) {
+  return copy_unless_contiguous(args[0].toTensor()) + cdist_operands(args[1].toTensor(), args[2].toTensor()) +
+         copy_unless_contiguous(args[4].toTensor());
+}
+
+// (p = 2 on more than 25 rows takes the matmul path, whose temporaries are
+// its own ops.)
+std::int64_t cdist_forward(Args args, Args) {
+  const at::Tensor &x1 = args[0].toTensor(), &x2 = args[1].toTensor();
+  const bool matmul = args[2].toDouble() == 2.0 && args[3].isInt() &&
+                      (args[3].toInt() == 1 || (args[3].toInt() == 0 && (x1.size(-2) > 25 || x2.size(-2) > 25)));
+  return matmul ? 0 : cdist_operands(x1, x2);
 }
 
 // A triangular solve hands LAPACK the broadcast A as is when it is row or
@@ -325,6 +410,43 @@ std::int64_t linalg_solve_triangular(Args args, Args) {
       }());
   const bool ready = broadcast_A.is_contiguous() || broadcast_A.transpose(-2, -1).is_contiguous();
   return ready ? 0 : bytes_of(broadcast_A);
+}
+
+// Max pooling's gradient reads gradient and indices in the input's memory
+// format and computes into a temporary unless its output has that format.
+std::int64_t max_pool_backward(Args args, Args returns) {
+  const at::MemoryFormat format = args[1].toTensor().suggest_memory_format();
+  const at::Tensor& grad_input = returns[0].toTensor();
+  return copy_unless_contiguous(args[0].toTensor(), format) +
+         copy_unless_contiguous(args.back().toTensor(), format) + copy_unless_contiguous(grad_input, format);
+}
+
+// Pixel (un)shuffle reads its input in its own suggested memory format.
+std::int64_t pixel_shuffle(Args args, Args) {
+  const at::Tensor& self = args[0].toTensor();
+  return copy_unless_contiguous(self, self.suggest_memory_format());
+}
+
+// histc keeps bins + 1 edges and counts through a second bins-long
+// buffer; with min == max it first finds the input's range (two 0-dim).
+std::int64_t histc(Args args, Args) {
+  const at::Tensor& self = args[0].toTensor();
+  const std::int64_t bins = args[1].toInt();
+  const bool data_range = self.numel() > 0 && args[2].toScalar().toDouble() == args[3].toScalar().toDouble();
+  return (bins + 1) * element_size(self) + std::max(data_range ? 2 * element_size(self) : 0, bins * element_size(self));
+}
+
+// LAPACK's error codes are checked with infos.any(): a bool result beside
+// a bool copy of the int32 codes.
+std::int64_t linalg_check_errors(Args args, Args) { return 1 + args[0].toTensor().numel(); }
+
+// Unless there is nothing to solve, the pivots are checked with
+// all(pivots > 0) and all(pivots <= n): each a wrapped and cast bound beside
+// a bool mask.
+std::int64_t linalg_lu_solve(Args args, Args returns) {
+  const at::Tensor& pivots = args[1].toTensor();
+  if (returns[0].toTensor().numel() == 0) return 0;
+  return 8 + element_size(pivots) + pivots.numel();
 }
 
 // Unpooling reads its input and indices in the input's memory format.
@@ -384,6 +506,19 @@ std::int64_t blas_copies(at::IntArrayRef result_sizes, at::IntArrayRef result_st
 std::int64_t blas_copies(const at::Tensor& result, const at::Tensor& m1, const at::Tensor& m2) {
   return blas_copies(result.sizes(), result.strides(), m1.sizes(), m1.strides(), m2.sizes(),
                      m2.strides(), element_size(m1));
+}
+
+// gemv takes the matrix as is when one of its dimensions is contiguous
+// with a usable leading dimension, and a contiguous copy otherwise.
+std::int64_t addmv(Args args, Args returns) {
+  const at::Tensor &mat = args[1].toTensor(), &result = returns[0].toTensor();
+  if (mat.numel() == 0 || result.numel() == 0) return 0;
+  auto lda_ok = [](std::int64_t m, std::int64_t n, std::int64_t lda) {
+    return n == 1 || lda >= std::max<std::int64_t>(1, m);
+  };
+  const bool usable = (mat.stride(0) == 1 && lda_ok(mat.size(0), mat.size(1), mat.stride(1))) ||
+                      (mat.stride(1) == 1 && lda_ok(mat.size(1), mat.size(0), mat.stride(0)));
+  return usable ? 0 : bytes_of(mat);
 }
 
 std::int64_t mm(Args args, Args returns) {
@@ -486,9 +621,26 @@ CpuScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::roll", &roll},
       {"aten::sort", &sort},
       {"aten::sort.stable", &sort},
-      {"aten::normal.Tensor_Tensor", &normal_with_std},
-      {"aten::normal.float_Tensor", &normal_with_std},
+      {"aten::normal.Tensor_Tensor", &normal_tensors},
+      {"aten::normal.float_Tensor", &normal_mean_number},
+      {"aten::normal.Tensor_float", &normal_std_number},
+      {"aten::count_nonzero.dim_IntList", &count_nonzero},
+      {"aten::_cdist_forward", &cdist_forward},
+      {"aten::kthvalue", &kthvalue},
+      {"aten::searchsorted.Tensor", &searchsorted},
+      {"aten::bucketize.Tensor", &bucketize},
+      {"aten::_cdist_backward", &cdist_backward},
+      {"aten::grid_sampler_2d_backward", &contiguous_gradient},
       {"aten::linalg_solve_triangular", &linalg_solve_triangular},
+      {"aten::max_pool2d_with_indices_backward", &max_pool_backward},
+      {"aten::max_pool3d_with_indices_backward", &max_pool_backward},
+      {"aten::pixel_shuffle", &pixel_shuffle},
+      {"aten::pixel_unshuffle", &pixel_shuffle},
+      {"aten::addmv", &addmv},
+      {"aten::addmv_", &addmv},
+      {"aten::_linalg_check_errors", &linalg_check_errors},
+      {"aten::histc", &histc},
+      {"aten::linalg_lu_solve", &linalg_lu_solve},
       {"aten::max_unpool2d", &max_unpool},
       {"aten::max_unpool3d", &max_unpool},
       {"aten::binary_cross_entropy", &reduced_loss},
@@ -499,8 +651,6 @@ CpuScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::_log_softmax_backward_data", &softmax_backward},
       {"aten::avg_pool2d_backward", &gradient_in_input_layout},
       {"aten::avg_pool3d_backward", &gradient_in_input_layout},
-      {"aten::max_pool2d_with_indices_backward", &gradient_in_input_layout},
-      {"aten::max_pool3d_with_indices_backward", &gradient_in_input_layout},
       {"aten::_adaptive_avg_pool2d_backward", &gradient_in_input_layout},
       {"aten::_adaptive_avg_pool3d_backward", &gradient_in_input_layout},
       {"aten::adaptive_max_pool2d_backward", &gradient_in_input_layout},

@@ -5,8 +5,10 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <functional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 
 #include "meta/MetaMode.h"
 
@@ -68,7 +70,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
     std::array<bool, 3> output_mask) {
   return {output_mask[0] ? at::empty_like(input) : at::Tensor(),
           output_mask[1] ? at::empty_like(weight) : at::Tensor(),
-          output_mask[2] ? at::empty({weight.size(0)}, weight.options()) : at::Tensor()};
+          output_mask[2] ? at::empty(bias_sizes ? bias_sizes->vec() : std::vector<std::int64_t>{weight.size(0)},
+                                     weight.options())
+                         : at::Tensor()};
 }
 
 // Norm statistics: the input's dtype on CPU, the accumulate type on CUDA.
@@ -172,6 +176,11 @@ at::Tensor upsample_nearest3d(const at::Tensor& input, at::OptionalIntArrayRef o
   return at::empty(size, input.options().memory_format(input.suggest_memory_format()));
 }
 
+at::Tensor upsample_nearest3d_backward(const at::Tensor& grad_output, at::OptionalIntArrayRef,
+                                       at::IntArrayRef input_size, c10::optional<at::ArrayRef<double>>) {
+  return at::empty(input_size, grad_output.options().memory_format(grad_output.suggest_memory_format()));
+}
+
 // Unpooling writes a zeroed (batch,) channels, output_size tensor.
 at::Tensor max_unpool(const at::Tensor& self, at::IntArrayRef output_size) {
   auto size = self.sizes().vec();
@@ -208,6 +217,187 @@ at::Tensor linalg_solve_triangular(const at::Tensor& A, const at::Tensor& B, boo
   return at::empty(size, B.options()).transpose(-2, -1);
 }
 
+std::vector<std::int64_t> reduced_size(const at::Tensor& self, std::int64_t dim, bool keepdim) {
+  auto size = self.sizes().vec();
+  if (size.empty()) return size;
+  dim = c10::maybe_wrap_dim(dim, self.dim());
+  if (keepdim) size[dim] = 1;
+  else size.erase(size.begin() + dim);
+  return size;
+}
+
+// A value and its int64 index per slice along `dim`.
+std::tuple<at::Tensor, at::Tensor> values_indices(const at::Tensor& self, at::IntArrayRef size) {
+  return {at::empty(size, self.options()), at::empty(size, self.options().dtype(at::kLong))};
+}
+
+std::tuple<at::Tensor, at::Tensor> median_dim(const at::Tensor& self, std::int64_t dim, bool keepdim) {
+  return values_indices(self, reduced_size(self, dim, keepdim));
+}
+at::Tensor median(const at::Tensor& self) { return at::empty({}, self.options()); }
+std::tuple<at::Tensor, at::Tensor> kthvalue(const at::Tensor& self, std::int64_t, std::int64_t dim, bool keepdim) {
+  return median_dim(self, dim, keepdim);
+}
+std::tuple<at::Tensor, at::Tensor> cumulative_extreme(const at::Tensor& self, std::int64_t) {
+  return values_indices(self, self.sizes());
+}
+at::Tensor logcumsumexp(const at::Tensor& self, std::int64_t) {
+  return at::empty_like(self, at::MemoryFormat::Contiguous);
+}
+
+at::Tensor count_nonzero(const at::Tensor& self, at::IntArrayRef dims) {
+  auto keep = self.sizes().vec();
+  std::vector<bool> reduced(keep.size(), dims.empty());
+  if (!keep.empty())
+    for (std::int64_t d : dims) reduced[c10::maybe_wrap_dim(d, self.dim())] = true;
+  std::vector<std::int64_t> size;
+  for (std::size_t i = 0; i < keep.size(); ++i)
+    if (!reduced[i]) size.push_back(keep[i]);
+  return at::empty(size, self.options().dtype(at::kLong));
+}
+
+std::tuple<at::Tensor, at::Tensor> frexp(const at::Tensor& self) {
+  return {at::empty_like(self), at::empty_like(self, self.options().dtype(at::kInt))};
+}
+
+at::Tensor rrelu_with_noise(const at::Tensor& self, const at::Tensor&, const at::Scalar&, const at::Scalar&, bool,
+                            c10::optional<at::Generator>) {
+  return at::empty_like(self, at::MemoryFormat::Contiguous);
+}
+
+at::Tensor unfold_backward(const at::Tensor& grad, at::IntArrayRef input_sizes, std::int64_t, std::int64_t,
+                           std::int64_t) {
+  return at::empty(input_sizes, grad.options());
+}
+
+// Bucket indices: int64, or int32 on request, in the shape of the values.
+at::Tensor bucket_indices(const at::Tensor& values, bool out_int32) {
+  return at::empty(values.sizes(), values.options().dtype(out_int32 ? at::kInt : at::kLong));
+}
+at::Tensor bucketize(const at::Tensor& self, const at::Tensor&, bool out_int32, bool) {
+  return bucket_indices(self, out_int32);
+}
+at::Tensor searchsorted(const at::Tensor&, const at::Tensor& self, bool out_int32, bool,
+                        c10::optional<c10::string_view>, const c10::optional<at::Tensor>&) {
+  return bucket_indices(self, out_int32);
+}
+
+at::Tensor smooth_l1_loss_backward(const at::Tensor&, const at::Tensor& self, const at::Tensor&, std::int64_t,
+                                   double) {
+  return at::empty_like(self, at::MemoryFormat::Contiguous);
+}
+
+at::Tensor fractional_max_pool3d_backward(const at::Tensor& grad_output, const at::Tensor& self, at::IntArrayRef,
+                                          at::IntArrayRef, const at::Tensor&) {
+  return input_shaped_gradient(grad_output, self);
+}
+
+// Pooling's output length along one dimension, as ATen computes it.
+std::int64_t pooled_size(std::int64_t in, std::int64_t kernel, std::int64_t pad, std::int64_t stride,
+                         std::int64_t dilation, bool ceil_mode) {
+  std::int64_t out = (in + 2 * pad - dilation * (kernel - 1) - 1 + (ceil_mode ? stride - 1 : 0)) / stride + 1;
+  if (ceil_mode && (out - 1) * stride >= in + pad) --out;
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> max_pool3d_with_indices(const at::Tensor& self, at::IntArrayRef kernel,
+                                                           at::IntArrayRef stride, at::IntArrayRef padding,
+                                                           at::IntArrayRef dilation, bool ceil_mode) {
+  auto pick = [](at::IntArrayRef v, std::size_t i, std::int64_t fallback) {
+    return v.empty() ? fallback : v.size() == 1 ? v[0] : v[i];
+  };
+  auto size = self.sizes().vec();
+  for (std::size_t i = 0; i < 3; ++i) {
+    const std::size_t d = size.size() - 3 + i;
+    const std::int64_t k = pick(kernel, i, 1);
+    size[d] = pooled_size(size[d], k, pick(padding, i, 0), pick(stride, i, k), pick(dilation, i, 1), ceil_mode);
+  }
+  const auto options = self.options().memory_format(self.suggest_memory_format());
+  return {at::empty(size, options), at::empty(size, options.dtype(at::kLong))};
+}
+
+// Margin losses: one value per sample without reduction, else a scalar.
+at::Tensor multi_margin_loss(const at::Tensor& self, const at::Tensor&, const at::Scalar&, const at::Scalar&,
+                             const c10::optional<at::Tensor>&, std::int64_t reduction) {
+  const bool none = reduction == at::Reduction::None && self.dim() == 2;
+  return none ? at::empty({self.size(0)}, self.options()) : at::empty({}, self.options());
+}
+std::tuple<at::Tensor, at::Tensor> multilabel_margin_loss_forward(const at::Tensor& self, const at::Tensor& target,
+                                                                  std::int64_t reduction) {
+  const bool none = reduction == at::Reduction::None && self.dim() == 2;
+  return {none ? at::empty({self.size(0)}, self.options()) : at::empty({}, self.options()),
+          at::empty(target.sizes(), self.options())};
+}
+
+// Grid sampling's gradients: the input's (when asked for) and the grid's.
+std::tuple<at::Tensor, at::Tensor> grid_sampler_backward(const at::Tensor&, const at::Tensor& input,
+                                                            const at::Tensor& grid, std::int64_t, std::int64_t,
+                                                            bool, std::array<bool, 2> output_mask) {
+  return {output_mask[0] ? at::empty_like(input, at::MemoryFormat::Contiguous) : at::Tensor(),
+          at::empty_like(grid, at::MemoryFormat::Contiguous)};
+}
+
+at::Tensor pdist_forward(const at::Tensor& self, double) {
+  const std::int64_t n = self.size(0);
+  return at::empty({n <= 1 ? 0 : n * (n - 1) / 2}, self.options());
+}
+
+at::Tensor cdist_backward(const at::Tensor&, const at::Tensor& x1, const at::Tensor&, double, const at::Tensor&) {
+  return at::empty(x1.sizes(), x1.options());
+}
+
+at::Tensor grid_sampler_3d(const at::Tensor& input, const at::Tensor& grid, std::int64_t, std::int64_t, bool) {
+  return at::empty({input.size(0), input.size(1), grid.size(1), grid.size(2), grid.size(3)}, input.options());
+}
+
+at::Tensor max_pool3d_with_indices_backward(const at::Tensor& grad_output, const at::Tensor& self, at::IntArrayRef,
+                                            at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, bool,
+                                            const at::Tensor&) {
+  return at::empty_like(self, self.suggest_memory_format());
+}
+
+at::Tensor multi_margin_loss_backward(const at::Tensor&, const at::Tensor& self, const at::Tensor&,
+                                      const at::Scalar&, const at::Scalar&, const c10::optional<at::Tensor>&,
+                                      std::int64_t) {
+  return at::empty_like(self, at::MemoryFormat::Contiguous);
+}
+
+at::Tensor multilabel_margin_loss_backward(const at::Tensor&, const at::Tensor& self, const at::Tensor&,
+                                           std::int64_t, const at::Tensor&) {
+  return at::empty_like(self, at::MemoryFormat::Contiguous);
+}
+
+at::Tensor pdist_backward(const at::Tensor&, const at::Tensor& self, double, const at::Tensor&) {
+  return at::empty_like(self, at::MemoryFormat::Contiguous);
+}
+
+// The CPU kernel gives a 0-dim input reduced with keepdim a length-1 result.
+std::tuple<at::Tensor, at::Tensor> aminmax(const at::Tensor& self, c10::optional<std::int64_t> dim, bool keepdim) {
+  std::vector<std::int64_t> size;
+  if (dim) size = self.dim() == 0 ? std::vector<std::int64_t>(keepdim ? 1 : 0, 1) : reduced_size(self, *dim, keepdim);
+  return {at::empty(size, self.options()), at::empty(size, self.options())};
+}
+
+std::tuple<at::Tensor, at::Tensor> mode(const at::Tensor& self, std::int64_t dim, bool keepdim) {
+  return median_dim(self, dim, keepdim);
+}
+
+at::Tensor histc(const at::Tensor& self, std::int64_t bins, const at::Scalar&, const at::Scalar&) {
+  return at::empty({bins}, self.options());
+}
+
+// polar(abs, angle): a complex tensor of their broadcast shape.
+at::Tensor polar(const at::Tensor& abs, const at::Tensor& angle) {
+  return at::empty(at::infer_size(abs.sizes(), angle.sizes()),
+                   abs.options().dtype(c10::toComplexType(abs.scalar_type())));
+}
+
+// Python's meta for huber_loss_backward.out is broken in 1.13.
+at::Tensor huber_loss_backward(const at::Tensor&, const at::Tensor& self, const at::Tensor&, std::int64_t,
+                               double) {
+  return at::empty_like(self, at::MemoryFormat::Contiguous);
+}
+
 // The native flip writes into empty_like(self, Preserve): dense strides in
 // the input's order, also for an expanded input (Python's meta keeps its
 // zero strides).
@@ -241,60 +431,106 @@ at::Tensor pixel_unshuffle(const at::Tensor& self, std::int64_t factor) {
   return at::empty(size, self.options().memory_format(self.suggest_memory_format()));
 }
 
-bool has_meta_kernel(const char* name, const char* overload) {
-  auto op = c10::Dispatcher::singleton().findSchema({name, overload});
-  return op && op->hasKernelForDispatchKey(c10::DispatchKey::Meta);
+// One of metamem's meta kernels, boxed for the meta layer and registrable
+// on the Meta key.
+struct OwnKernel {
+  c10::KernelFunction kernel;
+  std::function<void(torch::Library&, const char*)> register_on;
+};
+
+template <class Fn>
+std::pair<const std::string, OwnKernel> own(const char* qualified, Fn fn) {
+  return {qualified, {c10::KernelFunction::makeFromUnboxedFunction(fn),
+                      [fn](torch::Library& lib, const char* name) { lib.impl(name, fn); }}};
+}
+
+const std::unordered_map<std::string, OwnKernel>& own_kernels() {
+  static const std::unordered_map<std::string, OwnKernel> kernels = {
+      own("relu", TORCH_FN(relu)),
+      own("relu_", TORCH_FN(relu_)),
+      own("native_dropout", TORCH_FN(native_dropout)),
+      own("native_dropout_backward", TORCH_FN(native_dropout_backward)),
+      own("convolution", TORCH_FN(convolution)),
+      own("convolution_backward", TORCH_FN(convolution_backward)),
+      own("native_batch_norm", TORCH_FN(native_batch_norm)),
+      own("native_batch_norm_backward", TORCH_FN(native_batch_norm_backward)),
+      own("native_layer_norm", TORCH_FN(native_layer_norm)),
+      own("native_layer_norm_backward", TORCH_FN(native_layer_norm_backward)),
+      own("_adaptive_avg_pool2d", TORCH_FN(adaptive_avg_pool2d)),
+      own("_adaptive_avg_pool2d_backward", TORCH_FN(adaptive_avg_pool2d_backward)),
+      own("embedding", TORCH_FN(embedding)),
+      own("embedding_dense_backward", TORCH_FN(embedding_dense_backward)),
+      own("index_select", TORCH_FN(index_select)),
+      own("hardtanh_backward", TORCH_FN(hardtanh_backward)),
+      own("upsample_nearest3d.vec", TORCH_FN(upsample_nearest3d)),
+      own("reflection_pad2d_backward", TORCH_FN(padding_backward)),
+      own("replication_pad2d_backward", TORCH_FN(padding_backward)),
+      own("_adaptive_avg_pool3d_backward", TORCH_FN(input_shaped_gradient)),
+      own("max_unpool2d", TORCH_FN(max_unpool2d)),
+      own("max_unpool3d", TORCH_FN(max_unpool3d)),
+      own("take", TORCH_FN(take)),
+      own("nll_loss2d_forward", TORCH_FN(nll_loss2d_forward)),
+      own("linalg_solve_triangular", TORCH_FN(linalg_solve_triangular)),
+      own("huber_loss_backward", TORCH_FN(huber_loss_backward)),
+      own("aminmax", TORCH_FN(aminmax)),
+      own("mode", TORCH_FN(mode)),
+      own("histc", TORCH_FN(histc)),
+      own("polar", TORCH_FN(polar)),
+      own("median", TORCH_FN(median)),
+      own("median.dim", TORCH_FN(median_dim)),
+      own("kthvalue", TORCH_FN(kthvalue)),
+      own("cummax", TORCH_FN(cumulative_extreme)),
+      own("cummin", TORCH_FN(cumulative_extreme)),
+      own("logcumsumexp", TORCH_FN(logcumsumexp)),
+      own("count_nonzero.dim_IntList", TORCH_FN(count_nonzero)),
+      own("frexp.Tensor", TORCH_FN(frexp)),
+      own("rrelu_with_noise", TORCH_FN(rrelu_with_noise)),
+      own("unfold_backward", TORCH_FN(unfold_backward)),
+      own("bucketize.Tensor", TORCH_FN(bucketize)),
+      own("searchsorted.Tensor", TORCH_FN(searchsorted)),
+      own("smooth_l1_loss_backward", TORCH_FN(smooth_l1_loss_backward)),
+      own("fractional_max_pool3d_backward", TORCH_FN(fractional_max_pool3d_backward)),
+      own("replication_pad3d_backward", TORCH_FN(padding_backward)),
+      own("upsample_nearest3d_backward.vec", TORCH_FN(upsample_nearest3d_backward)),
+      own("max_pool3d_with_indices", TORCH_FN(max_pool3d_with_indices)),
+      own("multi_margin_loss", TORCH_FN(multi_margin_loss)),
+      own("multilabel_margin_loss_forward", TORCH_FN(multilabel_margin_loss_forward)),
+      own("grid_sampler_2d_backward", TORCH_FN(grid_sampler_backward)),
+      own("_pdist_forward", TORCH_FN(pdist_forward)),
+      own("_cdist_backward", TORCH_FN(cdist_backward)),
+      own("grid_sampler_3d", TORCH_FN(grid_sampler_3d)),
+      own("grid_sampler_3d_backward", TORCH_FN(grid_sampler_backward)),
+      own("max_pool3d_with_indices_backward", TORCH_FN(max_pool3d_with_indices_backward)),
+      own("multi_margin_loss_backward", TORCH_FN(multi_margin_loss_backward)),
+      own("multilabel_margin_loss_backward", TORCH_FN(multilabel_margin_loss_backward)),
+      own("_pdist_backward", TORCH_FN(pdist_backward)),
+      own("flip", TORCH_FN(flip)),
+      own("narrow_copy", TORCH_FN(narrow_copy)),
+      own("pixel_shuffle", TORCH_FN(pixel_shuffle)),
+      own("pixel_unshuffle", TORCH_FN(pixel_unshuffle)),
+  };
+  return kernels;
 }
 
 }  // namespace
 
-// Newer libtorch versions have some of these: theirs win.
 void register_missing_meta_kernels() {
   auto* lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__,
                                  __LINE__);
-  auto add = [&](const char* name, const char* overload, auto fn) {
-    if (has_meta_kernel((std::string("aten::") + name).c_str(), overload)) return;
-    const std::string qualified = *overload ? std::string(name) + "." + overload : name;
-    lib->impl(qualified.c_str(), fn);
-  };
-  add("relu", "", TORCH_FN(relu));
-  add("relu_", "", TORCH_FN(relu_));
-  add("native_dropout", "", TORCH_FN(native_dropout));
-  add("native_dropout_backward", "", TORCH_FN(native_dropout_backward));
-  add("convolution", "", TORCH_FN(convolution));
-  add("convolution_backward", "", TORCH_FN(convolution_backward));
-  add("native_batch_norm", "", TORCH_FN(native_batch_norm));
-  add("native_batch_norm_backward", "", TORCH_FN(native_batch_norm_backward));
-  add("native_layer_norm", "", TORCH_FN(native_layer_norm));
-  add("native_layer_norm_backward", "", TORCH_FN(native_layer_norm_backward));
-  add("_adaptive_avg_pool2d", "", TORCH_FN(adaptive_avg_pool2d));
-  add("_adaptive_avg_pool2d_backward", "", TORCH_FN(adaptive_avg_pool2d_backward));
-  add("embedding", "", TORCH_FN(embedding));
-  add("embedding_dense_backward", "", TORCH_FN(embedding_dense_backward));
-  add("index_select", "", TORCH_FN(index_select));
-  add("hardtanh_backward", "", TORCH_FN(hardtanh_backward));
-  add("upsample_nearest3d", "vec", TORCH_FN(upsample_nearest3d));
-  add("reflection_pad2d_backward", "", TORCH_FN(padding_backward));
-  add("replication_pad2d_backward", "", TORCH_FN(padding_backward));
-  add("_adaptive_avg_pool3d_backward", "", TORCH_FN(input_shaped_gradient));
-  add("max_unpool2d", "", TORCH_FN(max_unpool2d));
-  add("max_unpool3d", "", TORCH_FN(max_unpool3d));
-  add("take", "", TORCH_FN(take));
-  add("nll_loss2d_forward", "", TORCH_FN(nll_loss2d_forward));
-  add("linalg_solve_triangular", "", TORCH_FN(linalg_solve_triangular));
+  for (const auto& [name, own] : own_kernels()) {
+    const std::size_t dot = name.find('.');
+    const std::string op = "aten::" + name.substr(0, dot);
+    const std::string overload = dot == std::string::npos ? "" : name.substr(dot + 1);
+    const auto handle = c10::Dispatcher::singleton().findSchema({op, overload});
+    if (handle && !handle->hasKernelForDispatchKey(c10::DispatchKey::Meta))
+      own.register_on(*lib, name.c_str());
+  }
 }
 
-bool call_native_layout_kernel(const c10::OperatorHandle& op, torch::jit::Stack& stack) {
-  static const std::unordered_map<std::string, c10::KernelFunction> kernels = {
-      {"aten::flip", c10::KernelFunction::makeFromUnboxedFunction(TORCH_FN(flip))},
-      {"aten::narrow_copy", c10::KernelFunction::makeFromUnboxedFunction(TORCH_FN(narrow_copy))},
-      {"aten::pixel_shuffle", c10::KernelFunction::makeFromUnboxedFunction(TORCH_FN(pixel_shuffle))},
-      {"aten::pixel_unshuffle", c10::KernelFunction::makeFromUnboxedFunction(TORCH_FN(pixel_unshuffle))},
-  };
-  const auto it = kernels.find(op.schema().name());
-  if (it == kernels.end() || !op.schema().overload_name().empty()) return false;
-  it->second.callBoxed(op, c10::DispatchKeySet(c10::DispatchKey::Meta), &stack);
-  return true;
+const c10::KernelFunction* own_meta_kernel(const std::string& qualified_name) {
+  if (qualified_name.rfind("aten::", 0) != 0) return nullptr;
+  const auto it = own_kernels().find(qualified_name.substr(6));
+  return it == own_kernels().end() ? nullptr : &it->second.kernel;
 }
 
 }  // namespace metamem

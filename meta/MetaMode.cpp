@@ -70,6 +70,9 @@ using BufferList = c10::SmallVector<BufferId, 8>;
 // only read afterwards.
 std::unordered_map<const c10::OperatorName*, CpuScratchModel> g_cpu_scratch;
 
+// metamem's own meta kernels by op, likewise.
+std::unordered_map<const c10::OperatorName*, const c10::KernelFunction*> g_own_kernels;
+
 // On a fake cpu, what the op's CPU kernel holds beside its outputs is made
 // and freed after they exist, as it is live beside them.
 void report_scratch(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
@@ -220,7 +223,11 @@ void call_on_meta(const c10::OperatorHandle& op, torch::jit::Stack& stack) {
     unsupported(schema, "reading a tensor's value (.item(), bool(), a branch on it) needs its data, "
                         "which a trace does not have.");
   try {
-    if (!call_native_layout_kernel(op, stack)) op.callBoxed(&stack);
+    const auto own = g_own_kernels.find(&op.operator_name());
+    if (own != g_own_kernels.end())
+      own->second->callBoxed(op, c10::DispatchKeySet(c10::DispatchKey::Meta), &stack);
+    else
+      op.callBoxed(&stack);
   } catch (const UnsupportedOpError&) {
     throw;
   } catch (const c10::NotImplementedError& e) {
@@ -305,8 +312,11 @@ void meta_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 // device makes them.
 bool runs_as_one_op(const c10::OperatorHandle& op, const std::string& qualified) {
   static const std::unordered_set<std::string> decomposed = {
-      "aten::isinf", "aten::binary_cross_entropy_with_logits", "aten::soft_margin_loss",
-      "aten::soft_margin_loss_backward", "aten::huber_loss_backward"};
+      "aten::isinf",           "aten::rot90",
+      "aten::mv",              "aten::binary_cross_entropy_with_logits",
+      "aten::_trilinear",
+      "aten::soft_margin_loss", "aten::soft_margin_loss.out",
+      "aten::soft_margin_loss_backward", "aten::soft_margin_loss_backward.grad_input"};
   if (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))
     return op.hasKernelForDispatchKey(c10::DispatchKey::CPU);
   if (decomposed.count(qualified) != 0) return false;
@@ -328,6 +338,8 @@ void register_meta_kernel() {
         name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
     if (CpuScratchModel model = cpu_scratch_model(qualified))
       g_cpu_scratch.emplace(&op->operator_name(), model);
+    if (const c10::KernelFunction* kernel = own_meta_kernel(qualified))
+      g_own_kernels.emplace(&op->operator_name(), kernel);
     if (qualified.rfind("profiler::", 0) == 0) {
       for (auto key : {c10::DispatchKey::PrivateUse1, c10::DispatchKey::AutogradPrivateUse1})
         handles->push_back(dispatcher.registerImpl(

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <unordered_map>
 
 #include "estimator/Estimate.h"
 #include "estimator/Report.h"
@@ -56,15 +57,16 @@ class Result {
     const std::vector<NodeRow> rows = kind == "modules" ? module_table(est_.nodes, depth) : est_.nodes.rows;
     return csv ? rows_csv(rows) : rows_table(rows);
   }
-  // (op, bytes) of each allocation; the op is the one whose output the
-  // buffer became ("" for none).
+  // (op, bytes) of each allocation and (op, -bytes) of each free, in
+  // order; the op is the one whose output the buffer became ("" for none).
   std::vector<std::pair<std::string, std::int64_t>> allocations() const {
     const Trace& trace = est_.trace;
     std::vector<std::pair<std::string, std::int64_t>> out;
     for (const Event& event : trace.events) {
-      if (event.kind != EventKind::Alloc) continue;
+      if (event.kind == EventKind::Op) continue;
       const Buffer& buffer = trace.buffers[event.index];
-      out.emplace_back(buffer.producer_op < 0 ? "" : trace.op_name(trace.ops[buffer.producer_op]), buffer.bytes);
+      out.emplace_back(buffer.producer_op < 0 ? "" : trace.op_name(trace.ops[buffer.producer_op]),
+                       event.kind == EventKind::Alloc ? buffer.bytes : -buffer.bytes);
     }
     return out;
   }
@@ -204,14 +206,21 @@ std::int64_t achieved_cpu(const py::function& step) {
   return counter.peak_bytes() - before;
 }
 
-// (op, bytes) of each allocation a real CPU run of `step` makes, the op being
-// the innermost one running: where a trace and a real run part ways.
+// (op, bytes) of each allocation and (op, -bytes) of each free a real CPU
+// run of `step` makes, the op being the innermost one running: where a trace
+// and a real run part ways.
 class AllocationLog final : public CpuAllocationListener {
  public:
-  void on_cpu_alloc(void*, std::size_t bytes) override {
+  void on_cpu_alloc(void* data, std::size_t bytes) override {
+    sizes[data] = static_cast<std::int64_t>(bytes);
     log.emplace_back(t_ops.empty() ? std::string() : t_ops.back(), static_cast<std::int64_t>(bytes));
   }
-  void on_cpu_free(void*) override {}
+  void on_cpu_free(void* data) override {
+    const auto it = sizes.find(data);
+    if (it == sizes.end()) return;
+    log.emplace_back(t_ops.empty() ? std::string() : t_ops.back(), -it->second);
+    sizes.erase(it);
+  }
 
   static std::unique_ptr<at::ObserverContext> enter(const at::RecordFunction& fn) {
     t_ops.emplace_back(fn.name());
@@ -222,6 +231,7 @@ class AllocationLog final : public CpuAllocationListener {
   }
 
   std::vector<std::pair<std::string, std::int64_t>> log;
+  std::unordered_map<void*, std::int64_t> sizes;
   static thread_local std::vector<std::string> t_ops;
 };
 thread_local std::vector<std::string> AllocationLog::t_ops;
