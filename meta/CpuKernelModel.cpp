@@ -348,9 +348,27 @@ std::int64_t normal_std_number(Args, Args returns) { return bytes_of(returns[0].
 // reads. Over all dims it counts in place.
 std::int64_t count_nonzero(Args args, Args returns) {
   const at::Tensor& self = args[0].toTensor();
-  if (args[1].toIntVector().empty()) return 0;
+  if (args[1].isNone() || (args[1].isIntList() && args[1].toIntVector().empty())) return 0;
   const std::int64_t mask = self.numel();
   return std::max(8 + element_size(self) + mask - bytes_of(returns[0].toTensor()), mask + 8 * mask);
+}
+
+// median over all elements partitions a clone; along a dim it works on a
+// copy unless that dim is already contiguous.
+std::int64_t median_all(Args args, Args) { return bytes_of(args[0].toTensor()); }
+
+std::int64_t median_dim(Args args, Args) {
+  const at::Tensor& self = args[0].toTensor();
+  if (self.dim() == 0) return 0;
+  return self.stride(c10::maybe_wrap_dim(args[1].toInt(), self.dim())) > 1 ? bytes_of(self) : 0;
+}
+
+// im2col and col2im write into empty_like(input) resized to their output:
+// growing it reallocates (both live for a moment); they read the input
+// contiguous.
+std::int64_t unfold_columns(Args args, Args returns) {
+  const at::Tensor &input = args[0].toTensor(), &output = returns[0].toTensor();
+  return copy_unless_contiguous(input) + (bytes_of(output) > bytes_of(input) ? bytes_of(input) : 0);
 }
 
 // kthvalue selects in a contiguous clone with an int64 index per element.
@@ -436,6 +454,49 @@ std::int64_t histc(Args args, Args) {
   return (bins + 1) * element_size(self) + std::max(data_range ? 2 * element_size(self) : 0, bins * element_size(self));
 }
 
+// Determinants come from an LU factorisation (int32 infos per matrix) and
+// the permutation's sign: (arange(1, n + 1) != pivots).sum(-1, long) (a
+// batch of bool masks beside one int32 arange; the sum reads an int64 copy
+// of the masks),
+// then fmod_, mul_, add_ with wrapped longs. All in one expression, so its
+// temporaries live to its end.
+struct Determinant {
+  std::int64_t batch, n, element;
+  std::int64_t infos() const { return 4 * batch; }
+  std::int64_t permutation_sign() const { return 4 * n + n * batch + 8 * batch + std::max<std::int64_t>(8 * n * batch, 8); }
+};
+
+Determinant determinant(const at::Tensor& A) {
+  std::int64_t batch = 1;
+  for (std::int64_t i = 0; i < A.dim() - 2; ++i) batch *= A.size(i);
+  return {batch, A.size(-1), element_size(A)};
+}
+
+// det = sign * prod(diag(U)): the product first, then the sign, then the
+// sign cast to the product's dtype.
+std::int64_t linalg_det(Args args, Args) {
+  const Determinant d = determinant(args[0].toTensor());
+  const std::int64_t product = d.batch * d.element;
+  return d.infos() + product + std::max(d.permutation_sign(), 8 * d.batch + d.batch * d.element);
+}
+
+// sign = prod(sgn(diag(U))) * permutation sign, then sum(log(abs(diag(U)))).
+std::int64_t linalg_slogdet(Args args, Args) {
+  const Determinant d = determinant(args[0].toTensor());
+  const std::int64_t diagonal = d.n * d.batch * d.element, product = d.batch * d.element;
+  return d.infos() + std::max({d.permutation_sign(), 8 * d.batch + diagonal + product + d.batch * d.element, diagonal});
+}
+
+// The inverse solves A X = I through an LU factorisation and its pivots
+// (int32), then lu_solve's pivot checks; with check_errors, infos.any().
+std::int64_t linalg_inv_ex(Args args, Args returns) {
+  const Determinant d = determinant(args[0].toTensor());
+  if (returns[0].toTensor().numel() == 0) return 0;
+  const std::int64_t pivots = d.n * d.batch;
+  return d.n * d.n * d.batch * d.element + 4 * pivots +
+         std::max(8 + 4 + pivots, args[1].toBool() ? 1 + d.batch : 0);
+}
+
 // LAPACK's error codes are checked with infos.any(): a bool result beside
 // a bool copy of the int32 codes.
 std::int64_t linalg_check_errors(Args args, Args) { return 1 + args[0].toTensor().numel(); }
@@ -456,13 +517,14 @@ std::int64_t max_unpool(Args args, Args) {
   return copy_unless_contiguous(self, format) + copy_unless_contiguous(indices, format);
 }
 
-// Reducing losses compute the elementwise loss first; the mean divides it
-// in place by the count (a wrapped long, cast).
+// A reduced binary cross entropy computes the elementwise loss into its
+// output, reduces it to a 0-dim temporary (the mean divides in place by the
+// count: a wrapped long, cast) and copies that back into the shrunk output.
 std::int64_t reduced_loss(Args args, Args) {
   const at::Tensor& self = args[0].toTensor();
   const std::int64_t reduction = args[3].toInt();
   if (reduction == at::Reduction::None) return 0;
-  return bytes_of(self) + (reduction == at::Reduction::Mean ? 8 + element_size(self) : 0);
+  return element_size(self) + (reduction == at::Reduction::Mean ? 8 + element_size(self) : 0);
 }
 
 std::int64_t loss_backward_mean(Args args, Args) {
@@ -625,6 +687,13 @@ CpuScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::normal.float_Tensor", &normal_mean_number},
       {"aten::normal.Tensor_float", &normal_std_number},
       {"aten::count_nonzero.dim_IntList", &count_nonzero},
+      {"aten::count_nonzero", &count_nonzero},
+      {"aten::median", &median_all},
+      {"aten::nanmedian", &median_all},
+      {"aten::median.dim", &median_dim},
+      {"aten::nanmedian.dim", &median_dim},
+      {"aten::im2col", &unfold_columns},
+      {"aten::col2im", &unfold_columns},
       {"aten::_cdist_forward", &cdist_forward},
       {"aten::kthvalue", &kthvalue},
       {"aten::searchsorted.Tensor", &searchsorted},
@@ -639,6 +708,9 @@ CpuScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::addmv", &addmv},
       {"aten::addmv_", &addmv},
       {"aten::_linalg_check_errors", &linalg_check_errors},
+      {"aten::_linalg_det", &linalg_det},
+      {"aten::linalg_inv_ex", &linalg_inv_ex},
+      {"aten::_linalg_slogdet", &linalg_slogdet},
       {"aten::histc", &histc},
       {"aten::linalg_lu_solve", &linalg_lu_solve},
       {"aten::max_unpool2d", &max_unpool},

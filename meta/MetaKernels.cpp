@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/AccumulateType.h>
+#include <ATen/core/Reduction.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
@@ -342,8 +343,12 @@ at::Tensor pdist_forward(const at::Tensor& self, double) {
   return at::empty({n <= 1 ? 0 : n * (n - 1) / 2}, self.options());
 }
 
-at::Tensor cdist_backward(const at::Tensor&, const at::Tensor& x1, const at::Tensor&, double, const at::Tensor&) {
-  return at::empty(x1.sizes(), x1.options());
+// x1's gradient over the batch both operands broadcast to.
+at::Tensor cdist_backward(const at::Tensor&, const at::Tensor& x1, const at::Tensor& x2, double, const at::Tensor&) {
+  auto size = at::infer_size(x1.sizes().slice(0, x1.dim() - 2), x2.sizes().slice(0, x2.dim() - 2));
+  size.push_back(x1.size(-2));
+  size.push_back(x1.size(-1));
+  return at::empty(size, x1.options());
 }
 
 at::Tensor grid_sampler_3d(const at::Tensor& input, const at::Tensor& grid, std::int64_t, std::int64_t, bool) {
@@ -390,6 +395,40 @@ at::Tensor histc(const at::Tensor& self, std::int64_t bins, const at::Scalar&, c
 at::Tensor polar(const at::Tensor& abs, const at::Tensor& angle) {
   return at::empty(at::infer_size(abs.sizes(), angle.sizes()),
                    abs.options().dtype(c10::toComplexType(abs.scalar_type())));
+}
+
+// im2col and col2im write into empty_like(input) resized to their output
+// (storage shrinks never): col2im's output keeps its input's size.
+at::Tensor unfold_output(const at::Tensor& input, std::vector<std::int64_t> size) {
+  return at::empty_like(input, at::MemoryFormat::Contiguous).resize_(size);
+}
+
+at::Tensor im2col(const at::Tensor& input, at::IntArrayRef kernel, at::IntArrayRef dilation, at::IntArrayRef padding,
+                  at::IntArrayRef stride) {
+  const bool batched = input.dim() == 4;
+  std::int64_t blocks = 1;
+  for (std::size_t i = 0; i < 2; ++i) {
+    const std::int64_t in = input.size(input.dim() - 2 + static_cast<std::int64_t>(i));
+    blocks *= (in + 2 * padding[i] - dilation[i] * (kernel[i] - 1) - 1) / stride[i] + 1;
+  }
+  std::vector<std::int64_t> size{input.size(-3) * kernel[0] * kernel[1], blocks};
+  if (batched) size.insert(size.begin(), input.size(0));
+  return unfold_output(input, size);
+}
+
+at::Tensor col2im(const at::Tensor& input, at::IntArrayRef output_size, at::IntArrayRef kernel, at::IntArrayRef,
+                  at::IntArrayRef, at::IntArrayRef) {
+  const bool batched = input.dim() == 3;
+  std::vector<std::int64_t> size{input.size(-2) / (kernel[0] * kernel[1]), output_size[0], output_size[1]};
+  if (batched) size.insert(size.begin(), input.size(0));
+  return unfold_output(input, size);
+}
+
+// A reduced binary cross entropy shrinks its elementwise loss to 0-dim.
+at::Tensor binary_cross_entropy(const at::Tensor& self, const at::Tensor&, const c10::optional<at::Tensor>&,
+                                std::int64_t reduction) {
+  at::Tensor loss = at::empty_like(self, at::MemoryFormat::Contiguous);
+  return reduction == at::Reduction::None ? loss : loss.resize_({});
 }
 
 // Python's meta for huber_loss_backward.out is broken in 1.13.
@@ -473,6 +512,9 @@ const std::unordered_map<std::string, OwnKernel>& own_kernels() {
       own("linalg_solve_triangular", TORCH_FN(linalg_solve_triangular)),
       own("huber_loss_backward", TORCH_FN(huber_loss_backward)),
       own("aminmax", TORCH_FN(aminmax)),
+      own("im2col", TORCH_FN(im2col)),
+      own("col2im", TORCH_FN(col2im)),
+      own("binary_cross_entropy", TORCH_FN(binary_cross_entropy)),
       own("mode", TORCH_FN(mode)),
       own("histc", TORCH_FN(histc)),
       own("polar", TORCH_FN(polar)),
