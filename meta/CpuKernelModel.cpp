@@ -1,15 +1,17 @@
 #include "meta/CpuKernelModel.h"
 
-#include <ATen/Parallel.h>
-#include <ATen/core/Tensor.h>
 #include <ATen/ExpandUtils.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/Reduction.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/native/TypeProperties.h>
 #include <c10/core/WrapDimMinimal.h>
 
 #include <algorithm>
 #include <unordered_map>
 #include <vector>
+
+#include "meta/LapackWorkspace.h"
 
 namespace metamem {
 namespace {
@@ -497,6 +499,50 @@ std::int64_t linalg_inv_ex(Args args, Args returns) {
          std::max(8 + 4 + pivots, args[1].toBool() ? 1 + d.batch : 0);
 }
 
+// linalg_qr: Householder scalars (batch x k), geqrf in Q or R when one has
+// A's shape (else in a column-major copy of A), then orgqr for a non-empty
+// Q; each asks LAPACK for its workspace, one at a time.
+std::int64_t linalg_qr(Args args, Args returns) {
+  const at::Tensor &A = args[0].toTensor(), &Q = returns[0].toTensor(), &R = returns[1].toTensor();
+  const std::int64_t m = A.size(-2), n = A.size(-1), k = std::min(m, n);
+  const bool compute_q = args[1].toStringRef() != "r";
+  const Determinant d = determinant(A);
+  const std::int64_t tau = d.batch * k * d.element;
+  const bool in_place = (compute_q && Q.size(-1) == n) || R.size(-2) == m;
+  const std::int64_t geqrf = lapack::geqrf_work(A.scalar_type(), m, n) * d.element;
+  const bool orgqr_runs = compute_q && Q.numel() > 0;
+  const std::int64_t orgqr = orgqr_runs ? lapack::orgqr_work(A.scalar_type(), m, Q.size(-1), k) * d.element : 0;
+  return tau + (in_place ? 0 : bytes_of(A)) + std::max(geqrf, orgqr);
+}
+
+// _linalg_eigh: int32 infos, syevd's work and iwork (A copied first when
+// no eigenvectors are kept), then the infos check.
+std::int64_t linalg_eigh(Args args, Args) {
+  const at::Tensor& A = args[0].toTensor();
+  if (A.numel() == 0) return 0;
+  const bool vectors = args[2].toBool();
+  const Determinant d = determinant(A);
+  const lapack::EighWork work = lapack::syevd_work(A.scalar_type(), vectors, d.n);
+  return (vectors ? 0 : bytes_of(A)) + d.infos() + std::max(work.work * d.element + 4 * work.iwork, 1 + d.batch);
+}
+
+// _linalg_svd: int32 infos, a column-major copy of A that gesdd destroys
+// (its workspaces are std::vectors, outside the allocator), the check.
+std::int64_t linalg_svd(Args args, Args) {
+  const at::Tensor& A = args[0].toTensor();
+  if (A.numel() == 0) return 0;
+  const Determinant d = determinant(A);
+  return d.infos() + std::max(bytes_of(A), 1 + d.batch);
+}
+
+// The LDL factorisation asks sytrf for its workspace.
+std::int64_t linalg_ldl_factor_ex(Args args, Args) {
+  const at::Tensor& A = args[0].toTensor();
+  if (A.numel() == 0) return 0;
+  const std::int64_t work = lapack::sytrf_work(A.scalar_type(), A.size(-1)) * element_size(A);
+  return std::max(work, args[2].toBool() ? 1 + determinant(A).batch : 0);
+}
+
 // LAPACK's error codes are checked with infos.any(): a bool result beside
 // a bool copy of the int32 codes.
 std::int64_t linalg_check_errors(Args args, Args) { return 1 + args[0].toTensor().numel(); }
@@ -709,6 +755,10 @@ CpuScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::addmv_", &addmv},
       {"aten::_linalg_check_errors", &linalg_check_errors},
       {"aten::_linalg_det", &linalg_det},
+      {"aten::linalg_qr", &linalg_qr},
+      {"aten::_linalg_eigh", &linalg_eigh},
+      {"aten::_linalg_svd", &linalg_svd},
+      {"aten::linalg_ldl_factor_ex", &linalg_ldl_factor_ex},
       {"aten::linalg_inv_ex", &linalg_inv_ex},
       {"aten::_linalg_slogdet", &linalg_slogdet},
       {"aten::histc", &histc},

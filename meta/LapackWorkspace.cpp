@@ -1,0 +1,109 @@
+#include "meta/LapackWorkspace.h"
+
+#include <algorithm>
+
+#ifdef METAMEM_HAVE_LAPACK
+extern "C" {
+void sgeqrf_(const int* m, const int* n, float* a, const int* lda, float* tau, float* work, const int* lwork, int* info);
+void dgeqrf_(const int* m, const int* n, double* a, const int* lda, double* tau, double* work, const int* lwork, int* info);
+void sorgqr_(const int* m, const int* n, const int* k, float* a, const int* lda, const float* tau, float* work,
+             const int* lwork, int* info);
+void dorgqr_(const int* m, const int* n, const int* k, double* a, const int* lda, const double* tau, double* work,
+             const int* lwork, int* info);
+void ssytrf_(const char* uplo, const int* n, float* a, const int* lda, int* ipiv, float* work, const int* lwork,
+             int* info);
+void dsytrf_(const char* uplo, const int* n, double* a, const int* lda, int* ipiv, double* work, const int* lwork,
+             int* info);
+void ssyevd_(const char* jobz, const char* uplo, const int* n, float* a, const int* lda, float* w, float* work,
+             const int* lwork, int* iwork, const int* liwork, int* info);
+void dsyevd_(const char* jobz, const char* uplo, const int* n, double* a, const int* lda, double* w, double* work,
+             const int* lwork, int* iwork, const int* liwork, int* info);
+}
+#endif
+
+namespace metamem::lapack {
+namespace {
+
+constexpr int kQuery = -1;
+
+// libtorch takes max(1, the optimal size LAPACK reports); for QR at least
+// one element per column.
+std::int64_t at_least_one(double size) { return std::max<std::int64_t>(1, static_cast<std::int64_t>(size)); }
+std::int64_t at_least_n(double size, std::int64_t n) { return std::max(at_least_one(size), n); }
+
+}  // namespace
+
+#ifdef METAMEM_HAVE_LAPACK
+std::int64_t geqrf_work(c10::ScalarType dtype, std::int64_t m, std::int64_t n) {
+  const int m_ = static_cast<int>(m), n_ = static_cast<int>(n), lda = std::max(1, m_);
+  int info = 0;
+  if (dtype == c10::kFloat) {
+    float size = 0;
+    sgeqrf_(&m_, &n_, nullptr, &lda, nullptr, &size, &kQuery, &info);
+    return at_least_n(size, n);
+  }
+  if (dtype == c10::kDouble) {
+    double size = 0;
+    dgeqrf_(&m_, &n_, nullptr, &lda, nullptr, &size, &kQuery, &info);
+    return at_least_n(size, n);
+  }
+  return 0;
+}
+
+std::int64_t orgqr_work(c10::ScalarType dtype, std::int64_t m, std::int64_t n, std::int64_t k) {
+  const int m_ = static_cast<int>(m), n_ = static_cast<int>(n), k_ = static_cast<int>(k), lda = std::max(1, m_);
+  int info = 0;
+  if (dtype == c10::kFloat) {
+    float size = 0;
+    sorgqr_(&m_, &n_, &k_, nullptr, &lda, nullptr, &size, &kQuery, &info);
+    return at_least_n(size, n);
+  }
+  if (dtype == c10::kDouble) {
+    double size = 0;
+    dorgqr_(&m_, &n_, &k_, nullptr, &lda, nullptr, &size, &kQuery, &info);
+    return at_least_n(size, n);
+  }
+  return 0;
+}
+
+std::int64_t sytrf_work(c10::ScalarType dtype, std::int64_t n) {
+  const int n_ = static_cast<int>(n), lda = std::max(1, n_);
+  const char uplo = 'L';
+  int info = 0;
+  if (dtype == c10::kFloat) {
+    float size = 0;
+    ssytrf_(&uplo, &n_, nullptr, &lda, nullptr, &size, &kQuery, &info);
+    return at_least_one(size);
+  }
+  if (dtype == c10::kDouble) {
+    double size = 0;
+    dsytrf_(&uplo, &n_, nullptr, &lda, nullptr, &size, &kQuery, &info);
+    return at_least_one(size);
+  }
+  return 0;
+}
+
+EighWork syevd_work(c10::ScalarType dtype, bool vectors, std::int64_t n) {
+  const int n_ = static_cast<int>(n), lda = std::max(1, n_);
+  const char jobz = vectors ? 'V' : 'N', uplo = 'L';
+  int info = 0, iwork = 0;
+  if (dtype == c10::kFloat) {
+    float work = 0;
+    ssyevd_(&jobz, &uplo, &n_, nullptr, &lda, nullptr, &work, &kQuery, &iwork, &kQuery, &info);
+    return {at_least_one(work), std::max(1, iwork)};
+  }
+  if (dtype == c10::kDouble) {
+    double work = 0;
+    dsyevd_(&jobz, &uplo, &n_, nullptr, &lda, nullptr, &work, &kQuery, &iwork, &kQuery, &info);
+    return {at_least_one(work), std::max(1, iwork)};
+  }
+  return {};
+}
+#else
+std::int64_t geqrf_work(c10::ScalarType, std::int64_t, std::int64_t) { return 0; }
+std::int64_t orgqr_work(c10::ScalarType, std::int64_t, std::int64_t, std::int64_t) { return 0; }
+std::int64_t sytrf_work(c10::ScalarType, std::int64_t) { return 0; }
+EighWork syevd_work(c10::ScalarType, bool, std::int64_t) { return {}; }
+#endif
+
+}  // namespace metamem::lapack
