@@ -432,10 +432,11 @@ std::int64_t linalg_solve_triangular(Args args, Args) {
   return ready ? 0 : bytes_of(broadcast_A);
 }
 
-// Max pooling's gradient reads gradient and indices in the input's memory
-// format and computes into a temporary unless its output has that format.
+// Max pooling's gradient works in the memory format the gradient suggests:
+// it reads gradient and indices so laid out, and computes into a temporary
+// unless its output has that format.
 std::int64_t max_pool_backward(Args args, Args returns) {
-  const at::MemoryFormat format = args[1].toTensor().suggest_memory_format();
+  const at::MemoryFormat format = args[0].toTensor().suggest_memory_format();
   const at::Tensor& grad_input = returns[0].toTensor();
   return copy_unless_contiguous(args[0].toTensor(), format) +
          copy_unless_contiguous(args.back().toTensor(), format) + copy_unless_contiguous(grad_input, format);
@@ -533,6 +534,26 @@ std::int64_t linalg_svd(Args args, Args) {
   if (A.numel() == 0) return 0;
   const Determinant d = determinant(A);
   return d.infos() + std::max(bytes_of(A), 1 + d.batch);
+}
+
+// lu_unpack turns int32 pivots into an int64 permutation: an arange over
+// the rows, expanded over the batch contiguous, and contiguous pivots.
+std::int64_t lu_unpack(Args args, Args) {
+  const at::Tensor &LU = args[0].toTensor(), &pivots = args[1].toTensor();
+  if (!args[3].toBool()) return 0;
+  const std::int64_t m = LU.size(-2);
+  auto batch = pivots.sizes().vec();
+  batch.back() = m;
+  const at::Tensor arange = at::empty({m}, pivots.options().dtype(at::kLong));
+  return 8 * m + copy_unless_contiguous(arange.expand(batch)) + copy_unless_contiguous(pivots);
+}
+
+// The deprecated cholesky: int32 infos, then their check.
+std::int64_t cholesky(Args args, Args) {
+  const at::Tensor& self = args[0].toTensor();
+  if (self.numel() == 0) return 0;
+  const Determinant d = determinant(self);
+  return d.infos() + 1 + d.batch;
 }
 
 // The LDL factorisation asks sytrf for its workspace.
@@ -758,6 +779,8 @@ CpuScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::linalg_qr", &linalg_qr},
       {"aten::_linalg_eigh", &linalg_eigh},
       {"aten::_linalg_svd", &linalg_svd},
+      {"aten::lu_unpack", &lu_unpack},
+      {"aten::cholesky", &cholesky},
       {"aten::linalg_ldl_factor_ex", &linalg_ldl_factor_ex},
       {"aten::linalg_inv_ex", &linalg_inv_ex},
       {"aten::_linalg_slogdet", &linalg_slogdet},

@@ -431,6 +431,12 @@ at::Tensor binary_cross_entropy(const at::Tensor& self, const at::Tensor&, const
   return reduction == at::Reduction::None ? loss : loss.resize_({});
 }
 
+// The deprecated cholesky factors a column-major copy of its input.
+at::Tensor cholesky(const at::Tensor& self, bool) {
+  if (self.numel() == 0) return at::empty_like(self, at::MemoryFormat::Contiguous);
+  return at::empty(self.transpose(-2, -1).sizes(), self.options()).transpose(-2, -1);
+}
+
 // Python's meta for huber_loss_backward.out is broken in 1.13.
 at::Tensor huber_loss_backward(const at::Tensor&, const at::Tensor& self, const at::Tensor&, std::int64_t,
                                double) {
@@ -512,6 +518,7 @@ const std::unordered_map<std::string, OwnKernel>& own_kernels() {
       own("linalg_solve_triangular", TORCH_FN(linalg_solve_triangular)),
       own("huber_loss_backward", TORCH_FN(huber_loss_backward)),
       own("aminmax", TORCH_FN(aminmax)),
+      own("cholesky", TORCH_FN(cholesky)),
       own("im2col", TORCH_FN(im2col)),
       own("col2im", TORCH_FN(col2im)),
       own("binary_cross_entropy", TORCH_FN(binary_cross_entropy)),

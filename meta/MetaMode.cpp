@@ -314,7 +314,7 @@ bool runs_as_one_op(const c10::OperatorHandle& op, const std::string& qualified)
   static const std::unordered_set<std::string> decomposed = {
       "aten::isinf",           "aten::rot90",
       "aten::mv",              "aten::binary_cross_entropy_with_logits",
-      "aten::_trilinear",
+      "aten::_trilinear",      "aten::linalg_pinv.atol_rtol_tensor",
       "aten::soft_margin_loss", "aten::soft_margin_loss.out",
       "aten::soft_margin_loss_backward", "aten::soft_margin_loss_backward.grad_input"};
   if (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))

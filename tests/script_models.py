@@ -21,11 +21,11 @@ class Encoder(torch.nn.Module):
         return self.head(self.encoder(x).mean(dim=1))
 
 
-class Histogram(torch.nn.Module):
-    """Calls an op that has no meta kernel (aten::histc)."""
+class Distinct(torch.nn.Module):
+    """Calls an op that has no meta kernel: its output's size depends on the values (aten::_unique2)."""
 
     def forward(self, x):
-        return torch.histc(x) * 2
+        return torch.unique(x) * 2
 
 
 def main(out):
@@ -35,7 +35,7 @@ def main(out):
         "mobilenet_v2": torchvision.models.mobilenet_v2(),
         "vgg11": torchvision.models.vgg11(num_classes=10),
         "transformer": Encoder(),
-        "unsupported_op": Histogram(),
+        "unsupported_op": Distinct(),
     }
     for name, model in models.items():
         torch.jit.save(torch.jit.script(model), os.path.join(out, name + ".pt"))
