@@ -35,10 +35,11 @@ std::int64_t numel(at::IntArrayRef sizes) {
 // libtorch's native CPU convolution (oneDNN off) unfolds the input into
 // columns of batch x (C_in/groups * kernel) x output pixels, except for 1x1
 // kernels with unit stride and no padding, where the input is used as is.
+// The dilated one unfolds one batch item at a time.
 std::int64_t conv_columns_bytes(const at::Tensor& input, const at::Tensor& weight,
                                 at::IntArrayRef output_size, at::IntArrayRef stride,
-                                at::IntArrayRef padding) {
-  bool pointwise = true;
+                                at::IntArrayRef padding, at::IntArrayRef dilation) {
+  bool pointwise = true, dilated = false;
   std::int64_t kernel = 1, pixels = 1;
   for (std::int64_t i = 2; i < weight.dim(); ++i) {
     kernel *= weight.size(i);
@@ -47,8 +48,9 @@ std::int64_t conv_columns_bytes(const at::Tensor& input, const at::Tensor& weigh
   }
   for (auto s : stride) pointwise = pointwise && s == 1;
   for (auto p : padding) pointwise = pointwise && p == 0;
-  if (pointwise) return 0;
-  return input.size(0) * weight.size(1) * kernel * pixels * element_size(input);
+  for (auto d : dilation) dilated = dilated || d != 1;
+  if (pointwise && !dilated) return 0;
+  return (dilated ? 1 : input.size(0)) * weight.size(1) * kernel * pixels * element_size(input);
 }
 
 // The native path copies a group's slice along channels unless it is
@@ -89,7 +91,8 @@ std::int64_t convolution(Args args, Args returns) {
   const auto stride = args[3].toIntVector(), padding = args[4].toIntVector();
   const std::int64_t groups = args[8].toInt();
   const at::Tensor& output = returns[0].toTensor();
-  const std::int64_t columns = conv_columns_bytes(input, weight, output.sizes(), stride, padding);
+  const std::int64_t columns =
+      conv_columns_bytes(input, weight, output.sizes(), stride, padding, args[5].toIntVector());
   if (groups == 1) return columns;
   return std::max(bytes_of(output), group_copy_bytes(input, groups) + columns);
 }
@@ -103,18 +106,25 @@ std::int64_t convolution_backward(Args args, Args) {
                    &weight = args[2].toTensor();
   const std::int64_t groups = args[9].toInt();
   const auto mask = args[10].toBoolList();
+  // The per-group gradients, all live beside their concatenations.
+  auto gradients = [&](std::int64_t bias) {
+    return (mask[0] ? bytes_of(input) : 0) + (mask[1] ? bytes_of(weight) : 0) +
+           (mask[2] ? bias * element_size(weight) : 0);
+  };
   if (args[7].toBool()) {
     const std::int64_t columns = transposed_columns_bytes(input, weight);
     if (groups == 1) return copy_unless_contiguous(grad_output) + columns;
     return std::max(columns + group_copy_bytes(input, groups) + group_copy_bytes(grad_output, groups),
-                    (mask[0] ? bytes_of(input) : 0) + (mask[1] ? bytes_of(weight) : 0));
+                    gradients(weight.size(1) * groups));
   }
-  const auto stride = args[4].toIntVector(), padding = args[5].toIntVector();
-  const std::int64_t columns =
-      conv_columns_bytes(input, weight, grad_output.sizes(), stride, padding);
+  const auto stride = args[4].toIntVector(), padding = args[5].toIntVector(), dilation = args[6].toIntVector();
+  // The dilated kernel also sums each item's bias gradient in a temporary.
+  const bool dilated = std::any_of(dilation.begin(), dilation.end(), [](std::int64_t d) { return d != 1; });
+  const std::int64_t columns = conv_columns_bytes(input, weight, grad_output.sizes(), stride, padding, dilation) +
+                               (dilated && mask[2] ? weight.size(0) / groups * element_size(weight) : 0);
   if (groups == 1) return columns + copy_unless_contiguous(grad_output, input.suggest_memory_format());
   return std::max(columns + group_copy_bytes(input, groups) + group_copy_bytes(grad_output, groups),
-                  (mask[0] ? bytes_of(input) : 0) + (mask[1] ? bytes_of(weight) : 0));
+                  gradients(weight.size(0)));
 }
 
 // In training, the kernel gathers each channel's mean and sum of squares first.
