@@ -126,6 +126,20 @@ class _ModuleScopes:
         self.session.pop_scope()
 
 
+class _CudaSkipsInit:
+    """On a fake cpu, code written for CUDA reaches the fake device: torch's
+    lazy CUDA initialisation is skipped, the meta layer puts every tensor on
+    the fake device, and torch.cuda.is_available() keeps its answer."""
+
+    def __enter__(self):
+        self.saved = torch.cuda._initialized
+        torch.cuda._initialized = True
+        return self
+
+    def __exit__(self, *exc):
+        torch.cuda._initialized = self.saved
+
+
 class _FakeCuda:
     """What torch.cuda says while a trace runs on fake cuda: initialized, one device."""
 
@@ -218,14 +232,15 @@ def trace(device="cuda", modules=()):
     """Traces the block on a fake `device` ("cpu" or "cuda") and yields a
     Trace, readable once the block ends. `modules` built before the block
     run in it on the fake device, their states put back afterwards. On a
-    fake cpu, code written for CUDA runs on the CPU, as in achieved_cpu.
+    fake cpu, code written for CUDA runs on the fake cpu, as achieved_cpu
+    runs it on the CPU.
     Leaving the block, also by an exception, restores every state it changed."""
     result = Trace(device)
     session = _metamem.Session(device)
     finished = False
     try:
         with contextlib.ExitStack() as stack:
-            stack.enter_context(_FakeCuda() if device == "cuda" else _CudaOnCpu())
+            stack.enter_context(_FakeCuda() if device == "cuda" else _CudaSkipsInit())
             scopes = stack.enter_context(_ModuleScopes(session))
             stack.enter_context(_swapped(modules, device))
             for module in modules:
