@@ -35,7 +35,13 @@ std::int64_t numel(at::IntArrayRef sizes) {
 // libtorch's native CPU convolution (oneDNN off) unfolds the input into
 // columns of batch x (C_in/groups * kernel) x output pixels, except for 1x1
 // kernels with unit stride and no padding, where the input is used as is.
-// The dilated one unfolds one batch item at a time.
+// The dilated one unfolds one batch item at a time. The undilated 3-d one
+// (slow_conv3d) takes all groups at once: its columns span every input
+// channel.
+bool all_groups_at_once(const at::Tensor& input, at::IntArrayRef dilation) {
+  return input.dim() == 5 && std::all_of(dilation.begin(), dilation.end(), [](std::int64_t d) { return d == 1; });
+}
+
 std::int64_t conv_columns_bytes(const at::Tensor& input, const at::Tensor& weight,
                                 at::IntArrayRef output_size, at::IntArrayRef stride,
                                 at::IntArrayRef padding, at::IntArrayRef dilation) {
@@ -50,7 +56,8 @@ std::int64_t conv_columns_bytes(const at::Tensor& input, const at::Tensor& weigh
   for (auto p : padding) pointwise = pointwise && p == 0;
   for (auto d : dilation) dilated = dilated || d != 1;
   if (pointwise && !dilated) return 0;
-  return (dilated ? 1 : input.size(0)) * weight.size(1) * kernel * pixels * element_size(input);
+  const std::int64_t channels = all_groups_at_once(input, dilation) ? input.size(1) : weight.size(1);
+  return (dilated ? 1 : input.size(0)) * channels * kernel * pixels * element_size(input);
 }
 
 // The native path copies a group's slice along channels unless it is
@@ -85,6 +92,15 @@ std::int64_t transposed_convolution(Args args, const at::Tensor& output) {
   return std::max(bytes_of(output), group_copy_bytes(input, groups) + group);
 }
 
+// The undilated 2-d kernel runs channels last when the input is: the weight
+// is copied into that format first (for the forward and for the backward).
+std::int64_t channels_last_weight_copy(const at::Tensor& input, const at::Tensor& weight,
+                                       at::IntArrayRef dilation) {
+  const bool dilated = std::any_of(dilation.begin(), dilation.end(), [](std::int64_t d) { return d != 1; });
+  if (input.dim() != 4 || dilated || input.suggest_memory_format() != at::MemoryFormat::ChannelsLast) return 0;
+  return copy_unless_contiguous(weight, at::MemoryFormat::ChannelsLast);
+}
+
 std::int64_t convolution(Args args, Args returns) {
   const at::Tensor &input = args[0].toTensor(), &weight = args[1].toTensor();
   if (args[6].toBool()) return transposed_convolution(args, returns[0].toTensor());
@@ -93,7 +109,8 @@ std::int64_t convolution(Args args, Args returns) {
   const at::Tensor& output = returns[0].toTensor();
   const std::int64_t columns =
       conv_columns_bytes(input, weight, output.sizes(), stride, padding, args[5].toIntVector());
-  if (groups == 1) return columns;
+  if (groups == 1) return columns + channels_last_weight_copy(input, weight, args[5].toIntVector());
+  if (all_groups_at_once(input, args[5].toIntVector())) return columns;
   return std::max(bytes_of(output), group_copy_bytes(input, groups) + columns);
 }
 
@@ -122,7 +139,9 @@ std::int64_t convolution_backward(Args args, Args) {
   const bool dilated = std::any_of(dilation.begin(), dilation.end(), [](std::int64_t d) { return d != 1; });
   const std::int64_t columns = conv_columns_bytes(input, weight, grad_output.sizes(), stride, padding, dilation) +
                                (dilated && mask[2] ? weight.size(0) / groups * element_size(weight) : 0);
-  if (groups == 1) return columns + copy_unless_contiguous(grad_output, input.suggest_memory_format());
+  const std::int64_t grad_output_copy = copy_unless_contiguous(grad_output, input.suggest_memory_format());
+  if (groups == 1) return columns + grad_output_copy + channels_last_weight_copy(input, weight, dilation);
+  if (all_groups_at_once(input, dilation)) return columns + grad_output_copy;
   return std::max(columns + group_copy_bytes(input, groups) + group_copy_bytes(grad_output, groups),
                   gradients(weight.size(0)));
 }
@@ -604,6 +623,32 @@ std::int64_t reduced_loss(Args args, Args) {
   return element_size(self) + (reduction == at::Reduction::Mean ? 8 + element_size(self) : 0);
 }
 
+// MSE, smooth L1 and Huber compute the elementwise loss into a temporary
+// and reduce that (a mean as above).
+std::int64_t reduced_pointwise_loss(Args args, Args) {
+  const at::Tensor& self = args[0].toTensor();
+  const std::int64_t reduction = args[2].toInt();
+  if (reduction == at::Reduction::None) return 0;
+  return bytes_of(self) + (reduction == at::Reduction::Mean ? 8 + element_size(self) : 0);
+}
+
+// The dense embedding-bag gradient (sum and mean) reads a contiguous
+// gradient and sorts the indices (values, positions and a resized copy),
+// then gathers them.
+std::int64_t embedding_bag_dense_backward(Args args, Args) {
+  const at::Tensor &grad = args[0].toTensor(), &indices = args[1].toTensor();
+  constexpr std::int64_t kMax = 2;
+  if (args[7].toInt() == kMax) return 0;
+  return copy_unless_contiguous(grad) + 3 * indices.numel() * 8;
+}
+
+// CTC's backward computes log-beta beside the log-alpha its forward kept.
+std::int64_t ctc_loss_backward(Args args, Args) { return bytes_of(args[6].toTensor()); }
+
+// The multilabel margin kernels make and free a 0-dim long twice, one at a
+// time (measured; the peak sees one).
+std::int64_t multilabel_margin_loss(Args, Args) { return 8; }
+
 std::int64_t loss_backward_mean(Args args, Args) {
   return args[4].toInt() == at::Reduction::Mean ? 8 + element_size(args[1].toTensor()) : 0;
 }
@@ -800,6 +845,9 @@ CpuScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::max_unpool3d", &max_unpool},
       {"aten::binary_cross_entropy", &reduced_loss},
       {"aten::binary_cross_entropy_backward", &loss_backward_mean},
+      {"aten::mse_loss", &reduced_pointwise_loss},
+      {"aten::smooth_l1_loss", &reduced_pointwise_loss},
+      {"aten::huber_loss", &reduced_pointwise_loss},
       {"aten::_softmax", &softmax},
       {"aten::_log_softmax", &softmax},
       {"aten::_softmax_backward_data", &softmax_backward},
@@ -855,6 +903,13 @@ CpuScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::upsample_bilinear2d_backward", &contiguous_gradient},
       {"aten::upsample_trilinear3d_backward", &contiguous_gradient},
       {"aten::upsample_bicubic2d_backward", &contiguous_gradient},
+      {"aten::_upsample_nearest_exact1d_backward", &contiguous_gradient},
+      {"aten::_upsample_nearest_exact2d_backward", &contiguous_gradient},
+      {"aten::_upsample_nearest_exact3d_backward", &contiguous_gradient},
+      {"aten::_ctc_loss_backward", &ctc_loss_backward},
+      {"aten::_embedding_bag_dense_backward", &embedding_bag_dense_backward},
+      {"aten::multilabel_margin_loss_forward", &multilabel_margin_loss},
+      {"aten::multilabel_margin_loss_backward", &multilabel_margin_loss},
       {"aten::mm", &mm},
       {"aten::addmm", &addmm},
       {"aten::addmm_", &addmm},

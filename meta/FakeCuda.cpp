@@ -1,5 +1,6 @@
 #include "meta/FakeCuda.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -46,6 +47,14 @@ std::atomic<bool> g_fake_cuda_active{false};
 class FakeCudaHooks final : public at::CUDAHooksInterface {
  public:
   bool hasCUDA() const override { return g_fake_cuda_active.load(); }
+  // torch::manual_seed initialises and seeds every CUDA device it sees: the
+  // fake one has nothing to initialise and a generator of its own (nothing
+  // draws from it; meta kernels draw nothing).
+  void initCUDA() const override {}
+  const at::Generator& getDefaultCUDAGenerator(c10::DeviceIndex) const override {
+    static const at::Generator generator = at::detail::createCPUGenerator();
+    return generator;
+  }
   bool hasPrimaryContext(int64_t) const override { return g_fake_cuda_active.load(); }
   int getNumGPUs() const override { return g_fake_cuda_active.load() ? 1 : 0; }
 };

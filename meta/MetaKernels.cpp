@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "meta/MetaMode.h"
+#include "meta/OwnKernel.h"
 
 namespace metamem {
 namespace {
@@ -476,88 +477,79 @@ at::Tensor pixel_unshuffle(const at::Tensor& self, std::int64_t factor) {
   return at::empty(size, self.options().memory_format(self.suggest_memory_format()));
 }
 
-// One of metamem's meta kernels, boxed for the meta layer and registrable
-// on the Meta key.
-struct OwnKernel {
-  c10::KernelFunction kernel;
-  std::function<void(torch::Library&, const char*)> register_on;
-};
-
-template <class Fn>
-std::pair<const std::string, OwnKernel> own(const char* qualified, Fn fn) {
-  return {qualified, {c10::KernelFunction::makeFromUnboxedFunction(fn),
-                      [fn](torch::Library& lib, const char* name) { lib.impl(name, fn); }}};
-}
-
 const std::unordered_map<std::string, OwnKernel>& own_kernels() {
-  static const std::unordered_map<std::string, OwnKernel> kernels = {
-      own("relu", TORCH_FN(relu)),
-      own("relu_", TORCH_FN(relu_)),
-      own("native_dropout", TORCH_FN(native_dropout)),
-      own("native_dropout_backward", TORCH_FN(native_dropout_backward)),
-      own("convolution", TORCH_FN(convolution)),
-      own("convolution_backward", TORCH_FN(convolution_backward)),
-      own("native_batch_norm", TORCH_FN(native_batch_norm)),
-      own("native_batch_norm_backward", TORCH_FN(native_batch_norm_backward)),
-      own("native_layer_norm", TORCH_FN(native_layer_norm)),
-      own("native_layer_norm_backward", TORCH_FN(native_layer_norm_backward)),
-      own("_adaptive_avg_pool2d", TORCH_FN(adaptive_avg_pool2d)),
-      own("_adaptive_avg_pool2d_backward", TORCH_FN(adaptive_avg_pool2d_backward)),
-      own("embedding", TORCH_FN(embedding)),
-      own("embedding_dense_backward", TORCH_FN(embedding_dense_backward)),
-      own("index_select", TORCH_FN(index_select)),
-      own("hardtanh_backward", TORCH_FN(hardtanh_backward)),
-      own("upsample_nearest3d.vec", TORCH_FN(upsample_nearest3d)),
-      own("reflection_pad2d_backward", TORCH_FN(padding_backward)),
-      own("replication_pad2d_backward", TORCH_FN(padding_backward)),
-      own("_adaptive_avg_pool3d_backward", TORCH_FN(input_shaped_gradient)),
-      own("max_unpool2d", TORCH_FN(max_unpool2d)),
-      own("max_unpool3d", TORCH_FN(max_unpool3d)),
-      own("take", TORCH_FN(take)),
-      own("nll_loss2d_forward", TORCH_FN(nll_loss2d_forward)),
-      own("linalg_solve_triangular", TORCH_FN(linalg_solve_triangular)),
-      own("huber_loss_backward", TORCH_FN(huber_loss_backward)),
-      own("aminmax", TORCH_FN(aminmax)),
-      own("cholesky", TORCH_FN(cholesky)),
-      own("im2col", TORCH_FN(im2col)),
-      own("col2im", TORCH_FN(col2im)),
-      own("binary_cross_entropy", TORCH_FN(binary_cross_entropy)),
-      own("mode", TORCH_FN(mode)),
-      own("histc", TORCH_FN(histc)),
-      own("polar", TORCH_FN(polar)),
-      own("median", TORCH_FN(median)),
-      own("median.dim", TORCH_FN(median_dim)),
-      own("kthvalue", TORCH_FN(kthvalue)),
-      own("cummax", TORCH_FN(cumulative_extreme)),
-      own("cummin", TORCH_FN(cumulative_extreme)),
-      own("logcumsumexp", TORCH_FN(logcumsumexp)),
-      own("count_nonzero.dim_IntList", TORCH_FN(count_nonzero)),
-      own("frexp.Tensor", TORCH_FN(frexp)),
-      own("rrelu_with_noise", TORCH_FN(rrelu_with_noise)),
-      own("unfold_backward", TORCH_FN(unfold_backward)),
-      own("bucketize.Tensor", TORCH_FN(bucketize)),
-      own("searchsorted.Tensor", TORCH_FN(searchsorted)),
-      own("smooth_l1_loss_backward", TORCH_FN(smooth_l1_loss_backward)),
-      own("fractional_max_pool3d_backward", TORCH_FN(fractional_max_pool3d_backward)),
-      own("replication_pad3d_backward", TORCH_FN(padding_backward)),
-      own("upsample_nearest3d_backward.vec", TORCH_FN(upsample_nearest3d_backward)),
-      own("max_pool3d_with_indices", TORCH_FN(max_pool3d_with_indices)),
-      own("multi_margin_loss", TORCH_FN(multi_margin_loss)),
-      own("multilabel_margin_loss_forward", TORCH_FN(multilabel_margin_loss_forward)),
-      own("grid_sampler_2d_backward", TORCH_FN(grid_sampler_backward)),
-      own("_pdist_forward", TORCH_FN(pdist_forward)),
-      own("_cdist_backward", TORCH_FN(cdist_backward)),
-      own("grid_sampler_3d", TORCH_FN(grid_sampler_3d)),
-      own("grid_sampler_3d_backward", TORCH_FN(grid_sampler_backward)),
-      own("max_pool3d_with_indices_backward", TORCH_FN(max_pool3d_with_indices_backward)),
-      own("multi_margin_loss_backward", TORCH_FN(multi_margin_loss_backward)),
-      own("multilabel_margin_loss_backward", TORCH_FN(multilabel_margin_loss_backward)),
-      own("_pdist_backward", TORCH_FN(pdist_backward)),
-      own("flip", TORCH_FN(flip)),
-      own("narrow_copy", TORCH_FN(narrow_copy)),
-      own("pixel_shuffle", TORCH_FN(pixel_shuffle)),
-      own("pixel_unshuffle", TORCH_FN(pixel_unshuffle)),
-  };
+  static const std::unordered_map<std::string, OwnKernel> kernels = [] {
+    std::unordered_map<std::string, OwnKernel> all = {
+        own("relu", TORCH_FN(relu)),
+        own("relu_", TORCH_FN(relu_)),
+        own("native_dropout", TORCH_FN(native_dropout)),
+        own("native_dropout_backward", TORCH_FN(native_dropout_backward)),
+        own("convolution", TORCH_FN(convolution)),
+        own("convolution_backward", TORCH_FN(convolution_backward)),
+        own("native_batch_norm", TORCH_FN(native_batch_norm)),
+        own("native_batch_norm_backward", TORCH_FN(native_batch_norm_backward)),
+        own("native_layer_norm", TORCH_FN(native_layer_norm)),
+        own("native_layer_norm_backward", TORCH_FN(native_layer_norm_backward)),
+        own("_adaptive_avg_pool2d", TORCH_FN(adaptive_avg_pool2d)),
+        own("_adaptive_avg_pool2d_backward", TORCH_FN(adaptive_avg_pool2d_backward)),
+        own("embedding", TORCH_FN(embedding)),
+        own("embedding_dense_backward", TORCH_FN(embedding_dense_backward)),
+        own("index_select", TORCH_FN(index_select)),
+        own("hardtanh_backward", TORCH_FN(hardtanh_backward)),
+        own("upsample_nearest3d.vec", TORCH_FN(upsample_nearest3d)),
+        own("reflection_pad2d_backward", TORCH_FN(padding_backward)),
+        own("replication_pad2d_backward", TORCH_FN(padding_backward)),
+        own("_adaptive_avg_pool3d_backward", TORCH_FN(input_shaped_gradient)),
+        own("max_unpool2d", TORCH_FN(max_unpool2d)),
+        own("max_unpool3d", TORCH_FN(max_unpool3d)),
+        own("take", TORCH_FN(take)),
+        own("nll_loss2d_forward", TORCH_FN(nll_loss2d_forward)),
+        own("linalg_solve_triangular", TORCH_FN(linalg_solve_triangular)),
+        own("huber_loss_backward", TORCH_FN(huber_loss_backward)),
+        own("aminmax", TORCH_FN(aminmax)),
+        own("cholesky", TORCH_FN(cholesky)),
+        own("im2col", TORCH_FN(im2col)),
+        own("col2im", TORCH_FN(col2im)),
+        own("binary_cross_entropy", TORCH_FN(binary_cross_entropy)),
+        own("mode", TORCH_FN(mode)),
+        own("histc", TORCH_FN(histc)),
+        own("polar", TORCH_FN(polar)),
+        own("median", TORCH_FN(median)),
+        own("median.dim", TORCH_FN(median_dim)),
+        own("kthvalue", TORCH_FN(kthvalue)),
+        own("cummax", TORCH_FN(cumulative_extreme)),
+        own("cummin", TORCH_FN(cumulative_extreme)),
+        own("logcumsumexp", TORCH_FN(logcumsumexp)),
+        own("count_nonzero.dim_IntList", TORCH_FN(count_nonzero)),
+        own("frexp.Tensor", TORCH_FN(frexp)),
+        own("rrelu_with_noise", TORCH_FN(rrelu_with_noise)),
+        own("unfold_backward", TORCH_FN(unfold_backward)),
+        own("bucketize.Tensor", TORCH_FN(bucketize)),
+        own("searchsorted.Tensor", TORCH_FN(searchsorted)),
+        own("smooth_l1_loss_backward", TORCH_FN(smooth_l1_loss_backward)),
+        own("fractional_max_pool3d_backward", TORCH_FN(fractional_max_pool3d_backward)),
+        own("replication_pad3d_backward", TORCH_FN(padding_backward)),
+        own("upsample_nearest3d_backward.vec", TORCH_FN(upsample_nearest3d_backward)),
+        own("max_pool3d_with_indices", TORCH_FN(max_pool3d_with_indices)),
+        own("multi_margin_loss", TORCH_FN(multi_margin_loss)),
+        own("multilabel_margin_loss_forward", TORCH_FN(multilabel_margin_loss_forward)),
+        own("grid_sampler_2d_backward", TORCH_FN(grid_sampler_backward)),
+        own("_pdist_forward", TORCH_FN(pdist_forward)),
+        own("_cdist_backward", TORCH_FN(cdist_backward)),
+        own("grid_sampler_3d", TORCH_FN(grid_sampler_3d)),
+        own("grid_sampler_3d_backward", TORCH_FN(grid_sampler_backward)),
+        own("max_pool3d_with_indices_backward", TORCH_FN(max_pool3d_with_indices_backward)),
+        own("multi_margin_loss_backward", TORCH_FN(multi_margin_loss_backward)),
+        own("multilabel_margin_loss_backward", TORCH_FN(multilabel_margin_loss_backward)),
+        own("_pdist_backward", TORCH_FN(pdist_backward)),
+        own("flip", TORCH_FN(flip)),
+        own("narrow_copy", TORCH_FN(narrow_copy)),
+        own("pixel_shuffle", TORCH_FN(pixel_shuffle)),
+        own("pixel_unshuffle", TORCH_FN(pixel_unshuffle)),
+    };
+    for (auto& entry : layer_kernels()) all.insert(std::move(entry));
+    return all;
+  }();
   return kernels;
 }
 

@@ -10,6 +10,7 @@
 
 #include <stdexcept>
 
+#include "meta/MetaMode.h"
 #include "profiler/CpuMemoryCounter.h"
 #include "profiler/Tracer.h"
 
@@ -281,7 +282,20 @@ void validate(const StepOptions& options) {
 
 Trace trace_step(const StepBuilder& build, c10::Device fake_device, const StepOptions& options) {
   TracePhases phases(fake_device);
-  run_steps(build, options, phases);
+  try {
+    run_steps(build, options, phases);
+  } catch (const UnsupportedOpError&) {
+    throw;
+  } catch (const c10::Error& e) {
+    // Code that writes or reads a tensor's memory itself, not through an op
+    // (at::tensor(values) on the traced device, a kernel reading lengths
+    // from a tensor), reaches a MetaTensor's missing storage.
+    const std::string what = e.what_without_backtrace();
+    if (what.rfind("Cannot access data pointer", 0) != 0) throw;
+    throw UnsupportedOpError("data_ptr", "Tensor.data_ptr()",
+                             "the step reads or writes a tensor's memory directly (at::tensor(values) on the "
+                             "traced device, lengths or indices read from a tensor), which a trace does not have.");
+  }
   return phases.take();
 }
 

@@ -1,0 +1,285 @@
+// Meta kernels for torch::nn layers whose ops libtorch's C++ Meta backend
+// lacks (Python registers them from torch/_decomp when it is loaded; a C++
+// program has none). Each lays out its outputs as the native kernel of the
+// fake device does.
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+#include <ATen/TensorIterator.h>
+#include <ATen/core/Reduction.h>
+
+#include <vector>
+
+#include "meta/MetaMode.h"
+#include "meta/OwnKernel.h"
+
+namespace metamem {
+namespace {
+
+bool models_cpu() { return fake_device().is_cpu(); }
+
+// What a TensorIterator allocates for an op over `operands`: their broadcast
+// shape, common dtype and the layout of the densest operand.
+at::Tensor iterator_output(std::initializer_list<at::Tensor> operands) {
+  at::TensorIteratorConfig config;
+  config.add_owned_output(at::Tensor());
+  for (const auto& operand : operands) config.add_owned_input(operand);
+  config.promote_inputs_to_common_dtype(true).cast_common_dtype_to_outputs(true);
+  return config.build().output();
+}
+
+at::Tensor unary(const at::Tensor& self) { return iterator_output({self}); }
+
+// where(condition, self, other) promotes self and other only.
+at::Tensor where(const at::Tensor& condition, const at::Tensor& self, const at::Tensor& other) {
+  at::Tensor result = at::empty({0}, self.options().dtype(at::result_type(self, other)));
+  return at::TensorIteratorConfig()
+      .check_all_same_dtype(false)
+      .add_output(result)
+      .add_owned_input(condition)
+      .add_owned_input(self)
+      .add_owned_input(other)
+      .build()
+      .output();
+}
+at::Tensor& in_place(at::Tensor& self) { return self; }
+at::Tensor binary(const at::Tensor& a, const at::Tensor& b) { return iterator_output({a, b}); }
+
+// ---- activations -----------------------------------------------------------
+
+at::Tensor hardtanh(const at::Tensor& self, const at::Scalar&, const at::Scalar&) {
+  return at::empty_like(self);
+}
+at::Tensor& hardtanh_(at::Tensor& self, const at::Scalar&, const at::Scalar&) { return self; }
+
+// CPU keeps a contiguous buffer beside the output for the backward; CUDA
+// keeps none.
+std::tuple<at::Tensor, at::Tensor> log_sigmoid_forward(const at::Tensor& self) {
+  if (models_cpu())
+    return {at::empty_like(self, at::MemoryFormat::Contiguous), at::empty_like(self, at::MemoryFormat::Contiguous)};
+  return {at::empty_like(self), at::empty({0}, self.options())};
+}
+at::Tensor log_sigmoid_backward(const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor&) {
+  return models_cpu() ? at::empty_like(grad_output) : binary(self, grad_output);
+}
+
+at::Tensor prelu(const at::Tensor& self, const at::Tensor&) {
+  return at::empty_like(self, self.suggest_memory_format());
+}
+std::tuple<at::Tensor, at::Tensor> prelu_backward(const at::Tensor&, const at::Tensor& self,
+                                                  const at::Tensor& weight) {
+  return {at::empty_like(self, self.suggest_memory_format()),
+          at::empty_like(weight, weight.suggest_memory_format())};
+}
+
+at::Tensor glu_backward(const at::Tensor&, const at::Tensor& self, std::int64_t) {
+  return at::empty_like(self, at::MemoryFormat::Contiguous);
+}
+
+// ---- losses ----------------------------------------------------------------
+
+// The elementwise loss, or its 0-dim reduction.
+at::Tensor pointwise_loss(const at::Tensor& self, const at::Tensor& target, std::int64_t reduction) {
+  if (reduction == at::Reduction::None) return binary(self, target);
+  return at::empty({}, self.options());
+}
+at::Tensor huber_loss(const at::Tensor& self, const at::Tensor& target, std::int64_t reduction, double) {
+  return pointwise_loss(self, target, reduction);
+}
+
+// Loss gradients are written into a contiguous input-shaped tensor.
+at::Tensor mse_loss_backward(const at::Tensor&, const at::Tensor& self, const at::Tensor&, std::int64_t) {
+  return at::empty_like(self, at::MemoryFormat::Contiguous);
+}
+at::Tensor binary_cross_entropy_backward(const at::Tensor&, const at::Tensor& self, const at::Tensor&,
+                                         const c10::optional<at::Tensor>&, std::int64_t) {
+  return at::empty_like(self, at::MemoryFormat::Contiguous);
+}
+at::Tensor nll_loss2d_backward(const at::Tensor&, const at::Tensor& self, const at::Tensor&,
+                               const c10::optional<at::Tensor>&, std::int64_t, std::int64_t,
+                               const at::Tensor&) {
+  return at::empty_like(self, at::MemoryFormat::Contiguous);
+}
+
+// CTC's forward keeps log-alpha, batch x input length x (2 x longest target
+// + 1); the lengths are lists here (their tensor overload reads them).
+std::tuple<at::Tensor, at::Tensor> ctc_loss(const at::Tensor& log_probs, const at::Tensor&,
+                                            at::IntArrayRef input_lengths, at::IntArrayRef target_lengths,
+                                            std::int64_t, bool) {
+  const std::int64_t batch = log_probs.size(1);
+  std::int64_t longest = 0;
+  for (auto length : target_lengths) longest = std::max(longest, length);
+  TORCH_CHECK(static_cast<std::int64_t>(input_lengths.size()) == batch, "ctc_loss: input_lengths must be of size batch_size");
+  return {at::empty({batch}, log_probs.options()),
+          at::empty({batch, log_probs.size(0), 2 * longest + 1}, log_probs.options())};
+}
+// Whether CUDA's ctc_loss takes cuDNN, by libtorch's rule (cuDNN's CTC
+// wants int32 targets, concatenated, all inputs full length). Its op has no
+// meta kernel: a trace that takes it stops there, naming it.
+bool use_cudnn_ctc_loss(const at::Tensor& log_probs, const at::Tensor& targets, at::IntArrayRef input_lengths,
+                        at::IntArrayRef target_lengths, std::int64_t blank) {
+  bool use = fake_device().is_cuda() && at::globalContext().userEnabledCuDNN() && blank == 0 &&
+             targets.dim() == 1 && log_probs.scalar_type() == at::kFloat && targets.scalar_type() == at::kInt;
+  for (auto length : input_lengths) use = use && length == log_probs.size(0);
+  for (auto length : target_lengths) use = use && length <= 256;
+  return use;
+}
+
+at::Tensor ctc_loss_backward(const at::Tensor&, const at::Tensor& log_probs, const at::Tensor&, at::IntArrayRef,
+                             at::IntArrayRef, const at::Tensor&, const at::Tensor&, std::int64_t, bool) {
+  return at::empty_like(log_probs, at::MemoryFormat::Contiguous);
+}
+
+// ---- padding and pooling ---------------------------------------------------
+
+at::Tensor reflection_pad2d(const at::Tensor& self, at::IntArrayRef padding) {
+  auto size = self.sizes().vec();
+  const std::size_t h = size.size() - 2;
+  size[h] += padding[2] + padding[3];
+  size[h + 1] += padding[0] + padding[1];
+  return at::empty(size, self.options().memory_format(self.suggest_memory_format()));
+}
+
+at::Tensor adaptive_avg_pool3d(const at::Tensor& self, at::IntArrayRef output_size) {
+  auto size = self.sizes().vec();
+  std::copy(output_size.begin(), output_size.end(), size.end() - 3);
+  return at::empty(size, self.options());
+}
+
+// ---- normalization ---------------------------------------------------------
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_group_norm_backward(
+    const at::Tensor&, const at::Tensor& input, const at::Tensor&, const at::Tensor&,
+    const c10::optional<at::Tensor>& weight, c10::SymInt, c10::SymInt channels, c10::SymInt, std::int64_t,
+    std::array<bool, 3> output_mask) {
+  const auto options = weight && weight->defined() ? weight->options() : input.options();
+  auto per_channel = [&] { return at::empty({channels.expect_int()}, options); };
+  return {output_mask[0] ? at::empty_like(input, at::MemoryFormat::Contiguous) : at::Tensor(),
+          output_mask[1] ? per_channel() : at::Tensor(), output_mask[2] ? per_channel() : at::Tensor()};
+}
+
+// ---- embedding bags --------------------------------------------------------
+
+// Outputs (bags x dim), offset2bag, bag_size, max_indices. CPU's sum over
+// float rows with unit strides skips offset2bag; its max_indices is per bag
+// unless the mode is max. CUDA always fills offset2bag and keeps max_indices
+// only for max.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> embedding_bag(
+    const at::Tensor& weight, const at::Tensor& indices, const at::Tensor& offsets, bool, std::int64_t mode,
+    bool, const c10::optional<at::Tensor>& per_sample_weights, bool include_last_offset,
+    std::int64_t padding_idx) {
+  constexpr std::int64_t kSum = 0, kMax = 2;
+  const std::int64_t bags = offsets.size(0) - (include_last_offset ? 1 : 0);
+  const std::int64_t dim = weight.size(1);
+  at::Tensor output = at::empty({bags, dim}, weight.options());
+  if (!models_cpu()) {
+    return {output, at::empty({indices.size(0)}, indices.options()), at::empty({offsets.size(0)}, indices.options()),
+            at::empty(mode == kMax ? std::vector<std::int64_t>{bags, dim} : std::vector<std::int64_t>{0},
+                      indices.options())};
+  }
+  const bool scaled = per_sample_weights && per_sample_weights->defined();
+  const bool fast_sum = (weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kHalf) &&
+                        weight.stride(1) == 1 && padding_idx < 0 && (!scaled || per_sample_weights->stride(0) == 1);
+  const std::int64_t offset2bag = mode == kSum && fast_sum ? 0 : indices.size(0);
+  return {output, at::empty({offset2bag}, offsets.options()), at::empty({bags}, offsets.options()),
+          at::empty(mode == kMax ? std::vector<std::int64_t>{bags, dim} : std::vector<std::int64_t>{bags},
+                    offsets.options())};
+}
+
+at::Tensor embedding_bag_dense_backward(const at::Tensor& grad, const at::Tensor&, const at::Tensor&,
+                                        const at::Tensor&, const at::Tensor&, std::int64_t num_weights, bool,
+                                        std::int64_t, const c10::optional<at::Tensor>&, std::int64_t) {
+  return at::empty({num_weights, grad.size(1)}, grad.options());
+}
+
+at::Tensor embedding_bag_per_sample_weights_backward(const at::Tensor& grad, const at::Tensor&,
+                                                     const at::Tensor& indices, const at::Tensor&,
+                                                     const at::Tensor&, std::int64_t, std::int64_t) {
+  return at::empty({indices.size(0)}, grad.options());
+}
+
+// ---- recurrent cells (CUDA's fused kernels) ---------------------------------
+
+// hy, cy and the workspace the backward reads (the four gates).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_lstm_cell(const at::Tensor& input_gates, const at::Tensor&,
+                                                               const at::Tensor& cx,
+                                                               const c10::optional<at::Tensor>&,
+                                                               const c10::optional<at::Tensor>&) {
+  return {at::empty_like(cx, at::MemoryFormat::Contiguous), at::empty_like(cx, at::MemoryFormat::Contiguous),
+          at::empty_like(input_gates, at::MemoryFormat::Contiguous)};
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_lstm_cell_backward(
+    const c10::optional<at::Tensor>&, const c10::optional<at::Tensor>&, const at::Tensor& cx, const at::Tensor&,
+    const at::Tensor& workspace, bool has_bias) {
+  at::Tensor grad_gates = at::empty_like(workspace, at::MemoryFormat::Contiguous);
+  return {grad_gates, at::empty_like(cx, at::MemoryFormat::Contiguous),
+          has_bias ? at::empty({workspace.size(1)}, workspace.options()) : at::Tensor()};
+}
+
+// hy and a workspace of five gate-sized slices (r, z, n, the hidden n, hx).
+std::tuple<at::Tensor, at::Tensor> fused_gru_cell(const at::Tensor& input_gates, const at::Tensor&,
+                                                  const at::Tensor& hx, const c10::optional<at::Tensor>&,
+                                                  const c10::optional<at::Tensor>&) {
+  return {at::empty_like(hx, at::MemoryFormat::Contiguous),
+          at::empty({hx.size(0), hx.size(1) * 5}, input_gates.options())};
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_gru_cell_backward(
+    const at::Tensor& grad_hy, const at::Tensor& workspace, bool has_bias) {
+  const std::int64_t batch = grad_hy.size(0), hidden = grad_hy.size(1);
+  auto gates = [&] { return at::empty({batch, 3 * hidden}, workspace.options()); };
+  at::Tensor grad_input_gates = gates(), grad_hidden_gates = gates();
+  auto bias = [&] { return has_bias ? at::empty({3 * hidden}, workspace.options()) : at::Tensor(); };
+  return {grad_input_gates, grad_hidden_gates, at::empty({batch, hidden}, workspace.options()), bias(), bias()};
+}
+
+// ---- comparisons -----------------------------------------------------------
+
+// torch::nn::MultiheadAttention asks whether query, key and value are equal
+// to pick its self-attention path: a tensor is equal to itself, and tensors
+// of different shapes never are; anything else needs the data.
+bool equal(const at::Tensor& self, const at::Tensor& other) {
+  if (self.sizes() != other.sizes()) return false;
+  TORCH_CHECK_NOT_IMPLEMENTED(self.is_same(other),
+                              "equal on two different tensors reads their values, which a trace does not have.");
+  return true;
+}
+
+}  // namespace
+
+std::vector<OwnKernelEntry> layer_kernels() {
+  return {
+      own("abs", TORCH_FN(unary)),
+      own("where.self", TORCH_FN(where)),
+      own("abs_", TORCH_FN(in_place)),
+      own("hardtanh", TORCH_FN(hardtanh)),
+      own("hardtanh_", TORCH_FN(hardtanh_)),
+      own("hardswish", TORCH_FN(unary)),
+      own("hardswish_", TORCH_FN(in_place)),
+      own("hardswish_backward", TORCH_FN(binary)),
+      own("log_sigmoid_forward", TORCH_FN(log_sigmoid_forward)),
+      own("log_sigmoid_backward", TORCH_FN(log_sigmoid_backward)),
+      own("prelu", TORCH_FN(prelu)),
+      own("prelu_backward", TORCH_FN(prelu_backward)),
+      own("glu_backward", TORCH_FN(glu_backward)),
+      own("huber_loss", TORCH_FN(huber_loss)),
+      own("mse_loss_backward", TORCH_FN(mse_loss_backward)),
+      own("binary_cross_entropy_backward", TORCH_FN(binary_cross_entropy_backward)),
+      own("nll_loss2d_backward", TORCH_FN(nll_loss2d_backward)),
+      own("_ctc_loss", TORCH_FN(ctc_loss)),
+      own("_ctc_loss_backward", TORCH_FN(ctc_loss_backward)),
+      own("_use_cudnn_ctc_loss", TORCH_FN(use_cudnn_ctc_loss)),
+      own("reflection_pad2d", TORCH_FN(reflection_pad2d)),
+      own("_adaptive_avg_pool3d", TORCH_FN(adaptive_avg_pool3d)),
+      own("native_group_norm_backward", TORCH_FN(native_group_norm_backward)),
+      own("_embedding_bag", TORCH_FN(embedding_bag)),
+      own("_embedding_bag_forward_only", TORCH_FN(embedding_bag)),
+      own("_embedding_bag_dense_backward", TORCH_FN(embedding_bag_dense_backward)),
+      own("_embedding_bag_per_sample_weights_backward", TORCH_FN(embedding_bag_per_sample_weights_backward)),
+      own("_thnn_fused_lstm_cell", TORCH_FN(fused_lstm_cell)),
+      own("_thnn_fused_lstm_cell_backward_impl", TORCH_FN(fused_lstm_cell_backward)),
+      own("_thnn_fused_gru_cell", TORCH_FN(fused_gru_cell)),
+      own("_thnn_fused_gru_cell_backward", TORCH_FN(fused_gru_cell_backward)),
+      own("equal", TORCH_FN(equal)),
+  };
+}
+
+}  // namespace metamem

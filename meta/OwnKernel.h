@@ -1,0 +1,34 @@
+// How metamem's meta kernels are listed (internal to meta/): a boxed kernel
+// for the meta layer and a way to register it on the Meta key.
+#pragma once
+
+#include <ATen/core/boxing/KernelFunction.h>
+#include <torch/library.h>
+
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace metamem {
+
+struct OwnKernel {
+  c10::KernelFunction kernel;
+  std::function<void(torch::Library&, const char*)> register_on;
+};
+
+using OwnKernelEntry = std::pair<const std::string, OwnKernel>;
+
+// `qualified` is the op's name without "aten::", with its overload:
+// "flip", "upsample_nearest3d.vec".
+template <class Fn>
+OwnKernelEntry own(const char* qualified, Fn fn) {
+  return {qualified, {c10::KernelFunction::makeFromUnboxedFunction(fn),
+                      [fn](torch::Library& lib, const char* name) { lib.impl(name, fn); }}};
+}
+
+// The torch::nn layers' kernels (meta/LayerKernels.cpp): activations,
+// losses, padding, pooling, normalization, embedding bags, recurrent cells.
+std::vector<OwnKernelEntry> layer_kernels();
+
+}  // namespace metamem
