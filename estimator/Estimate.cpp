@@ -39,6 +39,7 @@ Estimate estimate(Trace trace, int roundup_power2_divisions) {
   result.live_at_peak = trace.live_by_category(trace.measured().peak_event);
   result.allocator = simulate_allocator(trace, roundup_power2_divisions);
   result.plan = plan_trace(trace);
+  result.timeline = memory_timeline(trace, roundup_power2_divisions);
   result.trace = std::move(trace);
   return result;
 }

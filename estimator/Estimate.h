@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "estimator/MemoryTimeline.h"
 #include "estimator/NodeTable.h"
 #include "estimator/TracePlan.h"
 #include "profiler/Step.h"
@@ -36,6 +37,7 @@ struct Estimate {
   CategoryBytes live_at_peak{};  // by category, at the measured step's peak
   AllocatorPeaks allocator;
   TracePlan plan;
+  std::vector<TimelinePoint> timeline;  // the measured step, sampled for drawing
 };
 
 Estimate estimate(Trace trace, int roundup_power2_divisions = 0);

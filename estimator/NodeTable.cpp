@@ -43,7 +43,8 @@ std::size_t op_at_or_after(const Trace& trace, std::size_t event) {
   return trace.ops.size();
 }
 
-// "ResNet.layer1.0.conv1" at depth 2 is "ResNet.layer1".
+}  // namespace
+
 std::string module_prefix(const std::string& path, int depth) {
   std::size_t pos = 0;
   for (int d = 0; d < depth; ++d) {
@@ -53,8 +54,6 @@ std::string module_prefix(const std::string& path, int depth) {
   }
   return path.substr(0, pos == 0 ? 0 : pos - 1);
 }
-
-}  // namespace
 
 NodeTable node_table(const Trace& trace) {
   const std::vector<OpSpan> spans = op_spans(trace);

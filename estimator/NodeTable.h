@@ -38,6 +38,9 @@ struct NodeTable {
 // Rows for every op of the measured step.
 NodeTable node_table(const Trace& trace);
 
+// "ResNet.layer1.0.conv1" at depth 2 is "ResNet.layer1".
+std::string module_prefix(const std::string& path, int depth);
+
 // Rows summed by module path cut to `depth` components ("ResNet.layer1" at
 // depth 2); bwd_tmp and peak take the largest, the rest add up.
 std::vector<NodeRow> module_table(const NodeTable& table, int depth);

@@ -20,11 +20,30 @@ nlohmann::json row_json(const NodeRow& row) {
           {"peak", row.peak}};
 }
 
+nlohmann::json live_at_peak_modules_json(const Trace& trace, int depth) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& [module, bytes] : live_at_peak_by_module(trace, depth)) out.push_back({{"module", module}, {"bytes", bytes}});
+  return out;
+}
+
 nlohmann::json category_json(const CategoryBytes& bytes) {
   nlohmann::json out = nlohmann::json::object();
   for (std::size_t c = 0; c < kCategories; ++c)
     out[category_name(static_cast<Category>(c))] = bytes[c];
   return out;
+}
+
+// Sampled points as rows [event, phase, bytes by category..., reserved].
+nlohmann::json memory_over_time_json(const std::vector<TimelinePoint>& timeline) {
+  nlohmann::json categories = nlohmann::json::array(), points = nlohmann::json::array();
+  for (std::size_t c = 0; c < kCategories; ++c) categories.push_back(category_name(static_cast<Category>(c)));
+  for (const TimelinePoint& point : timeline) {
+    nlohmann::json row = {point.event, phase_name(point.phase)};
+    for (std::int64_t bytes : point.live) row.push_back(bytes);
+    row.push_back(point.reserved);
+    points.push_back(std::move(row));
+  }
+  return {{"columns", "event, phase, bytes by category, reserved"}, {"categories", categories}, {"points", points}};
 }
 
 std::vector<std::int64_t> step_peaks(const Trace& trace) {
@@ -57,11 +76,13 @@ nlohmann::json report_json(const RunInfo& run, const Estimate& est, int depth,
         {"first_step_peak_bytes", trace.steps.front().peak_bytes},
         {"step_peaks", step_peaks(trace)},
         {"peak_phase", phase_name(est.nodes.peak_phase)},
+        {"peak_event", trace.measured().peak_event},
         {"peak_node", peak_row.name},
         {"peak_module", peak_row.module},
         {"step_begin_bytes", trace.measured().begin_bytes},
         {"saved_for_backward_bytes", trace.saved_for_backward_bytes()},
         {"live_at_peak", category_json(est.live_at_peak)},
+        {"live_at_peak_by_module", live_at_peak_modules_json(trace, depth)},
         {"allocator_allocated_peak_bytes", est.allocator.allocated},
         {"allocator_reserved_peak_bytes", est.allocator.reserved},
         {"ops", trace.ops.size()}}},
@@ -77,7 +98,8 @@ nlohmann::json report_json(const RunInfo& run, const Estimate& est, int depth,
         {"baseline_bytes", est.plan.stats.baseline_bytes}}},
       {"nodes", nodes},
       {"modules", modules},
-      {"timeline", timeline}};
+      {"timeline", timeline},
+      {"memory_over_time", memory_over_time_json(est.timeline)}};
   if (run.options) {
     out["grad_accum"] = run.options->grad_accum;
     out["zero_grad"] = zero_grad_name(run.options->zero_grad);

@@ -4,7 +4,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 PACKAGES=(cmake make g++ libtorch-dev libfmt-dev nlohmann-json3-dev libgtest-dev
           libbenchmark-dev python3 python3-dev python3-torch python3-torchvision
-          pybind11-dev python3-pytest liblapack-dev)
+          pybind11-dev python3-pytest liblapack-dev chromium)
 
 install_missing() {
   local missing=()

@@ -8,11 +8,13 @@
 #include <iostream>
 
 #include "estimator/CheckpointSolve.h"
+#include "estimator/HtmlReport.h"
 #include "estimator/Report.h"
 #include "estimator/Units.h"
 #include "examples/cli/Commands.h"
 #include "examples/cli/Flags.h"
 #include "examples/cli/ModelFlags.h"
+#include "examples/cli/Output.h"
 
 namespace metamem::cli {
 namespace {
@@ -37,7 +39,7 @@ std::vector<CheckpointReport::Point> pareto(CheckpointSimulator& simulator, cons
 
 int checkpoint_command(const std::vector<std::string>& args) {
   ModelFlags m;
-  std::string budget_text, solver = "auto", format = "table";
+  std::string budget_text, solver = "auto", format = "table", html;
   bool with_pareto = false, achieved = false;
   Flags flags;
   m.add_to(flags);
@@ -45,6 +47,7 @@ int checkpoint_command(const std::vector<std::string>& args) {
   flags.add("--solver", &solver, checkpoint_solvers());
   flags.add("--format", &format, {"table", "json"});
   flags.add_switch("--pareto", &with_pareto);
+  flags.add("--html", &html);
   flags.add_switch("--achieved", &achieved);
   if (const auto extra = flags.parse(args); !extra.empty())
     throw UsageError("unexpected argument '" + extra[0] + "'");
@@ -91,13 +94,22 @@ int checkpoint_command(const std::vector<std::string>& args) {
   report.step_flops = simulator.step_flops();
   report.unchecked_peak_bytes = plain.measured().peak_bytes;
   report.solver_ms = solver_ms;
-  report.retraced_peak_bytes = trace_with(plan->policy).measured().peak_bytes;
-  if (with_pareto)
+  Trace retraced = trace_with(plan->policy);
+  report.retraced_peak_bytes = retraced.measured().peak_bytes;
+  // The page draws the memory-recompute curve: --html computes it too.
+  if (with_pareto || !html.empty()) {
+    Progress progress("checkpoint");
+    progress.update("memory-recompute curve");
     report.pareto = pareto(simulator, solver, lowest_checkpointed_peak(simulator), report.unchecked_peak_bytes);
+  }
   if (achieved) {
     ZooConfig c = config;
     c.checkpoint = plan->policy;
     report.achieved_peak_bytes = achieved_cpu_step_peaks(zoo_step(c), *run.options).back();
+  }
+  if (!html.empty()) {
+    const Estimate est = estimate(std::move(retraced), m.allocator_divisions());
+    write_file(html, report_html(report_json(run, est, 2), checkpoint_json(report)));
   }
   if (format == "json")
     std::cout << checkpoint_json(report).dump(2) << "\n";

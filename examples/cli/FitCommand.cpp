@@ -12,6 +12,7 @@
 #include "examples/cli/Commands.h"
 #include "examples/cli/Flags.h"
 #include "examples/cli/ModelFlags.h"
+#include "examples/cli/Output.h"
 
 namespace metamem::cli {
 namespace {
@@ -62,7 +63,9 @@ int fit_command(const std::vector<std::string>& args) {
   auto needed = [&](const Trace& trace) {
     return m.device == "cuda" ? simulate_allocator(trace, divisions).reserved : trace.measured().peak_bytes;
   };
+  Progress progress("fit");
   auto trial = [&](std::int64_t batch) {
+    progress.update(fmt::format("tracing batch {}", batch));
     Trial result;
     const Trace plain = trace_with(batch, {});
     result.bytes = needed(plain);
@@ -102,6 +105,8 @@ int fit_command(const std::vector<std::string>& args) {
     else
       fails = batch;
   }
+
+  progress.finish();
 
   const std::int64_t batch = best ? best->first : 0;
   const std::optional<CheckpointPlan> plan = best ? best->second.plan : std::nullopt;

@@ -3,20 +3,21 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
-#include <fstream>
 #include <iostream>
 
+#include "estimator/HtmlReport.h"
 #include "estimator/Report.h"
 #include "estimator/Snapshot.h"
 #include "examples/cli/Commands.h"
 #include "examples/cli/Flags.h"
 #include "examples/cli/ModelFlags.h"
+#include "examples/cli/Output.h"
 
 namespace metamem::cli {
 
 int profile_command(const std::vector<std::string>& args) {
   ModelFlags m;
-  std::string format = "table", table = "summary", snapshot;
+  std::string format = "table", table = "summary", snapshot, html;
   std::int64_t depth = 2;
   bool achieved = false;
   Flags flags;
@@ -25,6 +26,7 @@ int profile_command(const std::vector<std::string>& args) {
   flags.add("--table", &table, {"summary", "nodes", "modules"});
   flags.add("--depth", &depth);
   flags.add("--snapshot", &snapshot);
+  flags.add("--html", &html);
   flags.add_switch("--achieved", &achieved);
   if (const auto extra = flags.parse(args); !extra.empty())
     throw UsageError("unexpected argument '" + extra[0] + "'");
@@ -37,11 +39,8 @@ int profile_command(const std::vector<std::string>& args) {
   const int divisions = m.allocator_divisions();
   const Estimate est = estimate(trace_step(build, c10::Device(m.device), *run.options), divisions);
   const StepPeaks achieved_peaks = achieved ? achieved_cpu_step_peaks(build, *run.options) : StepPeaks{};
-  if (!snapshot.empty()) {
-    std::ofstream out(snapshot, std::ios::binary);
-    out << memory_snapshot_pickle(est.trace, divisions);
-    if (!out) throw std::runtime_error("cannot write '" + snapshot + "'");
-  }
+  if (!snapshot.empty()) write_file(snapshot, memory_snapshot_pickle(est.trace, divisions));
+  if (!html.empty()) write_file(html, report_html(report_json(run, est, static_cast<int>(depth), achieved_peaks)));
 
   const std::vector<NodeRow> rows =
       table == "modules" ? module_table(est.nodes, static_cast<int>(depth)) : est.nodes.rows;

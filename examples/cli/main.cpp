@@ -1,4 +1,7 @@
 // metamem: will one training step fit, and how could it use less memory?
+#include <torch/version.h>
+
+#include <algorithm>
 #include <iostream>
 
 #include "examples/cli/Commands.h"
@@ -17,7 +20,7 @@ constexpr const char* kUsage =
     "                       [--format table|csv|json] [--snapshot FILE.pickle] [--achieved]\n"
     "                       [--roundup-power2-divisions N] [--steps N] [--grad-accum K]\n"
     "                       [--zero-grad set_to_none|zero|none] [--main-grads param|fp32]\n"
-    "                       [--policy 0-3[1-2],5[;keep=aten::addmm]]\n"
+    "                       [--policy 0-3[1-2],5[;keep=aten::addmm]] [--html FILE.html]\n"
     "       metamem fit --model NAME --memory 80GiB [--device cuda] [model flags as above]\n"
     "                       [--max-batch N] [--checkpoint none|uniform|chen|rotor|selective|auto]\n"
     "                       [--format table|json]\n"
@@ -25,11 +28,25 @@ constexpr const char* kUsage =
     "                       [--solver none|uniform|chen|rotor|selective|auto] [--pareto] [--achieved]\n"
     "                       [--format table|json]\n"
     "       metamem plan FILE.csv [--algo greedy|dp|bestfit|auto] [--alignment N]\n"
-    "                       [--format table|json]\n";
+    "                       [--format table|json]\n"
+    "       metamem --version | --help | COMMAND --help\n"
+    "profile and checkpoint also take --html FILE.html: the report as one self-contained page.\n";
+
+bool asks_for_help(const std::string& arg) { return arg == "--help" || arg == "-h" || arg == "help"; }
 
 int run(const std::vector<std::string>& args) {
   using namespace metamem::cli;
   if (args.empty()) throw UsageError("missing command");
+  if (asks_for_help(args[0]) || std::any_of(args.begin() + 1, args.end(), [](const std::string& a) {
+        return a == "--help" || a == "-h";
+      })) {
+    std::cout << kUsage;
+    return 0;
+  }
+  if (args[0] == "--version") {
+    std::cout << "metamem " << METAMEM_VERSION << " (libtorch " << TORCH_VERSION << ")\n";
+    return 0;
+  }
   const std::vector<std::string> rest(args.begin() + 1, args.end());
   if (args[0] == "profile") return profile_command(rest);
   if (args[0] == "plan") return plan_command(rest);
