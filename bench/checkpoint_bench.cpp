@@ -36,8 +36,7 @@ Model build(const ZooConfig& config) {
   });
   model.calibration_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  ZooConfig plain = config;
-  const Trace trace = trace_step(zoo_step(plain), c10::Device(c10::kCUDA));
+  const Trace trace = trace_step(zoo_step(config), c10::Device(c10::kCUDA));
   model.step_begin = trace.measured().begin_bytes;
   model.peak = trace.measured().peak_bytes;
   return model;

@@ -201,7 +201,7 @@ std::string number_cell(std::int64_t value, bool flops) {
   return fmt::format(R"(<td class="n" data-v="{}">{}</td>)", value, flops ? human_flops(value) : human_bytes(value));
 }
 
-std::string rows_table(const nlohmann::json& rows, const char* id, bool nodes) {
+std::string html_rows_table(const nlohmann::json& rows, const char* id, bool nodes) {
   std::string out = fmt::format(R"(<div class="scroll"><table class="sortable" id="{}"><thead><tr>)", id);
   out += nodes ? "<th>node</th><th>op</th><th>module</th><th>phase</th>" : "<th>module</th>";
   out += "<th>fwd FLOPs</th><th>bwd FLOPs</th><th>fwd out</th><th>fwd tmp</th><th>bwd tmp</th><th>bwd out</th>"
@@ -290,9 +290,9 @@ std::string report_html(const nlohmann::json& report, const nlohmann::json& chec
   if (checkpoint.is_object() && checkpoint.contains("pareto") && !checkpoint["pareto"].empty())
     html += "<h2>Memory against recompute (checkpointing search)</h2>" + checkpoint_svg(checkpoint);
 
-  html += "<h2>Modules</h2><p class=\"sub\">Click a column to sort.</p>" + rows_table(report["modules"], "modules", false);
+  html += "<h2>Modules</h2><p class=\"sub\">Click a column to sort.</p>" + html_rows_table(report["modules"], "modules", false);
   html += "<h2>Nodes</h2><input id=\"node-filter\" placeholder=\"filter nodes (name, op, module, phase)\">" +
-          rows_table(report["nodes"], "nodes", true);
+          html_rows_table(report["nodes"], "nodes", true);
   html += std::string("<script>") + kScript + "</script></body></html>\n";
   return html;
 }

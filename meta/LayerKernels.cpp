@@ -43,6 +43,7 @@ at::Tensor where(const at::Tensor& condition, const at::Tensor& self, const at::
 }
 at::Tensor& in_place(at::Tensor& self) { return self; }
 at::Tensor binary(const at::Tensor& a, const at::Tensor& b) { return iterator_output({a, b}); }
+at::Tensor contiguous_like(const at::Tensor& self) { return at::empty_like(self, at::MemoryFormat::Contiguous); }
 
 // ---- activations -----------------------------------------------------------
 
@@ -54,8 +55,7 @@ at::Tensor& hardtanh_(at::Tensor& self, const at::Scalar&, const at::Scalar&) { 
 // CPU keeps a contiguous buffer beside the output for the backward; CUDA
 // keeps none.
 std::tuple<at::Tensor, at::Tensor> log_sigmoid_forward(const at::Tensor& self) {
-  if (models_cpu())
-    return {at::empty_like(self, at::MemoryFormat::Contiguous), at::empty_like(self, at::MemoryFormat::Contiguous)};
+  if (models_cpu()) return {contiguous_like(self), contiguous_like(self)};
   return {at::empty_like(self), at::empty({0}, self.options())};
 }
 at::Tensor log_sigmoid_backward(const at::Tensor& grad_output, const at::Tensor& self, const at::Tensor&) {
@@ -71,9 +71,7 @@ std::tuple<at::Tensor, at::Tensor> prelu_backward(const at::Tensor&, const at::T
           at::empty_like(weight, weight.suggest_memory_format())};
 }
 
-at::Tensor glu_backward(const at::Tensor&, const at::Tensor& self, std::int64_t) {
-  return at::empty_like(self, at::MemoryFormat::Contiguous);
-}
+at::Tensor glu_backward(const at::Tensor&, const at::Tensor& self, std::int64_t) { return contiguous_like(self); }
 
 // ---- losses ----------------------------------------------------------------
 
@@ -88,16 +86,16 @@ at::Tensor huber_loss(const at::Tensor& self, const at::Tensor& target, std::int
 
 // Loss gradients are written into a contiguous input-shaped tensor.
 at::Tensor mse_loss_backward(const at::Tensor&, const at::Tensor& self, const at::Tensor&, std::int64_t) {
-  return at::empty_like(self, at::MemoryFormat::Contiguous);
+  return contiguous_like(self);
 }
 at::Tensor binary_cross_entropy_backward(const at::Tensor&, const at::Tensor& self, const at::Tensor&,
                                          const c10::optional<at::Tensor>&, std::int64_t) {
-  return at::empty_like(self, at::MemoryFormat::Contiguous);
+  return contiguous_like(self);
 }
 at::Tensor nll_loss2d_backward(const at::Tensor&, const at::Tensor& self, const at::Tensor&,
                                const c10::optional<at::Tensor>&, std::int64_t, std::int64_t,
                                const at::Tensor&) {
-  return at::empty_like(self, at::MemoryFormat::Contiguous);
+  return contiguous_like(self);
 }
 
 // CTC's forward keeps log-alpha, batch x input length x (2 x longest target
@@ -126,7 +124,7 @@ bool use_cudnn_ctc_loss(const at::Tensor& log_probs, const at::Tensor& targets, 
 
 at::Tensor ctc_loss_backward(const at::Tensor&, const at::Tensor& log_probs, const at::Tensor&, at::IntArrayRef,
                              at::IntArrayRef, const at::Tensor&, const at::Tensor&, std::int64_t, bool) {
-  return at::empty_like(log_probs, at::MemoryFormat::Contiguous);
+  return contiguous_like(log_probs);
 }
 
 // ---- padding and pooling ---------------------------------------------------
@@ -153,7 +151,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_group_norm_backward(
     std::array<bool, 3> output_mask) {
   const auto options = weight && weight->defined() ? weight->options() : input.options();
   auto per_channel = [&] { return at::empty({channels.expect_int()}, options); };
-  return {output_mask[0] ? at::empty_like(input, at::MemoryFormat::Contiguous) : at::Tensor(),
+  return {output_mask[0] ? contiguous_like(input) : at::Tensor(),
           output_mask[1] ? per_channel() : at::Tensor(), output_mask[2] ? per_channel() : at::Tensor()};
 }
 
@@ -204,14 +202,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_lstm_cell(const at::Tensor&
                                                                const at::Tensor& cx,
                                                                const c10::optional<at::Tensor>&,
                                                                const c10::optional<at::Tensor>&) {
-  return {at::empty_like(cx, at::MemoryFormat::Contiguous), at::empty_like(cx, at::MemoryFormat::Contiguous),
-          at::empty_like(input_gates, at::MemoryFormat::Contiguous)};
+  return {contiguous_like(cx), contiguous_like(cx), contiguous_like(input_gates)};
 }
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_lstm_cell_backward(
     const c10::optional<at::Tensor>&, const c10::optional<at::Tensor>&, const at::Tensor& cx, const at::Tensor&,
     const at::Tensor& workspace, bool has_bias) {
-  at::Tensor grad_gates = at::empty_like(workspace, at::MemoryFormat::Contiguous);
-  return {grad_gates, at::empty_like(cx, at::MemoryFormat::Contiguous),
+  return {contiguous_like(workspace), contiguous_like(cx),
           has_bias ? at::empty({workspace.size(1)}, workspace.options()) : at::Tensor()};
 }
 
@@ -219,8 +215,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_lstm_cell_backward(
 std::tuple<at::Tensor, at::Tensor> fused_gru_cell(const at::Tensor& input_gates, const at::Tensor&,
                                                   const at::Tensor& hx, const c10::optional<at::Tensor>&,
                                                   const c10::optional<at::Tensor>&) {
-  return {at::empty_like(hx, at::MemoryFormat::Contiguous),
-          at::empty({hx.size(0), hx.size(1) * 5}, input_gates.options())};
+  return {contiguous_like(hx), at::empty({hx.size(0), hx.size(1) * 5}, input_gates.options())};
 }
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_gru_cell_backward(
     const at::Tensor& grad_hy, const at::Tensor& workspace, bool has_bias) {

@@ -40,12 +40,15 @@ int profile_command(const std::vector<std::string>& args) {
   const Estimate est = estimate(trace_step(build, c10::Device(m.device), *run.options), divisions);
   const StepPeaks achieved_peaks = achieved ? achieved_cpu_step_peaks(build, *run.options) : StepPeaks{};
   if (!snapshot.empty()) write_file(snapshot, memory_snapshot_pickle(est.trace, divisions));
-  if (!html.empty()) write_file(html, report_html(report_json(run, est, static_cast<int>(depth), achieved_peaks)));
+  const nlohmann::json report = format == "json" || !html.empty()
+                                    ? report_json(run, est, static_cast<int>(depth), achieved_peaks)
+                                    : nlohmann::json();
+  if (!html.empty()) write_file(html, report_html(report));
 
   const std::vector<NodeRow> rows =
       table == "modules" ? module_table(est.nodes, static_cast<int>(depth)) : est.nodes.rows;
   if (format == "json") {
-    std::cout << report_json(run, est, static_cast<int>(depth), achieved_peaks).dump(2) << "\n";
+    std::cout << report.dump(2) << "\n";
   } else if (format == "csv") {
     fmt::print("{}", rows_csv(rows));
   } else {
