@@ -16,4 +16,8 @@ std::string human_flops(std::int64_t flops);
 // std::invalid_argument naming `what` (e.g. "--memory") for anything else.
 std::int64_t parse_memory(const std::string& text, const std::string& what);
 
+// "10s", "500ms", "2min", "1.5" (seconds) -> seconds. Throws
+// std::invalid_argument naming `what` for anything else.
+double parse_seconds(const std::string& text, const std::string& what);
+
 }  // namespace metamem

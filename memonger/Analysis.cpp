@@ -68,6 +68,7 @@ Statistics compute_statistics(const Problem& problem, const Plan& plan) {
   for (std::size_t i = 0; i < problem.size(); ++i) stats.baseline_bytes += problem.bytes(i);
   stats.planned_bytes = plan.planned_bytes;
   stats.lower_bound_bytes = lower_bound_bytes(problem);
+  stats.proven_bound_bytes = std::max(stats.lower_bound_bytes, plan.proven_bound_bytes);
   stats.buffers = plan.buffers;
   return stats;
 }

@@ -94,12 +94,6 @@ struct ItemTable {
   std::vector<std::int64_t> first, last, bytes;
 };
 
-std::int64_t count_offsets(const Placement& placement) {
-  std::vector<std::int64_t> distinct = placement.offsets;
-  std::sort(distinct.begin(), distinct.end());
-  return std::unique(distinct.begin(), distinct.end()) - distinct.begin();
-}
-
 // Places items in `order` (indices into items), each in the smallest gap
 // beside the placed ranges it overlaps in time. Unbounded: a range that fits
 // no gap goes on top. Bounded by `height`: the space above the top is a gap
@@ -143,7 +137,7 @@ std::optional<Placement> pack(const ItemTable& t, const Items& order, std::int64
     placement.offsets[k] = offset;
     placement.height = std::max(placement.height, offset + size);
   }
-  placement.buffers = count_offsets(placement);
+  placement.buffers = count_offsets(placement.offsets);
   return placement;
 }
 
@@ -204,7 +198,7 @@ Placement pack_in_time_order(const ItemTable& t, const Items& by_time) {
     placement.height = std::max(placement.height, placement.offsets[k] + size);
     alive.emplace(t.last[k], k);
   }
-  placement.buffers = count_offsets(placement);
+  placement.buffers = count_offsets(placement.offsets);
   return placement;
 }
 

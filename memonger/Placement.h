@@ -2,8 +2,10 @@
 // go below them, one after another, before any planner runs.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +18,7 @@ struct Placement {
   std::vector<std::int64_t> offsets;
   std::int64_t height = 0;
   std::int64_t buffers = 0;
+  std::int64_t bound = 0;  // proven: no placement of the items is lower (0: only max live is known)
 };
 
 using Items = std::vector<std::size_t>;
@@ -33,6 +36,24 @@ Placement shared_optimal(const Problem& problem, const Items& items, std::int64_
 // Arena offsets: greedy best fit under several orderings, then packing into
 // a fixed height from both ends, searched down towards the lower bound.
 Placement arena_best_fit(const Problem& problem, const Items& items);
+
+// What the exact search may spend, and in decision mode the height to reach.
+struct SearchLimits {
+  std::chrono::steady_clock::time_point deadline;
+  std::optional<std::int64_t> capacity;
+};
+
+// Exact arena offsets by branch and bound over canonical placements
+// (ArenaSearch.cpp), started from `start`. With a capacity: the first
+// placement within it, or `start` with a bound above it if none exists.
+// Without: the lowest placement, binary-searched between the proven bound
+// and the best found. Anytime: at the deadline, the best so far and the
+// bound proven so far.
+Placement arena_search(const Problem& problem, const Items& items, Placement start,
+                       const SearchLimits& limits);
+
+// Distinct offsets: the buffers of an arena placement.
+std::int64_t count_offsets(const std::vector<std::int64_t>& offsets);
 
 // Max live bytes of `items` alone.
 std::int64_t items_lower_bound(const Problem& problem, const Items& items);

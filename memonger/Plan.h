@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,8 @@ struct Plan {
   std::vector<std::int64_t> offsets;  // one per range, as in Problem::ranges()
   std::int64_t planned_bytes = 0;     // arena size
   std::int64_t buffers = 0;           // shared buffers; distinct offsets for arena plans
+  // No plan is smaller: max live bytes, or more where the exact search proved it.
+  std::int64_t proven_bound_bytes = 0;
 };
 
 // Max live bytes over all steps (XLA's NoFragmentationStatsHeap). Pinned
@@ -32,8 +35,10 @@ std::vector<std::string> verify(const Problem& problem, const Plan& plan);
 struct Statistics {
   std::int64_t baseline_bytes = 0;  // no sharing: the sum of sizes
   std::int64_t planned_bytes = 0;
-  std::int64_t lower_bound_bytes = 0;
+  std::int64_t lower_bound_bytes = 0;   // max live bytes
+  std::int64_t proven_bound_bytes = 0;  // at least the lower bound; planned when proven optimal
   std::int64_t buffers = 0;
+  bool optimal() const { return planned_bytes == proven_bound_bytes; }
   double ratio() const {  // planned / lower_bound
     return lower_bound_bytes == 0 ? 1.0
                                   : static_cast<double>(planned_bytes) / lower_bound_bytes;
@@ -48,10 +53,17 @@ class Planner {
   virtual Plan plan(const Problem& problem) const = 0;
 };
 
+// What a plan must reach and may cost; only the exact search reads them.
+struct PlanLimits {
+  std::optional<double> seconds;         // time limit: 10 s for "exact", 1 s within "auto"
+  std::optional<std::int64_t> capacity;  // decision: the first plan within it will do
+};
+
 // "greedy" and "dp" (Caffe2's shared buffers: a buffer costs its largest
-// member), "bestfit" (arena offsets), "auto" (the best of those that apply).
-// Throws InputError for another name.
-std::unique_ptr<Planner> make_planner(const std::string& name);
+// member), "bestfit" (arena offsets), "exact" (arena offsets by branch and
+// bound), "auto" (the best of those that apply). Throws InputError for
+// another name.
+std::unique_ptr<Planner> make_planner(const std::string& name, const PlanLimits& limits = {});
 
 // The exact search gave up: the instance is too large for it.
 class PlanLimitError : public std::runtime_error {

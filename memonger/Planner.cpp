@@ -22,9 +22,16 @@ Plan assemble(const Problem& problem, std::string algorithm,
   const Placement placement = place(items);
   for (std::size_t k = 0; k < items.size(); ++k)
     plan.offsets[items[k]] = plan.planned_bytes + placement.offsets[k];
+  plan.proven_bound_bytes = plan.planned_bytes + std::max(placement.bound, items_lower_bound(problem, items));
   plan.planned_bytes += placement.height;
   plan.buffers += placement.buffers;
   return plan;
+}
+
+std::int64_t count_offsets(const std::vector<std::int64_t>& offsets) {
+  std::vector<std::int64_t> distinct = offsets;
+  std::sort(distinct.begin(), distinct.end());
+  return std::unique(distinct.begin(), distinct.end()) - distinct.begin();
 }
 
 std::int64_t items_lower_bound(const Problem& problem, const Items& items) {
@@ -43,7 +50,10 @@ std::int64_t items_lower_bound(const Problem& problem, const Items& items) {
 namespace {
 
 constexpr std::int64_t kDpNodeLimit = 2'000'000;
-constexpr std::size_t kAutoDpRanges = 24;  // auto tries the exact search up to this size
+constexpr std::size_t kAutoDpRanges = 24;         // auto tries the shared-buffer search up to this size
+constexpr std::size_t kAutoExactRanges = 2'000;  // and the exact arena search up to this size
+constexpr double kExactSeconds = 10;
+constexpr double kAutoExactSeconds = 1;
 
 // Pinned ranges first, then `place` on the rest.
 class PlacementPlanner final : public Planner {
@@ -68,17 +78,44 @@ std::unique_ptr<Planner> dp() {
 }
 std::unique_ptr<Planner> bestfit() { return std::make_unique<PlacementPlanner>("bestfit", arena_best_fit); }
 
-// The smallest plan of the others; the exact search only where it is cheap.
+// Best fit first, then the exact search from its plan. The clock starts
+// with the plan, so the time limit covers both.
+std::unique_ptr<Planner> exact(const PlanLimits& limits, double default_seconds) {
+  return std::make_unique<PlacementPlanner>("exact", [limits, default_seconds](const Problem& p,
+                                                                                const Items& items) {
+    const auto seconds = std::chrono::duration<double>(limits.seconds.value_or(default_seconds));
+    SearchLimits search{std::chrono::steady_clock::now() +
+                            std::chrono::duration_cast<std::chrono::steady_clock::duration>(seconds),
+                        std::nullopt};
+    if (limits.capacity) {
+      std::int64_t pinned = 0;
+      for (std::size_t i = 0; i < p.size(); ++i)
+        if (p.ranges()[i].pinned) pinned += p.bytes(i);
+      search.capacity = *limits.capacity - pinned;
+    }
+    return arena_search(p, items, arena_best_fit(p, items), search);
+  });
+}
+
+std::size_t unpinned(const Problem& p) {
+  return std::count_if(p.ranges().begin(), p.ranges().end(), [](const LiveRange& r) { return !r.pinned; });
+}
+
+// The smallest plan of the others; the exact searches only where they are cheap.
 class AutoPlanner final : public Planner {
  public:
+  explicit AutoPlanner(PlanLimits limits) : limits_(std::move(limits)) {}
   std::string name() const override { return "auto"; }
   Plan plan(const Problem& p) const override {
-    Plan best = bestfit()->plan(p);
+    const std::size_t n = unpinned(p);
+    Plan best = n <= kAutoExactRanges ? exact(limits_, kAutoExactSeconds)->plan(p) : bestfit()->plan(p);
     auto consider = [&](Plan candidate) {
+      const std::int64_t bound = std::max(best.proven_bound_bytes, candidate.proven_bound_bytes);
       if (candidate.planned_bytes < best.planned_bytes) best = std::move(candidate);
+      best.proven_bound_bytes = bound;
     };
     consider(greedy()->plan(p));
-    if (p.size() <= kAutoDpRanges) {
+    if (n <= kAutoDpRanges) {
       try {
         consider(dp()->plan(p));
       } catch (const PlanLimitError&) {
@@ -86,16 +123,20 @@ class AutoPlanner final : public Planner {
     }
     return best;
   }
+
+ private:
+  PlanLimits limits_;
 };
 
 }  // namespace
 
-std::unique_ptr<Planner> make_planner(const std::string& name) {
+std::unique_ptr<Planner> make_planner(const std::string& name, const PlanLimits& limits) {
   if (name == "greedy") return greedy();
   if (name == "dp") return dp();
   if (name == "bestfit") return bestfit();
-  if (name == "auto") return std::make_unique<AutoPlanner>();
-  throw InputError("unknown algorithm '" + name + "' (known: greedy, dp, bestfit, auto)");
+  if (name == "exact") return exact(limits, kExactSeconds);
+  if (name == "auto") return std::make_unique<AutoPlanner>(limits);
+  throw InputError("unknown algorithm '" + name + "' (known: greedy, dp, bestfit, exact, auto)");
 }
 
 }  // namespace memonger

@@ -35,24 +35,32 @@ std::int64_t parse_integer(std::string_view field, const char* what, const std::
 
 }  // namespace
 
-std::vector<LiveRange> read_ranges_csv(std::istream& in) {
-  std::vector<LiveRange> ranges;
+RangeTable read_ranges_csv(std::istream& in) {
+  RangeTable table;
   std::unordered_map<std::int64_t, std::size_t> line_of_id;
   std::string text;
   for (std::size_t line = 1; std::getline(in, text); ++line) {
     const std::string at = "line " + std::to_string(line) + ": ";
     const std::string_view content = trim(text);
     if (content.empty() || content.front() == '#') continue;
-    if (line == 1 && content.substr(0, 3) == "id,") continue;  // header
+    if (line == 1 && content.substr(0, 3) == "id,") {  // header
+      if (content == "id,lower,upper,size") table.layout = RangeLayout::kMiniMalloc;
+      continue;
+    }
+    const bool minimalloc = table.layout == RangeLayout::kMiniMalloc;
     const auto fields = split(content);
-    if (fields.size() != 4 && fields.size() != 5)
-      throw InputError(at + "expected id,first,last,bytes[,pinned], got " +
-                       std::to_string(fields.size()) + " fields");
+    if (minimalloc ? fields.size() != 4 : fields.size() != 4 && fields.size() != 5)
+      throw InputError(at + "expected " + (minimalloc ? "id,lower,upper,size" : "id,first,last,bytes[,pinned]") +
+                       ", got " + std::to_string(fields.size()) + " fields");
     LiveRange r;
     r.id = parse_integer(fields[0], "id", at);
-    r.first = parse_integer(fields[1], "first", at);
-    r.last = parse_integer(fields[2], "last", at);
-    r.bytes = parse_integer(fields[3], "bytes", at);
+    r.first = parse_integer(fields[1], minimalloc ? "lower" : "first", at);
+    r.last = parse_integer(fields[2], minimalloc ? "upper" : "last", at);
+    r.bytes = parse_integer(fields[3], minimalloc ? "size" : "bytes", at);
+    if (minimalloc) {
+      if (r.last <= r.first) throw InputError(at + "upper must be above lower (lifetimes are [lower, upper))");
+      --r.last;
+    }
     if (fields.size() == 5) {
       const std::int64_t pinned = parse_integer(fields[4], "pinned", at);
       if (pinned != 0 && pinned != 1) throw InputError(at + "pinned must be 0 or 1");
@@ -63,9 +71,9 @@ std::vector<LiveRange> read_ranges_csv(std::istream& in) {
     if (!added)
       throw InputError(at + "duplicate id " + std::to_string(r.id) + " (first on line " +
                        std::to_string(seen->second) + ")");
-    ranges.push_back(r);
+    table.ranges.push_back(r);
   }
-  return ranges;
+  return table;
 }
 
 void write_ranges_csv(std::ostream& out, const std::vector<LiveRange>& ranges) {
@@ -73,6 +81,17 @@ void write_ranges_csv(std::ostream& out, const std::vector<LiveRange>& ranges) {
   for (const LiveRange& r : ranges)
     out << r.id << ',' << r.first << ',' << r.last << ',' << r.bytes << ',' << (r.pinned ? 1 : 0)
         << '\n';
+}
+
+void write_plan_csv(std::ostream& out, const RangeTable& table, const std::vector<std::int64_t>& offsets) {
+  const bool minimalloc = table.layout == RangeLayout::kMiniMalloc;
+  out << (minimalloc ? "id,lower,upper,size,offset\n" : "id,first,last,bytes,pinned,offset\n");
+  for (std::size_t i = 0; i < table.ranges.size(); ++i) {
+    const LiveRange& r = table.ranges[i];
+    out << r.id << ',' << r.first << ',' << (minimalloc ? r.last + 1 : r.last) << ',' << r.bytes << ',';
+    if (!minimalloc) out << (r.pinned ? 1 : 0) << ',';
+    out << offsets[i] << '\n';
+  }
 }
 
 }  // namespace memonger

@@ -1,5 +1,8 @@
-// Live ranges as CSV: `id,first,last,bytes[,pinned]`, one range a line. An
-// optional header line, blank lines and lines starting with '#' are skipped.
+// Live ranges as CSV, in either of two layouts told apart by the header:
+//  - ours: `id,first,last,bytes[,pinned]`, both steps included; the header
+//    is optional;
+//  - MiniMalloc's: header `id,lower,upper,size`, alive over [lower, upper).
+// Blank lines and lines starting with '#' are skipped.
 #pragma once
 
 #include <istream>
@@ -10,9 +13,19 @@
 
 namespace memonger {
 
+enum class RangeLayout { kMetamem, kMiniMalloc };
+
+struct RangeTable {
+  std::vector<LiveRange> ranges;  // steps included, whatever the layout
+  RangeLayout layout = RangeLayout::kMetamem;
+};
+
 // Throws InputError naming the line of the first malformed one.
-std::vector<LiveRange> read_ranges_csv(std::istream& in);
+RangeTable read_ranges_csv(std::istream& in);
 
 void write_ranges_csv(std::ostream& out, const std::vector<LiveRange>& ranges);
+
+// The table in its own layout with an `offset` column added.
+void write_plan_csv(std::ostream& out, const RangeTable& table, const std::vector<std::int64_t>& offsets);
 
 }  // namespace memonger

@@ -1,6 +1,10 @@
 // memonger: planners, lower bound, verification, CSV. No libtorch here.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <numeric>
 #include <random>
 #include <sstream>
 
@@ -11,8 +15,8 @@
 namespace memonger {
 namespace {
 
-Plan plan_with(const std::string& algorithm, const Problem& problem) {
-  Plan plan = make_planner(algorithm)->plan(problem);
+Plan plan_with(const std::string& algorithm, const Problem& problem, const PlanLimits& limits = {}) {
+  Plan plan = make_planner(algorithm, limits)->plan(problem);
   EXPECT_EQ(verify(problem, plan), std::vector<std::string>{}) << algorithm;
   EXPECT_GE(plan.planned_bytes, lower_bound_bytes(problem)) << algorithm;
   return plan;
@@ -115,27 +119,167 @@ TEST(Memonger, DpGivesUpClearlyOnLargeInstances) {
   }
 }
 
-TEST(Memonger, VerifyCatchesBrokenPlans) {
-  const Problem problem({{1, 0, 2, 8}, {2, 1, 3, 8}, {3, 5, 6, 8, true}});
-  Plan plan{"hand", {0, 4, 16}, 24, 3};
-  const auto errors = verify(problem, plan);
-  ASSERT_EQ(errors.size(), 1u);
-  EXPECT_EQ(errors[0], "range 2 and range 1 are alive together and overlap");
-  plan.offsets = {0, 8, 0};
-  EXPECT_EQ(verify(problem, plan), std::vector<std::string>{"pinned range 3 shares bytes with range 1"});
-  plan.offsets = {0, 8, 20};
-  EXPECT_EQ(verify(problem, plan), std::vector<std::string>{"range 3 lies outside the arena"});
+// The optimum by enumeration: every order of the ranges, each placed at the
+// lowest offset free of the ranges before it, orders cut short once they
+// reach the best height found. Some order reaches the optimum (sort an
+// optimal plan by offset: each range lands at or below where that plan has
+// it).
+class BruteForce {
+ public:
+  explicit BruteForce(const Problem& problem)
+      : p_(problem), offsets_(problem.size(), 0), placed_(problem.size(), false) {}
+  std::int64_t optimum() {
+    extend(0, 0);
+    return best_;
+  }
+
+ private:
+  bool clashes(std::size_t i, std::int64_t at) const {
+    for (std::size_t j = 0; j < p_.size(); ++j)
+      if (placed_[j] && overlap_in_time(p_.ranges()[i], p_.ranges()[j]) && at < offsets_[j] + p_.bytes(j) &&
+          offsets_[j] < at + p_.bytes(i))
+        return true;
+    return false;
+  }
+  void extend(std::size_t count, std::int64_t height) {
+    if (height >= best_) return;
+    if (count == p_.size()) {
+      best_ = height;
+      return;
+    }
+    for (std::size_t i = 0; i < p_.size(); ++i) {
+      if (placed_[i]) continue;
+      std::int64_t at = clashes(i, 0) ? std::numeric_limits<std::int64_t>::max() : 0;
+      for (std::size_t j = 0; j < p_.size(); ++j)  // else on top of a range placed
+        if (placed_[j] && offsets_[j] + p_.bytes(j) < at && !clashes(i, offsets_[j] + p_.bytes(j)))
+          at = offsets_[j] + p_.bytes(j);
+      offsets_[i] = at;
+      placed_[i] = true;
+      extend(count + 1, std::max(height, at + p_.bytes(i)));
+      placed_[i] = false;
+    }
+  }
+
+  const Problem& p_;
+  std::vector<std::int64_t> offsets_;
+  std::vector<bool> placed_;
+  std::int64_t best_ = std::numeric_limits<std::int64_t>::max();
+};
+
+void expect_exact_matches_brute_force(const Problem& problem, const std::string& what) {
+  const std::int64_t optimum = BruteForce(problem).optimum();
+  const Plan plan = plan_with("exact", problem);
+  EXPECT_EQ(plan.planned_bytes, optimum) << what;
+  EXPECT_EQ(plan.proven_bound_bytes, optimum) << what;
+
+  // Decision: the optimum fits; one byte less is proven not to.
+  EXPECT_EQ(plan_with("exact", problem, {std::nullopt, optimum}).planned_bytes, optimum) << what;
+  const Plan below = plan_with("exact", problem, {std::nullopt, optimum - 1});
+  EXPECT_GT(below.planned_bytes, optimum - 1) << what;
+  EXPECT_EQ(below.proven_bound_bytes, optimum) << what;
 }
 
-TEST(Memonger, UnknownAlgorithmIsAnInputError) {
-  EXPECT_THROW(make_planner("magic"), InputError);
+TEST(Exact, MatchesBruteForceOnTinyInstances) {
+  std::mt19937 rng(11);
+  for (int round = 0; round < 300; ++round) {
+    std::vector<LiveRange> ranges;
+    const int n = 1 + static_cast<int>(rng() % 7);
+    for (int i = 0; i < n; ++i) {
+      const std::int64_t first = rng() % 6;
+      ranges.push_back({i, first, first + static_cast<std::int64_t>(rng() % 4), 1 + static_cast<std::int64_t>(rng() % 9)});
+    }
+    expect_exact_matches_brute_force(Problem(ranges), "round " + std::to_string(round));
+  }
+}
+
+// Random instances this small almost always pack at max live bytes; these
+// two (found among two million) do not, so the search must prove a bound
+// above it.
+TEST(Exact, ProvesOptimaAboveMaxLive) {
+  const Problem first({{0, 0, 4, 4}, {1, 0, 2, 5}, {2, 3, 4, 4}, {3, 1, 3, 1}, {4, 2, 5, 2},
+                       {5, 1, 5, 4}, {6, 4, 5, 5}, {7, 5, 5, 5}, {8, 3, 3, 4}, {9, 1, 1, 4}});
+  const Problem second({{0, 5, 5, 5}, {1, 5, 5, 5}, {2, 2, 4, 3}, {3, 2, 3, 2}, {4, 0, 3, 5},
+                        {5, 1, 1, 5}, {6, 4, 5, 4}, {7, 1, 2, 4}, {8, 4, 4, 5}, {9, 3, 4, 3}});
+  for (const Problem* problem : {&first, &second}) {
+    EXPECT_GT(BruteForce(*problem).optimum(), lower_bound_bytes(*problem));
+    expect_exact_matches_brute_force(*problem, "ten ranges");
+  }
+}
+
+TEST(Exact, NeverLosesToBestFitAndPinnedStayBelow) {
+  std::mt19937 rng(5);
+  for (std::uint32_t seed = 0; seed < 20; ++seed) {
+    auto ranges = testing::random_ranges(60, seed, 20);
+    for (LiveRange& r : ranges) r.pinned = rng() % 10 == 0;
+    const Problem problem(ranges, 64);
+    const Plan exact = plan_with("exact", problem);
+    EXPECT_LE(exact.planned_bytes, plan_with("bestfit", problem).planned_bytes) << "seed " << seed;
+    EXPECT_LE(exact.proven_bound_bytes, exact.planned_bytes);
+    EXPECT_GE(exact.proven_bound_bytes, lower_bound_bytes(problem));
+  }
+}
+
+// Cut from a 2^20 x 200 rectangle into 60 pieces: best fit plans some
+// above W; the search finds W itself, so proves it optimal.
+TEST(Exact, PerfectPackingsOfSixtyPiecesAtTheirWidth) {
+  for (std::uint32_t seed = 0; seed < 20; ++seed) {
+    const Problem problem(testing::perfect_packing(1 << 20, 200, 60, seed));
+    const Plan plan = plan_with("exact", problem);
+    EXPECT_EQ(plan.planned_bytes, 1 << 20) << "seed " << seed;
+    EXPECT_EQ(plan.proven_bound_bytes, 1 << 20) << "seed " << seed;
+  }
+}
+
+// 1,000 pieces are beyond the search in 0.3 s: it stops on time with its
+// best plan, no worse than best fit, and the bound it proved.
+TEST(Exact, StopsAtItsTimeLimitWithTheBestSoFar) {
+  const Problem problem(testing::perfect_packing(1 << 20, 1000, 1000, 1));
+  const auto start = std::chrono::steady_clock::now();
+  const Plan plan = plan_with("exact", problem, {0.3, std::nullopt});
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GE(seconds, 0.3);
+  EXPECT_LT(seconds, 1.3);
+  EXPECT_LE(plan.planned_bytes, plan_with("bestfit", problem).planned_bytes);
+  EXPECT_EQ(plan.proven_bound_bytes, 1 << 20);
+  EXPECT_GT(plan.planned_bytes, plan.proven_bound_bytes);
+}
+
+// MiniMalloc's challenging benchmark (bench/data, Apache-2.0, see NOTICE):
+// each instance is known to fit in 1 MiB; decide it.
+class MiniMallocChallenging : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(MiniMallocChallenging, FitsInItsCapacity) {
+  const std::string path = std::string(METAMEM_BENCH_DATA) + "/minimalloc-challenging/" + GetParam() + ".1048576.csv";
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << path;
+  const RangeTable table = read_ranges_csv(in);
+  ASSERT_EQ(table.layout, RangeLayout::kMiniMalloc);
+  const Problem problem(table.ranges);
+  const Plan plan = plan_with("exact", problem, {60.0, 1 << 20});
+  EXPECT_LE(plan.planned_bytes, 1 << 20);
+}
+
+INSTANTIATE_TEST_SUITE_P(Instances, MiniMallocChallenging,
+                         ::testing::Values("A", "B", "C", "D", "E", "F", "G", "H", "I", "J", "K"));
+
+TEST(RangeCsv, ReadsMiniMallocLayoutWithUpperExcluded) {
+  std::istringstream in("id,lower,upper,size\n0,0,3,4\n1,3,9,4\n");
+  const RangeTable table = read_ranges_csv(in);
+  EXPECT_EQ(table.layout, RangeLayout::kMiniMalloc);
+  ASSERT_EQ(table.ranges.size(), 2u);
+  EXPECT_EQ(table.ranges[0].last, 2);  // [0, 3) is steps 0..2
+  EXPECT_FALSE(overlap_in_time(table.ranges[0], table.ranges[1]));
+
+  std::ostringstream out;
+  write_plan_csv(out, table, {0, 0});
+  EXPECT_EQ(out.str(), "id,lower,upper,size,offset\n0,0,3,4,0\n1,3,9,4,0\n");
 }
 
 TEST(RangeCsv, RoundTrips) {
   const std::vector<LiveRange> ranges = {{3, 0, 4, 1024, false}, {9, 2, 2, 0, true}};
   std::stringstream csv;
   write_ranges_csv(csv, ranges);
-  const auto back = read_ranges_csv(csv);
+  const auto back = read_ranges_csv(csv).ranges;
   ASSERT_EQ(back.size(), 2u);
   EXPECT_EQ(back[0].id, 3);
   EXPECT_EQ(back[0].last, 4);
@@ -161,6 +305,9 @@ TEST(RangeCsv, NamesTheBadLine) {
   EXPECT_EQ(csv_error("1,5,1,8\n"), "line 1: last step before first step");
   EXPECT_EQ(csv_error("1,0,1,8\n1,2,3,8\n"), "line 2: duplicate id 1 (first on line 1)");
   EXPECT_EQ(csv_error("1,0,1,8,2\n"), "line 1: pinned must be 0 or 1");
+  EXPECT_EQ(csv_error("id,lower,upper,size\n1,4,4,8\n"),
+            "line 2: upper must be above lower (lifetimes are [lower, upper))");
+  EXPECT_EQ(csv_error("id,lower,upper,size\n1,0,4,8,1\n"), "line 2: expected id,lower,upper,size, got 5 fields");
   EXPECT_EQ(csv_error("1,0,1,99999999999999999999\n"),
             "line 1: bytes is not an integer: '99999999999999999999'");
 }
@@ -185,7 +332,7 @@ TEST(RangeCsv, SurvivesFuzzing) {
     }
     std::istringstream in(text);
     try {
-      const Problem problem(read_ranges_csv(in));
+      const Problem problem(read_ranges_csv(in).ranges);
       make_planner("auto")->plan(problem);
       ++parsed;
     } catch (const InputError&) {

@@ -134,5 +134,19 @@ expect 2 "--algo must be" plan "$dir/golden.csv" --algo magic
 expect 2 "exactly one FILE.csv" plan
 expect 2 "alignment must be at least 1" plan "$dir/golden.csv" --alignment 0
 
+# MiniMalloc's layout (upper excluded), decided at a capacity, the plan written out.
+printf 'id,lower,upper,size\n1,0,3,4\n2,3,9,4\n3,0,9,4\n4,9,21,4\n5,0,21,4\n' >"$dir/minimalloc.csv"
+expect 0 "capacity 12 B \(12 B\): fits" plan "$dir/minimalloc.csv" --algo exact --capacity 12 --output "$dir/plan.csv"
+if [[ $(head -1 "$dir/plan.csv") != "id,lower,upper,size,offset" || $(wc -l <"$dir/plan.csv") -ne 6 ]]; then
+  echo "FAIL: plan.csv: $(cat "$dir/plan.csv")"
+  failures=$((failures + 1))
+fi
+expect 1 "does not fit \(proven\)" plan "$dir/minimalloc.csv" --capacity 11
+expect 0 '"optimal": true' plan "$dir/golden.csv" --algo exact --time-limit 500ms --format json
+expect 2 "--time-limit expects a duration" plan "$dir/golden.csv" --time-limit soon
+expect 2 "--capacity expects a size" plan "$dir/golden.csv" --capacity -5
+printf 'id,lower,upper,size\n1,3,3,4\n' >"$dir/empty_life.csv"
+expect 2 "line 2: upper must be above lower" plan "$dir/empty_life.csv"
+
 echo "cli: $failures failed"
 exit $((failures > 0))

@@ -1,0 +1,358 @@
+// The exact arena solver: the ideas of MiniMalloc (Moffitt, ASPLOS 2023),
+// in our own code. Items are placed in order of offset, each as low as the
+// items already placed let it (a canonical plan: every instance that fits
+// has one), and a partial plan is given up as soon as
+//  - a time section's unplaced items no longer fit between its floor and
+//    the capacity (spatial inference),
+//  - an item would go where an unplaced item could still have been put
+//    entirely below it (dominance: that gap is never needed),
+//  - or its last item overlapped no unplaced item and the rest still failed
+//    (placing the others first cannot help).
+// Whenever no unplaced item spans some moment, the two sides are solved
+// apart. Tie orders (static preorders) are tried in turn with node limits
+// that double, so one bad order does not sink the search.
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <deque>
+#include <limits>
+#include <numeric>
+#include <string_view>
+
+#include "memonger/Placement.h"
+
+namespace memonger {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr std::int64_t kUnplaced = -1;
+constexpr std::int64_t kInfinity = std::numeric_limits<std::int64_t>::max();
+
+// The items with bytes, over time sections: the stretches between
+// consecutive points where some item starts or ends.
+struct Instance {
+  Instance(const Problem& p, const Items& items) {
+    std::vector<std::int64_t> points;
+    for (std::size_t k = 0; k < items.size(); ++k) {
+      const LiveRange& r = p.ranges()[items[k]];
+      if (p.bytes(items[k]) == 0) continue;  // anywhere will do: offset 0
+      index.push_back(k);
+      bytes.push_back(p.bytes(items[k]));
+      width.push_back(r.last + 1 - r.first);
+      points.push_back(r.first);
+      points.push_back(r.last + 1);
+    }
+    std::sort(points.begin(), points.end());
+    points.erase(std::unique(points.begin(), points.end()), points.end());
+    sections = points.empty() ? 0 : static_cast<int>(points.size()) - 1;
+    members.resize(sections);
+    auto section_of = [&](std::int64_t t) {
+      return static_cast<int>(std::lower_bound(points.begin(), points.end(), t) - points.begin());
+    };
+    for (std::size_t i = 0; i < index.size(); ++i) {
+      const LiveRange& r = p.ranges()[items[index[i]]];
+      lo.push_back(section_of(r.first));
+      hi.push_back(section_of(r.last + 1));
+      for (int s = lo[i]; s < hi[i]; ++s) members[s].push_back(static_cast<int>(i));
+    }
+    overlaps.resize(index.size());
+    for (std::size_t i = 0; i < index.size(); ++i)
+      for (std::size_t j = i + 1; j < index.size(); ++j)
+        if (lo[i] < hi[j] && lo[j] < hi[i]) {
+          overlaps[i].push_back(static_cast<int>(j));
+          overlaps[j].push_back(static_cast<int>(i));
+        }
+  }
+  std::size_t size() const { return bytes.size(); }
+
+  std::vector<std::size_t> index;  // into the caller's items
+  std::vector<std::int64_t> bytes, width;
+  std::vector<int> lo, hi;                 // sections [lo, hi)
+  std::vector<std::vector<int>> overlaps;  // items alive at a common step
+  std::vector<std::vector<int>> members;   // items per section
+  int sections = 0;
+};
+
+enum class Outcome { kFound, kNone, kStopped };
+
+// Static preorders: sort keys, most significant first, each larger first.
+// 'W' lifetime, 'A' area (bytes × lifetime), 'T' the most bytes still to
+// place in any of the item's sections.
+constexpr std::array<std::string_view, 3> kPreorders = {"WAT", "TAW", "TWA"};
+
+// One decision: do all items fit below `capacity`?
+class CanonicalSearch {
+ public:
+  explicit CanonicalSearch(const Instance& in)
+      : in_(in),
+        offset_(in.size(), kUnplaced),
+        min_offset_(in.size(), 0),
+        solution_(in.size(), 0),
+        floor_(in.sections, 0),
+        total_(in.sections, 0),
+        cuts_(std::max(in.sections - 1, 0), 0),
+        stamp_of_(in.sections, 0) {
+    trail_.reserve(4 * in.size() * static_cast<std::size_t>(in.sections + 1));
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      for (int s = in.lo[i]; s < in.hi[i]; ++s) total_[s] += in.bytes[i];
+      for (int s = in.lo[i]; s + 1 < in.hi[i]; ++s) ++cuts_[s];
+    }
+  }
+
+  // Every search undoes what it did, so runs may follow one another.
+  Outcome run(std::int64_t capacity, std::string_view preorder, std::int64_t node_limit,
+              Clock::time_point deadline) {
+    capacity_ = capacity;
+    preorder_ = preorder;
+    nodes_left_ = node_limit;
+    deadline_ = deadline;
+    std::vector<int> all(in_.size());
+    for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
+    return solve_apart(all, 0, in_.sections);
+  }
+  const std::vector<std::int64_t>& offsets() const { return solution_; }
+  std::int64_t nodes() const { return nodes_; }
+
+ private:
+  struct Entry {
+    int item;
+    int rank;  // in the part's static preorder
+  };
+  struct Part {
+    std::vector<int> items;
+    int lo, hi;  // sections
+  };
+  struct Saved {
+    std::int64_t* slot;
+    std::int64_t value;
+  };
+
+  // Splits the unplaced `items` at every section boundary no unplaced item
+  // spans, and solves each side.
+  Outcome solve_apart(const std::vector<int>& items, int lo, int hi) {
+    int start = lo;
+    for (int s = lo; s < hi; ++s) {
+      if (s + 1 < hi && cuts_[s] > 0) continue;
+      Part part{{}, start, s + 1};
+      for (int i : items)
+        if (offset_[i] == kUnplaced && in_.lo[i] < part.hi && part.lo < in_.hi[i]) part.items.push_back(i);
+      start = s + 1;
+      if (part.items.empty()) continue;
+      if (const Outcome o = solve(part); o != Outcome::kFound) return o;
+    }
+    return Outcome::kFound;
+  }
+
+  Outcome solve(const Part& part) {
+    std::vector<std::int64_t> most(part.items.size(), 0);
+    for (std::size_t k = 0; k < part.items.size(); ++k) {
+      const int i = part.items[k];
+      for (int s = in_.lo[i]; s < in_.hi[i]; ++s) most[k] = std::max(most[k], total_[s]);
+    }
+    auto key = [&](std::size_t k, char c) -> std::int64_t {
+      const int i = part.items[k];
+      switch (c) {
+        case 'W': return in_.width[i];
+        case 'A': return in_.width[i] * in_.bytes[i];
+        default: return most[k];
+      }
+    };
+    std::vector<std::size_t> by_rank(part.items.size());
+    for (std::size_t k = 0; k < by_rank.size(); ++k) by_rank[k] = k;
+    std::sort(by_rank.begin(), by_rank.end(), [&](std::size_t a, std::size_t b) {
+      for (char c : preorder_)
+        if (key(a, c) != key(b, c)) return key(a, c) > key(b, c);
+      return part.items[a] < part.items[b];
+    });
+    std::vector<Entry> order;
+    for (std::size_t r = 0; r < by_rank.size(); ++r)
+      order.push_back({part.items[by_rank[r]], static_cast<int>(r)});
+    return search(part, order, 0, -1);
+  }
+
+  // Places one more item of `part`: any unplaced one at or after (offset,
+  // rank) `last` in canonical order.
+  Outcome search(const Part& part, const std::vector<Entry>& parent, std::int64_t last_offset,
+                 int last_rank) {
+    if (--nodes_left_ < 0) return Outcome::kStopped;
+    if ((++nodes_ & 255) == 0 && Clock::now() > deadline_) return Outcome::kStopped;
+
+    if (orders_.size() <= depth_) orders_.emplace_back();
+    std::vector<Entry>& order = orders_[depth_];
+    order.clear();
+    for (const Entry& e : parent)
+      if (offset_[e.item] == kUnplaced) order.push_back(e);
+    if (order.empty()) return Outcome::kFound;
+    auto before = [&](const Entry& a, const Entry& b) {
+      const std::int64_t oa = min_offset_[a.item], ob = min_offset_[b.item];
+      return oa != ob ? oa < ob : a.rank < b.rank;
+    };
+    for (std::size_t k = 1; k < order.size(); ++k)  // nearly sorted already
+      for (std::size_t j = k; j > 0 && before(order[j], order[j - 1]); --j) std::swap(order[j], order[j - 1]);
+
+    std::int64_t min_height = kInfinity;
+    for (const Entry& e : order) min_height = std::min(min_height, min_offset_[e.item] + in_.bytes[e.item]);
+
+    ++depth_;
+    Outcome outcome = Outcome::kNone;
+    for (std::size_t k = 0; k < order.size() && outcome == Outcome::kNone; ++k) {
+      const Entry e = order[k];
+      const std::int64_t offset = min_offset_[e.item];
+      if (offset >= min_height) break;  // and so is every later one
+      if (offset < last_offset || (offset == last_offset && e.rank < last_rank)) continue;
+      bool hatless = false;
+      outcome = place(part, order, e, offset, hatless);
+      if (outcome == Outcome::kNone && hatless) break;
+    }
+    --depth_;
+    return outcome;
+  }
+
+  Outcome place(const Part& part, const std::vector<Entry>& order, const Entry& e, std::int64_t offset,
+                bool& hatless) {
+    const int item = e.item;
+    const std::int64_t end = offset + in_.bytes[item];
+    const std::size_t mark = trail_.size();
+    offset_[item] = offset;
+    solution_[item] = offset;
+
+    ++stamp_;
+    affected_.clear();
+    hatless = true;
+    for (int other : in_.overlaps[item]) {
+      if (offset_[other] != kUnplaced) continue;
+      hatless = false;
+      if (min_offset_[other] >= end) continue;
+      save(min_offset_[other]) = end;
+      for (int s = in_.lo[other]; s < in_.hi[other]; ++s)
+        if (stamp_of_[s] != stamp_) stamp_of_[s] = stamp_, affected_.push_back(s);
+    }
+    for (int s = in_.lo[item]; s < in_.hi[item]; ++s) {
+      save(floor_[s]) = end;
+      total_[s] -= in_.bytes[item];
+    }
+    // Nothing unplaced can go below a section's lowest unplaced offset.
+    for (int s : affected_) {
+      std::int64_t lowest = kInfinity;
+      for (int i : in_.members[s])
+        if (offset_[i] == kUnplaced) lowest = std::min(lowest, min_offset_[i]);
+      if (lowest != kInfinity && floor_[s] < lowest) save(floor_[s]) = lowest;
+    }
+
+    bool split = false;
+    for (int s = in_.lo[item]; s + 1 < in_.hi[item]; ++s) split |= --cuts_[s] == 0;
+
+    Outcome outcome = Outcome::kNone;
+    if (fits(part, offset))
+      outcome = split ? solve_apart(part.items, part.lo, part.hi) : search(part, order, offset, e.rank);
+
+    for (int s = in_.lo[item]; s + 1 < in_.hi[item]; ++s) ++cuts_[s];
+    for (int s = in_.lo[item]; s < in_.hi[item]; ++s) total_[s] += in_.bytes[item];
+    while (trail_.size() > mark) {
+      *trail_.back().slot = trail_.back().value;
+      trail_.pop_back();
+    }
+    offset_[item] = kUnplaced;
+    return outcome;
+  }
+
+  // Every section's unplaced bytes stack above its floor and above the
+  // offset reached (later items go no lower).
+  bool fits(const Part& part, std::int64_t offset) const {
+    std::int64_t highest = 0;
+    for (int s = part.lo; s < part.hi; ++s) highest = std::max(highest, std::max(offset, floor_[s]) + total_[s]);
+    return highest <= capacity_;
+  }
+
+  // Remembers `slot`'s value, to be put back when the placement is undone.
+  std::int64_t& save(std::int64_t& slot) {
+    trail_.push_back({&slot, slot});
+    return slot;
+  }
+
+  const Instance& in_;
+  std::int64_t capacity_ = 0;
+  std::string_view preorder_;
+  std::int64_t nodes_left_ = 0, nodes_ = 0;
+  Clock::time_point deadline_;
+
+  std::vector<std::int64_t> offset_, min_offset_, solution_;
+  std::vector<std::int64_t> floor_, total_;
+  std::vector<int> cuts_;  // unplaced items spanning the boundary after each section
+  std::vector<std::uint64_t> stamp_of_;  // sections: == stamp_ when in affected_
+  std::uint64_t stamp_ = 0;
+  std::vector<int> affected_;  // sections of items whose lowest offset rose
+  std::vector<Saved> trail_;
+  std::deque<std::vector<Entry>> orders_;  // one per depth, reused (a deque: frames keep references)
+  std::size_t depth_ = 0;
+};
+
+}  // namespace
+
+Placement arena_search(const Problem& problem, const Items& items, Placement start,
+                       const SearchLimits& limits) {
+  const Instance in(problem, items);
+  CanonicalSearch search(in);
+  Placement best = std::move(start);
+  best.bound = std::max(best.bound, items_lower_bound(problem, items));
+  auto out_of_time = [&] { return Clock::now() > limits.deadline; };
+
+  // Do the items fit below `capacity`? Each preorder in turn, with node
+  // limits doubling, up to `node_budget` nodes in all.
+  auto decide = [&](std::int64_t capacity, std::int64_t node_budget) {
+    for (std::int64_t limit = 2 * static_cast<std::int64_t>(in.size()) + 2;; limit *= 2)
+      for (std::string_view preorder : kPreorders) {
+        if (node_budget <= 0 || out_of_time()) return Outcome::kStopped;
+        const std::int64_t before = search.nodes();
+        const Outcome o = search.run(capacity, preorder, std::min(limit, node_budget), limits.deadline);
+        node_budget -= search.nodes() - before;
+        if (o != Outcome::kStopped) return o;
+      }
+  };
+  auto take_found = [&] {
+    best.offsets.assign(items.size(), 0);
+    best.height = 0;
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      best.offsets[in.index[i]] = search.offsets()[i];
+      best.height = std::max(best.height, search.offsets()[i] + in.bytes[i]);
+    }
+    best.buffers = count_offsets(best.offsets);
+  };
+
+  if (limits.capacity) {  // decision: the first plan within capacity will do
+    if (best.height <= *limits.capacity) return best;
+    const Outcome o = decide(*limits.capacity, kInfinity);
+    if (o == Outcome::kFound) take_found();
+    if (o == Outcome::kNone) best.bound = std::max(best.bound, *limits.capacity + 1);
+    return best;
+  }
+
+  // Minimisation: binary search between the proven bound and the best plan,
+  // over multiples of the sizes' gcd (a canonical plan's height is a sum of
+  // sizes). A height whose decision runs out of nodes is skipped, and the
+  // open range searched again with four times the nodes, until time runs out.
+  std::int64_t unit = 0;
+  for (std::int64_t bytes : in.bytes) unit = std::gcd(unit, bytes);
+  if (unit == 0) return best;
+  best.bound = (best.bound + unit - 1) / unit * unit;
+  for (std::int64_t budget = 64 * static_cast<std::int64_t>(in.size()) + 1024;
+       best.bound < best.height && !out_of_time(); budget *= 4) {
+    std::int64_t low = best.bound / unit, high = (best.height - 1) / unit;
+    bool first = true;
+    while (low <= high && !out_of_time()) {
+      const std::int64_t target = first ? low : low + (high - low) / 2;  // the bound is often exact
+      first = false;
+      const Outcome o = decide(target * unit, budget);
+      if (o == Outcome::kFound) {
+        take_found();
+        high = (best.height - 1) / unit;
+      } else {
+        if (o == Outcome::kNone) best.bound = std::max(best.bound, (target + 1) * unit);
+        low = target + 1;
+      }
+    }
+  }
+  return best;
+}
+
+}  // namespace memonger
