@@ -91,8 +91,8 @@ class CanonicalSearch {
         floor_(in.sections, 0),
         total_(in.sections, 0),
         cuts_(std::max(in.sections - 1, 0), 0),
+        raised_at_(in.size(), 0),
         stamp_of_(in.sections, 0) {
-    trail_.reserve(4 * in.size() * static_cast<std::size_t>(in.sections + 1));
     for (std::size_t i = 0; i < in.size(); ++i) {
       for (int s = in.lo[i]; s < in.hi[i]; ++s) total_[s] += in.bytes[i];
       for (int s = in.lo[i]; s + 1 < in.hi[i]; ++s) ++cuts_[s];
@@ -144,6 +144,7 @@ class CanonicalSearch {
   }
 
   Outcome solve(const Part& part) {
+    if (!fits(part, 0)) return Outcome::kNone;
     std::vector<std::int64_t> most(part.items.size(), 0);
     for (std::size_t k = 0; k < part.items.size(); ++k) {
       const int i = part.items[k];
@@ -167,6 +168,8 @@ class CanonicalSearch {
     std::vector<Entry> order;
     for (std::size_t r = 0; r < by_rank.size(); ++r)
       order.push_back({part.items[by_rank[r]], static_cast<int>(r)});
+    std::stable_sort(order.begin(), order.end(),
+                     [&](const Entry& a, const Entry& b) { return min_offset_[a.item] < min_offset_[b.item]; });
     return search(part, order, 0, -1);
   }
 
@@ -177,18 +180,25 @@ class CanonicalSearch {
     if (--nodes_left_ < 0) return Outcome::kStopped;
     if ((++nodes_ & 255) == 0 && Clock::now() > deadline_) return Outcome::kStopped;
 
+    // The parent's order, less the item placed, with the items it raised
+    // taken out, sorted and merged back in.
     if (orders_.size() <= depth_) orders_.emplace_back();
     std::vector<Entry>& order = orders_[depth_];
     order.clear();
-    for (const Entry& e : parent)
-      if (offset_[e.item] == kUnplaced) order.push_back(e);
-    if (order.empty()) return Outcome::kFound;
+    raised_.clear();
+    for (const Entry& e : parent) {
+      if (offset_[e.item] != kUnplaced) continue;
+      (raised_at_[e.item] == stamp_ ? raised_ : order).push_back(e);
+    }
+    if (order.empty() && raised_.empty()) return Outcome::kFound;
     auto before = [&](const Entry& a, const Entry& b) {
       const std::int64_t oa = min_offset_[a.item], ob = min_offset_[b.item];
       return oa != ob ? oa < ob : a.rank < b.rank;
     };
-    for (std::size_t k = 1; k < order.size(); ++k)  // nearly sorted already
-      for (std::size_t j = k; j > 0 && before(order[j], order[j - 1]); --j) std::swap(order[j], order[j - 1]);
+    std::sort(raised_.begin(), raised_.end(), before);
+    const std::size_t kept = order.size();
+    order.insert(order.end(), raised_.begin(), raised_.end());
+    std::inplace_merge(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(kept), order.end(), before);
 
     std::int64_t min_height = kInfinity;
     for (const Entry& e : order) min_height = std::min(min_height, min_offset_[e.item] + in_.bytes[e.item]);
@@ -201,18 +211,20 @@ class CanonicalSearch {
       if (offset >= min_height) break;  // and so is every later one
       if (offset < last_offset || (offset == last_offset && e.rank < last_rank)) continue;
       bool hatless = false;
-      outcome = place(part, order, e, offset, hatless);
+      outcome = place(part, order, e, offset, offset > last_offset, hatless);
       if (outcome == Outcome::kNone && hatless) break;
     }
     --depth_;
     return outcome;
   }
 
+  // `rose`: the offset is above the last one placed, so every section is
+  // checked again; otherwise only those whose floor or bytes changed.
   Outcome place(const Part& part, const std::vector<Entry>& order, const Entry& e, std::int64_t offset,
-                bool& hatless) {
+                bool rose, bool& hatless) {
     const int item = e.item;
     const std::int64_t end = offset + in_.bytes[item];
-    const std::size_t mark = trail_.size();
+    const std::size_t mark = trail_top_;
     offset_[item] = offset;
     solution_[item] = offset;
 
@@ -224,6 +236,7 @@ class CanonicalSearch {
       hatless = false;
       if (min_offset_[other] >= end) continue;
       save(min_offset_[other]) = end;
+      raised_at_[other] = stamp_;
       for (int s = in_.lo[other]; s < in_.hi[other]; ++s)
         if (stamp_of_[s] != stamp_) stamp_of_[s] = stamp_, affected_.push_back(s);
     }
@@ -234,8 +247,11 @@ class CanonicalSearch {
     // Nothing unplaced can go below a section's lowest unplaced offset.
     for (int s : affected_) {
       std::int64_t lowest = kInfinity;
-      for (int i : in_.members[s])
-        if (offset_[i] == kUnplaced) lowest = std::min(lowest, min_offset_[i]);
+      for (int i : in_.members[s]) {
+        if (offset_[i] != kUnplaced) continue;
+        lowest = std::min(lowest, min_offset_[i]);
+        if (lowest <= floor_[s]) break;  // no rise here
+      }
       if (lowest != kInfinity && floor_[s] < lowest) save(floor_[s]) = lowest;
     }
 
@@ -243,14 +259,14 @@ class CanonicalSearch {
     for (int s = in_.lo[item]; s + 1 < in_.hi[item]; ++s) split |= --cuts_[s] == 0;
 
     Outcome outcome = Outcome::kNone;
-    if (fits(part, offset))
+    if (rose ? fits(part, offset) : fits_after(item, offset))
       outcome = split ? solve_apart(part.items, part.lo, part.hi) : search(part, order, offset, e.rank);
 
     for (int s = in_.lo[item]; s + 1 < in_.hi[item]; ++s) ++cuts_[s];
     for (int s = in_.lo[item]; s < in_.hi[item]; ++s) total_[s] += in_.bytes[item];
-    while (trail_.size() > mark) {
-      *trail_.back().slot = trail_.back().value;
-      trail_.pop_back();
+    while (trail_top_ > mark) {
+      --trail_top_;
+      *trail_[trail_top_].slot = trail_[trail_top_].value;
     }
     offset_[item] = kUnplaced;
     return outcome;
@@ -263,10 +279,17 @@ class CanonicalSearch {
     for (int s = part.lo; s < part.hi; ++s) highest = std::max(highest, std::max(offset, floor_[s]) + total_[s]);
     return highest <= capacity_;
   }
+  bool fits_after(int item, std::int64_t offset) const {
+    auto fits_in = [&](int s) { return std::max(offset, floor_[s]) + total_[s] <= capacity_; };
+    for (int s = in_.lo[item]; s < in_.hi[item]; ++s)
+      if (!fits_in(s)) return false;
+    return std::all_of(affected_.begin(), affected_.end(), fits_in);
+  }
 
   // Remembers `slot`'s value, to be put back when the placement is undone.
   std::int64_t& save(std::int64_t& slot) {
-    trail_.push_back({&slot, slot});
+    if (trail_top_ == trail_.size()) trail_.resize(2 * trail_.size() + 1024);
+    trail_[trail_top_++] = {&slot, slot};
     return slot;
   }
 
@@ -279,10 +302,13 @@ class CanonicalSearch {
   std::vector<std::int64_t> offset_, min_offset_, solution_;
   std::vector<std::int64_t> floor_, total_;
   std::vector<int> cuts_;  // unplaced items spanning the boundary after each section
+  std::vector<std::uint64_t> raised_at_;  // items: the stamp of the placement that last raised them
   std::vector<std::uint64_t> stamp_of_;  // sections: == stamp_ when in affected_
   std::uint64_t stamp_ = 0;
   std::vector<int> affected_;  // sections of items whose lowest offset rose
-  std::vector<Saved> trail_;
+  std::vector<Entry> raised_;  // scratch for search()
+  std::vector<Saved> trail_;  // in use up to trail_top_
+  std::size_t trail_top_ = 0;
   std::deque<std::vector<Entry>> orders_;  // one per depth, reused (a deque: frames keep references)
   std::size_t depth_ = 0;
 };
@@ -330,7 +356,7 @@ Placement arena_search(const Problem& problem, const Items& items, Placement sta
   // Minimisation: binary search between the proven bound and the best plan,
   // over multiples of the sizes' gcd (a canonical plan's height is a sum of
   // sizes). A height whose decision runs out of nodes is skipped, and the
-  // open range searched again with four times the nodes, until time runs out.
+  // open range searched again with twice the nodes, until time runs out.
   std::int64_t unit = 0;
   for (std::int64_t bytes : in.bytes) unit = std::gcd(unit, bytes);
   if (unit == 0) return best;

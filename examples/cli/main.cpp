@@ -27,7 +27,8 @@ constexpr const char* kUsage =
     "       metamem checkpoint --model NAME --budget 16GiB [model flags as above]\n"
     "                       [--solver none|uniform|chen|rotor|selective|auto] [--pareto] [--achieved]\n"
     "                       [--format table|json]\n"
-    "       metamem plan FILE.csv [--algo greedy|dp|bestfit|auto] [--alignment N]\n"
+    "       metamem plan FILE.csv [--algo greedy|dp|bestfit|exact|auto] [--alignment N]\n"
+    "                       [--capacity 1MiB] [--time-limit 10s] [--output PLAN.csv]\n"
     "                       [--format table|json]\n"
     "       metamem --version | --help | COMMAND --help\n"
     "profile and checkpoint also take --html FILE.html: the report as one self-contained page.\n";
