@@ -356,7 +356,7 @@ Placement arena_search(const Problem& problem, const Items& items, Placement sta
   // Minimisation: binary search between the proven bound and the best plan,
   // over multiples of the sizes' gcd (a canonical plan's height is a sum of
   // sizes). A height whose decision runs out of nodes is skipped, and the
-  // open range searched again with twice the nodes, until time runs out.
+  // open range searched again with four times the nodes, until time runs out.
   std::int64_t unit = 0;
   for (std::int64_t bytes : in.bytes) unit = std::gcd(unit, bytes);
   if (unit == 0) return best;

@@ -226,6 +226,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_gru
   return {grad_input_gates, grad_hidden_gates, at::empty({batch, hidden}, workspace.options()), bias(), bias()};
 }
 
+// ---- shifted windows (Swin) ------------------------------------------------
+
+// libtorch's roll_common: flatten for no dims; one dim at a time for several
+// (each roll's result is the next one's input). One dim: CPU concatenates
+// the two narrowed halves; CUDA copies into a contiguous tensor, after making
+// a non-contiguous input contiguous.
+at::Tensor roll(const at::Tensor& self, at::IntArrayRef shifts, at::IntArrayRef dims) {
+  TORCH_CHECK(!shifts.empty(), "`shifts` required");
+  if (dims.empty() && shifts.size() == 1)
+    return at::roll(self.contiguous().view(self.numel()), shifts, {0}).view(self.sizes());
+  TORCH_CHECK(shifts.size() == dims.size(), "shifts and dimensions must align. shifts: ", shifts.size(),
+              ", dims:", dims.size());
+  if (dims.size() > 1) return at::roll(at::roll(self, shifts[0], dims[0]), shifts.slice(1), dims.slice(1));
+  if (!models_cpu()) return contiguous_like(self.contiguous());
+  if (self.numel() == 0) return self.clone(at::MemoryFormat::Preserve);
+  const std::int64_t dim = dims[0], size = self.size(dim);
+  const std::int64_t start = ((size - shifts[0]) % size + size) % size;
+  return at::cat({self.narrow(dim, start, size - start), self.narrow(dim, 0, start)}, dim);
+}
+
 // ---- comparisons -----------------------------------------------------------
 
 // torch::nn::MultiheadAttention asks whether query, key and value are equal
@@ -263,6 +283,7 @@ std::vector<OwnKernelEntry> layer_kernels() {
       own("_ctc_loss_backward", TORCH_FN(ctc_loss_backward)),
       own("_use_cudnn_ctc_loss", TORCH_FN(use_cudnn_ctc_loss)),
       own("reflection_pad2d", TORCH_FN(reflection_pad2d)),
+      own("roll", TORCH_FN(roll)),
       own("_adaptive_avg_pool3d", TORCH_FN(adaptive_avg_pool3d)),
       own("native_group_norm_backward", TORCH_FN(native_group_norm_backward)),
       own("_embedding_bag", TORCH_FN(embedding_bag)),

@@ -152,6 +152,19 @@ INSTANTIATE_TEST_SUITE_P(
                    }}),
     [](const auto& info) { return info.param.name; });
 
+KernelCase roll(std::string name, std::vector<std::int64_t> shifts, std::vector<std::int64_t> dims,
+                bool transposed = false) {
+  return {std::move(name), [] { return Tensors{torch::randn({2, 14, 14, 32})}; },
+          [=](Tensors& t) { return Tensors{torch::roll(transposed ? t[0].transpose(1, 3) : t[0], shifts, dims)}; }};
+}
+
+// Swin's shifted windows: one concatenation per rolled dimension, the
+// intermediate alive while the next is made.
+INSTANTIATE_TEST_SUITE_P(Roll, CpuKernel,
+                         ::testing::Values(roll("one_dim", {3}, {1}), roll("two_dims", {-3, -3}, {1, 2}),
+                                           roll("flattened", {5}, {}), roll("transposed", {2, 2}, {1, 2}, true)),
+                         [](const auto& info) { return info.param.name; });
+
 KernelCase scalar_op(std::string name, c10::ScalarType dtype, RunOp op) {
   return {std::move(name), [dtype] { return Tensors{torch::ones({64}, torch::dtype(dtype))}; }, op};
 }
