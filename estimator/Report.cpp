@@ -52,6 +52,12 @@ std::vector<std::int64_t> step_peaks(const Trace& trace) {
   return peaks;
 }
 
+// The autocast dtype the steps ran under: "bf16", "f16" or "none".
+std::string amp_name(const RunInfo& run) {
+  if (!run.options || !run.options->autocast) return "none";
+  return *run.options->autocast == at::kBFloat16 ? "bf16" : "f16";
+}
+
 }  // namespace
 
 nlohmann::json report_json(const RunInfo& run, const Estimate& est, int depth,
@@ -69,6 +75,7 @@ nlohmann::json report_json(const RunInfo& run, const Estimate& est, int depth,
       {"device", run.device},
       {"batch", run.batch},
       {"dtype", run.dtype},
+      {"amp", amp_name(run)},
       {"optimizer", run.optimizer},
       {"steps", trace.steps.size()},
       {"predicted",
@@ -146,9 +153,10 @@ std::string summary_text(const RunInfo& run, const Estimate& est, const StepPeak
   };
   std::string how;  // how metamem ran the steps
   if (const auto& o = run.options)
-    how = fmt::format(" (zero_grad {}{}{})", zero_grad_name(o->zero_grad),
+    how = fmt::format(" (zero_grad {}{}{}{})", zero_grad_name(o->zero_grad),
                       o->grad_accum > 1 ? fmt::format(", {} micro-batches", o->grad_accum) : "",
-                      o->fp32_main_grads ? ", fp32 main grads" : "");
+                      o->fp32_main_grads ? ", fp32 main grads" : "",
+                      o->autocast ? ", autocast " + amp_name(run) : "");
   out += fmt::format("model {}{} · {} · optimizer {} · fake device {} · {} step{}{} · {} ops traced\n",
                      run.model, run.batch > 0 ? fmt::format(" · batch {}", run.batch) : "", run.dtype,
                      run.optimizer, run.device, trace.steps.size(), trace.steps.size() == 1 ? "" : "s",

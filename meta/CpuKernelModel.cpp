@@ -146,10 +146,10 @@ std::int64_t convolution_backward(Args args, Args) {
                   gradients(weight.size(0)));
 }
 
-// In training, the kernel gathers each channel's mean and sum of squares first.
-std::int64_t native_batch_norm(Args args, Args) {
-  const at::Tensor& input = args[0].toTensor();
-  return args[5].toBool() ? 2 * input.size(1) * element_size(input) : 0;
+// In training, the kernel gathers each channel's mean and sum of squares
+// first, in the statistics' dtype.
+std::int64_t native_batch_norm(Args args, Args returns) {
+  return args[5].toBool() ? 2 * bytes_of(returns[1].toTensor()) : 0;
 }
 
 // Dense in some memory format, as the batch norm kernels test it.

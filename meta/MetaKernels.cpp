@@ -77,32 +77,36 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
                          : at::Tensor()};
 }
 
-// Norm statistics: the input's dtype on CPU, the accumulate type on CUDA.
-at::TensorOptions statistics_options(const at::Tensor& input) {
-  return input.options().dtype(models_cpu() ? input.scalar_type()
-                                            : at::toAccumulateType(input.scalar_type(), /*is_cuda=*/true));
+// Norm statistics: on CUDA the accumulate type; on CPU the input's dtype,
+// or fp32 where a bf16 input meets fp32 parameters (libtorch's mixed-type
+// kernels, which autocast reaches).
+at::TensorOptions statistics_options(const at::Tensor& input, const c10::optional<at::Tensor>& parameter) {
+  if (!models_cpu()) return input.options().dtype(at::toAccumulateType(input.scalar_type(), /*is_cuda=*/true));
+  const bool mixed = input.scalar_type() == at::kBFloat16 && parameter && parameter->defined() &&
+                     parameter->scalar_type() == at::kFloat;
+  return input.options().dtype(mixed ? at::kFloat : input.scalar_type());
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm(
-    const at::Tensor& input, const c10::optional<at::Tensor>&, const c10::optional<at::Tensor>&,
-    const c10::optional<at::Tensor>&, const c10::optional<at::Tensor>&, bool training, double,
+    const at::Tensor& input, const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>&,
+    const c10::optional<at::Tensor>& running_mean, const c10::optional<at::Tensor>&, bool training, double,
     double) {
   const std::int64_t stats = training ? input.size(1) : 0;
-  return {at::empty_like(input), at::empty({stats}, statistics_options(input)),
-          at::empty({stats}, statistics_options(input))};
+  const at::TensorOptions options = statistics_options(input, weight && weight->defined() ? weight : running_mean);
+  return {at::empty_like(input), at::empty({stats}, options), at::empty({stats}, options)};
 }
 
 // Mean and rstd keep the input's leading dimensions, with ones for the
 // normalized ones.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm(
-    const at::Tensor& input, at::IntArrayRef normalized_shape, const c10::optional<at::Tensor>&,
+    const at::Tensor& input, at::IntArrayRef normalized_shape, const c10::optional<at::Tensor>& weight,
     const c10::optional<at::Tensor>&, double) {
   auto stat_shape = input.sizes().vec();
   const std::size_t axis = stat_shape.size() - normalized_shape.size();
   std::fill(stat_shape.begin() + static_cast<std::ptrdiff_t>(axis), stat_shape.end(), 1);
   return {at::empty_like(input, at::MemoryFormat::Contiguous),
-          at::empty(stat_shape, statistics_options(input)),
-          at::empty(stat_shape, statistics_options(input))};
+          at::empty(stat_shape, statistics_options(input, weight)),
+          at::empty(stat_shape, statistics_options(input, weight))};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm_backward(

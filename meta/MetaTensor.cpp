@@ -12,6 +12,9 @@ class MetaTensorImpl final : public c10::TensorImpl {
  public:
   MetaTensorImpl(at::Tensor inner, c10::Device fake_device)
       : TensorImpl(kMetaTensorKeys, inner.dtype(), fake_device), inner_(std::move(inner)) {
+    // libtorch 1.13 gives PrivateUse1 tensors no autocast key: take the one
+    // a real tensor of the fake device has, so autocast casts as it would.
+    key_set_ = key_set_.add(fake_device.is_cuda() ? c10::DispatchKey::AutocastCUDA : c10::DispatchKey::AutocastCPU);
     set_storage_access_should_throw();
     sync();
   }

@@ -1,6 +1,7 @@
 #include "profiler/Step.h"
 
 #include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
@@ -101,6 +102,41 @@ void zero_grad(const std::vector<at::Tensor>& params, ZeroGrad mode) {
   }
 }
 
+// An autocast region on `device`'s type, as torch.autocast's __enter__ and
+// __exit__ make it.
+class AutocastRegion {
+ public:
+  AutocastRegion(c10::optional<at::ScalarType> dtype, c10::Device device)
+      : active_(dtype.has_value()), cuda_(device.is_cuda()) {
+    if (!active_) return;
+    was_enabled_ = cuda_ ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
+    was_dtype_ = cuda_ ? at::autocast::get_autocast_gpu_dtype() : at::autocast::get_autocast_cpu_dtype();
+    set(true, *dtype);
+    at::autocast::increment_nesting();
+  }
+  ~AutocastRegion() {
+    if (!active_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    set(was_enabled_, was_dtype_);
+  }
+  AutocastRegion(const AutocastRegion&) = delete;
+  AutocastRegion& operator=(const AutocastRegion&) = delete;
+
+ private:
+  void set(bool enabled, at::ScalarType dtype) const {
+    if (cuda_) {
+      at::autocast::set_enabled(enabled);
+      at::autocast::set_autocast_gpu_dtype(dtype);
+    } else {
+      at::autocast::set_cpu_enabled(enabled);
+      at::autocast::set_autocast_cpu_dtype(dtype);
+    }
+  }
+
+  bool active_, cuda_, was_enabled_ = false;
+  at::ScalarType was_dtype_ = at::kFloat;
+};
+
 // The steps both runs execute.
 void run_steps(const StepBuilder& build, const StepOptions& options, PhaseListener& phases) {
   validate(options);
@@ -127,7 +163,12 @@ void run_steps(const StepBuilder& build, const StepOptions& options, PhaseListen
     phases.step();
     for (int micro_batch = 0; micro_batch < options.grad_accum; ++micro_batch) {
       phases.forward();
-      at::Tensor loss = step->forward_loss();
+      at::Tensor loss;
+      {
+        AutocastRegion autocast(options.autocast, model.params.empty() ? c10::Device(c10::kCPU)
+                                                                        : model.params.front().device());
+        loss = step->forward_loss();
+      }
       phases.backward(loss);
       loss.backward();
       phases.end_backward();
@@ -275,6 +316,8 @@ const char* zero_grad_name(ZeroGrad mode) {
 void validate(const StepOptions& options) {
   if (options.steps < 1) throw std::invalid_argument("steps must be at least 1");
   if (options.grad_accum < 1) throw std::invalid_argument("grad-accum must be at least 1");
+  if (options.autocast && *options.autocast != at::kBFloat16 && *options.autocast != at::kHalf)
+    throw std::invalid_argument("autocast takes bf16 or f16");
   if (options.fp32_main_grads && !options.fp32_master_weights)
     throw std::invalid_argument(
         "fp32 main gradients are for low-precision parameters with fp32 master weights");

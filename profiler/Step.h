@@ -60,6 +60,10 @@ struct StepOptions {
   int steps = 2;       // consecutive training steps; the last is measured
   int grad_accum = 1;  // micro-batches (forward and backward) per optimizer step
   ZeroGrad zero_grad = ZeroGrad::SetToNone;
+  // Mixed precision by autocast: forward and loss run in an autocast region
+  // of this dtype on the parameters' device, as under torch.autocast (casts
+  // of parameters cached until the region ends). CPU autocast takes bf16 only.
+  c10::optional<at::ScalarType> autocast;
 };
 
 // Throws std::invalid_argument for options that cannot run together.

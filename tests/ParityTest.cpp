@@ -35,5 +35,31 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(info.param.model == "gpt2" ? info.param.seq : info.param.image);
     });
 
+// Under bf16 autocast (CPU autocast takes bf16 only): parameters cast to
+// bf16 in the forward and kept for backward, batch norm's fp32 statistics
+// beside bf16 activations, fp32 ops where autocast keeps fp32; with AdamW
+// too, whose states then set the peak.
+class AutocastParity : public ::testing::TestWithParam<ZooConfig> {};
+
+TEST_P(AutocastParity, PredictedPeakMatchesRealCpuRun) {
+  const StepBuilder build = zoo_step(GetParam());
+  for (Optimizer optimizer : {Optimizer::None, Optimizer::AdamW}) {
+    StepOptions options;
+    options.optimizer = optimizer;
+    options.autocast = at::kBFloat16;
+    const std::int64_t predicted = trace_step(build, c10::Device(c10::kCPU), options).measured().peak_bytes;
+    EXPECT_EQ(predicted, achieved_cpu_step_peaks(build, options).back()) << optimizer_name(optimizer);
+    if (optimizer != Optimizer::None) continue;
+    options.autocast.reset();  // autocast changed the step: not the fp32 peak
+    EXPECT_NE(predicted, trace_step(build, c10::Device(c10::kCPU), options).measured().peak_bytes);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Zoo, AutocastParity,
+    ::testing::Values(small_model("mlp", 8, 0), small_model("resnet18", 2, 32), small_model("resnet50", 2, 32),
+                      small_model("gpt2", 2, 16)),
+    [](const auto& info) { return info.param.model; });
+
 }  // namespace
 }  // namespace metamem

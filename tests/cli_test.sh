@@ -108,6 +108,9 @@ expect 2 "needs --input" profile --model "$models/resnet18.pt"
 expect 2 "--dtype is for zoo models" profile --model "$models/resnet18.pt" --input 2x3x64x64 --dtype bf16
 expect 2 "--input is for TorchScript models" profile --model mlp --input 2x3
 expect 1 "no meta kernel for aten::_unique2" profile --model "$models/unsupported_op.pt" --input 16
+expect 2 "--amp f16 needs --device cuda" profile --model mlp --batch 2 --device cpu --amp f16
+expect 2 "--amp must be none\\|bf16\\|f16" profile --model mlp --batch 2 --amp f8
+expect 0 "autocast f16" profile --model mlp --batch 2 --device cuda --amp f16
 
 # predicted == achieved for mlp, read from the JSON.
 json=$("$metamem" profile --model mlp --batch 16 --device cpu --achieved --format json)

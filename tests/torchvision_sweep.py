@@ -3,7 +3,9 @@ metamem CLI: the traced peak of a training step on a fake cpu against the
 real CPU run (`--achieved`), and a trace on a fake cuda.
 
     /usr/bin/python3 tests/torchvision_sweep.py build/examples/metamem [--markdown]
-        [--models resnet18,vgg11] [--check]
+        [--models resnet18,vgg11] [--amp bf16] [--check]
+
+--amp bf16 runs every step under bf16 autocast (on both devices).
 
 --check exits 1 unless every model listed traces on both devices and
 predicts its CPU peak to the byte.
@@ -35,17 +37,17 @@ def build(name):
     return models.get_model(name, **kwargs)
 
 
-def metamem(binary, path, size, device, achieved):
+def metamem(binary, path, size, device, amp, achieved):
     command = [binary, "profile", "--model", path, "--batch", str(BATCH), "--device", device,
                "--input", f"{BATCH}x3x{size}x{size}", "--loss", f"cross_entropy:{NUM_CLASSES}",
-               "--steps", "1", "--format", "json"] + (["--achieved"] if achieved else [])
+               "--steps", "1", "--amp", amp, "--format", "json"] + (["--achieved"] if achieved else [])
     run = subprocess.run(command, capture_output=True, text=True)
     if run.returncode != 0:
         raise RuntimeError(run.stderr.strip().splitlines()[-1] if run.stderr.strip() else f"exit {run.returncode}")
     return json.loads(run.stdout)
 
 
-def sweep_one(binary, name, folder):
+def sweep_one(binary, name, folder, amp):
     size = IMAGE.get(name, 64)
     row = {"model": name, "image": size}
     try:
@@ -57,10 +59,10 @@ def sweep_one(binary, name, folder):
         row["status"] = f"does not script: {str(error).splitlines()[0][:80]}"
         return row
     try:
-        cpu = metamem(binary, path, size, "cpu", achieved=True)
+        cpu = metamem(binary, path, size, "cpu", amp, achieved=True)
         row["predicted"] = cpu["predicted"]["peak_bytes"]
         row["achieved"] = cpu["achieved"]["peak_bytes"]
-        row["cuda"] = metamem(binary, path, size, "cuda", achieved=False)["predicted"]["peak_bytes"]
+        row["cuda"] = metamem(binary, path, size, "cuda", amp, achieved=False)["predicted"]["peak_bytes"]
         row["status"] = "exact" if row["predicted"] == row["achieved"] else "mismatch"
     except RuntimeError as error:
         row["status"] = f"error: {error}"
@@ -72,6 +74,7 @@ def main():
     parser.add_argument("metamem", help="path of the metamem CLI")
     parser.add_argument("--models", help="comma-separated names (default: every classification model)")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    parser.add_argument("--amp", choices=["none", "bf16"], default="none", help="autocast the steps")
     parser.add_argument("--check", action="store_true", help="exit 1 unless every model is exact")
     args = parser.parse_args()
     names = args.models.split(",") if args.models else models.list_models(module=models)
@@ -82,7 +85,7 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for name in names:
-            row = sweep_one(args.metamem, name, folder)
+            row = sweep_one(args.metamem, name, folder, args.amp)
             rows.append(row)
             if not args.markdown:
                 print(json.dumps(row), flush=True)

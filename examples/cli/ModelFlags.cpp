@@ -20,6 +20,7 @@ void ModelFlags::add_to(Flags& flags) {
   flags.add("--zero-grad", &zero_grad, {"set_to_none", "zero", "none"});
   flags.add("--main-grads", &main_grads, {"param", "fp32"});
   flags.add("--policy", &policy);
+  flags.add("--amp", &amp, {"none", "bf16", "f16"});
 }
 
 bool ModelFlags::is_script() const { return is_script_path(zoo.model); }
@@ -66,6 +67,11 @@ StepOptions ModelFlags::step_options() const {
   options.steps = count("--steps", steps);
   options.grad_accum = count("--grad-accum", grad_accum);
   options.zero_grad = parse_zero_grad(zero_grad);
+  if (amp != "none") {
+    if (amp == "f16" && device == "cpu")
+      throw std::invalid_argument("--amp f16 needs --device cuda: CPU autocast in libtorch 1.13 takes bf16 only");
+    options.autocast = parse_dtype(amp);
+  }
   return options;
 }
 
