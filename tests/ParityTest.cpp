@@ -29,10 +29,12 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(small_model("mlp", 8, 0), small_model("mlp", 64, 0),
                       small_model("resnet18", 2, 32), small_model("resnet18", 4, 64),
                       small_model("resnet50", 2, 32), small_model("resnet50", 2, 64),
-                      small_model("gpt2", 2, 16), small_model("gpt2", 4, 32)),
+                      small_model("gpt2", 2, 16), small_model("gpt2", 4, 32), small_model("llama", 2, 16),
+                      small_model("llama", 4, 32)),
     [](const auto& info) {
+      const bool sequence = info.param.model == "gpt2" || info.param.model == "llama";
       return info.param.model + "_b" + std::to_string(info.param.batch) + "_s" +
-             std::to_string(info.param.model == "gpt2" ? info.param.seq : info.param.image);
+             std::to_string(sequence ? info.param.seq : info.param.image);
     });
 
 // Under bf16 autocast (CPU autocast takes bf16 only): parameters cast to
@@ -58,7 +60,7 @@ TEST_P(AutocastParity, PredictedPeakMatchesRealCpuRun) {
 INSTANTIATE_TEST_SUITE_P(
     Zoo, AutocastParity,
     ::testing::Values(small_model("mlp", 8, 0), small_model("resnet18", 2, 32), small_model("resnet50", 2, 32),
-                      small_model("gpt2", 2, 16)),
+                      small_model("gpt2", 2, 16), small_model("llama", 2, 16)),
     [](const auto& info) { return info.param.model; });
 
 }  // namespace

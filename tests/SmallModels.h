@@ -18,6 +18,7 @@ inline ZooConfig small_model(std::string model, std::int64_t batch, std::int64_t
   config.width = 64;
   config.heads = 4;
   config.vocab = 100;
+  config.kv_heads = 2;  // llama: grouped-query attention, two query heads per key/value head
   return config;
 }
 

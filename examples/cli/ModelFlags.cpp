@@ -7,7 +7,7 @@ void ModelFlags::add_to(Flags& flags) {
   for (auto [name, value] : {std::pair{"--batch", &zoo.batch}, {"--seq", &zoo.seq},
                              {"--image", &zoo.image}, {"--layers", &zoo.layers},
                              {"--width", &zoo.width}, {"--heads", &zoo.heads},
-                             {"--vocab", &zoo.vocab}})
+                             {"--vocab", &zoo.vocab}, {"--kv-heads", &zoo.kv_heads}, {"--ffn", &zoo.ffn}})
     flags.add(name, value);
   flags.add("--device", &device, {"cpu", "cuda"});
   flags.add("--optimizer", &optimizer);

@@ -14,7 +14,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: metamem profile --model NAME|FILE.pt --batch N --device cpu|cuda [--seq L] [--image S]\n"
     "                       [--input 32x3x224x224[:f32|:i64] ...] [--loss sum|cross_entropy:C]\n"
-    "                       [--layers N] [--width N] [--heads N] [--vocab N]\n"
+    "                       [--layers N] [--width N] [--heads N] [--vocab N] [--kv-heads N] [--ffn N]\n"
     "                       [--optimizer none|sgd|momentum|adam|adamw] [--dtype f32|f16|bf16]\n"
     "                       [--table summary|nodes|modules] [--depth N]\n"
     "                       [--format table|csv|json] [--snapshot FILE.pickle] [--achieved]\n"

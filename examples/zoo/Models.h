@@ -16,5 +16,6 @@ void cast_floating(torch::nn::Module& module, c10::ScalarType dtype);
 StepBuilder mlp_step(const ZooConfig& config);
 StepBuilder resnet_step(const ZooConfig& config, int depth);
 StepBuilder gpt2_step(const ZooConfig& config);
+StepBuilder llama_step(const ZooConfig& config);
 
 }  // namespace metamem

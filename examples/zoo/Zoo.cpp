@@ -16,7 +16,7 @@ void require_positive(const char* what, std::int64_t value) {
 }  // namespace
 
 const std::vector<std::string>& zoo_models() {
-  static const std::vector<std::string> names = {"mlp", "resnet18", "resnet50", "gpt2"};
+  static const std::vector<std::string> names = {"mlp", "resnet18", "resnet50", "gpt2", "llama"};
   return names;
 }
 
@@ -42,16 +42,27 @@ StepBuilder zoo_step(const ZooConfig& config) {
     require_positive("image", config.image);
     return resnet_step(config, config.model == "resnet18" ? 18 : 50);
   }
-  if (config.model == "gpt2") {
+  if (config.model == "gpt2" || config.model == "llama") {
     for (auto [what, value] : {std::pair{"seq", config.seq}, {"layers", config.layers},
                                {"width", config.width}, {"heads", config.heads},
                                {"vocab", config.vocab}})
       require_positive(what, value);
     if (config.width % config.heads != 0)
       throw std::invalid_argument("width must be a multiple of heads");
-    if (config.dropout < 0 || config.dropout >= 1)
-      throw std::invalid_argument("dropout must be in [0, 1)");
-    return gpt2_step(config);
+    if (config.model == "gpt2") {
+      if (config.dropout < 0 || config.dropout >= 1)
+        throw std::invalid_argument("dropout must be in [0, 1)");
+      return gpt2_step(config);
+    }
+    ZooConfig llama = config;
+    if (llama.kv_heads == 0) llama.kv_heads = llama.heads;
+    if (llama.ffn == 0) llama.ffn = (8 * llama.width / 3 + 255) / 256 * 256;
+    require_positive("kv-heads", llama.kv_heads);
+    require_positive("ffn", llama.ffn);
+    if (llama.heads % llama.kv_heads != 0) throw std::invalid_argument("heads must be a multiple of kv-heads");
+    if (llama.width / llama.heads % 2 != 0)
+      throw std::invalid_argument("width / heads must be even (rotary embeddings turn pairs)");
+    return llama_step(llama);
   }
   std::string known;
   for (const auto& name : zoo_models()) known += (known.empty() ? "" : ", ") + name;

@@ -17,15 +17,19 @@ struct ZooConfig {
   std::int64_t batch = 8;
   c10::ScalarType dtype = c10::kFloat;  // parameters and float inputs
   std::int64_t image = 224;  // resnet: input is batch x 3 x image x image
-  // gpt2 (defaults: GPT-2 124M)
+  // gpt2 and llama (defaults: GPT-2 124M's shape)
   std::int64_t seq = 1024;
   std::int64_t layers = 12;
   std::int64_t width = 768;
   std::int64_t heads = 12;
   std::int64_t vocab = 50257;
+  // llama only: key/value heads (0: as many as heads) and the MLP's hidden
+  // width (0: Llama's rule, 8/3 x width rounded up to a multiple of 256)
+  std::int64_t kv_heads = 0;
+  std::int64_t ffn = 0;
   double dropout = 0.1;
   // Units of the model's chain (mlp: its four layers; resnet: residual
-  // blocks; gpt2: transformer blocks) recomputed in backward.
+  // blocks; gpt2, llama: transformer blocks) recomputed in backward.
   CheckpointPolicy checkpoint;
 };
 
