@@ -218,8 +218,12 @@ class CanonicalSearch {
     return outcome;
   }
 
-  // `rose`: the offset is above the last one placed, so every section is
-  // checked again; otherwise only those whose floor or bytes changed.
+  // Puts `e` at `offset`: raises the lowest offsets of the unplaced items it
+  // overlaps and the floors of the sections concerned, and goes on if the
+  // part still fits (solving the sides apart where time came apart); then
+  // undoes it all. `rose`: the offset is above the last one placed, so every
+  // section is checked again; otherwise only those whose floor or bytes
+  // changed.
   Outcome place(const Part& part, const std::vector<Entry>& order, const Entry& e, std::int64_t offset,
                 bool rose, bool& hatless) {
     const int item = e.item;
@@ -279,6 +283,7 @@ class CanonicalSearch {
     for (int s = part.lo; s < part.hi; ++s) highest = std::max(highest, std::max(offset, floor_[s]) + total_[s]);
     return highest <= capacity_;
   }
+  // fits(), for the sections a placement at an unchanged offset changed.
   bool fits_after(int item, std::int64_t offset) const {
     auto fits_in = [&](int s) { return std::max(offset, floor_[s]) + total_[s] <= capacity_; };
     for (int s = in_.lo[item]; s < in_.hi[item]; ++s)
