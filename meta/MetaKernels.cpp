@@ -123,7 +123,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm_backward(
     const at::Tensor& grad_out, const at::Tensor& input, at::IntArrayRef normalized_shape,
     const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>& weight,
     const c10::optional<at::Tensor>& bias, std::array<bool, 3> output_mask) {
-  return {output_mask[0] ? at::empty_like(input) : at::Tensor(),
+  // The input gradient is contiguous whatever the input's layout, as the output is.
+  return {output_mask[0] ? at::empty_like(input, at::MemoryFormat::Contiguous) : at::Tensor(),
           output_mask[1] && weight ? at::empty_like(*weight) : at::Tensor(),
           output_mask[2] && bias ? at::empty_like(*bias) : at::Tensor()};
 }
