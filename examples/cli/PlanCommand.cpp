@@ -78,7 +78,7 @@ int plan_command(const std::vector<std::string>& args) {
       fmt::print("  capacity {} ({} B): {}\n", human_bytes(*limits.capacity), *limits.capacity,
                  fits                                            ? "fits"
                  : stats.proven_bound_bytes > *limits.capacity ? "does not fit (proven)"
-                                                                 : "no plan found within the time limit");
+                                                                 : "no plan found that fits");
   }
   return fits ? 0 : 1;
 }
