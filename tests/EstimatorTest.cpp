@@ -78,6 +78,29 @@ TEST_P(EveryZooModel, ParityHoldsWithEveryOptimizerStep) {
 
 INSTANTIATE_TEST_SUITE_P(Zoo, EveryZooModel, ::testing::ValuesIn(zoo_models()));
 
+// Korthikanti et al. 2022, Table 2, no parallelism: a transformer layer
+// saves s·b·h·(34 + 5·a·s/h) bytes of 16-bit activations for backward. The
+// trace saves that plus what the formula leaves out: each of the layer's two
+// layer norms keeps its fp32 mean and rstd per token (2 · 2 · s·b · 4 bytes).
+TEST(Activations, Gpt2LayerSavesKorthikantisBytesPlusNormStatistics) {
+  ZooConfig gpt2;
+  gpt2.model = "gpt2";
+  gpt2.batch = 4;
+  gpt2.seq = 1024;
+  gpt2.width = 1024;
+  gpt2.heads = 16;
+  gpt2.vocab = 1024;
+  gpt2.dtype = c10::kBFloat16;
+  auto saved = [&](std::int64_t layers) {
+    gpt2.layers = layers;
+    return trace_step(zoo_step(gpt2), c10::Device(c10::kCUDA)).saved_for_backward_bytes();
+  };
+  const std::int64_t s = 1024, b = 4, h = 1024, a = 16;
+  const std::int64_t korthikanti = s * b * h * (34 + 5 * a * s / h);
+  EXPECT_EQ(korthikanti, 478'150'656);
+  EXPECT_EQ(saved(2) - saved(1), korthikanti + 2 * 2 * s * b * 4);
+}
+
 // Adam keeps exp_avg and exp_avg_sq: two fp32 tensors per parameter.
 TEST(ModelStates, AdamOnGpt2AddsTwoFloatsPerParameter) {
   ZooConfig gpt2;  // GPT-2 124M
