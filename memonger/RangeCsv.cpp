@@ -76,21 +76,16 @@ RangeTable read_ranges_csv(std::istream& in) {
   return table;
 }
 
-void write_ranges_csv(std::ostream& out, const std::vector<LiveRange>& ranges) {
-  out << "id,first,last,bytes,pinned\n";
-  for (const LiveRange& r : ranges)
-    out << r.id << ',' << r.first << ',' << r.last << ',' << r.bytes << ',' << (r.pinned ? 1 : 0)
-        << '\n';
-}
-
-void write_plan_csv(std::ostream& out, const RangeTable& table, const std::vector<std::int64_t>& offsets) {
+void write_ranges_csv(std::ostream& out, const RangeTable& table, const std::vector<std::int64_t>& offsets) {
   const bool minimalloc = table.layout == RangeLayout::kMiniMalloc;
-  out << (minimalloc ? "id,lower,upper,size,offset\n" : "id,first,last,bytes,pinned,offset\n");
+  const bool placed = !offsets.empty();
+  out << (minimalloc ? "id,lower,upper,size" : "id,first,last,bytes,pinned") << (placed ? ",offset\n" : "\n");
   for (std::size_t i = 0; i < table.ranges.size(); ++i) {
     const LiveRange& r = table.ranges[i];
-    out << r.id << ',' << r.first << ',' << (minimalloc ? r.last + 1 : r.last) << ',' << r.bytes << ',';
-    if (!minimalloc) out << (r.pinned ? 1 : 0) << ',';
-    out << offsets[i] << '\n';
+    out << r.id << ',' << r.first << ',' << (minimalloc ? r.last + 1 : r.last) << ',' << r.bytes;
+    if (!minimalloc) out << ',' << (r.pinned ? 1 : 0);
+    if (placed) out << ',' << offsets[i];
+    out << '\n';
   }
 }
 

@@ -23,9 +23,8 @@ struct RangeTable {
 // Throws InputError naming the line of the first malformed one.
 RangeTable read_ranges_csv(std::istream& in);
 
-void write_ranges_csv(std::ostream& out, const std::vector<LiveRange>& ranges);
-
-// The table in its own layout with an `offset` column added.
-void write_plan_csv(std::ostream& out, const RangeTable& table, const std::vector<std::int64_t>& offsets);
+// The table in its own layout; with `offsets` (one per range, a plan's), an
+// `offset` column added.
+void write_ranges_csv(std::ostream& out, const RangeTable& table, const std::vector<std::int64_t>& offsets = {});
 
 }  // namespace memonger

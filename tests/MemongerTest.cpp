@@ -271,14 +271,14 @@ TEST(RangeCsv, ReadsMiniMallocLayoutWithUpperExcluded) {
   EXPECT_FALSE(overlap_in_time(table.ranges[0], table.ranges[1]));
 
   std::ostringstream out;
-  write_plan_csv(out, table, {0, 0});
+  write_ranges_csv(out, table, {0, 0});
   EXPECT_EQ(out.str(), "id,lower,upper,size,offset\n0,0,3,4,0\n1,3,9,4,0\n");
 }
 
 TEST(RangeCsv, RoundTrips) {
   const std::vector<LiveRange> ranges = {{3, 0, 4, 1024, false}, {9, 2, 2, 0, true}};
   std::stringstream csv;
-  write_ranges_csv(csv, ranges);
+  write_ranges_csv(csv, RangeTable{ranges});
   const auto back = read_ranges_csv(csv).ranges;
   ASSERT_EQ(back.size(), 2u);
   EXPECT_EQ(back[0].id, 3);

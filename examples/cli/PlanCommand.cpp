@@ -44,7 +44,7 @@ int plan_command(const std::vector<std::string>& args) {
   const memonger::Statistics stats = memonger::compute_statistics(problem, plan);
   if (!output.empty()) {
     std::ostringstream csv;
-    memonger::write_plan_csv(csv, table, plan.offsets);
+    memonger::write_ranges_csv(csv, table, plan.offsets);
     write_file(output, csv.str());
   }
   const bool fits = !limits.capacity || stats.planned_bytes <= *limits.capacity;
