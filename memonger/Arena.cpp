@@ -252,6 +252,7 @@ Placement arena_best_fit(const Problem& p, const Items& items) {
   const ItemTable table(p, items);
   const std::int64_t bound = items_lower_bound(p, items);
   Placement best = pack_in_time_order(table, order(kTime));
+  best.bound = bound;
 
   // Neighbour-query passes cost about the number of overlapping pairs each;
   // where many ranges are alive at once, only as many run as the budget buys.
@@ -262,7 +263,10 @@ Placement arena_best_fit(const Problem& p, const Items& items) {
   auto try_pack = [&](Ordering o, std::int64_t height) {
     auto candidate = pack(table, order(o), height);
     const bool better = candidate && candidate->height < best.height;
-    if (better) best = std::move(*candidate);
+    if (better) {
+      best = std::move(*candidate);
+      best.bound = bound;
+    }
     return better;
   };
 

@@ -18,7 +18,7 @@ struct Placement {
   std::vector<std::int64_t> offsets;
   std::int64_t height = 0;
   std::int64_t buffers = 0;
-  std::int64_t bound = 0;  // proven: no placement of the items is lower (0: only max live is known)
+  std::int64_t bound = 0;  // proven: no placement of the items is lower (0: the planner proved nothing)
 };
 
 using Items = std::vector<std::size_t>;

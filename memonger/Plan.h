@@ -18,7 +18,8 @@ struct Plan {
   std::vector<std::int64_t> offsets;  // one per range, as in Problem::ranges()
   std::int64_t planned_bytes = 0;     // arena size
   std::int64_t buffers = 0;           // shared buffers; distinct offsets for arena plans
-  // No plan is smaller: max live bytes, or more where the exact search proved it.
+  // No plan is smaller, as far as the planner proved (best fit: max live bytes;
+  // the exact search: more where it could). Statistics adds max live bytes.
   std::int64_t proven_bound_bytes = 0;
 };
 

@@ -22,7 +22,7 @@ Plan assemble(const Problem& problem, std::string algorithm,
   const Placement placement = place(items);
   for (std::size_t k = 0; k < items.size(); ++k)
     plan.offsets[items[k]] = plan.planned_bytes + placement.offsets[k];
-  plan.proven_bound_bytes = plan.planned_bytes + std::max(placement.bound, items_lower_bound(problem, items));
+  plan.proven_bound_bytes = plan.planned_bytes + placement.bound;
   plan.planned_bytes += placement.height;
   plan.buffers += placement.buffers;
   return plan;
