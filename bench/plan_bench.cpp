@@ -3,11 +3,7 @@
 // memonger alone.
 #include <benchmark/benchmark.h>
 
-#include <fstream>
-#include <string>
-
 #include "memonger/Plan.h"
-#include "memonger/RangeCsv.h"
 #include "tests/RangeGenerators.h"
 
 namespace memonger {
@@ -39,17 +35,13 @@ void plan(benchmark::State& state, Generator generate, const char* algorithm) {
 
 // An instance of MiniMalloc's challenging set, decided at its capacity.
 void minimalloc(benchmark::State& state, const char* name) {
-  std::ifstream in(std::string(METAMEM_BENCH_DATA) + "/minimalloc-challenging/" + name + ".1048576.csv");
-  if (!in) {
-    state.SkipWithError("instance file not found");
-    return;
-  }
-  const Problem problem(read_ranges_csv(in).ranges);
-  const auto planner = make_planner("exact", {60.0, 1 << 20});
+  const Problem problem(testing::minimalloc_challenging(name).ranges);
+  const auto planner = make_planner("exact", {60.0, testing::kMiniMallocCapacity});
   Plan result;
   for (auto _ : state) result = planner->plan(problem);
   report(state, problem, result);
-  state.counters["planned_over_capacity"] = static_cast<double>(result.planned_bytes) / (1 << 20);
+  state.counters["planned_over_capacity"] =
+      static_cast<double>(result.planned_bytes) / testing::kMiniMallocCapacity;
 }
 
 #define PLAN(generator, algorithm, ...)                                                    \

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -249,14 +248,11 @@ TEST(Exact, StopsAtItsTimeLimitWithTheBestSoFar) {
 class MiniMallocChallenging : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(MiniMallocChallenging, FitsInItsCapacity) {
-  const std::string path = std::string(METAMEM_BENCH_DATA) + "/minimalloc-challenging/" + GetParam() + ".1048576.csv";
-  std::ifstream in(path);
-  ASSERT_TRUE(in) << path;
-  const RangeTable table = read_ranges_csv(in);
+  const RangeTable table = testing::minimalloc_challenging(GetParam());
   ASSERT_EQ(table.layout, RangeLayout::kMiniMalloc);
   const Problem problem(table.ranges);
-  const Plan plan = plan_with("exact", problem, {60.0, 1 << 20});
-  EXPECT_LE(plan.planned_bytes, 1 << 20);
+  const Plan plan = plan_with("exact", problem, {60.0, testing::kMiniMallocCapacity});
+  EXPECT_LE(plan.planned_bytes, testing::kMiniMallocCapacity);
 }
 
 INSTANTIATE_TEST_SUITE_P(Instances, MiniMallocChallenging,

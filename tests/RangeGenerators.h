@@ -4,10 +4,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <fstream>
 #include <random>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "memonger/LiveRange.h"
+#include "memonger/RangeCsv.h"
 
 namespace memonger::testing {
 
@@ -99,6 +103,17 @@ inline std::vector<LiveRange> training_step(std::size_t layers, std::uint32_t se
     add(2 * n - i, 2 * n - i + 1, activation);
   }
   return ranges;
+}
+
+// One of MiniMalloc's challenging instances ("A".."K", bench/data,
+// Apache-2.0, see its NOTICE), each known to fit in 1 MiB. Its readers
+// define METAMEM_BENCH_DATA.
+constexpr std::int64_t kMiniMallocCapacity = 1 << 20;
+inline RangeTable minimalloc_challenging(const std::string& name) {
+  const std::string path = std::string(METAMEM_BENCH_DATA) + "/minimalloc-challenging/" + name + ".1048576.csv";
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot open " + path);
+  return read_ranges_csv(in);
 }
 
 }  // namespace memonger::testing
