@@ -22,7 +22,8 @@ std::vector<memonger::LiveRange> trace_live_ranges(const Trace& trace) {
 TracePlan plan_trace(const Trace& trace, const std::string& algorithm) {
   const memonger::Problem problem(trace_live_ranges(trace));
   TracePlan result;
-  result.plan = memonger::make_planner(algorithm)->plan(problem);
+  constexpr double kReportSeconds = 0.2;
+  result.plan = memonger::make_planner(algorithm, {kReportSeconds, std::nullopt})->plan(problem);
   result.stats = memonger::compute_statistics(problem, result.plan);
   return result;
 }
