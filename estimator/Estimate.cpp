@@ -22,13 +22,17 @@ ModelStates model_states(const Trace& trace) {
   return {of(Category::Parameter), of(Category::Gradient), of(Category::OptimizerState)};
 }
 
-AllocatorPeaks simulate_allocator(const Trace& trace, int roundup_power2_divisions) {
+AllocatorPeaks simulate_allocator(const Trace& trace, int roundup_power2_divisions,
+                                  std::vector<std::int64_t>* reserved_after) {
   CachingAllocatorSim sim(roundup_power2_divisions);
-  const std::size_t begin = trace.measured().begin;
-  replay_trace(trace, sim, [&](std::size_t e) {
+  const std::size_t begin = trace.measured().begin, end = trace.events.size();
+  if (reserved_after) reserved_after->assign(end, 0);
+  replay_trace(trace, sim, [&](std::size_t e) {  // before event e
     if (e == begin) sim.reset_peaks();
+    if (reserved_after && e > 0) (*reserved_after)[e - 1] = sim.reserved_bytes();
   });
-  if (begin >= trace.events.size()) sim.reset_peaks();
+  if (reserved_after && end > 0) reserved_after->back() = sim.reserved_bytes();
+  if (begin >= end) sim.reset_peaks();
   return {sim.peak_allocated_bytes(), sim.peak_reserved_bytes()};
 }
 
@@ -37,9 +41,10 @@ Estimate estimate(Trace trace, int roundup_power2_divisions) {
   result.nodes = node_table(trace);
   result.states = model_states(trace);
   result.live_at_peak = trace.live_by_category(trace.measured().peak_event);
-  result.allocator = simulate_allocator(trace, roundup_power2_divisions);
+  std::vector<std::int64_t> reserved_after;
+  result.allocator = simulate_allocator(trace, roundup_power2_divisions, &reserved_after);
   result.plan = plan_trace(trace);
-  result.timeline = memory_timeline(trace, roundup_power2_divisions);
+  result.timeline = memory_timeline(trace, reserved_after);
   result.trace = std::move(trace);
   return result;
 }

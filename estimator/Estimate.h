@@ -27,8 +27,10 @@ struct AllocatorPeaks {
 
 // Replays every traced step through CachingAllocatorSim, so that the
 // measured step starts from the blocks and segments the steps before left;
-// peaks are reset at its start.
-AllocatorPeaks simulate_allocator(const Trace& trace, int roundup_power2_divisions = 0);
+// peaks are reset at its start. With `reserved_after`, also what it holds
+// reserved after each event (for the report's timeline).
+AllocatorPeaks simulate_allocator(const Trace& trace, int roundup_power2_divisions = 0,
+                                  std::vector<std::int64_t>* reserved_after = nullptr);
 
 struct Estimate {
   Trace trace;

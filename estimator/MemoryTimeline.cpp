@@ -4,7 +4,6 @@
 #include <map>
 #include <numeric>
 
-#include "estimator/CachingAllocator.h"
 #include "estimator/NodeTable.h"
 
 namespace metamem {
@@ -14,17 +13,10 @@ std::int64_t total(const CategoryBytes& live) { return std::accumulate(live.begi
 
 }  // namespace
 
-std::vector<TimelinePoint> memory_timeline(const Trace& trace, int roundup_power2_divisions,
+std::vector<TimelinePoint> memory_timeline(const Trace& trace, const std::vector<std::int64_t>& reserved_after,
                                            std::size_t max_points) {
   const std::size_t begin = trace.measured().begin, end = trace.events.size();
   if (begin >= end || max_points == 0) return {};
-
-  std::vector<std::int64_t> reserved_after(end, 0);
-  CachingAllocatorSim sim(roundup_power2_divisions);
-  replay_trace(trace, sim, [&](std::size_t e) {
-    if (e > 0) reserved_after[e - 1] = sim.reserved_bytes();
-  });
-  reserved_after[end - 1] = sim.reserved_bytes();
 
   const std::size_t per_point = (end - begin + max_points - 1) / max_points;
   std::vector<TimelinePoint> points;

@@ -20,8 +20,9 @@ struct TimelinePoint {
 
 // At most `max_points` points over the measured step: of each run of
 // consecutive events, the one with the most live bytes, so that every peak
-// (the step's included) is drawn at its height.
-std::vector<TimelinePoint> memory_timeline(const Trace& trace, int roundup_power2_divisions,
+// (the step's included) is drawn at its height. `reserved_after`: the
+// simulated allocator's reserved bytes after each event (simulate_allocator).
+std::vector<TimelinePoint> memory_timeline(const Trace& trace, const std::vector<std::int64_t>& reserved_after,
                                            std::size_t max_points = 1000);
 
 // Activations and temporaries live at the measured step's peak, by the
