@@ -734,8 +734,8 @@ std::int64_t baddbmm(Args args, Args returns) {
 }  // namespace
 
 // Elementwise families: every overload of the op and of its in-place form.
-CpuScratchModel elementwise_model(const std::string& op) {
-  static const std::unordered_map<std::string, CpuScratchModel> families = {
+ScratchModel elementwise_model(const std::string& op) {
+  static const std::unordered_map<std::string, ScratchModel> families = {
       {"aten::add", &elementwise<0, 2, Promotion::Common>},
       {"aten::sub", &elementwise<0, 2, Promotion::Common>},
       {"aten::rsub", &elementwise<0, 2, Promotion::Common>},
@@ -788,8 +788,8 @@ CpuScratchModel elementwise_model(const std::string& op) {
   return it == families.end() ? nullptr : it->second;
 }
 
-CpuScratchModel cpu_scratch_model(const std::string& qualified_name) {
-  static const std::unordered_map<std::string, CpuScratchModel> models = {
+ScratchModel cpu_scratch_model(const std::string& qualified_name) {
+  static const std::unordered_map<std::string, ScratchModel> models = {
       {"aten::convolution", &convolution},
       {"aten::convolution_backward", &convolution_backward},
       {"aten::native_batch_norm", &native_batch_norm},

@@ -12,13 +12,17 @@
 
 namespace metamem {
 
-// Bytes an op's CPU kernel holds at once beside its outputs, from its
+// Bytes an op's kernel holds at once beside its outputs, from its
 // arguments and results (tensors as the caller's MetaTensors).
-using CpuScratchModel = std::int64_t (*)(c10::ArrayRef<c10::IValue> arguments,
-                                         c10::ArrayRef<c10::IValue> returns);
+using ScratchModel = std::int64_t (*)(c10::ArrayRef<c10::IValue> arguments,
+                                      c10::ArrayRef<c10::IValue> returns);
 
 // The model of op `qualified_name` ("aten::mm", "aten::add.Scalar"), or
 // nullptr when its CPU kernel holds nothing beside its outputs.
-CpuScratchModel cpu_scratch_model(const std::string& qualified_name);
+ScratchModel cpu_scratch_model(const std::string& qualified_name);
+
+// The same for metamem's own ops (meta/FlashAttention.cpp), whose kernels
+// hold the same scratch on every fake device.
+ScratchModel device_scratch_model(const std::string& qualified_name);
 
 }  // namespace metamem

@@ -66,20 +66,21 @@ BufferId track_storage(const at::Tensor& inner) {
 
 using BufferList = c10::SmallVector<BufferId, 8>;
 
-// CPU kernels' temporaries by op, filled when the kernel is registered and
-// only read afterwards.
-std::unordered_map<const c10::OperatorName*, CpuScratchModel> g_cpu_scratch;
+// Kernels' temporaries by op on each fake device, filled when the kernel is
+// registered and only read afterwards.
+std::unordered_map<const c10::OperatorName*, ScratchModel> g_cpu_scratch, g_cuda_scratch;
 
 // metamem's own meta kernels by op, likewise.
 std::unordered_map<const c10::OperatorName*, const c10::KernelFunction*> g_own_kernels;
 
-// On a fake cpu, what the op's CPU kernel holds beside its outputs is made
-// and freed after they exist, as it is live beside them.
+// What the op's kernel holds beside its outputs is made and freed after
+// they exist, as it is live beside them.
 void report_scratch(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
                     c10::ArrayRef<c10::IValue> returns, MetaObserver* observer) {
-  if (observer == nullptr || !g_mode.device.is_cpu()) return;
-  const auto model = g_cpu_scratch.find(&op.operator_name());
-  if (model == g_cpu_scratch.end()) return;
+  if (observer == nullptr) return;
+  const auto& models = g_mode.device.is_cpu() ? g_cpu_scratch : g_cuda_scratch;
+  const auto model = models.find(&op.operator_name());
+  if (model == models.end()) return;
   const std::int64_t bytes = model->second(arguments, returns);
   if (bytes <= 0) return;
   const BufferId id = g_next_buffer.fetch_add(1);
@@ -336,8 +337,12 @@ void register_meta_kernel() {
     if (!op) continue;
     const std::string qualified =
         name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
-    if (CpuScratchModel model = cpu_scratch_model(qualified))
+    if (ScratchModel model = cpu_scratch_model(qualified))
       g_cpu_scratch.emplace(&op->operator_name(), model);
+    if (ScratchModel model = device_scratch_model(qualified)) {
+      g_cpu_scratch.emplace(&op->operator_name(), model);
+      g_cuda_scratch.emplace(&op->operator_name(), model);
+    }
     if (const c10::KernelFunction* kernel = own_meta_kernel(qualified))
       g_own_kernels.emplace(&op->operator_name(), kernel);
     if (qualified.rfind("profiler::", 0) == 0) {

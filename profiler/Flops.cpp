@@ -2,6 +2,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
 #include <unordered_map>
 
 namespace metamem {
@@ -34,6 +35,21 @@ std::int64_t first_tensor_numel(c10::ArrayRef<c10::IValue> values) {
   return 0;
 }
 
+// Scores a (causal) attention computes: every key per query row, or under
+// a bottom-right causal mask only those at or before its position.
+std::int64_t attention_flops(c10::ArrayRef<c10::IValue> args, std::size_t q_at, std::size_t causal_at,
+                             std::int64_t per_score) {
+  const at::Tensor *q = tensor_at(args, q_at), *k = tensor_at(args, q_at + 1);
+  if (q == nullptr || k == nullptr || causal_at >= args.size()) return 0;
+  const std::int64_t seq_q = q->size(1), seq_k = k->size(1);
+  std::int64_t scores = seq_q * seq_k;
+  if (args[causal_at].toBool()) {
+    scores = 0;
+    for (std::int64_t i = 0; i < seq_q; ++i) scores += std::clamp<std::int64_t>(i + seq_k - seq_q + 1, 0, seq_k);
+  }
+  return per_score * q->size(0) * q->size(2) * scores * q->size(3);
+}
+
 }  // namespace
 
 FlopRule flop_rule(const std::string& name) {
@@ -52,6 +68,8 @@ FlopRule flop_rule(const std::string& name) {
       {"aten::_softmax_backward_data", FlopRule::Softmax},
       {"aten::_log_softmax", FlopRule::Softmax},
       {"aten::_log_softmax_backward_data", FlopRule::Softmax},
+      {"metamem::flash_attention", FlopRule::Attention},
+      {"metamem::flash_attention_backward", FlopRule::AttentionBackward},
   };
   if (auto it = rules.find(name); it != rules.end()) return it->second;
   static const char* elementwise[] = {
@@ -100,6 +118,10 @@ std::int64_t count_flops(FlopRule rule, c10::ArrayRef<c10::IValue> args,
       return 5 * first_tensor_numel(returns);
     case FlopRule::Elementwise:
       return first_tensor_numel(returns);
+    case FlopRule::Attention:
+      return attention_flops(args, 0, 4, 4);
+    case FlopRule::AttentionBackward:
+      return attention_flops(args, 1, 8, 10);
   }
   return 0;
 }

@@ -19,6 +19,8 @@ enum class FlopRule : std::uint8_t {
   NormBackward,    // 8 per input element
   Softmax,         // 5 per element
   Elementwise,     // 1 per output element
+  Attention,       // metamem::flash_attention: QKᵀ and PV, 4·head_dim per visible score
+  AttentionBackward,  // its backward: QKᵀ again and four more products, 10·head_dim per score
 };
 
 FlopRule flop_rule(const std::string& qualified_op_name);

@@ -82,23 +82,41 @@ INSTANTIATE_TEST_SUITE_P(Zoo, EveryZooModel, ::testing::ValuesIn(zoo_models()));
 // saves s·b·h·(34 + 5·a·s/h) bytes of 16-bit activations for backward. The
 // trace saves that plus what the formula leaves out: each of the layer's two
 // layer norms keeps its fp32 mean and rstd per token (2 · 2 · s·b · 4 bytes).
-TEST(Activations, Gpt2LayerSavesKorthikantisBytesPlusNormStatistics) {
-  ZooConfig gpt2;
-  gpt2.model = "gpt2";
-  gpt2.batch = 4;
-  gpt2.seq = 1024;
-  gpt2.width = 1024;
-  gpt2.heads = 16;
-  gpt2.vocab = 1024;
-  gpt2.dtype = c10::kBFloat16;
-  auto saved = [&](std::int64_t layers) {
-    gpt2.layers = layers;
-    return trace_step(zoo_step(gpt2), c10::Device(c10::kCUDA)).saved_for_backward_bytes();
-  };
-  const std::int64_t s = 1024, b = 4, h = 1024, a = 16;
+// FlashAttention keeps none of the 5·a·s² terms (scores, probabilities,
+// dropout mask) but its fp32 log-sum-exp per head and token and its 16-byte
+// RNG state; q, k, v and the output it keeps are in the 34.
+class Gpt2Layer : public ::testing::Test {
+ protected:
+  static constexpr std::int64_t s = 1024, b = 4, h = 1024, a = 16;
+  static constexpr std::int64_t kNormStatistics = 2 * 2 * s * b * 4;
+
+  std::int64_t saved_per_layer(bool flash) {
+    ZooConfig gpt2;
+    gpt2.model = "gpt2";
+    gpt2.batch = b;
+    gpt2.seq = s;
+    gpt2.width = h;
+    gpt2.heads = a;
+    gpt2.vocab = 1024;
+    gpt2.dtype = c10::kBFloat16;
+    gpt2.flash_attention = flash;
+    auto saved = [&](std::int64_t layers) {
+      gpt2.layers = layers;
+      return trace_step(zoo_step(gpt2), c10::Device(c10::kCUDA)).saved_for_backward_bytes();
+    };
+    return saved(2) - saved(1);
+  }
+};
+
+TEST_F(Gpt2Layer, SavesKorthikantisBytesPlusNormStatistics) {
   const std::int64_t korthikanti = s * b * h * (34 + 5 * a * s / h);
   EXPECT_EQ(korthikanti, 478'150'656);
-  EXPECT_EQ(saved(2) - saved(1), korthikanti + 2 * 2 * s * b * 4);
+  EXPECT_EQ(saved_per_layer(false), korthikanti + kNormStatistics);
+}
+
+TEST_F(Gpt2Layer, WithFlashAttentionSavesNoScores) {
+  const std::int64_t log_sum_exp = a * s * b * 4, rng_state = 16;
+  EXPECT_EQ(saved_per_layer(true), s * b * h * 34 + log_sum_exp + rng_state + kNormStatistics);
 }
 
 // Adam keeps exp_avg and exp_avg_sq: two fp32 tensors per parameter.

@@ -13,6 +13,11 @@ namespace {
 
 using testing::small_model;
 
+ZooConfig with_flash_attention(ZooConfig config) {
+  config.flash_attention = true;
+  return config;
+}
+
 class ZooParity : public ::testing::TestWithParam<ZooConfig> {};
 
 TEST_P(ZooParity, PredictedPeakMatchesRealCpuRun) {
@@ -30,11 +35,13 @@ INSTANTIATE_TEST_SUITE_P(
                       small_model("resnet18", 2, 32), small_model("resnet18", 4, 64),
                       small_model("resnet50", 2, 32), small_model("resnet50", 2, 64),
                       small_model("gpt2", 2, 16), small_model("gpt2", 4, 32), small_model("llama", 2, 16),
-                      small_model("llama", 4, 32)),
+                      small_model("llama", 4, 32), with_flash_attention(small_model("gpt2", 2, 32)),
+                      with_flash_attention(small_model("llama", 2, 32))),
     [](const auto& info) {
       const bool sequence = info.param.model == "gpt2" || info.param.model == "llama";
       return info.param.model + "_b" + std::to_string(info.param.batch) + "_s" +
-             std::to_string(sequence ? info.param.seq : info.param.image);
+             std::to_string(sequence ? info.param.seq : info.param.image) +
+             (info.param.flash_attention ? "_flash" : "");
     });
 
 // Under bf16 autocast (CPU autocast takes bf16 only): parameters cast to
@@ -60,8 +67,9 @@ TEST_P(AutocastParity, PredictedPeakMatchesRealCpuRun) {
 INSTANTIATE_TEST_SUITE_P(
     Zoo, AutocastParity,
     ::testing::Values(small_model("mlp", 8, 0), small_model("resnet18", 2, 32), small_model("resnet50", 2, 32),
-                      small_model("gpt2", 2, 16), small_model("llama", 2, 16)),
-    [](const auto& info) { return info.param.model; });
+                      small_model("gpt2", 2, 16), small_model("llama", 2, 16),
+                      with_flash_attention(small_model("llama", 2, 16))),
+    [](const auto& info) { return info.param.model + (info.param.flash_attention ? "_flash" : ""); });
 
 }  // namespace
 }  // namespace metamem

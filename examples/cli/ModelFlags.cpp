@@ -21,6 +21,7 @@ void ModelFlags::add_to(Flags& flags) {
   flags.add("--main-grads", &main_grads, {"param", "fp32"});
   flags.add("--policy", &policy);
   flags.add("--amp", &amp, {"none", "bf16", "f16"});
+  flags.add("--attention", &attention, {"math", "flash"});
 }
 
 bool ModelFlags::is_script() const { return is_script_path(zoo.model); }
@@ -37,6 +38,7 @@ StepBuilder ModelFlags::builder() const {
   }
   if (dtype != "f32")
     throw std::invalid_argument("--dtype is for zoo models; a TorchScript model keeps its own dtypes");
+  if (attention != "math") throw std::invalid_argument("--attention is for the zoo's gpt2 and llama");
   if (policy != "none")
     throw std::invalid_argument("--policy is for zoo models: their chains of units can be checkpointed");
   ScriptConfig script;
@@ -79,6 +81,7 @@ ZooConfig ModelFlags::config() const {
   ZooConfig config = zoo;
   config.dtype = parse_dtype(dtype);
   config.checkpoint = parse_policy(policy);
+  config.flash_attention = attention == "flash";
   return config;
 }
 

@@ -26,6 +26,7 @@ struct ModelFlags {
   std::string main_grads = "param";  // or fp32
   std::string policy = "none";       // checkpointed units, as "0-3[1-2],5"
   std::string amp = "none";          // autocast: bf16 or f16
+  std::string attention = "math";    // or flash (gpt2, llama)
 
   void add_to(Flags& flags);
   // Validate what add_to could not (throw std::invalid_argument).

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "examples/zoo/Models.h"
+#include "meta/FlashAttention.h"
 #include "profiler/Tracer.h"
 
 namespace metamem {
@@ -34,6 +35,7 @@ class Block : public nn::Module {
  public:
   explicit Block(const ZooConfig& c)
       : heads_(c.heads),
+        flash_(c.flash_attention),
         ln_1_(register_module("ln_1", nn::LayerNorm(nn::LayerNormOptions({c.width})))),
         c_attn_(register_module("c_attn", nn::Linear(c.width, 3 * c.width))),
         attn_proj_(register_module("attn_c_proj", nn::Linear(c.width, c.width))),
@@ -65,21 +67,27 @@ class Block : public nn::Module {
     const std::int64_t batch = x.size(0), seq = x.size(1), width = x.size(2);
     const std::int64_t head_dim = width / heads_;
     auto qkv = scoped("c_attn", [&] { return linear(c_attn_, x); }).split(width, 2);
-    auto heads = [&](const at::Tensor& t) {
-      return t.view({batch, seq, heads_, head_dim}).transpose(1, 2);
-    };
+    auto heads = [&](const at::Tensor& t) { return t.view({batch, seq, heads_, head_dim}); };
     at::Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
-    at::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(head_dim));
-    scores = scores.masked_fill(causal_mask, -INFINITY);
-    at::Tensor probs = scoped("attn_dropout", [&] {
-      return attn_dropout_->forward(torch::softmax(scores, -1));
-    });
-    at::Tensor y = torch::matmul(probs, v).transpose(1, 2).contiguous().view({batch, seq, width});
+    at::Tensor y;
+    if (flash_) {
+      const double dropout = attn_dropout_->is_training() ? attn_dropout_->options.p() : 0.0;
+      y = flash_attention(q, k, v, dropout, /*causal=*/true).view({batch, seq, width});
+    } else {
+      q = q.transpose(1, 2), k = k.transpose(1, 2), v = v.transpose(1, 2);
+      at::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(head_dim));
+      scores = scores.masked_fill(causal_mask, -INFINITY);
+      at::Tensor probs = scoped("attn_dropout", [&] {
+        return attn_dropout_->forward(torch::softmax(scores, -1));
+      });
+      y = torch::matmul(probs, v).transpose(1, 2).contiguous().view({batch, seq, width});
+    }
     y = scoped("c_proj", [&] { return linear(attn_proj_, y); });
     return scoped("resid_dropout", [&] { return resid_dropout_->forward(y); });
   }
 
   std::int64_t heads_;
+  bool flash_;
   nn::LayerNorm ln_1_;
   nn::Linear c_attn_, attn_proj_;
   nn::LayerNorm ln_2_;

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "examples/zoo/Models.h"
+#include "meta/FlashAttention.h"
 #include "profiler/Tracer.h"
 
 namespace metamem {
@@ -40,10 +41,12 @@ class RmsNorm : public nn::Module {
   at::Tensor weight_;
 };
 
-// The second half of the last dimension, negated, then the first half.
-at::Tensor rotate_half(const at::Tensor& x) {
+// Rotary position embedding: x·cos plus x's halves swapped, the first
+// negated, times sin (cos and sin broadcast over x's heads).
+at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const std::int64_t half = x.size(-1) / 2;
-  return torch::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
+  const at::Tensor turned = x * cos;
+  return turned + torch::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1) * sin;
 }
 
 class Block : public nn::Module {
@@ -51,6 +54,7 @@ class Block : public nn::Module {
   explicit Block(const ZooConfig& c)
       : heads_(c.heads),
         kv_heads_(c.kv_heads),
+        flash_(c.flash_attention),
         head_dim_(c.width / c.heads),
         input_norm_(register_module("input_layernorm", std::make_shared<RmsNorm>(c.width))),
         q_(register_module("q_proj", projection(c.width, c.width))),
@@ -81,11 +85,22 @@ class Block : public nn::Module {
                        const at::Tensor& causal_mask) {
     const std::int64_t batch = x.size(0), seq = x.size(1);
     auto heads = [&](const nn::Linear& layer, const char* name, std::int64_t count) {
-      return scoped(name, [&] { return linear(layer, x); }).view({batch, seq, count, head_dim_}).transpose(1, 2);
+      return scoped(name, [&] { return linear(layer, x); }).view({batch, seq, count, head_dim_});
     };
-    at::Tensor q = heads(q_, "q_proj", heads_), k = heads(k_, "k_proj", kv_heads_), v = heads(v_, "v_proj", kv_heads_);
-    q = q * cos + rotate_half(q) * sin;
-    k = k * cos + rotate_half(k) * sin;
+    const at::Tensor q = heads(q_, "q_proj", heads_), k = heads(k_, "k_proj", kv_heads_),
+                     v = heads(v_, "v_proj", kv_heads_);
+    const at::Tensor y = flash_ ? flash(q, k, v, cos, sin) : math(q, k, v, cos, sin, causal_mask);
+    return scoped("o_proj", [&] { return linear(o_, y.reshape({batch, seq, heads_ * head_dim_})); });
+  }
+
+  // Scores and probabilities per head, batch x heads x seq x seq; returns
+  // batch x seq x heads x head_dim.
+  at::Tensor math(at::Tensor q, at::Tensor k, at::Tensor v, const at::Tensor& cos, const at::Tensor& sin,
+                  const at::Tensor& causal_mask) {
+    const std::int64_t batch = q.size(0), seq = q.size(1);
+    q = rotate(q.transpose(1, 2), cos, sin);
+    k = rotate(k.transpose(1, 2), cos, sin);
+    v = v.transpose(1, 2);
     // Grouped-query attention: each key/value head serves heads / kv_heads query heads.
     auto repeat = [&](const at::Tensor& t) {
       if (kv_heads_ == heads_) return t;
@@ -98,11 +113,22 @@ class Block : public nn::Module {
     at::Tensor scores = torch::matmul(q, k.transpose(2, 3)) / std::sqrt(static_cast<double>(head_dim_));
     scores = scores.masked_fill(causal_mask, -INFINITY);
     const at::Tensor probs = torch::softmax(scores, -1, at::kFloat).to(q.scalar_type());
-    const at::Tensor y = torch::matmul(probs, v).transpose(1, 2).reshape({batch, seq, heads_ * head_dim_});
-    return scoped("o_proj", [&] { return linear(o_, y); });
+    return torch::matmul(probs, v).transpose(1, 2);
   }
 
-  std::int64_t heads_, kv_heads_, head_dim_;
+  // FlashAttention-2 takes grouped key/value heads as they are. Rotary
+  // embedding's fp32 tables promote q and k; like Hugging Face's flash path,
+  // they go back to v's dtype (the autocast dtype under autocast).
+  at::Tensor flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cos,
+                   const at::Tensor& sin) {
+    const at::Tensor c = cos.unsqueeze(1), s = sin.unsqueeze(1);  // seq x 1 x head_dim: over heads
+    return flash_attention(rotate(q, c, s).to(v.scalar_type()), rotate(k, c, s).to(v.scalar_type()), v, 0.0,
+                           /*causal=*/true);
+  }
+
+  std::int64_t heads_, kv_heads_;
+  bool flash_;
+  std::int64_t head_dim_;
   std::shared_ptr<RmsNorm> input_norm_;
   nn::Linear q_, k_, v_, o_;
   std::shared_ptr<RmsNorm> post_norm_;

@@ -37,6 +37,8 @@ c10::ScalarType parse_dtype(const std::string& name) {
 
 StepBuilder zoo_step(const ZooConfig& config) {
   require_positive("batch", config.batch);
+  if (config.flash_attention && config.model != "gpt2" && config.model != "llama")
+    throw std::invalid_argument("flash attention is for gpt2 and llama");
   if (config.model == "mlp") return mlp_step(config);
   if (config.model == "resnet18" || config.model == "resnet50") {
     require_positive("image", config.image);

@@ -27,6 +27,9 @@ struct ZooConfig {
   // width (0: Llama's rule, 8/3 x width rounded up to a multiple of 256)
   std::int64_t kv_heads = 0;
   std::int64_t ffn = 0;
+  // gpt2 and llama: attention by metamem::flash_attention (FlashAttention-2's
+  // memory) instead of matmuls and a softmax over seq x seq scores
+  bool flash_attention = false;
   double dropout = 0.1;
   // Units of the model's chain (mlp: its four layers; resnet: residual
   // blocks; gpt2, llama: transformer blocks) recomputed in backward.
