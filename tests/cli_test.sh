@@ -111,6 +111,12 @@ expect 1 "no meta kernel for aten::_unique2" profile --model "$models/unsupporte
 expect 2 "--amp f16 needs --device cuda" profile --model mlp --batch 2 --device cpu --amp f16
 expect 2 "--amp must be none\\|bf16\\|f16" profile --model mlp --batch 2 --amp f8
 expect 0 "autocast f16" profile --model mlp --batch 2 --device cuda --amp f16
+small_llama=(--batch 1 --seq 64 --layers 1 --width 64 --heads 4 --vocab 100)
+expect 2 "flash attention is for gpt2 and llama" profile --model mlp --batch 2 --attention flash
+expect 2 "--attention must be math\|flash" profile --model llama "${small_llama[@]}" --attention fused
+expect 1 "FlashAttention-2 runs f16 and bf16 only" profile --model llama "${small_llama[@]}" --attention flash
+expect 0 "predicted peak" profile --model llama "${small_llama[@]}" --attention flash --amp bf16
+expect 0 "error \+0.0000%" profile --model gpt2 "${small_llama[@]}" --device cpu --attention flash --achieved
 
 # predicted == achieved for mlp, read from the JSON.
 json=$("$metamem" profile --model mlp --batch 16 --device cpu --achieved --format json)
