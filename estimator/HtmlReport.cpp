@@ -12,8 +12,10 @@ namespace metamem {
 namespace {
 
 // Colours by category, in report order: parameters, inputs and buffers,
-// gradients, optimizer states, saved for backward, temporaries.
-constexpr const char* kCategoryColours[] = {"#4e79a7", "#9c755f", "#f28e2b", "#e15759", "#59a14f", "#edc948"};
+// gradients, optimizer states, communication buffers, saved for backward,
+// temporaries.
+constexpr const char* kCategoryColours[] = {"#4e79a7", "#9c755f", "#f28e2b", "#e15759",
+                                            "#76b7b2", "#59a14f", "#edc948"};
 constexpr const char* kReservedColour = "#555";
 
 std::string escape(const std::string& text) {

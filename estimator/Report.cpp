@@ -58,6 +58,21 @@ std::string amp_name(const RunInfo& run) {
   return *run.options->autocast == at::kBFloat16 ? "bf16" : "f16";
 }
 
+// One rank's peak and what makes it: model states, activations kept for
+// backward and communication buffers live at the peak (inputs and
+// temporaries are the rest).
+nlohmann::json per_rank_json(const RunInfo& run, const Estimate& est) {
+  auto at_peak = [&](Category c) { return est.live_at_peak[static_cast<std::size_t>(c)]; };
+  const DataParallel dp = run.options ? run.options->data_parallel : DataParallel{};
+  return {{"data_parallel", dp.ranks},
+          {"zero_stage", dp.zero_stage},
+          {"peak_bytes", est.trace.measured().peak_bytes},
+          {"model_states_bytes",
+           at_peak(Category::Parameter) + at_peak(Category::Gradient) + at_peak(Category::OptimizerState)},
+          {"activation_bytes", at_peak(Category::Activation)},
+          {"communication_bytes", at_peak(Category::Communication)}};
+}
+
 }  // namespace
 
 nlohmann::json report_json(const RunInfo& run, const Estimate& est, int depth,
@@ -98,6 +113,7 @@ nlohmann::json report_json(const RunInfo& run, const Estimate& est, int depth,
         {"grad_bytes", est.states.grad_bytes},
         {"optimizer_bytes", est.states.optimizer_bytes},
         {"parameters", trace.parameter_count}}},
+      {"per_rank", per_rank_json(run, est)},
       {"memonger",
        {{"algorithm", est.plan.plan.algorithm},
         {"planned_bytes", est.plan.stats.planned_bytes},
@@ -153,10 +169,13 @@ std::string summary_text(const RunInfo& run, const Estimate& est, const StepPeak
   };
   std::string how;  // how metamem ran the steps
   if (const auto& o = run.options)
-    how = fmt::format(" (zero_grad {}{}{}{})", zero_grad_name(o->zero_grad),
+    how = fmt::format(" (zero_grad {}{}{}{}{})", zero_grad_name(o->zero_grad),
                       o->grad_accum > 1 ? fmt::format(", {} micro-batches", o->grad_accum) : "",
                       o->fp32_main_grads ? ", fp32 main grads" : "",
-                      o->autocast ? ", autocast " + amp_name(run) : "");
+                      o->autocast ? ", autocast " + amp_name(run) : "",
+                      o->data_parallel.active() ? fmt::format(", rank of {} data-parallel, ZeRO stage {}",
+                                                              o->data_parallel.ranks, o->data_parallel.zero_stage)
+                                                : "");
   out += fmt::format("model {}{} · {} · optimizer {} · fake device {} · {} step{}{} · {} ops traced\n",
                      run.model, run.batch > 0 ? fmt::format(" · batch {}", run.batch) : "", run.dtype,
                      run.optimizer, run.device, trace.steps.size(), trace.steps.size() == 1 ? "" : "s",

@@ -9,6 +9,9 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
+#include <map>
+#include <numeric>
 #include <stdexcept>
 
 #include "meta/MetaMode.h"
@@ -21,8 +24,10 @@ namespace {
 // The model-state tensors the steps keep besides the optimizer's own.
 struct ModelTensors {
   std::vector<at::Tensor> params;
-  std::vector<at::Tensor> masters;     // fp32 master weights
+  std::vector<std::size_t> owned;      // the parameters this rank's optimizer updates
+  std::vector<at::Tensor> masters;     // fp32 master weights of the owned parameters
   std::vector<at::Tensor> main_grads;  // fp32 main gradients
+  std::vector<at::Tensor> buckets;     // DDP's gradient buckets
 };
 
 // Where the phases of the steps begin, for whoever watches them. end()
@@ -63,16 +68,17 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(Optimizer kind,
   return nullptr;
 }
 
-// Megatron-LM's gradient hook: once autograd has accumulated a parameter's
-// gradient, add it into the fp32 main gradient and free it.
-class AddToMainGrad final : public torch::autograd::FunctionPostHook {
+// Once autograd has accumulated a parameter's gradient, hands it off and
+// frees it: into the fp32 main gradient (Megatron-LM's hook) when there is
+// one, otherwise to the rank that owns the parameter (ZeRO stage 2).
+class HandOffGradient final : public torch::autograd::FunctionPostHook {
  public:
-  AddToMainGrad(at::Tensor param, at::Tensor main_grad)
+  HandOffGradient(at::Tensor param, at::Tensor main_grad)
       : param_(std::move(param)), main_grad_(std::move(main_grad)) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
                                             const torch::autograd::variable_list&) override {
     if (param_.grad().defined()) {
-      main_grad_.add_(param_.grad());
+      if (main_grad_.defined()) main_grad_.add_(param_.grad());
       param_.mutable_grad().reset();
     }
     return outputs;
@@ -137,26 +143,52 @@ class AutocastRegion {
   at::ScalarType was_dtype_ = at::kFloat;
 };
 
+// Which parameters the optimizer of the rank with the most parameter
+// elements updates: all of them without ZeRO.
+std::vector<bool> owned_by_busiest_rank(const std::vector<at::Tensor>& params, const DataParallel& dp) {
+  if (!dp.active() || dp.zero_stage == 0) return std::vector<bool>(params.size(), true);
+  std::vector<std::int64_t> numels;
+  for (const at::Tensor& p : params) numels.push_back(p.numel());
+  const std::vector<int> owner = zero_partition(numels, dp.ranks);
+  std::vector<std::int64_t> load(dp.ranks, 0);
+  for (std::size_t i = 0; i < params.size(); ++i) load[owner[i]] += numels[i];
+  const int busiest = static_cast<int>(std::max_element(load.begin(), load.end()) - load.begin());
+  std::vector<bool> owned(params.size());
+  for (std::size_t i = 0; i < params.size(); ++i) owned[i] = owner[i] == busiest;
+  return owned;
+}
+
 // The steps both runs execute.
 void run_steps(const StepBuilder& build, const StepOptions& options, PhaseListener& phases) {
   validate(options);
   std::unique_ptr<TrainingStep> step = build();
   ModelTensors model;
   model.params = step->parameters();
+  const DataParallel& dp = options.data_parallel;
+  const std::vector<bool> owned = owned_by_busiest_rank(model.params, dp);
+  for (std::size_t i = 0; i < model.params.size(); ++i)
+    if (owned[i]) model.owned.push_back(i);
   const bool mixed = options.fp32_master_weights && options.optimizer != Optimizer::None;
-  for (const at::Tensor& p : model.params) {
-    if (mixed) model.masters.push_back(p.detach().to(at::kFloat).requires_grad_());
+  for (std::size_t i : model.owned)
+    if (mixed) model.masters.push_back(model.params[i].detach().to(at::kFloat).requires_grad_());
+  for (const at::Tensor& p : model.params)
     if (options.fp32_main_grads) model.main_grads.push_back(at::zeros_like(p, at::kFloat));
-  }
+  if (dp.active() && dp.zero_stage < 2)
+    for (std::int64_t bytes : ddp_bucket_bytes(model.params))
+      model.buckets.push_back(at::empty({bytes}, model.params.front().options().dtype(at::kByte)));
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // keep the hooks alive
-  for (std::size_t i = 0; i < model.main_grads.size(); ++i) {
+  for (std::size_t i = 0; i < model.params.size(); ++i) {
+    const bool hands_off = options.fp32_main_grads || (dp.zero_stage >= 2 && !owned[i]);
+    if (!hands_off) continue;
     auto accumulator = torch::autograd::impl::grad_accumulator(model.params[i]);
     if (!accumulator) continue;  // needs no gradient
-    accumulator->add_post_hook(
-        std::make_unique<AddToMainGrad>(model.params[i], model.main_grads[i]));
+    accumulator->add_post_hook(std::make_unique<HandOffGradient>(
+        model.params[i], options.fp32_main_grads ? model.main_grads[i] : at::Tensor()));
     accumulators.push_back(std::move(accumulator));
   }
-  auto optimizer = make_optimizer(options.optimizer, mixed ? model.masters : model.params);
+  std::vector<at::Tensor> updated;
+  for (std::size_t i : model.owned) updated.push_back(model.params[i]);
+  auto optimizer = make_optimizer(options.optimizer, mixed ? model.masters : updated);
   phases.setup(*step, model);
 
   for (int s = 0; s < options.steps; ++s) {
@@ -176,16 +208,17 @@ void run_steps(const StepBuilder& build, const StepOptions& options, PhaseListen
     }
     if (optimizer) {
       phases.optimizer();
-      for (std::size_t i = 0; i < model.masters.size(); ++i) {
+      for (std::size_t m = 0; m < model.masters.size(); ++m) {
+        const std::size_t i = model.owned[m];
         const at::Tensor& grad = options.fp32_main_grads ? model.main_grads[i] : model.params[i].grad();
-        if (grad.defined()) model.masters[i].mutable_grad() = grad.to(at::kFloat);
+        if (grad.defined()) model.masters[m].mutable_grad() = grad.to(at::kFloat);
       }
       phases.gradients(grads_of(model.masters));
       optimizer->step();
       at::NoGradGuard no_grad;
-      for (std::size_t i = 0; i < model.masters.size(); ++i) {
-        model.params[i].copy_(model.masters[i]);
-        model.masters[i].mutable_grad().reset();
+      for (std::size_t m = 0; m < model.masters.size(); ++m) {
+        model.params[model.owned[m]].copy_(model.masters[m]);
+        model.masters[m].mutable_grad().reset();
       }
       phases.optimizer_done();
     }
@@ -207,6 +240,7 @@ class TracePhases final : public PhaseListener {
     tracer_.mark(model.params, Category::Parameter);
     tracer_.mark(model.masters, Category::OptimizerState);
     tracer_.mark(model.main_grads, Category::Gradient);
+    tracer_.mark(model.buckets, Category::Communication);
   }
   void step() override { tracer_.begin_step(); }
   void forward() override { tracer_.begin_forward(); }
@@ -313,6 +347,39 @@ const char* zero_grad_name(ZeroGrad mode) {
   return "?";
 }
 
+std::vector<int> zero_partition(const std::vector<std::int64_t>& numels, int ranks) {
+  std::vector<std::size_t> order(numels.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return numels[a] > numels[b]; });
+  std::vector<std::int64_t> load(ranks, 0);
+  std::vector<int> owner(numels.size());
+  for (std::size_t i : order) {
+    const int rank = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    owner[i] = rank;
+    load[rank] += numels[i];
+  }
+  return owner;
+}
+
+std::vector<std::int64_t> ddp_bucket_bytes(const std::vector<at::Tensor>& params, std::int64_t first_bucket_bytes,
+                                           std::int64_t bucket_bytes) {
+  struct Open {
+    std::int64_t bytes = 0, limit = 0;
+  };
+  std::map<at::ScalarType, Open> open;
+  std::vector<std::int64_t> buckets;
+  for (const at::Tensor& p : params) {
+    Open& bucket = open.try_emplace(p.scalar_type(), Open{0, first_bucket_bytes}).first->second;
+    bucket.bytes += p.numel() * p.element_size();
+    if (bucket.bytes < bucket.limit) continue;
+    buckets.push_back(bucket.bytes);
+    bucket = {0, bucket_bytes};
+  }
+  for (const auto& [dtype, bucket] : open)
+    if (bucket.bytes > 0) buckets.push_back(bucket.bytes);
+  return buckets;
+}
+
 void validate(const StepOptions& options) {
   if (options.steps < 1) throw std::invalid_argument("steps must be at least 1");
   if (options.grad_accum < 1) throw std::invalid_argument("grad-accum must be at least 1");
@@ -321,6 +388,13 @@ void validate(const StepOptions& options) {
   if (options.fp32_main_grads && !options.fp32_master_weights)
     throw std::invalid_argument(
         "fp32 main gradients are for low-precision parameters with fp32 master weights");
+  const DataParallel& dp = options.data_parallel;
+  if (dp.ranks < 1) throw std::invalid_argument("data-parallel ranks must be at least 1");
+  if (dp.zero_stage < 0 || dp.zero_stage > 2)
+    throw std::invalid_argument("ZeRO stage must be 0, 1 or 2 (stage 3 is not modelled yet)");
+  if (dp.zero_stage > 0 && !dp.active()) throw std::invalid_argument("ZeRO needs more than one data-parallel rank");
+  if (dp.zero_stage == 2 && options.fp32_main_grads)
+    throw std::invalid_argument("ZeRO stage 2 reduces gradients itself: no fp32 main gradients");
 }
 
 Trace trace_step(const StepBuilder& build, c10::Device fake_device, const StepOptions& options) {

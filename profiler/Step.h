@@ -45,6 +45,34 @@ enum class ZeroGrad { SetToNone, Zero, None };
 ZeroGrad parse_zero_grad(const std::string& name);  // throws std::invalid_argument
 const char* zero_grad_name(ZeroGrad mode);
 
+// Data parallelism over `ranks` ranks, as the rank holding the most
+// parameter elements sees it. Stage 0 is DDP: every rank keeps all model
+// states, and DDP's gradient buckets (flat copies of the gradients, as with
+// gradient_as_bucket_view=False). Stage 1 adds ZeroRedundancyOptimizer: the
+// parameters are partitioned across ranks by its rule and a rank's
+// optimizer states and fp32 master weights are those of its own only.
+// Stage 2 also releases the gradients of the other ranks' parameters once
+// autograd has accumulated them (reduced to their owner), and keeps no
+// buckets. Collectives move data in place: they cost no memory here.
+struct DataParallel {
+  int ranks = 1;
+  int zero_stage = 0;
+  bool active() const { return ranks > 1; }
+};
+
+// ZeroRedundancyOptimizer's partition (torch.distributed.optim, 1.13):
+// parameters from the largest down, each to the rank with the fewest
+// elements so far (the lowest such rank). The owner rank of each of
+// `numels`, in their order.
+std::vector<int> zero_partition(const std::vector<std::int64_t>& numels, int ranks);
+
+// DDP's buckets: parameters in order, grouped by dtype, a bucket closing once
+// it holds `first_bucket_bytes` (the first) or `bucket_bytes` (the rest).
+// The bytes of each bucket.
+std::vector<std::int64_t> ddp_bucket_bytes(const std::vector<at::Tensor>& params,
+                                           std::int64_t first_bucket_bytes = std::int64_t{1} << 20,
+                                           std::int64_t bucket_bytes = std::int64_t{25} << 20);
+
 struct StepOptions {
   Optimizer optimizer = Optimizer::None;
   // Mixed precision: the optimizer updates fp32 copies of the parameters
@@ -64,6 +92,7 @@ struct StepOptions {
   // of this dtype on the parameters' device, as under torch.autocast (casts
   // of parameters cached until the region ends). CPU autocast takes bf16 only.
   c10::optional<at::ScalarType> autocast;
+  DataParallel data_parallel;
 };
 
 // Throws std::invalid_argument for options that cannot run together.

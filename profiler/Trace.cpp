@@ -19,6 +19,7 @@ const char* category_name(Category category) {
     case Category::Input: return "inputs and buffers";
     case Category::Gradient: return "gradients";
     case Category::OptimizerState: return "optimizer states";
+    case Category::Communication: return "communication buffers";
     case Category::Activation: return "saved for backward";
     case Category::Temporary: return "temporaries";
   }

@@ -22,6 +22,8 @@ void ModelFlags::add_to(Flags& flags) {
   flags.add("--policy", &policy);
   flags.add("--amp", &amp, {"none", "bf16", "f16"});
   flags.add("--attention", &attention, {"math", "flash"});
+  flags.add("--dp", &dp);
+  flags.add("--zero", &zero);
 }
 
 bool ModelFlags::is_script() const { return is_script_path(zoo.model); }
@@ -69,6 +71,11 @@ StepOptions ModelFlags::step_options() const {
   options.steps = count("--steps", steps);
   options.grad_accum = count("--grad-accum", grad_accum);
   options.zero_grad = parse_zero_grad(zero_grad);
+  options.data_parallel.ranks = count("--dp", dp);
+  if (zero < 0 || zero > 3) throw std::invalid_argument("--zero must be 0, 1, 2 or 3");
+  if (zero == 3) throw std::invalid_argument("--zero 3 (sharded parameters) is not modelled yet: use 0, 1 or 2");
+  if (zero > 0 && dp < 2) throw std::invalid_argument("--zero needs --dp 2 or more");
+  options.data_parallel.zero_stage = static_cast<int>(zero);
   if (amp != "none") {
     if (amp == "f16" && device == "cpu")
       throw std::invalid_argument("--amp f16 needs --device cuda: CPU autocast in libtorch 1.13 takes bf16 only");

@@ -27,6 +27,8 @@ struct ModelFlags {
   std::string policy = "none";       // checkpointed units, as "0-3[1-2],5"
   std::string amp = "none";          // autocast: bf16 or f16
   std::string attention = "math";    // or flash (gpt2, llama)
+  std::int64_t dp = 1;               // data-parallel ranks
+  std::int64_t zero = 0;             // ZeRO stage
 
   void add_to(Flags& flags);
   // Validate what add_to could not (throw std::invalid_argument).

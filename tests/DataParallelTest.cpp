@@ -1,0 +1,103 @@
+// Data parallelism as one rank sees it: DDP's buckets, ZeroRedundancyOptimizer's
+// partition, and ZeRO's model states per Rajbhandari et al. 2020.
+#include <gtest/gtest.h>
+#include <torch/types.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "profiler/Step.h"
+#include "tests/FunctionStep.h"
+#include "tests/SmallModels.h"
+
+namespace metamem {
+namespace {
+
+using testing::function_step;
+using testing::Tensors;
+
+TEST(ZeroPartition, LargestFirstToTheLeastLoadedRank) {
+  // 40 -> rank 0; 30 -> 1; 20 -> 1 (30 < 40); 10 -> 0 (40 < 50); 5 -> 0 (50 = 50: the lower rank).
+  EXPECT_EQ(zero_partition({10, 40, 30, 20, 5}, 2), (std::vector<int>{0, 0, 1, 1, 0}));
+  EXPECT_EQ(zero_partition({7, 7, 7}, 4), (std::vector<int>{0, 1, 2}));
+}
+
+TEST(DdpBuckets, FirstBucketClosesAtOneMebibyteTheRestAtTwentyFive) {
+  const auto floats = [](std::int64_t bytes) { return torch::empty({bytes / 4}); };
+  const std::int64_t mib = 1 << 20;
+  // 0.75 MiB stays open; 1.5 MiB closes the first; 25 MiB closes the next at once.
+  EXPECT_EQ(ddp_bucket_bytes({floats(3 * mib / 4), floats(3 * mib / 4), floats(25 * mib), floats(mib)}),
+            (std::vector<std::int64_t>{3 * mib / 2, 25 * mib, mib}));
+  // One open bucket per dtype.
+  EXPECT_EQ(ddp_bucket_bytes({floats(1024), torch::empty({1024}, torch::kBFloat16), floats(1024)}),
+            (std::vector<std::int64_t>{2048, 2048}));
+}
+
+// Mixed-precision Adam over Ψ parameters in 8 equal tensors (bf16 weights,
+// fp32 master weights, fp32 moments), on 4 ranks; gradients kept between
+// steps (zero_grad zero), so that the model states are what is live when a
+// step begins.
+constexpr std::int64_t kTensors = 8, kElements = 4096, kPsi = kTensors * kElements, kRanks = 4;
+
+CategoryBytes states_at_step_start(int zero_stage) {
+  const StepBuilder build = function_step(
+      [] {
+        Tensors params;
+        for (int i = 0; i < kTensors; ++i) params.push_back(torch::ones({kElements}, torch::kBFloat16).requires_grad_());
+        return params;
+      },
+      [](Tensors& params) {
+        at::Tensor loss = (params[0] * params[0]).sum();
+        for (int i = 1; i < kTensors; ++i) loss = loss + (params[i] * params[i]).sum();
+        return loss;
+      });
+  StepOptions options{Optimizer::Adam, /*fp32_master_weights=*/true};
+  options.zero_grad = ZeroGrad::Zero;
+  options.data_parallel = {kRanks, zero_stage};
+  const Trace trace = trace_step(build, c10::Device(c10::kCUDA), options);
+  return trace.live_by_category(trace.measured().begin - 1);
+}
+
+std::int64_t of(const CategoryBytes& bytes, Category c) { return bytes[static_cast<std::size_t>(c)]; }
+
+class ZeroModelStates : public ::testing::TestWithParam<int> {};
+
+// (2 + 2 + 12)·Ψ; 2Ψ + 2Ψ + 12Ψ/N; 2Ψ + (2 + 12)·Ψ/N. DDP's buckets (stages
+// 0 and 1) are a further 2Ψ of communication buffers, which the paper leaves out.
+TEST_P(ZeroModelStates, AreThePapersFormulas) {
+  const int stage = GetParam();
+  const CategoryBytes live = states_at_step_start(stage);
+  EXPECT_EQ(of(live, Category::Parameter), 2 * kPsi);
+  EXPECT_EQ(of(live, Category::Gradient), stage >= 2 ? 2 * kPsi / kRanks : 2 * kPsi);
+  EXPECT_EQ(of(live, Category::OptimizerState), stage >= 1 ? 12 * kPsi / kRanks : 12 * kPsi);
+  EXPECT_EQ(of(live, Category::Communication), stage >= 2 ? 0 : 2 * kPsi);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, ZeroModelStates, ::testing::Values(0, 1, 2),
+                         [](const auto& info) { return "stage" + std::to_string(info.param); });
+
+// The rank's step run for real on CPU (a single process: collectives move
+// nothing) holds what its trace predicts, to the byte.
+TEST(DataParallel, TracedRankPeakIsTheRealCpuRuns) {
+  const StepBuilder build = zoo_step(testing::small_model("gpt2", 2, 32));
+  for (int stage : {0, 1, 2}) {
+    StepOptions options{Optimizer::AdamW};
+    options.data_parallel = {4, stage};
+    EXPECT_EQ(trace_step(build, c10::Device(c10::kCPU), options).measured().peak_bytes,
+              achieved_cpu_step_peaks(build, options).back())
+        << "stage " << stage;
+  }
+}
+
+TEST(DataParallel, RefusesWhatItDoesNotModel) {
+  StepOptions options;
+  options.data_parallel = {4, 3};
+  EXPECT_THROW(validate(options), std::invalid_argument);
+  options.data_parallel = {1, 1};
+  EXPECT_THROW(validate(options), std::invalid_argument);
+  options.data_parallel = {0, 0};
+  EXPECT_THROW(validate(options), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace metamem
