@@ -143,18 +143,18 @@ class AutocastRegion {
   at::ScalarType was_dtype_ = at::kFloat;
 };
 
-// Which parameters the optimizer of the rank with the most parameter
-// elements updates: all of them without ZeRO.
-std::vector<bool> owned_by_busiest_rank(const std::vector<at::Tensor>& params, const DataParallel& dp) {
+// Which parameters the rank's optimizer updates: all of them without ZeRO.
+std::vector<bool> owned_by_rank(const std::vector<at::Tensor>& params, const DataParallel& dp) {
   if (!dp.active() || dp.zero_stage == 0) return std::vector<bool>(params.size(), true);
   std::vector<std::int64_t> numels;
   for (const at::Tensor& p : params) numels.push_back(p.numel());
   const std::vector<int> owner = zero_partition(numels, dp.ranks);
   std::vector<std::int64_t> load(dp.ranks, 0);
   for (std::size_t i = 0; i < params.size(); ++i) load[owner[i]] += numels[i];
-  const int busiest = static_cast<int>(std::max_element(load.begin(), load.end()) - load.begin());
+  const int rank =
+      dp.rank >= 0 ? dp.rank : static_cast<int>(std::max_element(load.begin(), load.end()) - load.begin());
   std::vector<bool> owned(params.size());
-  for (std::size_t i = 0; i < params.size(); ++i) owned[i] = owner[i] == busiest;
+  for (std::size_t i = 0; i < params.size(); ++i) owned[i] = owner[i] == rank;
   return owned;
 }
 
@@ -165,7 +165,7 @@ void run_steps(const StepBuilder& build, const StepOptions& options, PhaseListen
   ModelTensors model;
   model.params = step->parameters();
   const DataParallel& dp = options.data_parallel;
-  const std::vector<bool> owned = owned_by_busiest_rank(model.params, dp);
+  const std::vector<bool> owned = owned_by_rank(model.params, dp);
   for (std::size_t i = 0; i < model.params.size(); ++i)
     if (owned[i]) model.owned.push_back(i);
   const bool mixed = options.fp32_master_weights && options.optimizer != Optimizer::None;
@@ -390,6 +390,7 @@ void validate(const StepOptions& options) {
         "fp32 main gradients are for low-precision parameters with fp32 master weights");
   const DataParallel& dp = options.data_parallel;
   if (dp.ranks < 1) throw std::invalid_argument("data-parallel ranks must be at least 1");
+  if (dp.rank >= dp.ranks) throw std::invalid_argument("the rank must be below the data-parallel ranks");
   if (dp.zero_stage < 0 || dp.zero_stage > 2)
     throw std::invalid_argument("ZeRO stage must be 0, 1 or 2 (stage 3 is not modelled yet)");
   if (dp.zero_stage > 0 && !dp.active()) throw std::invalid_argument("ZeRO needs more than one data-parallel rank");

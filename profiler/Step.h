@@ -45,8 +45,8 @@ enum class ZeroGrad { SetToNone, Zero, None };
 ZeroGrad parse_zero_grad(const std::string& name);  // throws std::invalid_argument
 const char* zero_grad_name(ZeroGrad mode);
 
-// Data parallelism over `ranks` ranks, as the rank holding the most
-// parameter elements sees it. Stage 0 is DDP: every rank keeps all model
+// Data parallelism over `ranks` ranks, as `rank` sees it (by default the
+// rank holding the most parameter elements). Stage 0 is DDP: every rank keeps all model
 // states, and DDP's gradient buckets (flat copies of the gradients, as with
 // gradient_as_bucket_view=False). Stage 1 adds ZeroRedundancyOptimizer: the
 // parameters are partitioned across ranks by its rule and a rank's
@@ -57,6 +57,7 @@ const char* zero_grad_name(ZeroGrad mode);
 struct DataParallel {
   int ranks = 1;
   int zero_stage = 0;
+  int rank = -1;  // -1: the busiest
   bool active() const { return ranks > 1; }
 };
 

@@ -24,6 +24,7 @@ void ModelFlags::add_to(Flags& flags) {
   flags.add("--attention", &attention, {"math", "flash"});
   flags.add("--dp", &dp);
   flags.add("--zero", &zero);
+  flags.add("--rank", &rank);
 }
 
 bool ModelFlags::is_script() const { return is_script_path(zoo.model); }
@@ -76,6 +77,8 @@ StepOptions ModelFlags::step_options() const {
   if (zero == 3) throw std::invalid_argument("--zero 3 (sharded parameters) is not modelled yet: use 0, 1 or 2");
   if (zero > 0 && dp < 2) throw std::invalid_argument("--zero needs --dp 2 or more");
   options.data_parallel.zero_stage = static_cast<int>(zero);
+  if (rank < -1 || rank >= dp) throw std::invalid_argument("--rank must be between 0 and --dp minus 1");
+  options.data_parallel.rank = static_cast<int>(rank);
   if (amp != "none") {
     if (amp == "f16" && device == "cpu")
       throw std::invalid_argument("--amp f16 needs --device cuda: CPU autocast in libtorch 1.13 takes bf16 only");

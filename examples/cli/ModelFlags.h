@@ -29,6 +29,7 @@ struct ModelFlags {
   std::string attention = "math";    // or flash (gpt2, llama)
   std::int64_t dp = 1;               // data-parallel ranks
   std::int64_t zero = 0;             // ZeRO stage
+  std::int64_t rank = -1;            // the traced rank; -1: the busiest
 
   void add_to(Flags& flags);
   // Validate what add_to could not (throw std::invalid_argument).

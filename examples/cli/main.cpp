@@ -20,7 +20,7 @@ constexpr const char* kUsage =
     "                       [--format table|csv|json] [--snapshot FILE.pickle] [--achieved]\n"
     "                       [--roundup-power2-divisions N] [--steps N] [--grad-accum K]\n"
     "                       [--zero-grad set_to_none|zero|none] [--main-grads param|fp32] [--amp bf16|f16]\n"
-    "                       [--attention math|flash] [--dp N [--zero 0|1|2]]\n"
+    "                       [--attention math|flash] [--dp N [--zero 0|1|2] [--rank R]]\n"
     "                       [--policy 0-3[1-2],5[;keep=aten::addmm]] [--html FILE.html]\n"
     "       metamem fit --model NAME --memory 80GiB [--device cuda] [model flags as above]\n"
     "                       [--max-batch N] [--checkpoint none|uniform|chen|rotor|selective|auto]\n"
