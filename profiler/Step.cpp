@@ -24,8 +24,7 @@ namespace {
 // The model-state tensors the steps keep besides the optimizer's own.
 struct ModelTensors {
   std::vector<at::Tensor> params;
-  std::vector<std::size_t> owned;      // the parameters this rank's optimizer updates
-  std::vector<at::Tensor> masters;     // fp32 master weights of the owned parameters
+  std::vector<at::Tensor> masters;     // fp32 master weights of the parameters the rank updates
   std::vector<at::Tensor> main_grads;  // fp32 main gradients
   std::vector<at::Tensor> buckets;     // DDP's gradient buckets
 };
@@ -143,9 +142,15 @@ class AutocastRegion {
   at::ScalarType was_dtype_ = at::kFloat;
 };
 
-// Which parameters the rank's optimizer updates: all of them without ZeRO.
-std::vector<bool> owned_by_rank(const std::vector<at::Tensor>& params, const DataParallel& dp) {
-  if (!dp.active() || dp.zero_stage == 0) return std::vector<bool>(params.size(), true);
+// The parameters the rank's optimizer updates, as ascending indices: all of
+// them without ZeRO.
+std::vector<std::size_t> updated_by_rank(const std::vector<at::Tensor>& params, const DataParallel& dp) {
+  std::vector<std::size_t> updated;
+  if (!dp.active() || dp.zero_stage == 0) {
+    updated.resize(params.size());
+    std::iota(updated.begin(), updated.end(), 0);
+    return updated;
+  }
   std::vector<std::int64_t> numels;
   for (const at::Tensor& p : params) numels.push_back(p.numel());
   const std::vector<int> owner = zero_partition(numels, dp.ranks);
@@ -153,9 +158,9 @@ std::vector<bool> owned_by_rank(const std::vector<at::Tensor>& params, const Dat
   for (std::size_t i = 0; i < params.size(); ++i) load[owner[i]] += numels[i];
   const int rank =
       dp.rank >= 0 ? dp.rank : static_cast<int>(std::max_element(load.begin(), load.end()) - load.begin());
-  std::vector<bool> owned(params.size());
-  for (std::size_t i = 0; i < params.size(); ++i) owned[i] = owner[i] == rank;
-  return owned;
+  for (std::size_t i = 0; i < params.size(); ++i)
+    if (owner[i] == rank) updated.push_back(i);
+  return updated;
 }
 
 // The steps both runs execute.
@@ -165,20 +170,22 @@ void run_steps(const StepBuilder& build, const StepOptions& options, PhaseListen
   ModelTensors model;
   model.params = step->parameters();
   const DataParallel& dp = options.data_parallel;
-  const std::vector<bool> owned = owned_by_rank(model.params, dp);
-  for (std::size_t i = 0; i < model.params.size(); ++i)
-    if (owned[i]) model.owned.push_back(i);
+  const std::vector<std::size_t> updated = updated_by_rank(model.params, dp);
   const bool mixed = options.fp32_master_weights && options.optimizer != Optimizer::None;
-  for (std::size_t i : model.owned)
+  std::vector<at::Tensor> stepped;  // what the optimizer updates: the fp32 master weights when mixed
+  for (std::size_t i : updated) {
     if (mixed) model.masters.push_back(model.params[i].detach().to(at::kFloat).requires_grad_());
-  for (const at::Tensor& p : model.params)
-    if (options.fp32_main_grads) model.main_grads.push_back(at::zeros_like(p, at::kFloat));
+    stepped.push_back(mixed ? model.masters.back() : model.params[i]);
+  }
+  if (options.fp32_main_grads)
+    for (const at::Tensor& p : model.params) model.main_grads.push_back(at::zeros_like(p, at::kFloat));
   if (dp.active() && dp.zero_stage < 2)
     for (std::int64_t bytes : ddp_bucket_bytes(model.params))
       model.buckets.push_back(at::empty({bytes}, model.params.front().options().dtype(at::kByte)));
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // keep the hooks alive
   for (std::size_t i = 0; i < model.params.size(); ++i) {
-    const bool hands_off = options.fp32_main_grads || (dp.zero_stage >= 2 && !owned[i]);
+    const bool hands_off = options.fp32_main_grads ||
+                           (dp.zero_stage >= 2 && !std::binary_search(updated.begin(), updated.end(), i));
     if (!hands_off) continue;
     auto accumulator = torch::autograd::impl::grad_accumulator(model.params[i]);
     if (!accumulator) continue;  // needs no gradient
@@ -186,9 +193,7 @@ void run_steps(const StepBuilder& build, const StepOptions& options, PhaseListen
         model.params[i], options.fp32_main_grads ? model.main_grads[i] : at::Tensor()));
     accumulators.push_back(std::move(accumulator));
   }
-  std::vector<at::Tensor> updated;
-  for (std::size_t i : model.owned) updated.push_back(model.params[i]);
-  auto optimizer = make_optimizer(options.optimizer, mixed ? model.masters : updated);
+  auto optimizer = make_optimizer(options.optimizer, stepped);
   phases.setup(*step, model);
 
   for (int s = 0; s < options.steps; ++s) {
@@ -209,7 +214,7 @@ void run_steps(const StepBuilder& build, const StepOptions& options, PhaseListen
     if (optimizer) {
       phases.optimizer();
       for (std::size_t m = 0; m < model.masters.size(); ++m) {
-        const std::size_t i = model.owned[m];
+        const std::size_t i = updated[m];
         const at::Tensor& grad = options.fp32_main_grads ? model.main_grads[i] : model.params[i].grad();
         if (grad.defined()) model.masters[m].mutable_grad() = grad.to(at::kFloat);
       }
@@ -217,7 +222,7 @@ void run_steps(const StepBuilder& build, const StepOptions& options, PhaseListen
       optimizer->step();
       at::NoGradGuard no_grad;
       for (std::size_t m = 0; m < model.masters.size(); ++m) {
-        model.params[model.owned[m]].copy_(model.masters[m]);
+        model.params[updated[m]].copy_(model.masters[m]);
         model.masters[m].mutable_grad().reset();
       }
       phases.optimizer_done();
