@@ -6,6 +6,8 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/sum.h>
+#include <c10/util/accumulate.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
@@ -79,16 +81,15 @@ BackwardScratch backward_scratch(const Dims& d) {
   return s;
 }
 
-std::int64_t numel(const std::vector<std::int64_t>& sizes) {
-  std::int64_t n = 1;
-  for (std::int64_t s : sizes) n *= s;
-  return sizes.empty() ? 0 : n;
-}
-
 // Keys a query row may see: all, or under a causal mask aligned to the
 // bottom right, those up to its own position counted from the end.
-std::int64_t visible_keys(const Dims& d, bool causal, std::int64_t row) {
-  return causal ? std::clamp<std::int64_t>(row + d.seq_k - d.seq_q + 1, 0, d.seq_k) : d.seq_k;
+std::int64_t visible_keys(std::int64_t seq_q, std::int64_t seq_k, bool causal, std::int64_t row) {
+  return causal ? std::clamp<std::int64_t>(row + seq_k - seq_q + 1, 0, seq_k) : seq_k;
+}
+
+// A score's place among all of the call's, for dropout's decision.
+std::uint64_t score_index(const Dims& d, std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) {
+  return static_cast<std::uint64_t>(((b * d.heads + h) * d.seq_q + i) * d.seq_k + j);
 }
 
 // Dropout's decision for one score, a hash of the call's seed and the
@@ -122,7 +123,7 @@ void forward_cpu(const Dims& d, const at::Tensor& q, const at::Tensor& k, const 
     for (std::int64_t bh = begin; bh < end; ++bh) {
       const std::int64_t b = bh / d.heads, h = bh % d.heads, kv = h / d.group();
       for (std::int64_t i = 0; i < d.seq_q; ++i) {
-        const std::int64_t n = visible_keys(d, causal, i);
+        const std::int64_t n = visible_keys(d.seq_q, d.seq_k, causal, i);
         float top = -std::numeric_limits<float>::infinity(), sum = 0;
         for (std::int64_t j = 0; j < n; ++j) {
           p[j] = static_cast<float>(scale) * dot(Q[b][i][h], K[b][j][kv], d.head_dim);
@@ -132,8 +133,7 @@ void forward_cpu(const Dims& d, const at::Tensor& q, const at::Tensor& k, const 
         L[b][h][i] = n == 0 ? -std::numeric_limits<float>::infinity() : top + std::log(sum);
         std::fill(acc.begin(), acc.end(), 0.0f);
         for (std::int64_t j = 0; j < n; ++j) {
-          const std::uint64_t index = ((b * d.heads + h) * d.seq_q + i) * d.seq_k + j;
-          const float w = p[j] / sum * keep_scale(seed, index, dropout_p);
+          const float w = p[j] / sum * keep_scale(seed, score_index(d, b, h, i, j), dropout_p);
           for (std::int64_t e = 0; e < d.head_dim; ++e) acc[e] += w * static_cast<float>(V[b][j][kv][e]);
         }
         for (std::int64_t e = 0; e < d.head_dim; ++e) O[b][i][h][e] = static_cast<T>(acc[e]);
@@ -166,10 +166,9 @@ void backward_cpu(const Dims& d, const at::Tensor& grad_out, const at::Tensor& q
       for (std::int64_t i = 0; i < d.seq_q; ++i) {
         const float row_dot = D[b][h][i] = dot(dO[b][i][h], O[b][i][h], d.head_dim);
         for (std::int64_t e = 0; e < d.head_dim; ++e) dQ[b][i][h][e] = 0;
-        for (std::int64_t j = 0, n = visible_keys(d, causal, i); j < n; ++j) {
+        for (std::int64_t j = 0, n = visible_keys(d.seq_q, d.seq_k, causal, i); j < n; ++j) {
           const float p = std::exp(s * dot(Q[b][i][h], K[b][j][kv], d.head_dim) - L[b][h][i]);
-          const std::uint64_t index = ((b * d.heads + h) * d.seq_q + i) * d.seq_k + j;
-          const float keep = keep_scale(seed, index, dropout_p);
+          const float keep = keep_scale(seed, score_index(d, b, h, i, j), dropout_p);
           const float ds = p * (keep * dot(dO[b][i][h], V[b][j][kv], d.head_dim) - row_dot);
           for (std::int64_t e = 0; e < d.head_dim; ++e) {
             dv[j * d.head_dim + e] += p * keep * static_cast<float>(dO[b][i][h][e]);
@@ -185,21 +184,6 @@ void backward_cpu(const Dims& d, const at::Tensor& grad_out, const at::Tensor& q
         }
     }
   });
-}
-
-// The grouped heads' dk (or dv) summed into each key/value head's.
-template <class T>
-void sum_groups(const Dims& d, const at::Tensor& heads, at::Tensor& grouped) {
-  const auto H = heads.accessor<T, 4>();
-  auto G = grouped.accessor<T, 4>();
-  for (std::int64_t b = 0; b < d.batch; ++b)
-    for (std::int64_t j = 0; j < d.seq_k; ++j)
-      for (std::int64_t kv = 0; kv < d.kv_heads; ++kv)
-        for (std::int64_t e = 0; e < d.head_dim; ++e) {
-          float sum = 0;
-          for (std::int64_t g = 0; g < d.group(); ++g) sum += static_cast<float>(H[b][j][kv * d.group() + g][e]);
-          G[b][j][kv][e] = static_cast<T>(sum);
-        }
 }
 
 std::atomic<std::int64_t> g_cpu_seed{0};
@@ -237,17 +221,15 @@ Outputs backward_cpu_kernel(const at::Tensor& grad_out, const at::Tensor& q, con
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "flash_attention_backward", [&] {
     backward_cpu<scalar_t>(d, grad_out, q, k, v, out, lse, seed, dropout_p, causal, scale, row_dots, dq_accum,
                            dk_heads, dv_heads);
-    auto dQ = dq_accum.accessor<float, 4>();
-    auto dq_out = dq.accessor<scalar_t, 4>();
-    for (std::int64_t b = 0; b < d.batch; ++b)
-      for (std::int64_t i = 0; i < d.seq_q; ++i)
-        for (std::int64_t h = 0; h < d.heads; ++h)
-          for (std::int64_t e = 0; e < d.head_dim; ++e) dq_out[b][i][h][e] = static_cast<scalar_t>(dQ[b][i][h][e]);
-    if (grouped) {
-      sum_groups<scalar_t>(d, dk_heads, dk);
-      sum_groups<scalar_t>(d, dv_heads, dv);
-    }
   });
+  // As mha_bwd ends: dq from its accumulator, grouped heads' dk and dv summed
+  // into their key/value head's (neither allocates).
+  dq.copy_(dq_accum.narrow(1, 0, d.seq_q).narrow(3, 0, d.head_dim));
+  if (grouped) {
+    const std::vector<std::int64_t> groups{d.batch, d.seq_k, d.kv_heads, d.group(), d.head_dim};
+    at::sum_out(dk, dk_heads.view(groups), {3});
+    at::sum_out(dv, dv_heads.view(groups), {3});
+  }
   return {dq, dk, dv};
 }
 
@@ -315,7 +297,9 @@ std::int64_t backward_scratch_bytes(c10::ArrayRef<c10::IValue> arguments, c10::A
   const at::Tensor& q = arguments[1].toTensor();
   const Dims d = check_inputs(q, arguments[2].toTensor(), arguments[3].toTensor());
   const BackwardScratch s = backward_scratch(d);
-  return (numel(s.row_dots) + numel(s.dq_accum)) * 4 + 2 * numel(s.expanded) * q.element_size();
+  const std::int64_t expanded = s.expanded.empty() ? 0 : c10::multiply_integers(s.expanded);
+  return (c10::multiply_integers(s.row_dots) + c10::multiply_integers(s.dq_accum)) * 4 +
+         2 * expanded * q.element_size();
 }
 
 }  // namespace
@@ -347,6 +331,12 @@ TORCH_LIBRARY_IMPL(metamem, Autograd, m) {
 
 ScratchModel device_scratch_model(const std::string& qualified_name) {
   return qualified_name == "metamem::flash_attention_backward" ? &backward_scratch_bytes : nullptr;
+}
+
+std::int64_t flash_attention_scores(std::int64_t seq_q, std::int64_t seq_k, bool causal) {
+  std::int64_t scores = 0;
+  for (std::int64_t row = 0; row < seq_q; ++row) scores += visible_keys(seq_q, seq_k, causal, row);
+  return scores;
 }
 
 at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout_p,

@@ -25,4 +25,8 @@ at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::T
                            double dropout_p = 0.0, bool causal = false,
                            c10::optional<double> scale = c10::nullopt);
 
+// Query-key pairs one (batch, head) of the attention scores: every key per
+// query row, or under the causal mask only those each row may see.
+std::int64_t flash_attention_scores(std::int64_t seq_q, std::int64_t seq_k, bool causal);
+
 }  // namespace metamem

@@ -2,8 +2,9 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <algorithm>
 #include <unordered_map>
+
+#include "meta/FlashAttention.h"
 
 namespace metamem {
 namespace {
@@ -35,18 +36,12 @@ std::int64_t first_tensor_numel(c10::ArrayRef<c10::IValue> values) {
   return 0;
 }
 
-// Scores a (causal) attention computes: every key per query row, or under
-// a bottom-right causal mask only those at or before its position.
+// `per_score` FLOPs per head_dim for each score the attention computes.
 std::int64_t attention_flops(c10::ArrayRef<c10::IValue> args, std::size_t q_at, std::size_t causal_at,
                              std::int64_t per_score) {
   const at::Tensor *q = tensor_at(args, q_at), *k = tensor_at(args, q_at + 1);
   if (q == nullptr || k == nullptr || causal_at >= args.size()) return 0;
-  const std::int64_t seq_q = q->size(1), seq_k = k->size(1);
-  std::int64_t scores = seq_q * seq_k;
-  if (args[causal_at].toBool()) {
-    scores = 0;
-    for (std::int64_t i = 0; i < seq_q; ++i) scores += std::clamp<std::int64_t>(i + seq_k - seq_q + 1, 0, seq_k);
-  }
+  const std::int64_t scores = flash_attention_scores(q->size(1), k->size(1), args[causal_at].toBool());
   return per_score * q->size(0) * q->size(2) * scores * q->size(3);
 }
 

@@ -120,6 +120,17 @@ TEST(FlashAttentionMemory, TracedPeakIsTheRealCpuRuns) {
   }
 }
 
+TEST(FlashAttentionFlops, CountVisibleScoresOnly) {
+  EXPECT_EQ(flash_attention_scores(4, 4, false), 16);
+  EXPECT_EQ(flash_attention_scores(4, 4, true), 10);  // 1 + 2 + 3 + 4
+  EXPECT_EQ(flash_attention_scores(2, 4, true), 7);   // bottom right: 3 + 4
+  const Trace trace = trace_step(flash_step(at::kBFloat16), c10::Device(c10::kCUDA));
+  const std::int64_t scores = b * h * s * (s + 1) / 2;
+  EXPECT_EQ(trace.ops[trace.events[op_event(trace, "metamem::flash_attention")].index].flops, 4 * scores * d);
+  EXPECT_EQ(trace.ops[trace.events[op_event(trace, "metamem::flash_attention_backward")].index].flops,
+            10 * scores * d);
+}
+
 TEST(FlashAttentionErrors, Fp32OnFakeCudaIsRefusedAsOnAGpu) {
   try {
     trace_step(flash_step(at::kFloat), c10::Device(c10::kCUDA));

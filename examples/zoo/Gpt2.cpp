@@ -74,7 +74,9 @@ class Block : public nn::Module {
       const double dropout = attn_dropout_->is_training() ? attn_dropout_->options.p() : 0.0;
       y = flash_attention(q, k, v, dropout, /*causal=*/true).view({batch, seq, width});
     } else {
-      q = q.transpose(1, 2), k = k.transpose(1, 2), v = v.transpose(1, 2);
+      q = q.transpose(1, 2);
+      k = k.transpose(1, 2);
+      v = v.transpose(1, 2);
       at::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(head_dim));
       scores = scores.masked_fill(causal_mask, -INFINITY);
       at::Tensor probs = scoped("attn_dropout", [&] {
