@@ -64,7 +64,9 @@ std::string amp_name(const RunInfo& run) {
 nlohmann::json per_rank_json(const RunInfo& run, const Estimate& est) {
   auto at_peak = [&](Category c) { return est.live_at_peak[static_cast<std::size_t>(c)]; };
   const DataParallel dp = run.options ? run.options->data_parallel : DataParallel{};
-  return {{"data_parallel", dp.ranks},
+  return {{"tensor_parallel", run.tensor_parallel},
+          {"sequence_parallel", run.sequence_parallel},
+          {"data_parallel", dp.ranks},
           {"zero_stage", dp.zero_stage},
           {"peak_bytes", est.trace.measured().peak_bytes},
           {"model_states_bytes",
@@ -169,10 +171,13 @@ std::string summary_text(const RunInfo& run, const Estimate& est, const StepPeak
   };
   std::string how;  // how metamem ran the steps
   if (const auto& o = run.options)
-    how = fmt::format(" (zero_grad {}{}{}{}{})", zero_grad_name(o->zero_grad),
+    how = fmt::format(" (zero_grad {}{}{}{}{}{})", zero_grad_name(o->zero_grad),
                       o->grad_accum > 1 ? fmt::format(", {} micro-batches", o->grad_accum) : "",
                       o->fp32_main_grads ? ", fp32 main grads" : "",
                       o->autocast ? ", autocast " + amp_name(run) : "",
+                      run.tensor_parallel > 1 ? fmt::format(", rank of {} tensor-parallel{}", run.tensor_parallel,
+                                                            run.sequence_parallel ? " with sequence parallelism" : "")
+                                              : "",
                       o->data_parallel.active() ? fmt::format(", rank of {} data-parallel, ZeRO stage {}",
                                                               o->data_parallel.ranks, o->data_parallel.zero_stage)
                                                 : "");

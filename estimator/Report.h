@@ -22,6 +22,8 @@ struct RunInfo {
   std::int64_t batch = 0;       // 0: not known (Python code traced as it runs)
   std::string optimizer = "none";
   std::optional<StepOptions> options;  // how metamem ran the steps; none: the traced code ran them
+  std::int64_t tensor_parallel = 1;    // the model is one rank's shard of this many
+  bool sequence_parallel = false;
 };
 
 // Peak bytes of each step of a real CPU run; empty when there was none.

@@ -375,7 +375,7 @@ void Tracer::end_backward() { recorder_->end_backward(); }
 void Tracer::begin_optimizer() { recorder_->begin_optimizer(); }
 void Tracer::end_optimizer() { recorder_->end_optimizer(); }
 void Tracer::mark(const std::vector<at::Tensor>& tensors, Category category) {
-  recorder_->mark(tensors, category);
+  if (auto* recorder = g_active_recorder.load()) recorder->mark(tensors, category);
 }
 
 Trace Tracer::finish() {

@@ -42,7 +42,8 @@ class Tracer {
   // The buffers behind `tensors` hold `category`. Buffers made at setup are
   // inputs, and buffers made in a step are temporaries unless marked
   // otherwise (or found to be saved activations or optimizer states).
-  void mark(const std::vector<at::Tensor>& tensors, Category category);
+  // Acts on the active tracer, if any: models may call it.
+  static void mark(const std::vector<at::Tensor>& tensors, Category category);
   // Ends the MetaMode and returns the trace; no events are recorded after.
   // Without begin_step or begin_forward, the whole trace is one step.
   Trace finish();

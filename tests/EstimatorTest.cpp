@@ -78,19 +78,26 @@ TEST_P(EveryZooModel, ParityHoldsWithEveryOptimizerStep) {
 
 INSTANTIATE_TEST_SUITE_P(Zoo, EveryZooModel, ::testing::ValuesIn(zoo_models()));
 
-// Korthikanti et al. 2022, Table 2, no parallelism: a transformer layer
-// saves s·b·h·(34 + 5·a·s/h) bytes of 16-bit activations for backward. The
-// trace saves that plus what the formula leaves out: each of the layer's two
-// layer norms keeps its fp32 mean and rstd per token (2 · 2 · s·b · 4 bytes).
-// FlashAttention keeps none of the 5·a·s² terms (scores, probabilities,
-// dropout mask) but its fp32 log-sum-exp per head and token and its 16-byte
-// RNG state; q, k, v and the output it keeps are in the 34.
+// Korthikanti et al. 2022, Table 2: the bytes of 16-bit activations a
+// transformer layer saves for backward, per tensor-parallel rank. The trace
+// saves that plus what the formulas leave out: each of the layer's two
+// layer norms keeps its fp32 mean and rstd per token (2 · 2 · s·b · 4
+// bytes), replicated under tensor parallelism, split under sequence
+// parallelism, recomputed under full recompute. FlashAttention keeps none of
+// the 5·a·s² terms (scores, probabilities, dropout mask) but its fp32
+// log-sum-exp per head and token and its 16-byte RNG state; q, k, v and the
+// output it keeps are in the 34.
 class Gpt2Layer : public ::testing::Test {
  protected:
-  static constexpr std::int64_t s = 1024, b = 4, h = 1024, a = 16;
-  static constexpr std::int64_t kNormStatistics = 2 * 2 * s * b * 4;
+  static constexpr std::int64_t s = 1024, b = 4, h = 1024, a = 16, t = 4;
+  static constexpr std::int64_t sbh = s * b * h, kNormStatistics = 2 * 2 * s * b * 4;
 
-  std::int64_t saved_per_layer(bool flash) {
+  struct Setup {
+    TensorParallel tp;
+    bool flash = false, selective = false, full_recompute = false;
+  };
+
+  static std::int64_t saved_per_layer(const Setup& setup) {
     ZooConfig gpt2;
     gpt2.model = "gpt2";
     gpt2.batch = b;
@@ -99,24 +106,54 @@ class Gpt2Layer : public ::testing::Test {
     gpt2.heads = a;
     gpt2.vocab = 1024;
     gpt2.dtype = c10::kBFloat16;
-    gpt2.flash_attention = flash;
+    gpt2.flash_attention = setup.flash;
+    gpt2.tensor_parallel = setup.tp;
+    gpt2.selective_recompute = setup.selective;
     auto saved = [&](std::int64_t layers) {
       gpt2.layers = layers;
+      gpt2.checkpoint = parse_policy(!setup.full_recompute ? "none" : layers == 1 ? "0" : "0,1");
       return trace_step(zoo_step(gpt2), c10::Device(c10::kCUDA)).saved_for_backward_bytes();
     };
     return saved(2) - saved(1);
   }
 };
 
-TEST_F(Gpt2Layer, SavesKorthikantisBytesPlusNormStatistics) {
-  const std::int64_t korthikanti = s * b * h * (34 + 5 * a * s / h);
+TEST_F(Gpt2Layer, NoParallelismSavesKorthikantisBytesPlusNormStatistics) {
+  const std::int64_t korthikanti = sbh * (34 + 5 * a * s / h);
   EXPECT_EQ(korthikanti, 478'150'656);
-  EXPECT_EQ(saved_per_layer(false), korthikanti + kNormStatistics);
+  EXPECT_EQ(saved_per_layer({}), korthikanti + kNormStatistics);
+}
+
+// The layer norms' and dropouts' inputs and outputs outside the
+// tensor-parallel region (10 of the 34) stay whole on every rank.
+TEST_F(Gpt2Layer, TensorParallelSplitsAllButTenOfTheThirtyFour) {
+  EXPECT_EQ(saved_per_layer({{t, false}}), sbh * (10 + 24 / t + 5 * a * s / (h * t)) + kNormStatistics);
+}
+
+TEST_F(Gpt2Layer, SequenceParallelSplitsEverything) {
+  EXPECT_EQ(saved_per_layer({{t, true}}), sbh / t * (34 + 5 * a * s / h) + kNormStatistics / t);
+}
+
+// Selective recompute keeps q, k, v and recomputes scores, softmax and dropout.
+TEST_F(Gpt2Layer, SelectiveRecomputeDropsTheAttentionScores) {
+  EXPECT_EQ(saved_per_layer({{t, false}, false, true}), sbh * (10 + 24 / t) + kNormStatistics);
+  EXPECT_EQ(saved_per_layer({{t, true}, false, true}), sbh / t * 34 + kNormStatistics / t);
+}
+
+// Full recompute keeps each layer's input only.
+TEST_F(Gpt2Layer, FullRecomputeKeepsTheLayerInput) {
+  Setup full;
+  full.full_recompute = true;
+  EXPECT_EQ(saved_per_layer(full), sbh * 2);
+  full.tp = {t, true};
+  EXPECT_EQ(saved_per_layer(full), sbh * 2 / t);
 }
 
 TEST_F(Gpt2Layer, WithFlashAttentionSavesNoScores) {
   const std::int64_t log_sum_exp = a * s * b * 4, rng_state = 16;
-  EXPECT_EQ(saved_per_layer(true), s * b * h * 34 + log_sum_exp + rng_state + kNormStatistics);
+  Setup flash;
+  flash.flash = true;
+  EXPECT_EQ(saved_per_layer(flash), sbh * 34 + log_sum_exp + rng_state + kNormStatistics);
 }
 
 // Adam keeps exp_avg and exp_avg_sq: two fp32 tensors per parameter.

@@ -18,6 +18,21 @@ ZooConfig with_flash_attention(ZooConfig config) {
   return config;
 }
 
+ZooConfig with_tensor_parallel(ZooConfig config, bool sequence_parallel, bool selective_recompute = false) {
+  config.tensor_parallel = {2, sequence_parallel};
+  config.selective_recompute = selective_recompute;
+  return config;
+}
+
+// The variant's suffix of a test name: "_flash", "_tp2_sp_selective".
+std::string variant_name(const ZooConfig& config) {
+  std::string name = config.flash_attention ? "_flash" : "";
+  if (config.tensor_parallel.ranks > 1) name += "_tp" + std::to_string(config.tensor_parallel.ranks);
+  if (config.tensor_parallel.sequence_parallel) name += "_sp";
+  if (config.selective_recompute) name += "_selective";
+  return name;
+}
+
 class ZooParity : public ::testing::TestWithParam<ZooConfig> {};
 
 TEST_P(ZooParity, PredictedPeakMatchesRealCpuRun) {
@@ -36,12 +51,17 @@ INSTANTIATE_TEST_SUITE_P(
                       small_model("resnet50", 2, 32), small_model("resnet50", 2, 64),
                       small_model("gpt2", 2, 16), small_model("gpt2", 4, 32), small_model("llama", 2, 16),
                       small_model("llama", 4, 32), with_flash_attention(small_model("gpt2", 2, 32)),
-                      with_flash_attention(small_model("llama", 2, 32))),
+                      with_flash_attention(small_model("llama", 2, 32)),
+                      with_tensor_parallel(small_model("gpt2", 2, 16), false),
+                      with_tensor_parallel(small_model("gpt2", 2, 16), true),
+                      with_tensor_parallel(small_model("gpt2", 2, 16), true, true),
+                      with_tensor_parallel(small_model("llama", 2, 16), false, true),
+                      with_tensor_parallel(small_model("llama", 2, 16), true),
+                      with_tensor_parallel(with_flash_attention(small_model("llama", 2, 32)), true)),
     [](const auto& info) {
       const bool sequence = info.param.model == "gpt2" || info.param.model == "llama";
       return info.param.model + "_b" + std::to_string(info.param.batch) + "_s" +
-             std::to_string(sequence ? info.param.seq : info.param.image) +
-             (info.param.flash_attention ? "_flash" : "");
+             std::to_string(sequence ? info.param.seq : info.param.image) + variant_name(info.param);
     });
 
 // Under bf16 autocast (CPU autocast takes bf16 only): parameters cast to
@@ -68,8 +88,10 @@ INSTANTIATE_TEST_SUITE_P(
     Zoo, AutocastParity,
     ::testing::Values(small_model("mlp", 8, 0), small_model("resnet18", 2, 32), small_model("resnet50", 2, 32),
                       small_model("gpt2", 2, 16), small_model("llama", 2, 16),
-                      with_flash_attention(small_model("llama", 2, 16))),
-    [](const auto& info) { return info.param.model + (info.param.flash_attention ? "_flash" : ""); });
+                      with_flash_attention(small_model("llama", 2, 16)),
+                      with_tensor_parallel(small_model("gpt2", 2, 16), false, true),
+                      with_tensor_parallel(small_model("llama", 2, 16), false)),
+    [](const auto& info) { return info.param.model + variant_name(info.param); });
 
 }  // namespace
 }  // namespace metamem

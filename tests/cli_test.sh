@@ -122,6 +122,15 @@ expect 2 "--attention must be math\|flash" profile --model llama "${small_llama[
 expect 1 "FlashAttention-2 runs f16 and bf16 only" profile --model llama "${small_llama[@]}" --attention flash
 expect 0 "predicted peak" profile --model llama "${small_llama[@]}" --attention flash --amp bf16
 expect 0 "error \+0.0000%" profile --model gpt2 "${small_llama[@]}" --device cpu --attention flash --achieved
+expect 0 "rank of 2 tensor-parallel with sequence parallelism" profile --model llama "${small_llama[@]}" --dtype bf16 --tp 2 --sequence-parallel
+expect 0 '"tensor_parallel": 4' profile --model gpt2 "${small_llama[@]}" --tp 4 --dp 2 --format json
+expect 0 "error \+0.0000%" profile --model gpt2 "${small_llama[@]}" --device cpu --tp 2 --sequence-parallel --selective-recompute --achieved
+expect 2 "heads \(4\) must be a multiple of the tensor-parallel ranks \(3\)" profile --model gpt2 "${small_llama[@]}" --tp 3
+expect 2 "tensor parallelism is for gpt2 and llama" profile --model mlp --batch 2 --tp 2
+expect 2 "sequence parallelism needs tensor parallelism" profile --model gpt2 "${small_llama[@]}" --sequence-parallel
+expect 2 "selective recompute is for gpt2 and llama with math attention" profile --model llama "${small_llama[@]}" --dtype bf16 --attention flash --selective-recompute
+expect 2 "--amp with --sequence-parallel is not modelled" profile --model gpt2 "${small_llama[@]}" --tp 2 --sequence-parallel --amp bf16
+expect 2 "--tp, --sequence-parallel and --selective-recompute are for the zoo" profile --model "$models/resnet18.pt" --input 2x3x64x64 --tp 2
 
 # predicted == achieved for mlp, read from the JSON.
 json=$("$metamem" profile --model mlp --batch 16 --device cpu --achieved --format json)

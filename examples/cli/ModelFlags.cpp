@@ -22,6 +22,9 @@ void ModelFlags::add_to(Flags& flags) {
   flags.add("--policy", &policy);
   flags.add("--amp", &amp, {"none", "bf16", "f16"});
   flags.add("--attention", &attention, {"math", "flash"});
+  flags.add("--tp", &tp);
+  flags.add_switch("--sequence-parallel", &sequence_parallel);
+  flags.add_switch("--selective-recompute", &selective_recompute);
   flags.add("--dp", &dp);
   flags.add("--zero", &zero);
   flags.add("--rank", &rank);
@@ -42,6 +45,9 @@ StepBuilder ModelFlags::builder() const {
   if (dtype != "f32")
     throw std::invalid_argument("--dtype is for zoo models; a TorchScript model keeps its own dtypes");
   if (attention != "math") throw std::invalid_argument("--attention is for the zoo's gpt2 and llama");
+  if (tp != 1 || sequence_parallel || selective_recompute)
+    throw std::invalid_argument(
+        "--tp, --sequence-parallel and --selective-recompute are for the zoo's gpt2 and llama");
   if (policy != "none")
     throw std::invalid_argument("--policy is for zoo models: their chains of units can be checkpointed");
   ScriptConfig script;
@@ -83,6 +89,9 @@ StepOptions ModelFlags::step_options() const {
     if (amp == "f16" && device == "cpu")
       throw std::invalid_argument("--amp f16 needs --device cuda: CPU autocast in libtorch 1.13 takes bf16 only");
     options.autocast = parse_dtype(amp);
+    if (sequence_parallel)
+      throw std::invalid_argument(
+          "--amp with --sequence-parallel is not modelled: Megatron trains with 16-bit parameters (--dtype)");
   }
   return options;
 }
@@ -92,6 +101,8 @@ ZooConfig ModelFlags::config() const {
   config.dtype = parse_dtype(dtype);
   config.checkpoint = parse_policy(policy);
   config.flash_attention = attention == "flash";
+  config.tensor_parallel = {tp, sequence_parallel};
+  config.selective_recompute = selective_recompute;
   return config;
 }
 
@@ -103,6 +114,8 @@ RunInfo ModelFlags::run_info() const {
   run.batch = batch();
   run.options = step_options();
   run.optimizer = optimizer_name(run.options->optimizer);
+  run.tensor_parallel = tp;
+  run.sequence_parallel = sequence_parallel;
   return run;
 }
 

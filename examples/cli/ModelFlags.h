@@ -27,6 +27,9 @@ struct ModelFlags {
   std::string policy = "none";       // checkpointed units, as "0-3[1-2],5"
   std::string amp = "none";          // autocast: bf16 or f16
   std::string attention = "math";    // or flash (gpt2, llama)
+  std::int64_t tp = 1;               // tensor-parallel ranks
+  bool sequence_parallel = false;
+  bool selective_recompute = false;
   std::int64_t dp = 1;               // data-parallel ranks
   std::int64_t zero = 0;             // ZeRO stage
   std::int64_t rank = -1;            // the traced rank; -1: the busiest

@@ -1,7 +1,6 @@
 // GPT-2 (nanoGPT layout): token + position embeddings, pre-norm blocks of
 // causal self-attention and a GELU MLP, weight-tied LM head, cross-entropy.
 #include <torch/nn/functional/activation.h>
-#include <torch/nn/functional/loss.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/embedding.h>
@@ -14,6 +13,7 @@
 
 #include "examples/zoo/Models.h"
 #include "meta/FlashAttention.h"
+#include "profiler/Checkpoint.h"
 #include "profiler/Tracer.h"
 
 namespace metamem {
@@ -21,27 +21,19 @@ namespace {
 
 namespace nn = torch::nn;
 
-// A linear layer over the last dimension as one addmm on the flattened
-// input, as PyTorch 2.x runs contiguous 3-d input (1.13 adds the bias in
-// place after a matmul, which would change a kept product's output).
-at::Tensor linear(const nn::Linear& layer, const at::Tensor& x) {
-  auto sizes = x.sizes().vec();
-  const at::Tensor y = torch::addmm(layer->bias, x.reshape({-1, sizes.back()}), layer->weight.t());
-  sizes.back() = y.size(1);
-  return y.view(sizes);
-}
-
 class Block : public nn::Module {
  public:
-  explicit Block(const ZooConfig& c)
-      : heads_(c.heads),
+  Block(const ZooConfig& c, const TensorParallelRank& tp)
+      : tp_(tp),
+        heads_(tp.shard(c.heads)),
         flash_(c.flash_attention),
+        selective_recompute_(c.selective_recompute),
         ln_1_(register_module("ln_1", nn::LayerNorm(nn::LayerNormOptions({c.width})))),
-        c_attn_(register_module("c_attn", nn::Linear(c.width, 3 * c.width))),
-        attn_proj_(register_module("attn_c_proj", nn::Linear(c.width, c.width))),
+        c_attn_(register_module("c_attn", nn::Linear(c.width, tp.shard(3 * c.width)))),
+        attn_proj_(register_module("attn_c_proj", nn::Linear(tp.shard(c.width), c.width))),
         ln_2_(register_module("ln_2", nn::LayerNorm(nn::LayerNormOptions({c.width})))),
-        c_fc_(register_module("c_fc", nn::Linear(c.width, 4 * c.width))),
-        mlp_proj_(register_module("mlp_c_proj", nn::Linear(4 * c.width, c.width))),
+        c_fc_(register_module("c_fc", nn::Linear(c.width, tp.shard(4 * c.width)))),
+        mlp_proj_(register_module("mlp_c_proj", nn::Linear(tp.shard(4 * c.width), c.width))),
         attn_dropout_(c.dropout),
         resid_dropout_(c.dropout) {
     register_module("attn_dropout", attn_dropout_);
@@ -55,41 +47,52 @@ class Block : public nn::Module {
                    });
     return h + scoped("mlp", [&] {
              at::Tensor y = scoped("ln_2", [&] { return ln_2_->forward(h); });
-             y = scoped("c_fc", [&] { return linear(c_fc_, y); });
+             y = scoped("c_fc", [&] { return tp_.column_linear(y, c_fc_->weight, c_fc_->bias); });
              y = scoped("gelu", [&] { return nn::functional::gelu(y); });
-             y = scoped("c_proj", [&] { return linear(mlp_proj_, y); });
+             y = scoped("c_proj", [&] { return tp_.row_linear(y, mlp_proj_->weight, mlp_proj_->bias); });
              return scoped("dropout", [&] { return resid_dropout_->forward(y); });
            });
   }
 
  private:
+  // The rank's heads; under sequence parallelism x is the rank's chunk of
+  // the sequence and c_attn gathers the rest.
   at::Tensor attention(const at::Tensor& x, const at::Tensor& causal_mask) {
-    const std::int64_t batch = x.size(0), seq = x.size(1), width = x.size(2);
-    const std::int64_t head_dim = width / heads_;
-    auto qkv = scoped("c_attn", [&] { return linear(c_attn_, x); }).split(width, 2);
-    auto heads = [&](const at::Tensor& t) { return t.view({batch, seq, heads_, head_dim}); };
-    at::Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+    const at::Tensor qkv = scoped("c_attn", [&] { return tp_.column_linear(x, c_attn_->weight, c_attn_->bias); });
+    const std::int64_t batch = qkv.size(0), seq = qkv.size(1), width = qkv.size(2) / 3;
+    const auto parts = qkv.split(width, 2);
+    auto heads = [&](const at::Tensor& t) { return t.view({batch, seq, heads_, width / heads_}); };
+    const at::Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
     at::Tensor y;
     if (flash_) {
       const double dropout = attn_dropout_->is_training() ? attn_dropout_->options.p() : 0.0;
-      y = flash_attention(q, k, v, dropout, /*causal=*/true).view({batch, seq, width});
+      y = flash_attention(q, k, v, dropout, /*causal=*/true);
     } else {
-      q = q.transpose(1, 2);
-      k = k.transpose(1, 2);
-      v = v.transpose(1, 2);
-      at::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(head_dim));
-      scores = scores.masked_fill(causal_mask, -INFINITY);
-      at::Tensor probs = scoped("attn_dropout", [&] {
-        return attn_dropout_->forward(torch::softmax(scores, -1));
-      });
-      y = torch::matmul(probs, v).transpose(1, 2).contiguous().view({batch, seq, width});
+      const SegmentFn core = [this, causal_mask](const std::vector<at::Tensor>& qkv) {
+        return std::vector<at::Tensor>{math_attention(qkv[0], qkv[1], qkv[2], causal_mask)};
+      };
+      y = (selective_recompute_ ? checkpoint(core, {q, k, v}) : core({q, k, v}))[0];
     }
-    y = scoped("c_proj", [&] { return linear(attn_proj_, y); });
+    y = scoped("c_proj", [&] { return tp_.row_linear(y.view({batch, seq, width}), attn_proj_->weight, attn_proj_->bias); });
     return scoped("resid_dropout", [&] { return resid_dropout_->forward(y); });
   }
 
+  // Softmax of scaled, masked scores, dropout, times the values: batch x
+  // seq x heads x head_dim in, a new tensor of the same shape out.
+  at::Tensor math_attention(at::Tensor q, at::Tensor k, at::Tensor v, const at::Tensor& causal_mask) {
+    const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+    q = q.transpose(1, 2);
+    k = k.transpose(1, 2);
+    v = v.transpose(1, 2);
+    at::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) * scale;
+    scores = scores.masked_fill(causal_mask, -INFINITY);
+    at::Tensor probs = scoped("attn_dropout", [&] { return attn_dropout_->forward(torch::softmax(scores, -1)); });
+    return torch::matmul(probs, v).transpose(1, 2).contiguous();
+  }
+
+  const TensorParallelRank& tp_;
   std::int64_t heads_;
-  bool flash_;
+  bool flash_, selective_recompute_;
   nn::LayerNorm ln_1_;
   nn::Linear c_attn_, attn_proj_;
   nn::LayerNorm ln_2_;
@@ -100,13 +103,14 @@ class Block : public nn::Module {
 class Gpt2Step final : public TrainingStep, public nn::Module {
  public:
   Gpt2Step(const ZooConfig& c, std::int64_t batch)
-      : checkpoint_(c.checkpoint),
-        wte_(register_module("wte", nn::Embedding(c.vocab, c.width))),
+      : tp_(c.tensor_parallel),
+        checkpoint_(c.checkpoint),
+        wte_(register_module("wte", nn::Embedding(tp_.vocab_rows(c.vocab), c.width))),
         wpe_(register_module("wpe", nn::Embedding(c.seq, c.width))),
         drop_(register_module("drop", nn::Dropout(c.dropout))),
         ln_f_(register_module("ln_f", nn::LayerNorm(nn::LayerNormOptions({c.width})))) {
     for (std::int64_t i = 0; i < c.layers; ++i) {
-      blocks_.push_back(register_module("h_" + std::to_string(i), std::make_shared<Block>(c)));
+      blocks_.push_back(register_module("h_" + std::to_string(i), std::make_shared<Block>(c, tp_)));
       units_.push_back({{"h", std::to_string(i)}, [this, block = blocks_.back()](const at::Tensor& x) {
                           return block->forward(x, causal_mask_);
                         }});
@@ -124,18 +128,18 @@ class Gpt2Step final : public TrainingStep, public nn::Module {
 
   at::Tensor forward_loss() override {
     ModuleScope root("GPT2");
-    at::Tensor x = scoped("wte", [&] { return wte_->forward(tokens_); }) +
+    at::Tensor x = scoped("wte", [&] { return tp_.embedding(tokens_, wte_->weight); }) +
                    scoped("wpe", [&] { return wpe_->forward(positions_); });
-    x = scoped("drop", [&] { return drop_->forward(x); });
+    x = scoped("drop", [&] { return drop_->forward(tp_.sequence_chunk(x)); });
     x = run_chain(units_, std::move(x), checkpoint_);
     x = scoped("ln_f", [&] { return ln_f_->forward(x); });
     // The LM head shares the token embedding's weight.
-    at::Tensor logits =
-        scoped("lm_head", [&] { return torch::matmul(x, wte_->weight.t()); });
-    return nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}), targets_);
+    const at::Tensor logits = scoped("lm_head", [&] { return tp_.column_linear(x, wte_->weight); });
+    return tp_.cross_entropy(logits.view({-1, logits.size(-1)}), targets_);
   }
 
  private:
+  TensorParallelRank tp_;  // before the blocks, which refer to it
   CheckpointPolicy checkpoint_;
   nn::Embedding wte_, wpe_;
   nn::Dropout drop_;

@@ -3,7 +3,6 @@
 // and grouped-query heads, and a SwiGLU MLP; a final RMSNorm and an untied
 // LM head; no biases, no dropout; cross-entropy.
 #include <torch/nn/functional/activation.h>
-#include <torch/nn/functional/loss.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
@@ -14,6 +13,7 @@
 
 #include "examples/zoo/Models.h"
 #include "meta/FlashAttention.h"
+#include "profiler/Checkpoint.h"
 #include "profiler/Tracer.h"
 
 namespace metamem {
@@ -24,8 +24,6 @@ namespace nn = torch::nn;
 nn::Linear projection(std::int64_t in, std::int64_t out) {
   return nn::Linear(nn::LinearOptions(in, out).bias(false));
 }
-
-at::Tensor linear(const nn::Linear& layer, const at::Tensor& x) { return torch::matmul(x, layer->weight.t()); }
 
 // x / rms(x) in fp32, back in x's dtype, times the weight.
 class RmsNorm : public nn::Module {
@@ -51,20 +49,22 @@ at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
 
 class Block : public nn::Module {
  public:
-  explicit Block(const ZooConfig& c)
-      : heads_(c.heads),
-        kv_heads_(c.kv_heads),
+  Block(const ZooConfig& c, const TensorParallelRank& tp)
+      : tp_(tp),
+        heads_(tp.shard(c.heads)),
+        kv_heads_(tp.shard(c.kv_heads)),
         flash_(c.flash_attention),
+        selective_recompute_(c.selective_recompute),
         head_dim_(c.width / c.heads),
         input_norm_(register_module("input_layernorm", std::make_shared<RmsNorm>(c.width))),
-        q_(register_module("q_proj", projection(c.width, c.width))),
-        k_(register_module("k_proj", projection(c.width, c.kv_heads * (c.width / c.heads)))),
-        v_(register_module("v_proj", projection(c.width, c.kv_heads * (c.width / c.heads)))),
-        o_(register_module("o_proj", projection(c.width, c.width))),
+        q_(register_module("q_proj", projection(c.width, heads_ * head_dim_))),
+        k_(register_module("k_proj", projection(c.width, kv_heads_ * head_dim_))),
+        v_(register_module("v_proj", projection(c.width, kv_heads_ * head_dim_))),
+        o_(register_module("o_proj", projection(heads_ * head_dim_, c.width))),
         post_norm_(register_module("post_attention_layernorm", std::make_shared<RmsNorm>(c.width))),
-        gate_(register_module("gate_proj", projection(c.width, c.ffn))),
-        up_(register_module("up_proj", projection(c.width, c.ffn))),
-        down_(register_module("down_proj", projection(c.ffn, c.width))) {}
+        gate_(register_module("gate_proj", projection(c.width, tp.shard(c.ffn)))),
+        up_(register_module("up_proj", projection(c.width, tp.shard(c.ffn)))),
+        down_(register_module("down_proj", projection(tp.shard(c.ffn), c.width))) {}
 
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                      const at::Tensor& causal_mask) {
@@ -74,33 +74,45 @@ class Block : public nn::Module {
                    });
     return h + scoped("mlp", [&] {
              const at::Tensor y = scoped("post_attention_layernorm", [&] { return post_norm_->forward(h); });
-             const at::Tensor gate = scoped("gate_proj", [&] { return linear(gate_, y); });
-             const at::Tensor up = scoped("up_proj", [&] { return linear(up_, y); });
-             return scoped("down_proj", [&] { return linear(down_, nn::functional::silu(gate) * up); });
+             const at::Tensor gate = scoped("gate_proj", [&] { return tp_.column_linear(y, gate_->weight); });
+             const at::Tensor up = scoped("up_proj", [&] { return tp_.column_linear(y, up_->weight); });
+             return scoped("down_proj",
+                           [&] { return tp_.row_linear(nn::functional::silu(gate) * up, down_->weight); });
            });
   }
 
  private:
+  // The rank's heads; under sequence parallelism x is the rank's chunk of
+  // the sequence and each projection gathers the rest.
   at::Tensor attention(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                        const at::Tensor& causal_mask) {
-    const std::int64_t batch = x.size(0), seq = x.size(1);
     auto heads = [&](const nn::Linear& layer, const char* name, std::int64_t count) {
-      return scoped(name, [&] { return linear(layer, x); }).view({batch, seq, count, head_dim_});
+      const at::Tensor y = scoped(name, [&] { return tp_.column_linear(x, layer->weight); });
+      return y.view({y.size(0), y.size(1), count, head_dim_});
     };
     const at::Tensor q = heads(q_, "q_proj", heads_), k = heads(k_, "k_proj", kv_heads_),
                      v = heads(v_, "v_proj", kv_heads_);
     const at::Tensor y = flash_ ? flash(q, k, v, cos, sin) : math(q, k, v, cos, sin, causal_mask);
-    return scoped("o_proj", [&] { return linear(o_, y.reshape({batch, seq, heads_ * head_dim_})); });
+    return scoped("o_proj",
+                  [&] { return tp_.row_linear(y.view({q.size(0), q.size(1), heads_ * head_dim_}), o_->weight); });
   }
 
-  // Scores and probabilities per head, batch x heads x seq x seq; returns
-  // batch x seq x heads x head_dim.
-  at::Tensor math(at::Tensor q, at::Tensor k, at::Tensor v, const at::Tensor& cos, const at::Tensor& sin,
-                  const at::Tensor& causal_mask) {
-    const std::int64_t batch = q.size(0), seq = q.size(1);
-    q = rotate(q.transpose(1, 2), cos, sin);
-    k = rotate(k.transpose(1, 2), cos, sin);
-    v = v.transpose(1, 2);
+  // Rotary embeddings, then the core attention (recomputed in backward
+  // under selective recompute); returns batch x seq x heads x head_dim.
+  at::Tensor math(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cos,
+                  const at::Tensor& sin, const at::Tensor& causal_mask) {
+    const SegmentFn core = [this, causal_mask](const std::vector<at::Tensor>& qkv) {
+      return std::vector<at::Tensor>{core_attention(qkv[0], qkv[1], qkv[2], causal_mask)};
+    };
+    const std::vector<at::Tensor> qkv = {rotate(q.transpose(1, 2), cos, sin), rotate(k.transpose(1, 2), cos, sin),
+                                         v.transpose(1, 2)};
+    return (selective_recompute_ ? checkpoint(core, qkv) : core(qkv))[0];
+  }
+
+  // Scores and probabilities per head, batch x heads x seq x seq, from
+  // rotated q and k and v, batch x heads x seq x head_dim.
+  at::Tensor core_attention(const at::Tensor& q, at::Tensor k, at::Tensor v, const at::Tensor& causal_mask) {
+    const std::int64_t batch = q.size(0), seq = q.size(2);
     // Grouped-query attention: each key/value head serves heads / kv_heads query heads.
     auto repeat = [&](const at::Tensor& t) {
       if (kv_heads_ == heads_) return t;
@@ -113,7 +125,7 @@ class Block : public nn::Module {
     at::Tensor scores = torch::matmul(q, k.transpose(2, 3)) / std::sqrt(static_cast<double>(head_dim_));
     scores = scores.masked_fill(causal_mask, -INFINITY);
     const at::Tensor probs = torch::softmax(scores, -1, at::kFloat).to(q.scalar_type());
-    return torch::matmul(probs, v).transpose(1, 2);
+    return torch::matmul(probs, v).transpose(1, 2).contiguous();
   }
 
   // FlashAttention-2 takes grouped key/value heads as they are. Rotary
@@ -126,8 +138,9 @@ class Block : public nn::Module {
                            /*causal=*/true);
   }
 
+  const TensorParallelRank& tp_;
   std::int64_t heads_, kv_heads_;
-  bool flash_;
+  bool flash_, selective_recompute_;
   std::int64_t head_dim_;
   std::shared_ptr<RmsNorm> input_norm_;
   nn::Linear q_, k_, v_, o_;
@@ -138,12 +151,13 @@ class Block : public nn::Module {
 class LlamaStep final : public TrainingStep, public nn::Module {
  public:
   LlamaStep(const ZooConfig& c, std::int64_t batch)
-      : checkpoint_(c.checkpoint),
-        embed_(register_module("embed_tokens", nn::Embedding(c.vocab, c.width))),
+      : tp_(c.tensor_parallel),
+        checkpoint_(c.checkpoint),
+        embed_(register_module("embed_tokens", nn::Embedding(tp_.vocab_rows(c.vocab), c.width))),
         norm_(register_module("norm", std::make_shared<RmsNorm>(c.width))),
-        lm_head_(register_module("lm_head", projection(c.width, c.vocab))) {
+        lm_head_(register_module("lm_head", projection(c.width, tp_.vocab_rows(c.vocab)))) {
     for (std::int64_t i = 0; i < c.layers; ++i) {
-      blocks_.push_back(register_module("layers_" + std::to_string(i), std::make_shared<Block>(c)));
+      blocks_.push_back(register_module("layers_" + std::to_string(i), std::make_shared<Block>(c, tp_)));
       units_.push_back({{"layers", std::to_string(i)}, [this, block = blocks_.back()](const at::Tensor& x) {
                           return block->forward(x, cos_, sin_, causal_mask_);
                         }});
@@ -167,14 +181,15 @@ class LlamaStep final : public TrainingStep, public nn::Module {
 
   at::Tensor forward_loss() override {
     ModuleScope root("Llama");
-    at::Tensor x = scoped("embed_tokens", [&] { return embed_->forward(tokens_); });
+    at::Tensor x = scoped("embed_tokens", [&] { return tp_.sequence_chunk(tp_.embedding(tokens_, embed_->weight)); });
     x = run_chain(units_, std::move(x), checkpoint_);
     x = scoped("norm", [&] { return norm_->forward(x); });
-    const at::Tensor logits = scoped("lm_head", [&] { return linear(lm_head_, x); });
-    return nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}), targets_);
+    const at::Tensor logits = scoped("lm_head", [&] { return tp_.column_linear(x, lm_head_->weight); });
+    return tp_.cross_entropy(logits.view({-1, logits.size(-1)}), targets_);
   }
 
  private:
+  TensorParallelRank tp_;  // before the blocks, which refer to it
   CheckpointPolicy checkpoint_;
   nn::Embedding embed_;
   std::shared_ptr<RmsNorm> norm_;

@@ -13,6 +13,13 @@ void require_positive(const char* what, std::int64_t value) {
   if (value <= 0) throw std::invalid_argument(std::string(what) + " must be positive");
 }
 
+// Tensor parallelism splits `what` evenly across its ranks.
+void require_multiple(const char* what, std::int64_t value, std::int64_t ranks) {
+  if (value % ranks != 0)
+    throw std::invalid_argument(std::string(what) + " (" + std::to_string(value) +
+                                ") must be a multiple of the tensor-parallel ranks (" + std::to_string(ranks) + ")");
+}
+
 }  // namespace
 
 const std::vector<std::string>& zoo_models() {
@@ -37,8 +44,16 @@ c10::ScalarType parse_dtype(const std::string& name) {
 
 StepBuilder zoo_step(const ZooConfig& config) {
   require_positive("batch", config.batch);
-  if (config.flash_attention && config.model != "gpt2" && config.model != "llama")
-    throw std::invalid_argument("flash attention is for gpt2 and llama");
+  const bool transformer = config.model == "gpt2" || config.model == "llama";
+  const TensorParallel& tp = config.tensor_parallel;
+  if (config.flash_attention && !transformer) throw std::invalid_argument("flash attention is for gpt2 and llama");
+  require_positive("tensor-parallel ranks", tp.ranks);
+  if ((tp.ranks > 1 || tp.sequence_parallel) && !transformer)
+    throw std::invalid_argument("tensor parallelism is for gpt2 and llama");
+  if (tp.sequence_parallel && tp.ranks == 1)
+    throw std::invalid_argument("sequence parallelism needs tensor parallelism (2 or more ranks)");
+  if (config.selective_recompute && (!transformer || config.flash_attention))
+    throw std::invalid_argument("selective recompute is for gpt2 and llama with math attention");
   if (config.model == "mlp") return mlp_step(config);
   if (config.model == "resnet18" || config.model == "resnet50") {
     require_positive("image", config.image);
@@ -51,6 +66,11 @@ StepBuilder zoo_step(const ZooConfig& config) {
       require_positive(what, value);
     if (config.width % config.heads != 0)
       throw std::invalid_argument("width must be a multiple of heads");
+    require_multiple("heads", config.heads, tp.ranks);
+    if (tp.sequence_parallel) require_multiple("seq", config.seq, tp.ranks);
+    // The core attention's output must be a new tensor to be checkpointed.
+    if (config.selective_recompute && (config.heads / tp.ranks < 2 || config.seq < 2))
+      throw std::invalid_argument("selective recompute needs 2 or more heads per rank and seq 2 or more");
     if (config.model == "gpt2") {
       if (config.dropout < 0 || config.dropout >= 1)
         throw std::invalid_argument("dropout must be in [0, 1)");
@@ -62,6 +82,8 @@ StepBuilder zoo_step(const ZooConfig& config) {
     require_positive("kv-heads", llama.kv_heads);
     require_positive("ffn", llama.ffn);
     if (llama.heads % llama.kv_heads != 0) throw std::invalid_argument("heads must be a multiple of kv-heads");
+    require_multiple("kv-heads", llama.kv_heads, tp.ranks);
+    require_multiple("ffn", llama.ffn, tp.ranks);
     if (llama.width / llama.heads % 2 != 0)
       throw std::invalid_argument("width / heads must be even (rotary embeddings turn pairs)");
     return llama_step(llama);

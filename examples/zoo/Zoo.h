@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "examples/zoo/TensorParallel.h"
 #include "profiler/Chain.h"
 #include "profiler/Step.h"
 
@@ -30,6 +31,12 @@ struct ZooConfig {
   // gpt2 and llama: attention by metamem::flash_attention (FlashAttention-2's
   // memory) instead of matmuls and a softmax over seq x seq scores
   bool flash_attention = false;
+  // gpt2 and llama: the traced rank's shard under Megatron's tensor (and
+  // sequence) parallelism; the vocabulary is padded to a multiple of ranks.
+  TensorParallel tensor_parallel;
+  // gpt2 and llama with math attention: Megatron's selective recompute,
+  // the core attention (scores, softmax, dropout, values) checkpointed.
+  bool selective_recompute = false;
   double dropout = 0.1;
   // Units of the model's chain (mlp: its four layers; resnet: residual
   // blocks; gpt2, llama: transformer blocks) recomputed in backward.
