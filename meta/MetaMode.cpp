@@ -2,6 +2,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <ATen/native/Resize.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/SmallVector.h>
@@ -411,6 +412,16 @@ BufferId new_buffer_id() { return g_next_buffer.fetch_add(1); }
 bool in_meta_call() { return t_meta_calls > 0; }
 
 c10::Device fake_device() { return g_mode.device; }
+
+void resize_storage(const at::Tensor& t, std::size_t bytes) {
+  if (!is_meta_tensor(t)) {
+    at::native::resize_bytes_cpu(t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl(), bytes);
+    return;
+  }
+  const at::Tensor& inner = inner_tensor(t);
+  inner.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl()->set_nbytes(bytes);
+  track_storage(inner);
+}
 
 BufferId buffer_of(const at::Tensor& t) {
   if (!is_meta_tensor(t)) return 0;

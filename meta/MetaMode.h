@@ -85,6 +85,12 @@ c10::Device fake_device();
 // The buffer behind a MetaTensor (shared by its views), or 0 if it has none.
 BufferId buffer_of(const at::Tensor& t);
 
+// Resizes the storage behind `t` to `bytes`, as FSDP frees (resize to 0) and
+// re-allocates a parameter's storage while views of it stay saved: on a
+// MetaTensor, the old buffer is freed and one of `bytes` made; a real CPU
+// tensor's storage is reallocated.
+void resize_storage(const at::Tensor& t, std::size_t bytes);
+
 // A buffer id no other buffer has, for an observer recording a buffer of
 // its own (a real CPU allocation).
 BufferId new_buffer_id();

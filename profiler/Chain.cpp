@@ -1,6 +1,7 @@
 #include "profiler/Chain.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <memory>
 #include <stdexcept>
@@ -89,13 +90,20 @@ class PolicyParser {
   std::size_t pos_ = 0;
 };
 
+std::atomic<UnitHooks*> g_unit_hooks{nullptr};
+
 void run_unit(const std::vector<Unit>& units, std::int32_t u, at::Tensor& x) {
   RegionScope region(RegionKind::Unit, u, u);
   region.set_input(x);
-  std::vector<std::unique_ptr<ModuleScope>> scopes;
-  for (const std::string& name : units[static_cast<std::size_t>(u)].scope)
-    scopes.push_back(std::make_unique<ModuleScope>(name.c_str()));
-  x = units[static_cast<std::size_t>(u)].forward(x);
+  UnitHooks* hooks = g_unit_hooks.load();
+  if (hooks != nullptr) hooks->before_unit(u);
+  {
+    std::vector<std::unique_ptr<ModuleScope>> scopes;
+    for (const std::string& name : units[static_cast<std::size_t>(u)].scope)
+      scopes.push_back(std::make_unique<ModuleScope>(name.c_str()));
+    x = units[static_cast<std::size_t>(u)].forward(x);
+  }
+  if (hooks != nullptr) hooks->after_unit(u, x);
   region.set_output(x);
 }
 
@@ -156,6 +164,14 @@ CheckpointPolicy parse_policy(const std::string& text) {
   }
   return policy;
 }
+
+UnitHooksScope::UnitHooksScope(UnitHooks* hooks) {
+  UnitHooks* none = nullptr;
+  if (!g_unit_hooks.compare_exchange_strong(none, hooks))
+    throw std::logic_error("unit hooks are installed already");
+}
+
+UnitHooksScope::~UnitHooksScope() { g_unit_hooks.store(nullptr); }
 
 at::Tensor run_chain(const std::vector<Unit>& units, at::Tensor x, const CheckpointPolicy& policy) {
   validate(policy, static_cast<std::int32_t>(units.size()));

@@ -42,6 +42,25 @@ struct Unit {
   std::function<at::Tensor(const at::Tensor&)> forward;
 };
 
+// Told when a unit of a chain runs, forward or recomputed in backward, on
+// whatever thread runs it: ZeRO stage 3 gathers the unit's parameters
+// around it.
+class UnitHooks {
+ public:
+  virtual ~UnitHooks() = default;
+  virtual void before_unit(std::int32_t unit) = 0;
+  virtual void after_unit(std::int32_t unit, const at::Tensor& output) = 0;
+};
+
+// Installs `hooks` for every chain run while it lives (one at a time).
+class UnitHooksScope {
+ public:
+  explicit UnitHooksScope(UnitHooks* hooks);
+  ~UnitHooksScope();
+  UnitHooksScope(const UnitHooksScope&) = delete;
+  UnitHooksScope& operator=(const UnitHooksScope&) = delete;
+};
+
 // Runs `units` in order on `x` under `policy` and returns the last output.
 // Each unit runs in a Unit region of the trace, which ends after the
 // runner has dropped its reference to the unit's input. Checkpointed

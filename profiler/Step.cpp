@@ -12,10 +12,12 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 
 #include "meta/MetaMode.h"
 #include "profiler/CpuMemoryCounter.h"
+#include "profiler/ShardedParameters.h"
 #include "profiler/Tracer.h"
 
 namespace metamem {
@@ -24,6 +26,7 @@ namespace {
 // The model-state tensors the steps keep besides the optimizer's own.
 struct ModelTensors {
   std::vector<at::Tensor> params;
+  std::vector<at::Tensor> shards;      // ZeRO stage 3: the rank's shards of the parameters
   std::vector<at::Tensor> masters;     // fp32 master weights of the parameters the rank updates
   std::vector<at::Tensor> main_grads;  // fp32 main gradients
   std::vector<at::Tensor> buckets;     // DDP's gradient buckets
@@ -143,10 +146,10 @@ class AutocastRegion {
 };
 
 // The parameters the rank's optimizer updates, as ascending indices: all of
-// them without ZeRO.
+// them without ZeRO, and at stage 3 (each its shard).
 std::vector<std::size_t> updated_by_rank(const std::vector<at::Tensor>& params, const DataParallel& dp) {
   std::vector<std::size_t> updated;
-  if (!dp.active() || dp.zero_stage == 0) {
+  if (!dp.active() || dp.zero_stage == 0 || dp.zero_stage == 3) {
     updated.resize(params.size());
     std::iota(updated.begin(), updated.end(), 0);
     return updated;
@@ -171,11 +174,20 @@ void run_steps(const StepBuilder& build, const StepOptions& options, PhaseListen
   model.params = step->parameters();
   const DataParallel& dp = options.data_parallel;
   const std::vector<std::size_t> updated = updated_by_rank(model.params, dp);
+  std::unique_ptr<ShardedParameters> sharded;
+  std::optional<UnitHooksScope> unit_hooks;
+  if (dp.zero_stage == 3) {
+    sharded = std::make_unique<ShardedParameters>(model.params, step->unit_parameters(), dp.ranks);
+    model.shards = sharded->shards();
+    unit_hooks.emplace(sharded.get());
+  }
+  // What holds the rank's parameters and gradients: the shards at stage 3.
+  const std::vector<at::Tensor>& held = sharded ? model.shards : model.params;
   const bool mixed = options.fp32_master_weights && options.optimizer != Optimizer::None;
   std::vector<at::Tensor> stepped;  // what the optimizer updates: the fp32 master weights when mixed
   for (std::size_t i : updated) {
-    if (mixed) model.masters.push_back(model.params[i].detach().to(at::kFloat).requires_grad_());
-    stepped.push_back(mixed ? model.masters.back() : model.params[i]);
+    if (mixed) model.masters.push_back(held[i].detach().to(at::kFloat).requires_grad_());
+    stepped.push_back(mixed ? model.masters.back() : held[i]);
   }
   if (options.fp32_main_grads)
     for (const at::Tensor& p : model.params) model.main_grads.push_back(at::zeros_like(p, at::kFloat));
@@ -185,7 +197,7 @@ void run_steps(const StepBuilder& build, const StepOptions& options, PhaseListen
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // keep the hooks alive
   for (std::size_t i = 0; i < model.params.size(); ++i) {
     const bool hands_off = options.fp32_main_grads ||
-                           (dp.zero_stage >= 2 && !std::binary_search(updated.begin(), updated.end(), i));
+                           (dp.zero_stage == 2 && !std::binary_search(updated.begin(), updated.end(), i));
     if (!hands_off) continue;
     auto accumulator = torch::autograd::impl::grad_accumulator(model.params[i]);
     if (!accumulator) continue;  // needs no gradient
@@ -200,6 +212,7 @@ void run_steps(const StepBuilder& build, const StepOptions& options, PhaseListen
     phases.step();
     for (int micro_batch = 0; micro_batch < options.grad_accum; ++micro_batch) {
       phases.forward();
+      if (sharded) sharded->begin_forward();
       at::Tensor loss;
       {
         AutocastRegion autocast(options.autocast, model.params.empty() ? c10::Device(c10::kCPU)
@@ -207,27 +220,28 @@ void run_steps(const StepBuilder& build, const StepOptions& options, PhaseListen
         loss = step->forward_loss();
       }
       phases.backward(loss);
+      if (sharded) sharded->begin_backward();
       loss.backward();
       phases.end_backward();
-      phases.gradients(grads_of(model.params));
+      phases.gradients(grads_of(held));
     }
     if (optimizer) {
       phases.optimizer();
       for (std::size_t m = 0; m < model.masters.size(); ++m) {
         const std::size_t i = updated[m];
-        const at::Tensor& grad = options.fp32_main_grads ? model.main_grads[i] : model.params[i].grad();
+        const at::Tensor& grad = options.fp32_main_grads ? model.main_grads[i] : held[i].grad();
         if (grad.defined()) model.masters[m].mutable_grad() = grad.to(at::kFloat);
       }
       phases.gradients(grads_of(model.masters));
       optimizer->step();
       at::NoGradGuard no_grad;
       for (std::size_t m = 0; m < model.masters.size(); ++m) {
-        model.params[updated[m]].copy_(model.masters[m]);
+        held[updated[m]].copy_(model.masters[m]);
         model.masters[m].mutable_grad().reset();
       }
       phases.optimizer_done();
     }
-    zero_grad(model.params, options.zero_grad);
+    zero_grad(held, options.zero_grad);
     if (options.zero_grad != ZeroGrad::None)
       for (at::Tensor& main_grad : model.main_grads) main_grad.zero_();
   }
@@ -243,6 +257,7 @@ class TracePhases final : public PhaseListener {
       parameter_count_ += p.numel();
     }
     tracer_.mark(model.params, Category::Parameter);
+    tracer_.mark(model.shards, Category::Parameter);
     tracer_.mark(model.masters, Category::OptimizerState);
     tracer_.mark(model.main_grads, Category::Gradient);
     tracer_.mark(model.buckets, Category::Communication);
@@ -396,11 +411,10 @@ void validate(const StepOptions& options) {
   const DataParallel& dp = options.data_parallel;
   if (dp.ranks < 1) throw std::invalid_argument("data-parallel ranks must be at least 1");
   if (dp.rank >= dp.ranks) throw std::invalid_argument("the rank must be below the data-parallel ranks");
-  if (dp.zero_stage < 0 || dp.zero_stage > 2)
-    throw std::invalid_argument("ZeRO stage must be 0, 1 or 2 (stage 3 is not modelled yet)");
+  if (dp.zero_stage < 0 || dp.zero_stage > 3) throw std::invalid_argument("ZeRO stage must be 0, 1, 2 or 3");
   if (dp.zero_stage > 0 && !dp.active()) throw std::invalid_argument("ZeRO needs more than one data-parallel rank");
-  if (dp.zero_stage == 2 && options.fp32_main_grads)
-    throw std::invalid_argument("ZeRO stage 2 reduces gradients itself: no fp32 main gradients");
+  if (dp.zero_stage >= 2 && options.fp32_main_grads)
+    throw std::invalid_argument("ZeRO stages 2 and 3 reduce gradients themselves: no fp32 main gradients");
 }
 
 Trace trace_step(const StepBuilder& build, c10::Device fake_device, const StepOptions& options) {

@@ -22,6 +22,9 @@ class TrainingStep {
   virtual ~TrainingStep() = default;
   virtual at::Tensor forward_loss() = 0;
   virtual std::vector<at::Tensor> parameters() = 0;
+  // The parameters of each unit of the model's chain (see Chain.h), in
+  // order: ZeRO stage 3 gathers them per unit. None: one unit, the model.
+  virtual std::vector<std::vector<at::Tensor>> unit_parameters() { return {}; }
   // Host memory the step holds that is no tensor of the model and would not
   // be on a device (the TorchScript loader keeps its debug records): left
   // out of the achieved CPU peak.
@@ -53,7 +56,9 @@ const char* zero_grad_name(ZeroGrad mode);
 // optimizer states and fp32 master weights are those of its own only.
 // Stage 2 also releases the gradients of the other ranks' parameters once
 // autograd has accumulated them (reduced to their owner), and keeps no
-// buckets. Collectives move data in place: they cost no memory here.
+// buckets. Stage 3 shards every parameter, its gradient and its optimizer
+// states, and gathers parameters per unit (see ShardedParameters.h). Other
+// collectives move data in place: they cost no memory here.
 struct DataParallel {
   int ranks = 1;
   int zero_stage = 0;

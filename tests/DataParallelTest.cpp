@@ -62,36 +62,61 @@ std::int64_t of(const CategoryBytes& bytes, Category c) { return bytes[static_ca
 
 class ZeroModelStates : public ::testing::TestWithParam<int> {};
 
-// (2 + 2 + 12)·Ψ; 2Ψ + 2Ψ + 12Ψ/N; 2Ψ + (2 + 12)·Ψ/N. DDP's buckets (stages
-// 0 and 1) are a further 2Ψ of communication buffers, which the paper leaves out.
+// (2 + 2 + 12)·Ψ; 2Ψ + 2Ψ + 12Ψ/N; 2Ψ + (2 + 12)·Ψ/N; (2 + 2 + 12)·Ψ/N.
+// DDP's buckets (stages 0 and 1) are a further 2Ψ of communication buffers,
+// which the paper leaves out.
 TEST_P(ZeroModelStates, AreThePapersFormulas) {
   const int stage = GetParam();
   const CategoryBytes live = states_at_step_start(stage);
-  EXPECT_EQ(of(live, Category::Parameter), 2 * kPsi);
+  EXPECT_EQ(of(live, Category::Parameter), stage == 3 ? 2 * kPsi / kRanks : 2 * kPsi);
   EXPECT_EQ(of(live, Category::Gradient), stage >= 2 ? 2 * kPsi / kRanks : 2 * kPsi);
   EXPECT_EQ(of(live, Category::OptimizerState), stage >= 1 ? 12 * kPsi / kRanks : 12 * kPsi);
   EXPECT_EQ(of(live, Category::Communication), stage >= 2 ? 0 : 2 * kPsi);
 }
 
-INSTANTIATE_TEST_SUITE_P(Stages, ZeroModelStates, ::testing::Values(0, 1, 2),
+INSTANTIATE_TEST_SUITE_P(Stages, ZeroModelStates, ::testing::Values(0, 1, 2, 3),
                          [](const auto& info) { return "stage" + std::to_string(info.param); });
 
-// The rank's step run for real on CPU (a single process: collectives move
-// nothing) holds what its trace predicts, to the byte.
+// The rank's step run for real on CPU (a single process: collectives are
+// stand-ins that move nothing, and stage 3 resizes the parameters' storages
+// as FSDP does) holds what its trace predicts, to the byte: gpt2 gathers per
+// block at stage 3, the MLP as one unit; with two micro-batches too.
 TEST(DataParallel, TracedRankPeakIsTheRealCpuRuns) {
-  const StepBuilder build = zoo_step(testing::small_model("gpt2", 2, 32));
-  for (int stage : {0, 1, 2}) {
-    StepOptions options{Optimizer::AdamW};
-    options.data_parallel = {4, stage};
-    EXPECT_EQ(trace_step(build, c10::Device(c10::kCPU), options).measured().peak_bytes,
-              achieved_cpu_step_peaks(build, options).back())
-        << "stage " << stage;
-  }
+  for (const char* model : {"gpt2", "mlp"})
+    for (int stage : {0, 1, 2, 3})
+      for (int micro_batches : {1, 2}) {
+        const StepBuilder build = zoo_step(testing::small_model(model, 2, 32));
+        StepOptions options{Optimizer::AdamW};
+        options.grad_accum = micro_batches;
+        options.data_parallel = {4, stage};
+        EXPECT_EQ(trace_step(build, c10::Device(c10::kCPU), options).measured().peak_bytes,
+                  achieved_cpu_step_peaks(build, options).back())
+            << model << " stage " << stage << ", " << micro_batches << " micro-batches";
+      }
+}
+
+// At stage 3 a block's parameters are whole only around its forward and
+// its backward: the step's peak holds the rank's shards of every parameter
+// plus, at most, the whole parameters of the root (embeddings, final norm)
+// and of two blocks (the one running backward and the one prefetched).
+TEST(DataParallel, StageThreeGathersABlockAtATime) {
+  ZooConfig gpt2 = testing::small_model("gpt2", 2, 32);
+  gpt2.layers = 6;
+  StepOptions options{Optimizer::AdamW};
+  options.data_parallel = {4, 3};
+  const Trace trace = trace_step(zoo_step(gpt2), c10::Device(c10::kCPU), options);
+  const std::int64_t d = 64, block = 4 * (12 * d * d + 13 * d), root = 4 * (100 * d + 32 * d + 2 * d);
+  const std::int64_t shards = 4 * (100 * d + 32 * d + 2 * d + 6 * (12 * d * d + 13 * d)) / 4;
+  std::int64_t most = 0;
+  for (std::size_t e = trace.measured().begin; e < trace.events.size(); ++e)
+    most = std::max(most, trace.live_by_category(e)[static_cast<std::size_t>(Category::Parameter)]);
+  EXPECT_GE(most, shards + root + block);
+  EXPECT_LE(most, shards + root + 2 * block);
 }
 
 TEST(DataParallel, RefusesWhatItDoesNotModel) {
   StepOptions options;
-  options.data_parallel = {4, 3};
+  options.data_parallel = {4, 4};
   EXPECT_THROW(validate(options), std::invalid_argument);
   options.data_parallel = {1, 1};
   EXPECT_THROW(validate(options), std::invalid_argument);

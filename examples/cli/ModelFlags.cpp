@@ -80,7 +80,6 @@ StepOptions ModelFlags::step_options() const {
   options.zero_grad = parse_zero_grad(zero_grad);
   options.data_parallel.ranks = count("--dp", dp);
   if (zero < 0 || zero > 3) throw std::invalid_argument("--zero must be 0, 1, 2 or 3");
-  if (zero == 3) throw std::invalid_argument("--zero 3 (sharded parameters) is not modelled yet: use 0, 1 or 2");
   if (zero > 0 && dp < 2) throw std::invalid_argument("--zero needs --dp 2 or more");
   options.data_parallel.zero_stage = static_cast<int>(zero);
   if (rank < -1 || rank >= dp) throw std::invalid_argument("--rank must be between 0 and --dp minus 1");

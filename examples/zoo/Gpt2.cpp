@@ -125,6 +125,11 @@ class Gpt2Step final : public TrainingStep, public nn::Module {
   }
 
   std::vector<at::Tensor> parameters() override { return Module::parameters(); }
+  std::vector<std::vector<at::Tensor>> unit_parameters() override {
+    std::vector<std::vector<at::Tensor>> units;
+    for (const auto& block : blocks_) units.push_back(block->parameters());
+    return units;
+  }
 
   at::Tensor forward_loss() override {
     ModuleScope root("GPT2");
