@@ -61,6 +61,14 @@ std::string amp_name(const RunInfo& run) {
 // One rank's peak and what makes it: model states, activations kept for
 // backward and communication buffers live at the peak (inputs and
 // temporaries are the rest).
+// ", rank of 8 data-parallel, ZeRO stage 3 (sharded over 4)"
+std::string data_parallel_text(const DataParallel& dp) {
+  return fmt::format(", rank of {} data-parallel, ZeRO stage {}{}", dp.ranks, dp.zero_stage,
+                     dp.zero_stage == 3 && dp.shard_group() < dp.ranks
+                         ? fmt::format(" (sharded over {})", dp.shard_group())
+                         : "");
+}
+
 nlohmann::json per_rank_json(const RunInfo& run, const Estimate& est) {
   auto at_peak = [&](Category c) { return est.live_at_peak[static_cast<std::size_t>(c)]; };
   const DataParallel dp = run.options ? run.options->data_parallel : DataParallel{};
@@ -68,6 +76,7 @@ nlohmann::json per_rank_json(const RunInfo& run, const Estimate& est) {
           {"sequence_parallel", run.sequence_parallel},
           {"data_parallel", dp.ranks},
           {"zero_stage", dp.zero_stage},
+          {"shard_ranks", dp.zero_stage == 3 ? dp.shard_group() : 0},
           {"peak_bytes", est.trace.measured().peak_bytes},
           {"model_states_bytes",
            at_peak(Category::Parameter) + at_peak(Category::Gradient) + at_peak(Category::OptimizerState)},
@@ -178,9 +187,7 @@ std::string summary_text(const RunInfo& run, const Estimate& est, const StepPeak
                       run.tensor_parallel > 1 ? fmt::format(", rank of {} tensor-parallel{}", run.tensor_parallel,
                                                             run.sequence_parallel ? " with sequence parallelism" : "")
                                               : "",
-                      o->data_parallel.active() ? fmt::format(", rank of {} data-parallel, ZeRO stage {}",
-                                                              o->data_parallel.ranks, o->data_parallel.zero_stage)
-                                                : "");
+                      o->data_parallel.active() ? data_parallel_text(o->data_parallel) : "");
   out += fmt::format("model {}{} · {} · optimizer {} · fake device {} · {} step{}{} · {} ops traced\n",
                      run.model, run.batch > 0 ? fmt::format(" · batch {}", run.batch) : "", run.dtype,
                      run.optimizer, run.device, trace.steps.size(), trace.steps.size() == 1 ? "" : "s",

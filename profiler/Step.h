@@ -63,7 +63,11 @@ struct DataParallel {
   int ranks = 1;
   int zero_stage = 0;
   int rank = -1;  // -1: the busiest
+  // Stage 3: the ranks one shard group spans (FSDP's HYBRID_SHARD: a node's;
+  // the groups replicate each other); 0: all of them.
+  int shard_ranks = 0;
   bool active() const { return ranks > 1; }
+  int shard_group() const { return shard_ranks > 0 ? shard_ranks : ranks; }
 };
 
 // ZeroRedundancyOptimizer's partition (torch.distributed.optim, 1.13):

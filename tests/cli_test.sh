@@ -111,12 +111,17 @@ expect 1 "no meta kernel for aten::_unique2" profile --model "$models/unsupporte
 expect 2 "--amp f16 needs --device cuda" profile --model mlp --batch 2 --device cpu --amp f16
 expect 2 "--amp must be none\\|bf16\\|f16" profile --model mlp --batch 2 --amp f8
 expect 0 "autocast f16" profile --model mlp --batch 2 --device cuda --amp f16
-expect 2 "--zero 3 \\(sharded parameters\\) is not modelled yet" profile --model mlp --batch 2 --dp 4 --zero 3
+expect 0 "rank of 4 data-parallel, ZeRO stage 3" profile --model mlp --batch 2 --dp 4 --zero 3 --optimizer adam
+expect 2 "give --fsdp or --zero, not both" profile --model mlp --batch 2 --dp 4 --zero 2 --fsdp full
+expect 2 "--fsdp hybrid needs --dp to be a multiple of --gpus-per-node" profile --model mlp --batch 2 --dp 12 --fsdp hybrid
+expect 2 "--zero must be 0, 1, 2 or 3" profile --model mlp --batch 2 --dp 4 --zero 4
 expect 2 "--zero needs --dp 2 or more" profile --model mlp --batch 2 --zero 1
 expect 2 "--rank must be between 0 and --dp minus 1" profile --model mlp --batch 2 --dp 2 --rank 2
 expect 0 '"communication_bytes": [1-9]' profile --model mlp --batch 2 --dp 2 --format json
 expect 0 "rank of 4 data-parallel, ZeRO stage 2" profile --model mlp --batch 2 --dp 4 --zero 2 --optimizer adam
 small_llama=(--batch 1 --seq 64 --layers 1 --width 64 --heads 4 --vocab 100)
+expect 0 "ZeRO stage 3 \\(sharded over 8\\)" profile --model gpt2 "${small_llama[@]}" --dp 16 --fsdp hybrid
+expect 0 '"shard_ranks": 4' profile --model gpt2 "${small_llama[@]}" --dp 4 --fsdp full --format json
 expect 2 "flash attention is for gpt2 and llama" profile --model mlp --batch 2 --attention flash
 expect 2 "--attention must be math\|flash" profile --model llama "${small_llama[@]}" --attention fused
 expect 1 "FlashAttention-2 runs f16 and bf16 only" profile --model llama "${small_llama[@]}" --attention flash

@@ -27,6 +27,8 @@ void ModelFlags::add_to(Flags& flags) {
   flags.add_switch("--selective-recompute", &selective_recompute);
   flags.add("--dp", &dp);
   flags.add("--zero", &zero);
+  flags.add("--fsdp", &fsdp, {"none", "full", "hybrid"});
+  flags.add("--gpus-per-node", &gpus_per_node);
   flags.add("--rank", &rank);
 }
 
@@ -82,6 +84,16 @@ StepOptions ModelFlags::step_options() const {
   if (zero < 0 || zero > 3) throw std::invalid_argument("--zero must be 0, 1, 2 or 3");
   if (zero > 0 && dp < 2) throw std::invalid_argument("--zero needs --dp 2 or more");
   options.data_parallel.zero_stage = static_cast<int>(zero);
+  if (fsdp != "none") {
+    if (zero != 0) throw std::invalid_argument("--fsdp shards as ZeRO stage 3 does: give --fsdp or --zero, not both");
+    if (dp < 2) throw std::invalid_argument("--fsdp needs --dp 2 or more");
+    options.data_parallel.zero_stage = 3;
+    if (fsdp == "hybrid") {
+      const int node = count("--gpus-per-node", gpus_per_node);
+      if (dp % node != 0) throw std::invalid_argument("--fsdp hybrid needs --dp to be a multiple of --gpus-per-node");
+      options.data_parallel.shard_ranks = node;
+    }
+  }
   if (rank < -1 || rank >= dp) throw std::invalid_argument("--rank must be between 0 and --dp minus 1");
   options.data_parallel.rank = static_cast<int>(rank);
   if (amp != "none") {

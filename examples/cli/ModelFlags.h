@@ -32,6 +32,8 @@ struct ModelFlags {
   bool selective_recompute = false;
   std::int64_t dp = 1;               // data-parallel ranks
   std::int64_t zero = 0;             // ZeRO stage
+  std::string fsdp = "none";         // full (ZeRO stage 3) or hybrid (sharded within a node)
+  std::int64_t gpus_per_node = 8;
   std::int64_t rank = -1;            // the traced rank; -1: the busiest
 
   void add_to(Flags& flags);
