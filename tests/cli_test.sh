@@ -120,6 +120,10 @@ expect 2 "--rank must be between 0 and --dp minus 1" profile --model mlp --batch
 expect 0 '"communication_bytes": [1-9]' profile --model mlp --batch 2 --dp 2 --format json
 expect 0 "rank of 4 data-parallel, ZeRO stage 2" profile --model mlp --batch 2 --dp 4 --zero 2 --optimizer adam
 small_llama=(--batch 1 --seq 64 --layers 1 --width 64 --heads 4 --vocab 100)
+expect 0 "layouts of gpt2 on 4 GPUs" fit --model gpt2 "${small_llama[@]}" --memory 64MiB --optimizer adam --search --gpus 4
+expect 2 "--search and --gpus N go together" fit --model gpt2 "${small_llama[@]}" --memory 64MiB --search
+expect 2 "fit --search chooses --tp, --dp, --zero and recompute itself" fit --model gpt2 "${small_llama[@]}" --memory 64MiB --search --gpus 4 --tp 2
+expect 2 "fit --search lays out gpt2 and llama" fit --model mlp --memory 64MiB --search --gpus 4
 expect 0 "ZeRO stage 3 \\(sharded over 8\\)" profile --model gpt2 "${small_llama[@]}" --dp 16 --fsdp hybrid
 expect 0 '"shard_ranks": 4' profile --model gpt2 "${small_llama[@]}" --dp 4 --fsdp full --format json
 expect 2 "flash attention is for gpt2 and llama" profile --model mlp --batch 2 --attention flash

@@ -3,6 +3,8 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <iostream>
 #include <optional>
 
@@ -29,15 +31,161 @@ struct Trial {
 // what the allocator reserved beyond the memory, a few times at most.
 constexpr int kReplans = 4;
 
+using Fit = std::optional<std::pair<std::int64_t, Trial>>;
+
+// The largest batch up to `max_batch` whose trial fits: doubling from
+// `fits_at` (a batch known to fit, or 0), then bisection between the last
+// batch that fits and the first that does not.
+template <typename TrialFn>
+Fit largest_batch(const TrialFn& trial, std::int64_t max_batch, std::int64_t fits_at = 0) {
+  Fit best;
+  std::int64_t fails = 0;
+  const std::int64_t start = std::clamp<std::int64_t>(fits_at, 1, max_batch);
+  for (std::int64_t batch = start; batch <= max_batch; batch *= 2) {
+    Trial t = trial(batch);
+    if (!t.fits) {
+      fails = batch;
+      break;
+    }
+    best.emplace(batch, std::move(t));
+  }
+  if (!best && start > 1) return largest_batch(trial, start - 1);  // the hint did not fit after all
+  if (fails == 0) fails = max_batch + 1;
+  std::int64_t low = best ? best->first : 0;
+  while (fails - low > 1) {
+    const std::int64_t batch = low + (fails - low) / 2;
+    Trial t = trial(batch);
+    if (t.fits) {
+      best.emplace(batch, std::move(t));
+      low = batch;
+    } else {
+      fails = batch;
+    }
+  }
+  return best;
+}
+
+// One parallel layout of the GPUs and how much it recomputes.
+struct Layout {
+  std::int64_t tp = 1;
+  int dp = 1, zero = 0;
+  enum class Recompute { None, Selective, Full } recompute = Recompute::None;
+};
+
+const char* recompute_name(Layout::Recompute r) {
+  switch (r) {
+    case Layout::Recompute::None: return "none";
+    case Layout::Recompute::Selective: return "selective";
+    case Layout::Recompute::Full: return "full";
+  }
+  return "?";
+}
+
+// Every layout of `gpus` (tensor parallel within a node, with sequence
+// parallelism; data parallel over the rest with each ZeRO stage; no,
+// selective or full recompute) with its largest micro-batch that fits,
+// ordered by least recompute, then largest micro-batch.
+int search_layouts(const ModelFlags& m, std::int64_t gpus, std::int64_t memory, std::int64_t max_batch,
+                   const std::string& format) {
+  if (m.zoo.model != "gpt2" && m.zoo.model != "llama")
+    throw UsageError("fit --search lays out gpt2 and llama over GPUs");
+  if (m.tp != 1 || m.sequence_parallel || m.selective_recompute || m.dp != 1 || m.zero != 0 || m.fsdp != "none" ||
+      m.policy != "none")
+    throw UsageError("fit --search chooses --tp, --dp, --zero and recompute itself: leave them out");
+  if (gpus < 1 || gpus > 4096) throw UsageError("--gpus must be between 1 and 4096");
+  const auto started = std::chrono::steady_clock::now();
+  const c10::Device device(m.device);
+  const int divisions = m.allocator_divisions();
+  const ZooConfig model = m.config();
+  zoo_step(model);  // the model itself must be valid; layouts it cannot split are skipped
+  std::int64_t traces = 0;
+  Progress progress("fit --search");
+  auto fit = [&](const Layout& layout, std::int64_t fits_at) {
+    ZooConfig config = model;
+    config.tensor_parallel = {layout.tp, layout.tp > 1};
+    config.selective_recompute = layout.recompute == Layout::Recompute::Selective;
+    if (layout.recompute == Layout::Recompute::Full)
+      for (std::int32_t u = 0; u < config.layers; ++u) config.checkpoint.segments.push_back({u, u, {}});
+    StepOptions options = m.step_options();
+    options.data_parallel = {layout.dp, layout.zero};
+    return largest_batch(
+        [&](std::int64_t batch) {
+          progress.update(fmt::format("tp {} dp {} zero {} recompute {}: batch {}", layout.tp, layout.dp, layout.zero,
+                                      recompute_name(layout.recompute), batch));
+          config.batch = batch;
+          ++traces;
+          const Trace trace = trace_step(zoo_step(config), device, options);
+          Trial t;
+          t.bytes = m.device == "cuda" ? simulate_allocator(trace, divisions).reserved : trace.measured().peak_bytes;
+          t.fits = t.bytes <= memory;
+          return t;
+        },
+        max_batch, fits_at);
+  };
+
+  std::vector<std::pair<Layout, std::pair<std::int64_t, std::int64_t>>> rows;  // layout, (batch, bytes)
+  for (std::int64_t tp = 1; tp <= std::min<std::int64_t>(gpus, 8); tp *= 2) {
+    if (gpus % tp != 0) continue;
+    const int dp = static_cast<int>(gpus / tp);
+    std::vector<std::int64_t> fits_at(4, 0);  // per ZeRO stage: more recompute fits at least as much
+    for (auto recompute : {Layout::Recompute::None, Layout::Recompute::Selective, Layout::Recompute::Full}) {
+      if (recompute == Layout::Recompute::Selective && model.flash_attention) continue;  // nothing to recompute
+      std::int64_t fits_below = 0;  // a higher ZeRO stage fits at least as much
+      for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {
+        const Layout layout{tp, dp, zero, recompute};
+        Fit best;
+        try {
+          best = fit(layout, std::max(fits_at[zero], fits_below));
+        } catch (const std::invalid_argument&) {
+          continue;  // the model does not split so (its ffn or vocabulary over tp ranks)
+        }
+        if (!best) continue;
+        fits_at[zero] = fits_below = best->first;
+        rows.push_back({layout, {best->first, best->second.bytes}});
+      }
+    }
+  }
+  progress.finish();
+  std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
+    if (a.first.recompute != b.first.recompute) return a.first.recompute < b.first.recompute;
+    return a.second.first > b.second.first;
+  });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  if (format == "json") {
+    nlohmann::json layouts = nlohmann::json::array();
+    for (const auto& [l, fit] : rows)
+      layouts.push_back({{"tp", l.tp}, {"sequence_parallel", l.tp > 1}, {"dp", l.dp}, {"zero_stage", l.zero},
+                         {"recompute", recompute_name(l.recompute)}, {"micro_batch", fit.first},
+                         {"predicted_bytes", fit.second}});
+    std::cout << nlohmann::json{{"model", m.zoo.model}, {"gpus", gpus}, {"memory_bytes", memory},
+                                {"layouts", layouts}, {"traces", traces}, {"seconds", seconds}}
+                     .dump(2)
+              << "\n";
+    return 0;
+  }
+  fmt::print("{} layouts of {} on {} GPUs of {} that fit ({} traces, {:.1f} s); tensor parallel with sequence "
+             "parallelism, no pipeline parallelism\n",
+             rows.size(), m.zoo.model, gpus, human_bytes(memory), traces, seconds);
+  fmt::print("{:>4} {:>5} {:>5} {:>10} {:>12} {:>14}\n", "tp", "dp", "zero", "recompute", "micro-batch",
+             m.device == "cuda" ? "reserved" : "peak");
+  for (const auto& [l, fit] : rows)
+    fmt::print("{:>4} {:>5} {:>5} {:>10} {:>12} {:>14}\n", l.tp, l.dp, l.zero, recompute_name(l.recompute),
+               fit.first, human_bytes(fit.second));
+  return 0;
+}
+
 }  // namespace
 
 int fit_command(const std::vector<std::string>& args) {
   ModelFlags m;
   std::string memory_text, format = "table", checkpoint = "none";
-  std::int64_t max_batch = 1 << 16;
+  std::int64_t max_batch = 1 << 16, gpus = 0;
+  bool search = false;
   Flags flags;
   m.add_to(flags);
   flags.add("--memory", &memory_text);
+  flags.add_switch("--search", &search);
+  flags.add("--gpus", &gpus);
   flags.add("--max-batch", &max_batch);
   flags.add("--format", &format, {"table", "json"});
   flags.add("--checkpoint", &checkpoint, checkpoint_solvers());
@@ -47,6 +195,11 @@ int fit_command(const std::vector<std::string>& args) {
   if (max_batch < 1) throw UsageError("--max-batch must be positive");
   if (m.is_script()) throw UsageError("fit varies the batch of a zoo model; a TorchScript model's batch is in its --input");
   const std::int64_t memory = parse_memory(memory_text, "--memory");
+  if (search != (gpus != 0)) throw UsageError("--search and --gpus N go together");
+  if (search) {
+    if (checkpoint != "none") throw UsageError("fit --search tries no, selective and full recompute itself");
+    return search_layouts(m, gpus, memory, max_batch, format);
+  }
   const StepOptions options = m.step_options();
   const int divisions = m.allocator_divisions();
   const c10::Device device(m.device);
@@ -85,27 +238,7 @@ int fit_command(const std::vector<std::string>& args) {
     return result;
   };
 
-  // Doubling, then bisection between the last batch that fits and the first that does not.
-  std::int64_t fails = 0;
-  std::optional<std::pair<std::int64_t, Trial>> best;
-  for (std::int64_t batch = 1; batch <= max_batch; batch *= 2) {
-    Trial t = trial(batch);
-    if (!t.fits) {
-      fails = batch;
-      break;
-    }
-    best.emplace(batch, std::move(t));
-  }
-  if (fails == 0) fails = max_batch + 1;
-  while (fails - (best ? best->first : 0) > 1) {
-    const std::int64_t batch = (best ? best->first : 0) + (fails - (best ? best->first : 0)) / 2;
-    Trial t = trial(batch);
-    if (t.fits)
-      best.emplace(batch, std::move(t));
-    else
-      fails = batch;
-  }
-
+  const std::optional<std::pair<std::int64_t, Trial>> best = largest_batch(trial, max_batch);
   progress.finish();
 
   const std::int64_t batch = best ? best->first : 0;

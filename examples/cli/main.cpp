@@ -26,6 +26,7 @@ constexpr const char* kUsage =
     "                       [--policy 0-3[1-2],5[;keep=aten::addmm]] [--html FILE.html]\n"
     "       metamem fit --model NAME --memory 80GiB [--device cuda] [model flags as above]\n"
     "                       [--max-batch N] [--checkpoint none|uniform|chen|rotor|selective|auto]\n"
+    "                       [--search --gpus N]\n"
     "                       [--format table|json]\n"
     "       metamem checkpoint --model NAME --budget 16GiB [model flags as above]\n"
     "                       [--solver none|uniform|chen|rotor|selective|auto] [--pareto] [--achieved]\n"
