@@ -79,10 +79,11 @@ INSTANTIATE_TEST_SUITE_P(Stages, ZeroModelStates, ::testing::Values(0, 1, 2, 3),
 
 // The rank's step run for real on CPU (a single process: collectives are
 // stand-ins that move nothing, and stage 3 resizes the parameters' storages
-// as FSDP does) holds what its trace predicts, to the byte: gpt2 gathers per
-// block at stage 3, the MLP as one unit; with two micro-batches too.
+// as FSDP does) holds what its trace predicts, to the byte: at stage 3 gpt2
+// gathers per block, the MLP per layer, ResNet-18 per residual block; with
+// two micro-batches too.
 TEST(DataParallel, TracedRankPeakIsTheRealCpuRuns) {
-  for (const char* model : {"gpt2", "mlp"})
+  for (const char* model : {"gpt2", "mlp", "resnet18"})
     for (int stage : {0, 1, 2, 3})
       for (int micro_batches : {1, 2}) {
         const StepBuilder build = zoo_step(testing::small_model(model, 2, 32));

@@ -73,7 +73,8 @@ class Block : public nn::Module {
       };
       y = (selective_recompute_ ? checkpoint(core, {q, k, v}) : core({q, k, v}))[0];
     }
-    y = scoped("c_proj", [&] { return tp_.row_linear(y.view({batch, seq, width}), attn_proj_->weight, attn_proj_->bias); });
+    y = scoped("c_proj",
+               [&] { return tp_.row_linear(y.view({batch, seq, width}), attn_proj_->weight, attn_proj_->bias); });
     return scoped("resid_dropout", [&] { return resid_dropout_->forward(y); });
   }
 
@@ -125,11 +126,7 @@ class Gpt2Step final : public TrainingStep, public nn::Module {
   }
 
   std::vector<at::Tensor> parameters() override { return Module::parameters(); }
-  std::vector<std::vector<at::Tensor>> unit_parameters() override {
-    std::vector<std::vector<at::Tensor>> units;
-    for (const auto& block : blocks_) units.push_back(block->parameters());
-    return units;
-  }
+  std::vector<std::vector<at::Tensor>> unit_parameters() override { return parameters_of(blocks_); }
 
   at::Tensor forward_loss() override {
     ModuleScope root("GPT2");

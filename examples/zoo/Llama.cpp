@@ -178,11 +178,7 @@ class LlamaStep final : public TrainingStep, public nn::Module {
   }
 
   std::vector<at::Tensor> parameters() override { return Module::parameters(); }
-  std::vector<std::vector<at::Tensor>> unit_parameters() override {
-    std::vector<std::vector<at::Tensor>> units;
-    for (const auto& block : blocks_) units.push_back(block->parameters());
-    return units;
-  }
+  std::vector<std::vector<at::Tensor>> unit_parameters() override { return parameters_of(blocks_); }
 
   at::Tensor forward_loss() override {
     ModuleScope root("Llama");

@@ -27,6 +27,9 @@ class MlpStep final : public TrainingStep, public torch::nn::Module {
   }
 
   std::vector<at::Tensor> parameters() override { return Module::parameters(); }
+  std::vector<std::vector<at::Tensor>> unit_parameters() override {
+    return {fc1_->parameters(), {}, {}, fc2_->parameters()};
+  }
 
   at::Tensor forward_loss() override {
     ModuleScope root("MLP");

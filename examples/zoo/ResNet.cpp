@@ -109,6 +109,12 @@ class ResNetStep final : public TrainingStep, public nn::Module {
   }
 
   std::vector<at::Tensor> parameters() override { return Module::parameters(); }
+  std::vector<std::vector<at::Tensor>> unit_parameters() override {
+    std::vector<std::vector<at::Tensor>> units;
+    for (const auto& blocks : stages_)
+      for (auto& block : parameters_of(blocks)) units.push_back(std::move(block));
+    return units;
+  }
 
   at::Tensor forward_loss() override {
     ModuleScope root("ResNet");

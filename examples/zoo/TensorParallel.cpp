@@ -147,7 +147,8 @@ class VocabParallelCrossEntropy : public torch::autograd::Function<VocabParallel
     at::Tensor exp = logits - max.unsqueeze(-1);
     const at::Tensor outside = targets.lt(0) | targets.ge(columns);
     const at::Tensor local = targets.masked_fill(outside, 0);
-    const at::Tensor predicted = exp.gather(1, local.unsqueeze(1)).squeeze(1).masked_fill_(outside, 0);  // all-reduced
+    // All-reduced: the logit of each row's target, from the rank that holds it.
+    const at::Tensor predicted = exp.gather(1, local.unsqueeze(1)).squeeze(1).masked_fill_(outside, 0);
     exp.exp_();
     const at::Tensor sum = exp.sum(-1);  // all-reduced
     at::Tensor loss = sum.log() - predicted;
