@@ -124,6 +124,7 @@ expect 0 "layouts of gpt2 on 4 GPUs" fit --model gpt2 "${small_llama[@]}" --memo
 expect 2 "--search and --gpus N go together" fit --model gpt2 "${small_llama[@]}" --memory 64MiB --search
 expect 2 "fit --search chooses --tp, --dp, --zero and recompute itself" fit --model gpt2 "${small_llama[@]}" --memory 64MiB --search --gpus 4 --tp 2
 expect 2 "fit --search lays out gpt2 and llama" fit --model mlp --memory 64MiB --search --gpus 4
+expect 2 "checkpoint chooses what to recompute itself" checkpoint --model gpt2 "${small_llama[@]}" --budget 1MiB --selective-recompute
 expect 0 "ZeRO stage 3 \\(sharded over 8\\)" profile --model gpt2 "${small_llama[@]}" --dp 16 --fsdp hybrid
 expect 0 '"shard_ranks": 4' profile --model gpt2 "${small_llama[@]}" --dp 4 --fsdp full --format json
 expect 2 "flash attention is for gpt2 and llama" profile --model mlp --batch 2 --attention flash

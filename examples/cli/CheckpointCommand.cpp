@@ -53,6 +53,8 @@ int checkpoint_command(const std::vector<std::string>& args) {
     throw UsageError("unexpected argument '" + extra[0] + "'");
   if (budget_text.empty()) throw UsageError("checkpoint needs --budget");
   if (m.is_script()) throw UsageError("checkpoint needs a zoo model: it recomputes the units of its chain");
+  if (m.selective_recompute)
+    throw UsageError("checkpoint chooses what to recompute itself: leave out --selective-recompute");
   if (achieved && (m.device != "cpu" || m.config().dtype != c10::kFloat))
     throw UsageError("--achieved needs --device cpu and --dtype f32 (a real CPU run)");
   const std::int64_t budget = parse_memory(budget_text, "--budget");
