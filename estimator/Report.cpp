@@ -74,6 +74,9 @@ nlohmann::json per_rank_json(const RunInfo& run, const Estimate& est) {
   const DataParallel dp = run.options ? run.options->data_parallel : DataParallel{};
   return {{"tensor_parallel", run.tensor_parallel},
           {"sequence_parallel", run.sequence_parallel},
+          {"pipeline_parallel", run.pipeline.stages},
+          {"pipeline_stage", run.pipeline.stage},
+          {"schedule", schedule_name(run.options ? run.options->schedule : Schedule::OneFOneB)},
           {"data_parallel", dp.ranks},
           {"zero_stage", dp.zero_stage},
           {"shard_ranks", dp.zero_stage == 3 ? dp.shard_group() : 0},
@@ -180,10 +183,13 @@ std::string summary_text(const RunInfo& run, const Estimate& est, const StepPeak
   };
   std::string how;  // how metamem ran the steps
   if (const auto& o = run.options)
-    how = fmt::format(" (zero_grad {}{}{}{}{}{})", zero_grad_name(o->zero_grad),
+    how = fmt::format(" (zero_grad {}{}{}{}{}{}{})", zero_grad_name(o->zero_grad),
                       o->grad_accum > 1 ? fmt::format(", {} micro-batches", o->grad_accum) : "",
                       o->fp32_main_grads ? ", fp32 main grads" : "",
                       o->autocast ? ", autocast " + amp_name(run) : "",
+                      run.pipeline.stages > 1 ? fmt::format(", stage {} of {} ({})", run.pipeline.stage,
+                                                            run.pipeline.stages, schedule_name(o->schedule))
+                                              : "",
                       run.tensor_parallel > 1 ? fmt::format(", rank of {} tensor-parallel{}", run.tensor_parallel,
                                                             run.sequence_parallel ? " with sequence parallelism" : "")
                                               : "",

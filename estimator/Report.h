@@ -24,6 +24,7 @@ struct RunInfo {
   std::optional<StepOptions> options;  // how metamem ran the steps; none: the traced code ran them
   std::int64_t tensor_parallel = 1;    // the model is one rank's shard of this many
   bool sequence_parallel = false;
+  PipelineStage pipeline;  // the model is this stage of a pipeline
 };
 
 // Peak bytes of each step of a real CPU run; empty when there was none.

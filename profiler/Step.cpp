@@ -5,11 +5,13 @@
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
+#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <numeric>
 #include <optional>
@@ -166,10 +168,58 @@ std::vector<std::size_t> updated_by_rank(const std::vector<at::Tensor>& params, 
   return updated;
 }
 
+// One micro-batch between its forward and its backward: the loss, or a
+// stage's output whose data was freed once sent (Megatron's
+// deallocate_pipeline_outputs), whose gradient arrives into a new buffer.
+struct InFlight {
+  at::Tensor output;
+  std::vector<std::int64_t> sizes;  // the output's, before its data was freed
+  bool is_loss = true;
+
+  static InFlight of(at::Tensor output, const PipelineStage& stage) {
+    InFlight f{std::move(output), {}, stage.last()};
+    if (f.is_loss) return f;
+    f.sizes = f.output.sizes().vec();
+    f.output.set_data(at::empty({1}, f.output.options()));
+    return f;
+  }
+
+  void backward() {
+    if (is_loss) {
+      output.backward();
+      return;
+    }
+    if (!output.requires_grad()) return;
+    const at::Tensor received = at::empty(sizes, output.options());
+    // The engine checks gradients against the node's shapes, not the freed data's.
+    torch::autograd::Engine::get_default_engine().execute({torch::autograd::impl::gradient_edge(output)},
+                                                          {received}, /*keep_graph=*/false,
+                                                          /*create_graph=*/false, /*accumulate_grad=*/true);
+  }
+};
+
+enum class Pass { Forward, Backward };
+
+// The passes of one optimizer step on `stage`, in order.
+std::vector<Pass> schedule_passes(Schedule schedule, const PipelineStage& stage, int micro_batches) {
+  const int warmup =
+      schedule == Schedule::GPipe ? micro_batches : std::min(stage.stages - stage.stage - 1, micro_batches);
+  std::vector<Pass> passes(static_cast<std::size_t>(warmup), Pass::Forward);
+  for (int i = warmup; i < micro_batches; ++i) {
+    passes.push_back(Pass::Forward);
+    passes.push_back(Pass::Backward);
+  }
+  passes.insert(passes.end(), static_cast<std::size_t>(warmup), Pass::Backward);
+  return passes;
+}
+
 // The steps both runs execute.
 void run_steps(const StepBuilder& build, const StepOptions& options, PhaseListener& phases) {
   validate(options);
   std::unique_ptr<TrainingStep> step = build();
+  const PipelineStage stage = step->pipeline_stage();
+  if (stage.stages > 1 && options.data_parallel.zero_stage >= 2)
+    throw std::invalid_argument("pipeline parallelism runs with ZeRO stage 0 or 1 (as DeepSpeed and Megatron do)");
   ModelTensors model;
   model.params = step->parameters();
   const DataParallel& dp = options.data_parallel;
@@ -210,18 +260,21 @@ void run_steps(const StepBuilder& build, const StepOptions& options, PhaseListen
 
   for (int s = 0; s < options.steps; ++s) {
     phases.step();
-    for (int micro_batch = 0; micro_batch < options.grad_accum; ++micro_batch) {
-      phases.forward();
-      if (sharded) sharded->begin_forward();
-      at::Tensor loss;
-      {
-        AutocastRegion autocast(options.autocast, model.params.empty() ? c10::Device(c10::kCPU)
-                                                                        : model.params.front().device());
-        loss = step->forward_loss();
+    std::deque<InFlight> in_flight;  // micro-batches whose backward has not run
+    for (const Pass pass : schedule_passes(options.schedule, stage, options.grad_accum)) {
+      if (pass == Pass::Forward) {
+        phases.forward();
+        if (sharded) sharded->begin_forward();
+        AutocastRegion autocast(options.autocast,
+                                model.params.empty() ? c10::Device(c10::kCPU) : model.params.front().device());
+        in_flight.push_back(InFlight::of(step->forward_loss(), stage));
+        continue;
       }
-      phases.backward(loss);
+      InFlight micro_batch = std::move(in_flight.front());
+      in_flight.pop_front();
+      phases.backward(micro_batch.output);
       if (sharded) sharded->begin_backward();
-      loss.backward();
+      micro_batch.backward();
       phases.end_backward();
       phases.gradients(grads_of(held));
     }
@@ -349,6 +402,14 @@ const char* optimizer_name(Optimizer optimizer) {
   }
   return "?";
 }
+
+Schedule parse_schedule(const std::string& name) {
+  if (name == "1f1b") return Schedule::OneFOneB;
+  if (name == "gpipe") return Schedule::GPipe;
+  throw std::invalid_argument("unknown pipeline schedule '" + name + "' (known: 1f1b, gpipe)");
+}
+
+const char* schedule_name(Schedule schedule) { return schedule == Schedule::GPipe ? "gpipe" : "1f1b"; }
 
 ZeroGrad parse_zero_grad(const std::string& name) {
   if (name == "set_to_none") return ZeroGrad::SetToNone;

@@ -15,12 +15,22 @@
 
 namespace metamem {
 
+// Where a model's step sits in a pipeline: stage `stage` of `stages`.
+struct PipelineStage {
+  int stages = 1, stage = 0;
+  bool first() const { return stage == 0; }
+  bool last() const { return stage == stages - 1; }
+};
+
 // Owns a model's parameters, buffers and inputs (made when it is built) and
 // computes the loss of one forward pass.
 class TrainingStep {
  public:
   virtual ~TrainingStep() = default;
+  // The loss; a pipeline stage before the last returns its output, which
+  // the next stage receives.
   virtual at::Tensor forward_loss() = 0;
+  virtual PipelineStage pipeline_stage() const { return {}; }
   virtual std::vector<at::Tensor> parameters() = 0;
   // The parameters of each unit of the model's chain (see Chain.h), in
   // order: ZeRO stage 3 gathers them per unit. None: one unit, the model.
@@ -83,6 +93,14 @@ std::vector<std::int64_t> ddp_bucket_bytes(const std::vector<at::Tensor>& params
                                            std::int64_t first_bucket_bytes = std::int64_t{1} << 20,
                                            std::int64_t bucket_bytes = std::int64_t{25} << 20);
 
+// Pipeline schedules of a stage's micro-batches: GPipe runs every forward,
+// then every backward; 1F1B (PipeDream-Flush, Megatron's default) runs
+// stages − stage − 1 forwards, then alternates one forward and one backward,
+// so that at most stages − stage micro-batches are in flight.
+enum class Schedule { OneFOneB, GPipe };
+Schedule parse_schedule(const std::string& name);  // "1f1b", "gpipe"; throws std::invalid_argument
+const char* schedule_name(Schedule schedule);
+
 struct StepOptions {
   Optimizer optimizer = Optimizer::None;
   // Mixed precision: the optimizer updates fp32 copies of the parameters
@@ -97,6 +115,12 @@ struct StepOptions {
   bool fp32_main_grads = false;
   int steps = 2;       // consecutive training steps; the last is measured
   int grad_accum = 1;  // micro-batches (forward and backward) per optimizer step
+  // The order of the micro-batches' passes on a pipeline stage (see
+  // TrainingStep::pipeline_stage). A stage before the last frees its
+  // output's data once sent, keeping its autograd node (Megatron's
+  // deallocate_pipeline_outputs), and receives its gradient into a new
+  // buffer; the input a later stage receives is a new buffer too.
+  Schedule schedule = Schedule::OneFOneB;
   ZeroGrad zero_grad = ZeroGrad::SetToNone;
   // Mixed precision by autocast: forward and loss run in an autocast region
   // of this dtype on the parameters' device, as under torch.autocast (casts

@@ -165,7 +165,8 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
     if (trace_.steps.empty()) open_step();
     phase_ = Phase::Forward;
     trace_.forward_begins.push_back(trace_.events.size());
-    forward_first_buffer_ = trace_.buffers.size();
+    if (!forward_pending_) forward_first_buffer_ = trace_.buffers.size();
+    forward_pending_ = true;
   }
 
   void begin_backward(const std::vector<at::Tensor>& outputs) {
@@ -174,6 +175,7 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
     for (const at::Tensor& t : outputs)
       if (auto index = index_of_tensor(t)) held.insert(*index);
     trace_.backward_begins.push_back(trace_.events.size());
+    forward_pending_ = false;
     for (std::size_t i = forward_first_buffer_; i < trace_.buffers.size(); ++i) {
       Buffer& buffer = trace_.buffers[i];
       if (buffer.free_event == Buffer::kAlive && buffer.category == Category::Temporary &&
@@ -338,7 +340,10 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
   Phase phase_ = Phase::Setup;
   int recomputing_ = 0;                    // open Recompute regions
   std::size_t optimizer_first_buffer_ = 0;  // first buffer made by the current optimizer step
-  std::size_t forward_first_buffer_ = 0;  // first buffer made in the current forward pass
+  // First buffer made by the forward passes since the last backward began
+  // (a pipeline schedule runs several before a backward).
+  std::size_t forward_first_buffer_ = 0;
+  bool forward_pending_ = false;
   std::int64_t live_ = 0;
   BufferId first_id_ = 0;  // buffer ids of one trace are consecutive
   std::size_t events_at_last_op_ = 0;

@@ -31,8 +31,9 @@ class Tracer {
   // A forward pass begins (one per micro-batch); the first begins a step
   // if none was begun.
   void begin_forward();
-  // Forward ends. Buffers made in this forward pass and still live, other
-  // than those the caller holds in `outputs`, are the ones autograd saved.
+  // Forward ends. Buffers made in the forward passes since the last
+  // backward and still live, other than those the caller holds in
+  // `outputs`, are the ones autograd saved.
   void begin_backward(const std::vector<at::Tensor>& outputs);
   // Backward ends: gradients are computed.
   void end_backward();

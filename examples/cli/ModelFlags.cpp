@@ -25,6 +25,10 @@ void ModelFlags::add_to(Flags& flags) {
   flags.add("--tp", &tp);
   flags.add_switch("--sequence-parallel", &sequence_parallel);
   flags.add_switch("--selective-recompute", &selective_recompute);
+  flags.add("--pp", &pp);
+  flags.add("--stage", &stage);
+  flags.add("--microbatches", &microbatches);
+  flags.add("--schedule", &schedule, {"1f1b", "gpipe"});
   flags.add("--dp", &dp);
   flags.add("--zero", &zero);
   flags.add("--fsdp", &fsdp, {"none", "full", "hybrid"});
@@ -47,9 +51,9 @@ StepBuilder ModelFlags::builder() const {
   if (dtype != "f32")
     throw std::invalid_argument("--dtype is for zoo models; a TorchScript model keeps its own dtypes");
   if (attention != "math") throw std::invalid_argument("--attention is for the zoo's gpt2 and llama");
-  if (tp != 1 || sequence_parallel || selective_recompute)
+  if (tp != 1 || sequence_parallel || selective_recompute || pp != 1)
     throw std::invalid_argument(
-        "--tp, --sequence-parallel and --selective-recompute are for the zoo's gpt2 and llama");
+        "--tp, --sequence-parallel, --selective-recompute and --pp are for the zoo's gpt2 and llama");
   if (policy != "none")
     throw std::invalid_argument("--policy is for zoo models: their chains of units can be checkpointed");
   ScriptConfig script;
@@ -79,6 +83,12 @@ StepOptions ModelFlags::step_options() const {
     throw std::invalid_argument("--main-grads fp32 is for low-precision parameters (--dtype f16|bf16)");
   options.steps = count("--steps", steps);
   options.grad_accum = count("--grad-accum", grad_accum);
+  if (microbatches != 0) {
+    if (pp < 2) throw std::invalid_argument("--microbatches is for --pp; without it, --grad-accum");
+    if (grad_accum != 1) throw std::invalid_argument("give --microbatches or --grad-accum, not both");
+    options.grad_accum = count("--microbatches", microbatches);
+  }
+  options.schedule = parse_schedule(schedule);
   options.zero_grad = parse_zero_grad(zero_grad);
   options.data_parallel.ranks = count("--dp", dp);
   if (zero < 0 || zero > 3) throw std::invalid_argument("--zero must be 0, 1, 2 or 3");
@@ -100,9 +110,9 @@ StepOptions ModelFlags::step_options() const {
     if (amp == "f16" && device == "cpu")
       throw std::invalid_argument("--amp f16 needs --device cuda: CPU autocast in libtorch 1.13 takes bf16 only");
     options.autocast = parse_dtype(amp);
-    if (sequence_parallel)
-      throw std::invalid_argument(
-          "--amp with --sequence-parallel is not modelled: Megatron trains with 16-bit parameters (--dtype)");
+    if (sequence_parallel || pp > 1)
+      throw std::invalid_argument("--amp with --sequence-parallel or --pp is not modelled: Megatron trains with "
+                                  "16-bit parameters (--dtype)");
   }
   return options;
 }
@@ -113,6 +123,9 @@ ZooConfig ModelFlags::config() const {
   config.checkpoint = parse_policy(policy);
   config.flash_attention = attention == "flash";
   config.tensor_parallel = {tp, sequence_parallel};
+  if (pp < 1 || pp > 1000) throw std::invalid_argument("--pp must be between 1 and 1000");
+  if (stage < 0 || stage >= pp) throw std::invalid_argument("--stage must be between 0 and --pp minus 1");
+  config.pipeline = {static_cast<int>(pp), static_cast<int>(stage)};
   config.selective_recompute = selective_recompute;
   return config;
 }
@@ -127,6 +140,7 @@ RunInfo ModelFlags::run_info() const {
   run.optimizer = optimizer_name(run.options->optimizer);
   run.tensor_parallel = tp;
   run.sequence_parallel = sequence_parallel;
+  run.pipeline = config().pipeline;
   return run;
 }
 

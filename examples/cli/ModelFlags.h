@@ -30,6 +30,10 @@ struct ModelFlags {
   std::int64_t tp = 1;               // tensor-parallel ranks
   bool sequence_parallel = false;
   bool selective_recompute = false;
+  std::int64_t pp = 1;               // pipeline stages
+  std::int64_t stage = 0;            // the traced stage
+  std::int64_t microbatches = 0;     // per optimizer step under --pp (0: --grad-accum's)
+  std::string schedule = "1f1b";     // or gpipe
   std::int64_t dp = 1;               // data-parallel ranks
   std::int64_t zero = 0;             // ZeRO stage
   std::string fsdp = "none";         // full (ZeRO stage 3) or hybrid (sharded within a node)

@@ -23,6 +23,7 @@ constexpr const char* kUsage =
     "                       [--attention math|flash] [--selective-recompute]\n"
     "                       [--tp N [--sequence-parallel]] [--dp N [--zero 0|1|2|3] [--rank R]]\n"
     "                       [--fsdp full|hybrid [--gpus-per-node N]]\n"
+    "                       [--pp N [--stage S] [--microbatches M] [--schedule 1f1b|gpipe]]\n"
     "                       [--policy 0-3[1-2],5[;keep=aten::addmm]] [--html FILE.html]\n"
     "       metamem fit --model NAME --memory 80GiB [--device cuda] [model flags as above]\n"
     "                       [--max-batch N] [--checkpoint none|uniform|chen|rotor|selective|auto]\n"

@@ -105,12 +105,19 @@ class Gpt2Step final : public TrainingStep, public nn::Module {
  public:
   Gpt2Step(const ZooConfig& c, std::int64_t batch)
       : tp_(c.tensor_parallel),
+        stage_(c.pipeline),
         checkpoint_(c.checkpoint),
-        wte_(register_module("wte", nn::Embedding(tp_.vocab_rows(c.vocab), c.width))),
-        wpe_(register_module("wpe", nn::Embedding(c.seq, c.width))),
-        drop_(register_module("drop", nn::Dropout(c.dropout))),
-        ln_f_(register_module("ln_f", nn::LayerNorm(nn::LayerNormOptions({c.width})))) {
-    for (std::int64_t i = 0; i < c.layers; ++i) {
+        received_{batch, c.tensor_parallel.sequence_parallel ? tp_.shard(c.seq) : c.seq, c.width} {
+    // Megatron keeps the tied embedding on the first stage and the last.
+    if (stage_.first() || stage_.last())
+      wte_ = register_module("wte", nn::Embedding(tp_.vocab_rows(c.vocab), c.width));
+    if (stage_.first()) {
+      wpe_ = register_module("wpe", nn::Embedding(c.seq, c.width));
+      drop_ = register_module("drop", nn::Dropout(c.dropout));
+    }
+    if (stage_.last()) ln_f_ = register_module("ln_f", nn::LayerNorm(nn::LayerNormOptions({c.width})));
+    const std::int64_t layers = c.layers / stage_.stages;
+    for (std::int64_t i = stage_.stage * layers; i < (stage_.stage + 1) * layers; ++i) {
       blocks_.push_back(register_module("h_" + std::to_string(i), std::make_shared<Block>(c, tp_)));
       units_.push_back({{"h", std::to_string(i)}, [this, block = blocks_.back()](const at::Tensor& x) {
                           return block->forward(x, causal_mask_);
@@ -119,21 +126,24 @@ class Gpt2Step final : public TrainingStep, public nn::Module {
     // True above the diagonal: positions a token may not attend to.
     causal_mask_ = register_buffer(
         "causal_mask", torch::ones({c.seq, c.seq}, torch::kBool).triu(1).view({1, 1, c.seq, c.seq}));
-    tokens_ = torch::zeros({batch, c.seq}, torch::kLong);
-    positions_ = torch::arange(c.seq, torch::kLong).unsqueeze(0);
-    targets_ = torch::zeros({batch * c.seq}, torch::kLong);
+    if (stage_.first()) {
+      tokens_ = torch::zeros({batch, c.seq}, torch::kLong);
+      positions_ = torch::arange(c.seq, torch::kLong).unsqueeze(0);
+    }
+    if (stage_.last()) targets_ = torch::zeros({batch * c.seq}, torch::kLong);
     cast_floating(*this, c.dtype);
+    dtype_ = c.dtype;
   }
 
+  PipelineStage pipeline_stage() const override { return stage_; }
   std::vector<at::Tensor> parameters() override { return Module::parameters(); }
   std::vector<std::vector<at::Tensor>> unit_parameters() override { return parameters_of(blocks_); }
 
   at::Tensor forward_loss() override {
     ModuleScope root("GPT2");
-    at::Tensor x = scoped("wte", [&] { return tp_.embedding(tokens_, wte_->weight); }) +
-                   scoped("wpe", [&] { return wpe_->forward(positions_); });
-    x = scoped("drop", [&] { return drop_->forward(tp_.sequence_chunk(x)); });
+    at::Tensor x = stage_.first() ? embeddings() : received_activations(received_, dtype_);
     x = run_chain(units_, std::move(x), checkpoint_);
+    if (!stage_.last()) return x;
     x = scoped("ln_f", [&] { return ln_f_->forward(x); });
     // The LM head shares the token embedding's weight.
     const at::Tensor logits = scoped("lm_head", [&] { return tp_.column_linear(x, wte_->weight); });
@@ -141,11 +151,20 @@ class Gpt2Step final : public TrainingStep, public nn::Module {
   }
 
  private:
+  at::Tensor embeddings() {
+    at::Tensor x = scoped("wte", [&] { return tp_.embedding(tokens_, wte_->weight); }) +
+                   scoped("wpe", [&] { return wpe_->forward(positions_); });
+    return scoped("drop", [&] { return drop_->forward(tp_.sequence_chunk(x)); });
+  }
+
   TensorParallelRank tp_;  // before the blocks, which refer to it
+  PipelineStage stage_;
   CheckpointPolicy checkpoint_;
-  nn::Embedding wte_, wpe_;
-  nn::Dropout drop_;
-  nn::LayerNorm ln_f_;
+  std::vector<std::int64_t> received_;  // the sizes of a later stage's input
+  c10::ScalarType dtype_ = c10::kFloat;
+  nn::Embedding wte_{nullptr}, wpe_{nullptr};
+  nn::Dropout drop_{nullptr};
+  nn::LayerNorm ln_f_{nullptr};
   std::vector<std::shared_ptr<Block>> blocks_;
   std::vector<Unit> units_;  // the blocks, in order
   at::Tensor causal_mask_, tokens_, positions_, targets_;

@@ -1,10 +1,12 @@
 #include "examples/zoo/Zoo.h"
 
 #include <torch/nn/module.h>
+#include <torch/types.h>
 
 #include <stdexcept>
 
 #include "examples/zoo/Models.h"
+#include "profiler/Tracer.h"
 
 namespace metamem {
 namespace {
@@ -35,6 +37,11 @@ void cast_floating(torch::nn::Module& module, c10::ScalarType dtype) {
   for (auto& b : module.buffers()) cast(b);
 }
 
+at::Tensor received_activations(const std::vector<std::int64_t>& sizes, c10::ScalarType dtype) {
+  ModuleScope scope("recv");
+  return torch::empty(sizes, dtype).requires_grad_();
+}
+
 c10::ScalarType parse_dtype(const std::string& name) {
   if (name == "f32") return c10::kFloat;
   if (name == "f16") return c10::kHalf;
@@ -52,6 +59,10 @@ StepBuilder zoo_step(const ZooConfig& config) {
     throw std::invalid_argument("tensor parallelism is for gpt2 and llama");
   if (tp.sequence_parallel && tp.ranks == 1)
     throw std::invalid_argument("sequence parallelism needs tensor parallelism (2 or more ranks)");
+  const PipelineStage& pp = config.pipeline;
+  if (pp.stages < 1 || pp.stage < 0 || pp.stage >= pp.stages)
+    throw std::invalid_argument("the pipeline stage must be between 0 and the stages minus 1");
+  if (pp.stages > 1 && !transformer) throw std::invalid_argument("pipeline parallelism is for gpt2 and llama");
   if (config.selective_recompute && (!transformer || config.flash_attention))
     throw std::invalid_argument("selective recompute is for gpt2 and llama with math attention");
   if (config.model == "mlp") return mlp_step(config);
@@ -67,6 +78,9 @@ StepBuilder zoo_step(const ZooConfig& config) {
     if (config.width % config.heads != 0)
       throw std::invalid_argument("width must be a multiple of heads");
     require_multiple("heads", config.heads, tp.ranks);
+    if (config.layers % pp.stages != 0)
+      throw std::invalid_argument("layers (" + std::to_string(config.layers) +
+                                  ") must be a multiple of the pipeline stages (" + std::to_string(pp.stages) + ")");
     if (tp.sequence_parallel) require_multiple("seq", config.seq, tp.ranks);
     // The core attention's output must be a new tensor to be checkpointed.
     if (config.selective_recompute && (config.heads / tp.ranks < 2 || config.seq < 2))

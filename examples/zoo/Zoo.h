@@ -34,6 +34,11 @@ struct ZooConfig {
   // gpt2 and llama: the traced rank's shard under Megatron's tensor (and
   // sequence) parallelism; the vocabulary is padded to a multiple of ranks.
   TensorParallel tensor_parallel;
+  // gpt2 and llama: the traced stage of a pipeline, which holds
+  // layers / stages blocks; the first also the embeddings, the last the
+  // final norm, the LM head (gpt2: its own copy of the tied embedding, as
+  // Megatron keeps) and the loss.
+  PipelineStage pipeline;
   // gpt2 and llama with math attention: Megatron's selective recompute,
   // the core attention (scores, softmax, dropout, values) checkpointed.
   bool selective_recompute = false;
