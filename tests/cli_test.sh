@@ -125,6 +125,13 @@ expect 2 "--search and --gpus N go together" fit --model gpt2 "${small_llama[@]}
 expect 2 "fit --search chooses --tp, --dp, --zero and recompute itself" fit --model gpt2 "${small_llama[@]}" --memory 64MiB --search --gpus 4 --tp 2
 expect 2 "fit --search lays out gpt2 and llama" fit --model mlp --memory 64MiB --search --gpus 4
 expect 2 "checkpoint chooses what to recompute itself" checkpoint --model gpt2 "${small_llama[@]}" --budget 1MiB --selective-recompute
+expect 0 "stage 1 of 2 \\(gpipe\\)" profile --model llama --batch 1 --seq 64 --layers 2 --width 64 --heads 4 --vocab 100 --pp 2 --stage 1 --microbatches 4 --schedule gpipe
+expect 0 "error \+0.0000%" profile --model gpt2 --batch 1 --seq 64 --layers 4 --width 64 --heads 4 --vocab 100 --device cpu --pp 2 --microbatches 3 --tp 2 --sequence-parallel --achieved
+expect 2 "layers \\(1\\) must be a multiple of the pipeline stages \\(2\\)" profile --model gpt2 "${small_llama[@]}" --pp 2
+expect 2 "--stage must be between 0 and --pp minus 1" profile --model gpt2 "${small_llama[@]}" --pp 2 --stage 2
+expect 2 "--microbatches is for --pp" profile --model gpt2 "${small_llama[@]}" --microbatches 4
+expect 2 "pipeline parallelism runs with ZeRO stage 0 or 1" profile --model gpt2 --batch 1 --seq 64 --layers 2 --width 64 --heads 4 --vocab 100 --pp 2 --dp 2 --zero 2
+expect 2 "--schedule must be 1f1b\|gpipe" profile --model gpt2 "${small_llama[@]}" --schedule interleaved
 expect 0 "ZeRO stage 3 \\(sharded over 8\\)" profile --model gpt2 "${small_llama[@]}" --dp 16 --fsdp hybrid
 expect 0 '"shard_ranks": 4' profile --model gpt2 "${small_llama[@]}" --dp 4 --fsdp full --format json
 expect 2 "flash attention is for gpt2 and llama" profile --model mlp --batch 2 --attention flash
@@ -139,8 +146,8 @@ expect 2 "heads \(4\) must be a multiple of the tensor-parallel ranks \(3\)" pro
 expect 2 "tensor parallelism is for gpt2 and llama" profile --model mlp --batch 2 --tp 2
 expect 2 "sequence parallelism needs tensor parallelism" profile --model gpt2 "${small_llama[@]}" --sequence-parallel
 expect 2 "selective recompute is for gpt2 and llama with math attention" profile --model llama "${small_llama[@]}" --dtype bf16 --attention flash --selective-recompute
-expect 2 "--amp with --sequence-parallel is not modelled" profile --model gpt2 "${small_llama[@]}" --tp 2 --sequence-parallel --amp bf16
-expect 2 "--tp, --sequence-parallel and --selective-recompute are for the zoo" profile --model "$models/resnet18.pt" --input 2x3x64x64 --tp 2
+expect 2 "--amp with --sequence-parallel or --pp is not modelled" profile --model gpt2 "${small_llama[@]}" --tp 2 --sequence-parallel --amp bf16
+expect 2 "--tp, --sequence-parallel, --selective-recompute and --pp are for the zoo" profile --model "$models/resnet18.pt" --input 2x3x64x64 --tp 2
 
 # predicted == achieved for mlp, read from the JSON.
 json=$("$metamem" profile --model mlp --batch 16 --device cpu --achieved --format json)
