@@ -1,32 +1,16 @@
 #include "profiler/ShardedParameters.h"
 
 #include <ATen/ops/empty.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 #include <stdexcept>
 #include <unordered_map>
 
 #include "meta/MetaMode.h"
+#include "profiler/AccumulationHook.h"
 #include "profiler/Tracer.h"
 
 namespace metamem {
-
-class ShardedParameters::AccumulatedHook final : public torch::autograd::FunctionPostHook {
- public:
-  AccumulatedHook(ShardedParameters* owner, std::size_t param) : owner_(owner), param_(param) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list&) override {
-    owner_->hand_off(param_);
-    return outputs;
-  }
-
- private:
-  ShardedParameters* owner_;
-  std::size_t param_;
-};
 
 ShardedParameters::ShardedParameters(std::vector<at::Tensor> params,
                                      const std::vector<std::vector<at::Tensor>>& units, int ranks)
@@ -48,10 +32,8 @@ ShardedParameters::ShardedParameters(std::vector<at::Tensor> params,
     full_bytes_.push_back(static_cast<std::size_t>(p.numel()) * p.element_size());
     shards_.push_back(at::empty({(p.numel() + ranks - 1) / ranks}, p.options()).requires_grad_());
     if (!in_unit[i]) root_.push_back(i);
-    if (auto accumulator = torch::autograd::impl::grad_accumulator(p)) {
-      accumulator->add_post_hook(std::make_unique<AccumulatedHook>(this, i));
+    if (auto accumulator = after_accumulation(p, [this, i] { hand_off(i); }))
       accumulators_.push_back(std::move(accumulator));
-    }
     release(i);
   }
 }

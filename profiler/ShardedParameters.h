@@ -46,7 +46,6 @@ class ShardedParameters final : public UnitHooks {
   void gather_unit(std::int32_t unit);
   // After autograd accumulated the parameter's gradient.
   void hand_off(std::size_t param);
-  class AccumulatedHook;
 
   std::vector<at::Tensor> params_, shards_;
   std::vector<std::vector<std::size_t>> units_;  // parameter indices of each unit

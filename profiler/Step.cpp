@@ -7,7 +7,6 @@
 #include <torch/optim/sgd.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
@@ -18,6 +17,7 @@
 #include <stdexcept>
 
 #include "meta/MetaMode.h"
+#include "profiler/AccumulationHook.h"
 #include "profiler/CpuMemoryCounter.h"
 #include "profiler/ShardedParameters.h"
 #include "profiler/Tracer.h"
@@ -71,26 +71,6 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(Optimizer kind,
   }
   return nullptr;
 }
-
-// Once autograd has accumulated a parameter's gradient, hands it off and
-// frees it: into the fp32 main gradient (Megatron-LM's hook) when there is
-// one, otherwise to the rank that owns the parameter (ZeRO stage 2).
-class HandOffGradient final : public torch::autograd::FunctionPostHook {
- public:
-  HandOffGradient(at::Tensor param, at::Tensor main_grad)
-      : param_(std::move(param)), main_grad_(std::move(main_grad)) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list&) override {
-    if (param_.grad().defined()) {
-      if (main_grad_.defined()) main_grad_.add_(param_.grad());
-      param_.mutable_grad().reset();
-    }
-    return outputs;
-  }
-
- private:
-  at::Tensor param_, main_grad_;
-};
 
 std::vector<at::Tensor> grads_of(const std::vector<at::Tensor>& params) {
   std::vector<at::Tensor> grads;
@@ -249,11 +229,17 @@ void run_steps(const StepBuilder& build, const StepOptions& options, PhaseListen
     const bool hands_off = options.fp32_main_grads ||
                            (dp.zero_stage == 2 && !std::binary_search(updated.begin(), updated.end(), i));
     if (!hands_off) continue;
-    auto accumulator = torch::autograd::impl::grad_accumulator(model.params[i]);
-    if (!accumulator) continue;  // needs no gradient
-    accumulator->add_post_hook(std::make_unique<HandOffGradient>(
-        model.params[i], options.fp32_main_grads ? model.main_grads[i] : at::Tensor()));
-    accumulators.push_back(std::move(accumulator));
+    // Hands the accumulated gradient off and frees it: into the fp32 main
+    // gradient (Megatron-LM's hook) when there is one, otherwise to the rank
+    // that owns the parameter (ZeRO stage 2).
+    auto hand_off = [param = model.params[i],
+                     main_grad = options.fp32_main_grads ? model.main_grads[i] : at::Tensor()]() mutable {
+      if (!param.grad().defined()) return;
+      if (main_grad.defined()) main_grad.add_(param.grad());
+      param.mutable_grad().reset();
+    };
+    if (auto accumulator = after_accumulation(model.params[i], std::move(hand_off)))
+      accumulators.push_back(std::move(accumulator));
   }
   auto optimizer = make_optimizer(options.optimizer, stepped);
   phases.setup(*step, model);
