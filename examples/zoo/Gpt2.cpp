@@ -11,7 +11,7 @@
 #include <cmath>
 #include <string>
 
-#include "examples/zoo/Models.h"
+#include "examples/zoo/Transformer.h"
 #include "meta/FlashAttention.h"
 #include "profiler/Checkpoint.h"
 #include "profiler/Tracer.h"
@@ -101,79 +101,48 @@ class Block : public nn::Module {
   nn::Dropout attn_dropout_, resid_dropout_;
 };
 
-class Gpt2Step final : public TrainingStep, public nn::Module {
+class Gpt2Step final : public TransformerStep {
  public:
-  Gpt2Step(const ZooConfig& c, std::int64_t batch)
-      : tp_(c.tensor_parallel),
-        stage_(c.pipeline),
-        checkpoint_(c.checkpoint),
-        received_{batch, c.tensor_parallel.sequence_parallel ? tp_.shard(c.seq) : c.seq, c.width} {
+  explicit Gpt2Step(const ZooConfig& c) : TransformerStep("GPT2", c) {
     // Megatron keeps the tied embedding on the first stage and the last.
     if (stage_.first() || stage_.last())
       wte_ = register_module("wte", nn::Embedding(tp_.vocab_rows(c.vocab), c.width));
     if (stage_.first()) {
       wpe_ = register_module("wpe", nn::Embedding(c.seq, c.width));
       drop_ = register_module("drop", nn::Dropout(c.dropout));
-    }
-    if (stage_.last()) ln_f_ = register_module("ln_f", nn::LayerNorm(nn::LayerNormOptions({c.width})));
-    const std::int64_t layers = c.layers / stage_.stages;
-    for (std::int64_t i = stage_.stage * layers; i < (stage_.stage + 1) * layers; ++i) {
-      blocks_.push_back(register_module("h_" + std::to_string(i), std::make_shared<Block>(c, tp_)));
-      units_.push_back({{"h", std::to_string(i)}, [this, block = blocks_.back()](const at::Tensor& x) {
-                          return block->forward(x, causal_mask_);
-                        }});
-    }
-    // True above the diagonal: positions a token may not attend to.
-    causal_mask_ = register_buffer(
-        "causal_mask", torch::ones({c.seq, c.seq}, torch::kBool).triu(1).view({1, 1, c.seq, c.seq}));
-    if (stage_.first()) {
-      tokens_ = torch::zeros({batch, c.seq}, torch::kLong);
       positions_ = torch::arange(c.seq, torch::kLong).unsqueeze(0);
     }
-    if (stage_.last()) targets_ = torch::zeros({batch * c.seq}, torch::kLong);
+    if (stage_.last()) ln_f_ = register_module("ln_f", nn::LayerNorm(nn::LayerNormOptions({c.width})));
+    for (std::int64_t i = first_layer_; i < end_layer_; ++i) {
+      auto block = std::make_shared<Block>(c, tp_);
+      add_block("h", i, block, [this, block](const at::Tensor& x) { return block->forward(x, causal_mask_); });
+    }
     cast_floating(*this, c.dtype);
-    dtype_ = c.dtype;
-  }
-
-  PipelineStage pipeline_stage() const override { return stage_; }
-  std::vector<at::Tensor> parameters() override { return Module::parameters(); }
-  std::vector<std::vector<at::Tensor>> unit_parameters() override { return parameters_of(blocks_); }
-
-  at::Tensor forward_loss() override {
-    ModuleScope root("GPT2");
-    at::Tensor x = stage_.first() ? embeddings() : received_activations(received_, dtype_);
-    x = run_chain(units_, std::move(x), checkpoint_);
-    if (!stage_.last()) return x;
-    x = scoped("ln_f", [&] { return ln_f_->forward(x); });
-    // The LM head shares the token embedding's weight.
-    const at::Tensor logits = scoped("lm_head", [&] { return tp_.column_linear(x, wte_->weight); });
-    return tp_.cross_entropy(logits.view({-1, logits.size(-1)}), targets_);
   }
 
  private:
-  at::Tensor embeddings() {
+  at::Tensor embed() override {
     at::Tensor x = scoped("wte", [&] { return tp_.embedding(tokens_, wte_->weight); }) +
                    scoped("wpe", [&] { return wpe_->forward(positions_); });
     return scoped("drop", [&] { return drop_->forward(tp_.sequence_chunk(x)); });
   }
 
-  TensorParallelRank tp_;  // before the blocks, which refer to it
-  PipelineStage stage_;
-  CheckpointPolicy checkpoint_;
-  std::vector<std::int64_t> received_;  // the sizes of a later stage's input
-  c10::ScalarType dtype_ = c10::kFloat;
+  // The LM head shares the token embedding's weight.
+  at::Tensor head(const at::Tensor& x) override {
+    const at::Tensor y = scoped("ln_f", [&] { return ln_f_->forward(x); });
+    return scoped("lm_head", [&] { return tp_.column_linear(y, wte_->weight); });
+  }
+
   nn::Embedding wte_{nullptr}, wpe_{nullptr};
   nn::Dropout drop_{nullptr};
   nn::LayerNorm ln_f_{nullptr};
-  std::vector<std::shared_ptr<Block>> blocks_;
-  std::vector<Unit> units_;  // the blocks, in order
-  at::Tensor causal_mask_, tokens_, positions_, targets_;
+  at::Tensor positions_;
 };
 
 }  // namespace
 
 StepBuilder gpt2_step(const ZooConfig& config) {
-  return [config] { return std::make_unique<Gpt2Step>(config, config.batch); };
+  return [config] { return std::make_unique<Gpt2Step>(config); };
 }
 
 }  // namespace metamem

@@ -11,7 +11,7 @@
 #include <cmath>
 #include <string>
 
-#include "examples/zoo/Models.h"
+#include "examples/zoo/Transformer.h"
 #include "meta/FlashAttention.h"
 #include "profiler/Checkpoint.h"
 #include "profiler/Tracer.h"
@@ -148,24 +148,18 @@ class Block : public nn::Module {
   nn::Linear gate_, up_, down_;
 };
 
-class LlamaStep final : public TrainingStep, public nn::Module {
+class LlamaStep final : public TransformerStep {
  public:
-  LlamaStep(const ZooConfig& c, std::int64_t batch)
-      : tp_(c.tensor_parallel),
-        stage_(c.pipeline),
-        checkpoint_(c.checkpoint),
-        received_{batch, c.tensor_parallel.sequence_parallel ? tp_.shard(c.seq) : c.seq, c.width} {
+  explicit LlamaStep(const ZooConfig& c) : TransformerStep("Llama", c) {
     if (stage_.first()) embed_ = register_module("embed_tokens", nn::Embedding(tp_.vocab_rows(c.vocab), c.width));
     if (stage_.last()) {
       norm_ = register_module("norm", std::make_shared<RmsNorm>(c.width));
       lm_head_ = register_module("lm_head", projection(c.width, tp_.vocab_rows(c.vocab)));
     }
-    const std::int64_t layers = c.layers / stage_.stages;
-    for (std::int64_t i = stage_.stage * layers; i < (stage_.stage + 1) * layers; ++i) {
-      blocks_.push_back(register_module("layers_" + std::to_string(i), std::make_shared<Block>(c, tp_)));
-      units_.push_back({{"layers", std::to_string(i)}, [this, block = blocks_.back()](const at::Tensor& x) {
-                          return block->forward(x, cos_, sin_, causal_mask_);
-                        }});
+    for (std::int64_t i = first_layer_; i < end_layer_; ++i) {
+      auto block = std::make_shared<Block>(c, tp_);
+      add_block("layers", i, block,
+                [this, block](const at::Tensor& x) { return block->forward(x, cos_, sin_, causal_mask_); });
     }
     // Rotary tables, seq x head_dim: each pair of dimensions turns at its own frequency.
     const std::int64_t head_dim = c.width / c.heads;
@@ -175,50 +169,29 @@ class LlamaStep final : public TrainingStep, public nn::Module {
     const at::Tensor table = torch::cat({angles, angles}, -1);
     cos_ = register_buffer("cos", table.cos());
     sin_ = register_buffer("sin", table.sin());
-    causal_mask_ = register_buffer(
-        "causal_mask", torch::ones({c.seq, c.seq}, torch::kBool).triu(1).view({1, 1, c.seq, c.seq}));
-    if (stage_.first()) tokens_ = torch::zeros({batch, c.seq}, torch::kLong);
-    if (stage_.last()) targets_ = torch::zeros({batch * c.seq}, torch::kLong);
     cast_floating(*this, c.dtype);
-    dtype_ = c.dtype;
-  }
-
-  PipelineStage pipeline_stage() const override { return stage_; }
-
-  std::vector<at::Tensor> parameters() override { return Module::parameters(); }
-  std::vector<std::vector<at::Tensor>> unit_parameters() override { return parameters_of(blocks_); }
-
-  at::Tensor forward_loss() override {
-    ModuleScope root("Llama");
-    at::Tensor x =
-        stage_.first()
-            ? scoped("embed_tokens", [&] { return tp_.sequence_chunk(tp_.embedding(tokens_, embed_->weight)); })
-            : received_activations(received_, dtype_);
-    x = run_chain(units_, std::move(x), checkpoint_);
-    if (!stage_.last()) return x;
-    x = scoped("norm", [&] { return norm_->forward(x); });
-    const at::Tensor logits = scoped("lm_head", [&] { return tp_.column_linear(x, lm_head_->weight); });
-    return tp_.cross_entropy(logits.view({-1, logits.size(-1)}), targets_);
   }
 
  private:
-  TensorParallelRank tp_;  // before the blocks, which refer to it
-  PipelineStage stage_;
-  CheckpointPolicy checkpoint_;
-  std::vector<std::int64_t> received_;  // the sizes of a later stage's input
-  c10::ScalarType dtype_ = c10::kFloat;
+  at::Tensor embed() override {
+    return scoped("embed_tokens", [&] { return tp_.sequence_chunk(tp_.embedding(tokens_, embed_->weight)); });
+  }
+
+  at::Tensor head(const at::Tensor& x) override {
+    const at::Tensor y = scoped("norm", [&] { return norm_->forward(x); });
+    return scoped("lm_head", [&] { return tp_.column_linear(y, lm_head_->weight); });
+  }
+
   nn::Embedding embed_{nullptr};
   std::shared_ptr<RmsNorm> norm_;
   nn::Linear lm_head_{nullptr};
-  std::vector<std::shared_ptr<Block>> blocks_;
-  std::vector<Unit> units_;  // the blocks, in order
-  at::Tensor cos_, sin_, causal_mask_, tokens_, targets_;
+  at::Tensor cos_, sin_;
 };
 
 }  // namespace
 
 StepBuilder llama_step(const ZooConfig& config) {
-  return [config] { return std::make_unique<LlamaStep>(config, config.batch); };
+  return [config] { return std::make_unique<LlamaStep>(config); };
 }
 
 }  // namespace metamem

@@ -13,10 +13,6 @@ namespace metamem {
 // (Module::to would cast integer and bool buffers too).
 void cast_floating(torch::nn::Module& module, c10::ScalarType dtype);
 
-// What a pipeline stage after the first receives per micro-batch: a new
-// buffer of `sizes` whose gradient it sends back.
-at::Tensor received_activations(const std::vector<std::int64_t>& sizes, c10::ScalarType dtype);
-
 // The parameters of each of `modules` (shared pointers to nn::Module types).
 template <typename Modules>
 std::vector<std::vector<at::Tensor>> parameters_of(const Modules& modules) {

@@ -1,12 +1,10 @@
 #include "examples/zoo/Zoo.h"
 
 #include <torch/nn/module.h>
-#include <torch/types.h>
 
 #include <stdexcept>
 
 #include "examples/zoo/Models.h"
-#include "profiler/Tracer.h"
 
 namespace metamem {
 namespace {
@@ -35,11 +33,6 @@ void cast_floating(torch::nn::Module& module, c10::ScalarType dtype) {
   };
   for (auto& p : module.parameters()) cast(p);
   for (auto& b : module.buffers()) cast(b);
-}
-
-at::Tensor received_activations(const std::vector<std::int64_t>& sizes, c10::ScalarType dtype) {
-  ModuleScope scope("recv");
-  return torch::empty(sizes, dtype).requires_grad_();
 }
 
 c10::ScalarType parse_dtype(const std::string& name) {
