@@ -33,6 +33,12 @@ constexpr int kReplans = 4;
 
 using Fit = std::optional<std::pair<std::int64_t, Trial>>;
 
+// The bytes a trace needs: on CUDA the allocator's segments, on CPU the live bytes.
+std::int64_t needed_bytes(const ModelFlags& m, const Trace& trace) {
+  return m.device == "cuda" ? simulate_allocator(trace, m.allocator_divisions()).reserved
+                            : trace.measured().peak_bytes;
+}
+
 // The largest batch up to `max_batch` whose trial fits: doubling from
 // `fits_at` (a batch known to fit, or 0), then bisection between the last
 // batch that fits and the first that does not.
@@ -95,7 +101,6 @@ int search_layouts(const ModelFlags& m, std::int64_t gpus, std::int64_t memory, 
   if (gpus < 1 || gpus > 4096) throw UsageError("--gpus must be between 1 and 4096");
   const auto started = std::chrono::steady_clock::now();
   const c10::Device device(m.device);
-  const int divisions = m.allocator_divisions();
   const ZooConfig model = m.config();
   zoo_step(model);  // the model itself must be valid; layouts it cannot split are skipped
   std::int64_t traces = 0;
@@ -116,14 +121,18 @@ int search_layouts(const ModelFlags& m, std::int64_t gpus, std::int64_t memory, 
           ++traces;
           const Trace trace = trace_step(zoo_step(config), device, options);
           Trial t;
-          t.bytes = m.device == "cuda" ? simulate_allocator(trace, divisions).reserved : trace.measured().peak_bytes;
+          t.bytes = needed_bytes(m, trace);
           t.fits = t.bytes <= memory;
           return t;
         },
         max_batch, fits_at);
   };
 
-  std::vector<std::pair<Layout, std::pair<std::int64_t, std::int64_t>>> rows;  // layout, (batch, bytes)
+  struct Row {
+    Layout layout;
+    std::int64_t micro_batch, bytes;
+  };
+  std::vector<Row> rows;
   for (std::int64_t tp = 1; tp <= std::min<std::int64_t>(gpus, 8); tp *= 2) {
     if (gpus % tp != 0) continue;
     const int dp = static_cast<int>(gpus / tp);
@@ -141,22 +150,22 @@ int search_layouts(const ModelFlags& m, std::int64_t gpus, std::int64_t memory, 
         }
         if (!best) continue;
         fits_at[zero] = fits_below = best->first;
-        rows.push_back({layout, {best->first, best->second.bytes}});
+        rows.push_back({layout, best->first, best->second.bytes});
       }
     }
   }
   progress.finish();
-  std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
-    if (a.first.recompute != b.first.recompute) return a.first.recompute < b.first.recompute;
-    return a.second.first > b.second.first;
+  std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
+    if (a.layout.recompute != b.layout.recompute) return a.layout.recompute < b.layout.recompute;
+    return a.micro_batch > b.micro_batch;
   });
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   if (format == "json") {
     nlohmann::json layouts = nlohmann::json::array();
-    for (const auto& [l, fit] : rows)
+    for (const auto& [l, micro_batch, bytes] : rows)
       layouts.push_back({{"tp", l.tp}, {"sequence_parallel", l.tp > 1}, {"dp", l.dp}, {"zero_stage", l.zero},
-                         {"recompute", recompute_name(l.recompute)}, {"micro_batch", fit.first},
-                         {"predicted_bytes", fit.second}});
+                         {"recompute", recompute_name(l.recompute)}, {"micro_batch", micro_batch},
+                         {"predicted_bytes", bytes}});
     std::cout << nlohmann::json{{"model", m.zoo.model}, {"gpus", gpus}, {"memory_bytes", memory},
                                 {"layouts", layouts}, {"traces", traces}, {"seconds", seconds}}
                      .dump(2)
@@ -168,9 +177,9 @@ int search_layouts(const ModelFlags& m, std::int64_t gpus, std::int64_t memory, 
              rows.size(), m.zoo.model, gpus, human_bytes(memory), traces, seconds);
   fmt::print("{:>4} {:>5} {:>5} {:>10} {:>12} {:>14}\n", "tp", "dp", "zero", "recompute", "micro-batch",
              m.device == "cuda" ? "reserved" : "peak");
-  for (const auto& [l, fit] : rows)
+  for (const auto& [l, micro_batch, bytes] : rows)
     fmt::print("{:>4} {:>5} {:>5} {:>10} {:>12} {:>14}\n", l.tp, l.dp, l.zero, recompute_name(l.recompute),
-               fit.first, human_bytes(fit.second));
+               micro_batch, human_bytes(bytes));
   return 0;
 }
 
@@ -201,7 +210,6 @@ int fit_command(const std::vector<std::string>& args) {
     return search_layouts(m, gpus, memory, max_batch, format);
   }
   const StepOptions options = m.step_options();
-  const int divisions = m.allocator_divisions();
   const c10::Device device(m.device);
 
   std::int64_t traces = 0;
@@ -212,16 +220,12 @@ int fit_command(const std::vector<std::string>& args) {
     ++traces;
     return trace_step(zoo_step(config), device, options);
   };
-  // On CUDA the allocator's segments must fit; on CPU the live bytes.
-  auto needed = [&](const Trace& trace) {
-    return m.device == "cuda" ? simulate_allocator(trace, divisions).reserved : trace.measured().peak_bytes;
-  };
   Progress progress("fit");
   auto trial = [&](std::int64_t batch) {
     progress.update(fmt::format("tracing batch {}", batch));
     Trial result;
     const Trace plain = trace_with(batch, {});
-    result.bytes = needed(plain);
+    result.bytes = needed_bytes(m, plain);
     result.fits = result.bytes <= memory;
     if (result.fits || checkpoint == "none") return result;
     CheckpointSimulator simulator([&](const CheckpointPolicy& policy) {
@@ -231,7 +235,7 @@ int fit_command(const std::vector<std::string>& args) {
     for (int replan = 0; replan < kReplans; ++replan) {
       std::optional<CheckpointPlan> plan = solve_checkpointing(simulator, checkpoint, budget);
       if (!plan) break;
-      const std::int64_t bytes = needed(trace_with(batch, plan->policy));
+      const std::int64_t bytes = needed_bytes(m, trace_with(batch, plan->policy));
       if (bytes <= memory) return Trial{true, bytes, std::move(plan), simulator.step_flops()};
       budget -= bytes - memory;
     }

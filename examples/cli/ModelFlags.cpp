@@ -4,36 +4,28 @@ namespace metamem::cli {
 
 void ModelFlags::add_to(Flags& flags) {
   flags.add("--model", &zoo.model);
-  for (auto [name, value] : {std::pair{"--batch", &zoo.batch}, {"--seq", &zoo.seq},
-                             {"--image", &zoo.image}, {"--layers", &zoo.layers},
-                             {"--width", &zoo.width}, {"--heads", &zoo.heads},
-                             {"--vocab", &zoo.vocab}, {"--kv-heads", &zoo.kv_heads}, {"--ffn", &zoo.ffn}})
+  for (auto [name, value] :
+       {std::pair{"--batch", &zoo.batch}, {"--seq", &zoo.seq}, {"--image", &zoo.image}, {"--layers", &zoo.layers},
+        {"--width", &zoo.width}, {"--heads", &zoo.heads}, {"--vocab", &zoo.vocab}, {"--kv-heads", &zoo.kv_heads},
+        {"--ffn", &zoo.ffn}, {"--roundup-power2-divisions", &roundup_power2_divisions}, {"--steps", &steps},
+        {"--grad-accum", &grad_accum}, {"--tp", &tp}, {"--pp", &pp}, {"--stage", &stage},
+        {"--microbatches", &microbatches}, {"--dp", &dp}, {"--zero", &zero}, {"--gpus-per-node", &gpus_per_node},
+        {"--rank", &rank}})
     flags.add(name, value);
   flags.add("--device", &device, {"cpu", "cuda"});
   flags.add("--optimizer", &optimizer);
   flags.add("--dtype", &dtype);
   flags.add_list("--input", &inputs);
   flags.add("--loss", &loss);
-  flags.add("--roundup-power2-divisions", &roundup_power2_divisions);
-  flags.add("--steps", &steps);
-  flags.add("--grad-accum", &grad_accum);
   flags.add("--zero-grad", &zero_grad, {"set_to_none", "zero", "none"});
   flags.add("--main-grads", &main_grads, {"param", "fp32"});
   flags.add("--policy", &policy);
   flags.add("--amp", &amp, {"none", "bf16", "f16"});
   flags.add("--attention", &attention, {"math", "flash"});
-  flags.add("--tp", &tp);
+  flags.add("--schedule", &schedule, {"1f1b", "gpipe"});
+  flags.add("--fsdp", &fsdp, {"none", "full", "hybrid"});
   flags.add_switch("--sequence-parallel", &sequence_parallel);
   flags.add_switch("--selective-recompute", &selective_recompute);
-  flags.add("--pp", &pp);
-  flags.add("--stage", &stage);
-  flags.add("--microbatches", &microbatches);
-  flags.add("--schedule", &schedule, {"1f1b", "gpipe"});
-  flags.add("--dp", &dp);
-  flags.add("--zero", &zero);
-  flags.add("--fsdp", &fsdp, {"none", "full", "hybrid"});
-  flags.add("--gpus-per-node", &gpus_per_node);
-  flags.add("--rank", &rank);
 }
 
 bool ModelFlags::is_script() const { return is_script_path(zoo.model); }
