@@ -242,6 +242,7 @@ void run_steps(const StepBuilder& build, const StepOptions& options, PhaseListen
       accumulators.push_back(std::move(accumulator));
   }
   auto optimizer = make_optimizer(options.optimizer, stepped);
+  const c10::Device device = model.params.empty() ? c10::Device(c10::kCPU) : model.params.front().device();
   phases.setup(*step, model);
 
   for (int s = 0; s < options.steps; ++s) {
@@ -251,8 +252,7 @@ void run_steps(const StepBuilder& build, const StepOptions& options, PhaseListen
       if (pass == Pass::Forward) {
         phases.forward();
         if (sharded) sharded->begin_forward();
-        AutocastRegion autocast(options.autocast,
-                                model.params.empty() ? c10::Device(c10::kCPU) : model.params.front().device());
+        AutocastRegion autocast(options.autocast, device);
         in_flight.push_back(InFlight::of(step->forward_loss(), stage));
         continue;
       }
