@@ -8,6 +8,7 @@
 #include <c10/util/SmallVector.h>
 
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -56,13 +57,14 @@ BufferId track_storage(const at::Tensor& inner) {
   auto* tag = static_cast<BufferTag*>(impl->data_ptr().get_context());
   if (tag != nullptr && tag->bytes == impl->nbytes()) return tag->id;
 
-  auto* fresh = new BufferTag{g_next_buffer.fetch_add(1), impl->nbytes()};
+  auto fresh = std::make_unique<BufferTag>(BufferTag{g_next_buffer.fetch_add(1), impl->nbytes()});
   if (auto* observer = g_mode.observer.load(std::memory_order_acquire))
-    observer->on_alloc(fresh->id, fresh->bytes);
+    observer->on_alloc(fresh->id, fresh->bytes);  // may throw (a tracer told to stop)
+  const BufferId id = fresh->id;
   // Swapping in the new DataPtr releases the old tag: alloc-then-free, as a
   // real reallocation does.
-  impl->set_data_ptr_noswap(c10::DataPtr(nullptr, fresh, &release_tag, c10::Device(c10::kMeta)));
-  return fresh->id;
+  impl->set_data_ptr_noswap(c10::DataPtr(nullptr, fresh.release(), &release_tag, c10::Device(c10::kMeta)));
+  return id;
 }
 
 using BufferList = c10::SmallVector<BufferId, 8>;
@@ -384,11 +386,7 @@ MetaMode::MetaMode(c10::Device fake_device, MetaObserver* observer) : keys_(meta
   if (fake_device.type() != c10::kCPU && fake_device.type() != c10::kCUDA)
     throw std::invalid_argument("metamem: fake device must be cpu or cuda");
   if (g_mode.active.exchange(true)) throw std::logic_error("metamem: MetaMode is already active");
-  static std::once_flag registered;
-  std::call_once(registered, [] {
-    register_meta_kernel();
-    register_missing_meta_kernels();
-  });
+  register_meta_kernels();
   // Autograd indexes CUDA devices: a fake one needs an index; CPU has none.
   g_mode.device = fake_device.type() == c10::kCUDA && !fake_device.has_index()
                       ? c10::Device(c10::kCUDA, 0)
@@ -401,6 +399,14 @@ MetaMode::~MetaMode() {
   g_mode.observer.store(nullptr, std::memory_order_release);
   set_fake_cuda_active(false);
   g_mode.active.store(false);
+}
+
+void register_meta_kernels() {
+  static std::once_flag registered;
+  std::call_once(registered, [] {
+    register_meta_kernel();
+    register_missing_meta_kernels();
+  });
 }
 
 bool meta_mode_active() { return g_mode.active.load(); }

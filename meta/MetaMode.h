@@ -62,6 +62,11 @@ class UnsupportedOpError : public c10::NotImplementedError {
 using UnsupportedOpReporter = void (*)(const UnsupportedOpError& error);
 void set_unsupported_op_reporter(UnsupportedOpReporter reporter);
 
+// Registers metamem's kernels with the dispatcher, once per process (a
+// tenth of a second or more); the first MetaMode does it otherwise. A
+// process that forks tracing workers does it first, for all of them.
+void register_meta_kernels();
+
 class MetaMode {
  public:
   // One MetaMode at a time in the process; a second throws std::logic_error.

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -135,7 +136,10 @@ void validate(const StepOptions& options);
 // Setup (build, optimizer), then `options.steps` steps of forward, loss,
 // backward (per micro-batch), optimizer step and zero_grad on
 // `fake_device`. The trace's measured step is the last.
-Trace trace_step(const StepBuilder& build, c10::Device fake_device, const StepOptions& options = {});
+// With `stop_above_live_bytes`, throws LiveBytesExceeded (Tracer.h) as soon
+// as the live bytes pass it.
+Trace trace_step(const StepBuilder& build, c10::Device fake_device, const StepOptions& options = {},
+                 std::optional<std::int64_t> stop_above_live_bytes = std::nullopt);
 
 // The same steps on real CPU tensors: each step's peak bytes held through
 // the CPU allocator, from its start (model states and inputs live) to its end.

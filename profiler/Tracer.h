@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include "profiler/Trace.h"
@@ -15,6 +16,12 @@ namespace metamem {
 namespace detail {
 class TraceRecorder;
 }
+
+// Thrown by a Tracer told to stop above some live bytes, once they pass them.
+class LiveBytesExceeded : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 class Tracer {
  public:
@@ -45,6 +52,10 @@ class Tracer {
   // otherwise (or found to be saved activations or optimizer states).
   // Acts on the active tracer, if any: models may call it.
   static void mark(const std::vector<at::Tensor>& tensors, Category category);
+  // From here on, an allocation that takes the live bytes above `bytes`
+  // throws LiveBytesExceeded: whoever only asks whether a step fits in
+  // memory needs no more of a step that cannot.
+  void stop_above(std::int64_t bytes);
   // Ends the MetaMode and returns the trace; no events are recorded after.
   // Without begin_step or begin_forward, the whole trace is one step.
   Trace finish();

@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "estimator/Estimate.h"
+#include "profiler/Tracer.h"
 #include "tests/SmallModels.h"
 
 namespace metamem {
@@ -85,6 +86,24 @@ TEST(SteadyState, SecondStepPeakAddsAdamStates) {
   EXPECT_EQ(est.nodes.peak_phase, Phase::Backward);
   EXPECT_EQ(est.live_at_peak[static_cast<std::size_t>(Category::OptimizerState)],
             2 * 4 * trace.parameter_count);
+}
+
+// A trace told to stop above some live bytes stops once past them (in the
+// fake-cuda backward too, which runs on autograd's device thread) and
+// otherwise records the same steps.
+TEST(SteadyState, ATraceStopsAboveTheLiveBytesItIsGiven) {
+  for (const c10::Device device : {kCpu, kCuda}) {
+    const auto build = zoo_step(activation_heavy_gpt2());
+    const Trace whole = trace_step(build, device, adam(ZeroGrad::SetToNone));
+    const std::int64_t peak = whole.measured().peak_bytes;
+    const Trace within = trace_step(build, device, adam(ZeroGrad::SetToNone), peak);
+    EXPECT_EQ(within.events.size(), whole.events.size());
+    EXPECT_EQ(within.measured().peak_bytes, peak);
+    EXPECT_THROW(trace_step(build, device, adam(ZeroGrad::SetToNone), peak - 1), LiveBytesExceeded) << device;
+    EXPECT_THROW(trace_step(build, device, adam(ZeroGrad::SetToNone), whole.steps.front().begin_bytes - 1),
+                 LiveBytesExceeded)
+        << device;
+  }
 }
 
 // The second micro-batch starts with the first one's gradients live.
