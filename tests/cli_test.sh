@@ -122,7 +122,8 @@ expect 0 "rank of 4 data-parallel, ZeRO stage 2" profile --model mlp --batch 2 -
 small_llama=(--batch 1 --seq 64 --layers 1 --width 64 --heads 4 --vocab 100)
 expect 0 "layouts of gpt2 on 4 GPUs" fit --model gpt2 "${small_llama[@]}" --memory 64MiB --optimizer adam --search --gpus 4
 expect 2 "--search and --gpus N go together" fit --model gpt2 "${small_llama[@]}" --memory 64MiB --search
-expect 2 "fit --search chooses --tp, --dp, --zero and recompute itself" fit --model gpt2 "${small_llama[@]}" --memory 64MiB --search --gpus 4 --tp 2
+expect 2 "fit --search chooses --tp, --pp, --dp, --zero and recompute itself" fit --model gpt2 "${small_llama[@]}" --memory 64MiB --search --gpus 4 --pp 2
+expect 2 "--jobs must be between 1 and 256" fit --model gpt2 "${small_llama[@]}" --memory 64MiB --search --gpus 4 --jobs 0
 expect 2 "fit --search lays out gpt2 and llama" fit --model mlp --memory 64MiB --search --gpus 4
 expect 2 "checkpoint chooses what to recompute itself" checkpoint --model gpt2 "${small_llama[@]}" --budget 1MiB --selective-recompute
 expect 0 "stage 1 of 2 \\(gpipe\\)" profile --model llama --batch 1 --seq 64 --layers 2 --width 64 --heads 4 --vocab 100 --pp 2 --stage 1 --microbatches 4 --schedule gpipe

@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <map>
 #include <optional>
 
+#include "estimator/BatchSearch.h"
 #include "estimator/CheckpointSolve.h"
 #include "estimator/Estimate.h"
 #include "estimator/Units.h"
@@ -15,6 +17,9 @@
 #include "examples/cli/Flags.h"
 #include "examples/cli/ModelFlags.h"
 #include "examples/cli/Output.h"
+#include "examples/cli/Processes.h"
+#include "meta/MetaMode.h"
+#include "profiler/Tracer.h"
 
 namespace metamem::cli {
 namespace {
@@ -25,13 +30,12 @@ struct Trial {
   std::int64_t bytes = 0;  // reserved by the CUDA allocator (fake cuda) or live (fake cpu)
   std::optional<CheckpointPlan> plan;  // with --checkpoint
   std::int64_t step_flops = 0;         // without checkpointing
+  std::int64_t passes_bytes = 0;       // the passes' live peak, without --checkpoint
 };
 
 // Bounds a batch search re-plans with: the live-bytes budget shrinks by
 // what the allocator reserved beyond the memory, a few times at most.
 constexpr int kReplans = 4;
-
-using Fit = std::optional<std::pair<std::int64_t, Trial>>;
 
 // The bytes a trace needs: on CUDA the allocator's segments, on CPU the live bytes.
 std::int64_t needed_bytes(const ModelFlags& m, const Trace& trace) {
@@ -39,122 +43,196 @@ std::int64_t needed_bytes(const ModelFlags& m, const Trace& trace) {
                             : trace.measured().peak_bytes;
 }
 
-// The largest batch up to `max_batch` whose trial fits: doubling from
-// `fits_at` (a batch known to fit, or 0), then bisection between the last
-// batch that fits and the first that does not.
-template <typename TrialFn>
-Fit largest_batch(const TrialFn& trial, std::int64_t max_batch, std::int64_t fits_at = 0) {
-  Fit best;
-  std::int64_t fails = 0;
-  const std::int64_t start = std::clamp<std::int64_t>(fits_at, 1, max_batch);
-  for (std::int64_t batch = start; batch <= max_batch; batch *= 2) {
-    Trial t = trial(batch);
-    if (!t.fits) {
-      fails = batch;
-      break;
-    }
-    best.emplace(batch, std::move(t));
+// The measured step's live peak over its forward and backward passes: it
+// grows evenly with the batch, where the step's own peak sits in the
+// optimizer step at small batches.
+std::int64_t passes_peak(const Trace& trace) {
+  const std::size_t end = trace.backward_ends.empty() ? trace.events.size() : trace.backward_ends.back();
+  std::int64_t peak = 0;
+  for (std::size_t e = trace.measured().begin; e < end; ++e) peak = std::max(peak, trace.events[e].live_bytes);
+  return peak;
+}
+
+// What a step needs against `memory`, its passes' peak as the even measure:
+// nothing once its trace holds more than `memory` live (the allocator
+// reserves at least that).
+BatchTrial trial_within(const ModelFlags& m, const StepBuilder& step, const StepOptions& options,
+                        std::int64_t memory) {
+  try {
+    const Trace trace = trace_step(step, c10::Device(m.device), options, memory);
+    const std::int64_t bytes = needed_bytes(m, trace);
+    return {bytes <= memory, bytes, passes_peak(trace)};
+  } catch (const LiveBytesExceeded&) {
+    return {};
   }
-  if (!best && start > 1) return largest_batch(trial, start - 1);  // the hint did not fit after all
-  if (fails == 0) fails = max_batch + 1;
-  std::int64_t low = best ? best->first : 0;
-  while (fails - low > 1) {
-    const std::int64_t batch = low + (fails - low) / 2;
-    Trial t = trial(batch);
-    if (t.fits) {
-      best.emplace(batch, std::move(t));
-      low = batch;
-    } else {
-      fails = batch;
-    }
-  }
-  return best;
 }
 
 // One parallel layout of the GPUs and how much it recomputes.
 struct Layout {
   std::int64_t tp = 1;
-  int dp = 1, zero = 0;
+  int pp = 1, dp = 1, zero = 0;
   enum class Recompute { None, Selective, Full } recompute = Recompute::None;
 };
 
-const char* recompute_name(Layout::Recompute r) {
-  switch (r) {
-    case Layout::Recompute::None: return "none";
-    case Layout::Recompute::Selective: return "selective";
-    case Layout::Recompute::Full: return "full";
-  }
-  return "?";
+constexpr const char* kRecomputeNames[] = {"none", "selective", "full"};
+
+const char* recompute_name(Layout::Recompute r) { return kRecomputeNames[static_cast<int>(r)]; }
+
+// A layout with its largest micro-batch that fits, and what its busiest
+// pipeline stage needs.
+struct Row {
+  Layout layout;
+  std::int64_t micro_batch = 0;
+  std::int64_t bytes = 0;
+  int stage = 0;
+};
+
+nlohmann::json to_json(const Row& row) {
+  const Layout& l = row.layout;
+  return {{"tp", l.tp}, {"sequence_parallel", l.tp > 1}, {"pp", l.pp}, {"microbatches", l.pp},
+          {"dp", l.dp}, {"zero_stage", l.zero}, {"recompute", recompute_name(l.recompute)},
+          {"micro_batch", row.micro_batch}, {"predicted_bytes", row.bytes}, {"peak_stage", row.stage}};
 }
 
-// Every layout of `gpus` (tensor parallel within a node, with sequence
-// parallelism; data parallel over the rest with each ZeRO stage; no,
-// selective or full recompute) with its largest micro-batch that fits,
-// ordered by least recompute, then largest micro-batch.
-int search_layouts(const ModelFlags& m, std::int64_t gpus, std::int64_t memory, std::int64_t max_batch,
-                   const std::string& format) {
-  if (m.zoo.model != "gpt2" && m.zoo.model != "llama")
-    throw UsageError("fit --search lays out gpt2 and llama over GPUs");
-  if (m.tp != 1 || m.sequence_parallel || m.selective_recompute || m.dp != 1 || m.zero != 0 || m.fsdp != "none" ||
-      m.policy != "none")
-    throw UsageError("fit --search chooses --tp, --dp, --zero and recompute itself: leave them out");
-  if (gpus < 1 || gpus > 4096) throw UsageError("--gpus must be between 1 and 4096");
-  const auto started = std::chrono::steady_clock::now();
-  const c10::Device device(m.device);
-  const ZooConfig model = m.config();
-  zoo_step(model);  // the model itself must be valid; layouts it cannot split are skipped
-  std::int64_t traces = 0;
-  Progress progress("fit --search");
-  auto fit = [&](const Layout& layout, std::int64_t fits_at) {
-    ZooConfig config = model;
-    config.tensor_parallel = {layout.tp, layout.tp > 1};
-    config.selective_recompute = layout.recompute == Layout::Recompute::Selective;
-    if (layout.recompute == Layout::Recompute::Full)
-      for (std::int32_t u = 0; u < config.layers; ++u) config.checkpoint.segments.push_back({u, u, {}});
-    StepOptions options = m.step_options();
-    options.data_parallel = {layout.dp, layout.zero};
-    return largest_batch(
-        [&](std::int64_t batch) {
-          progress.update(fmt::format("tp {} dp {} zero {} recompute {}: batch {}", layout.tp, layout.dp, layout.zero,
-                                      recompute_name(layout.recompute), batch));
-          config.batch = batch;
-          ++traces;
-          const Trace trace = trace_step(zoo_step(config), device, options);
-          Trial t;
-          t.bytes = needed_bytes(m, trace);
-          t.fits = t.bytes <= memory;
-          return t;
-        },
-        max_batch, fits_at);
-  };
+Row row_from_json(const nlohmann::json& j) {
+  const std::string recompute = j.at("recompute");
+  const auto named = std::find(std::begin(kRecomputeNames), std::end(kRecomputeNames), recompute);
+  return {{j.at("tp"), j.at("pp"), j.at("dp"), j.at("zero_stage"),
+           static_cast<Layout::Recompute>(named - std::begin(kRecomputeNames))},
+          j.at("micro_batch"), j.at("predicted_bytes"), j.at("peak_stage")};
+}
 
-  struct Row {
-    Layout layout;
-    std::int64_t micro_batch, bytes;
-  };
-  std::vector<Row> rows;
-  for (std::int64_t tp = 1; tp <= std::min<std::int64_t>(gpus, 8); tp *= 2) {
-    if (gpus % tp != 0) continue;
-    const int dp = static_cast<int>(gpus / tp);
-    std::vector<std::int64_t> fits_at(4, 0);  // per ZeRO stage: more recompute fits at least as much
+// Searches the layouts of one tensor- and pipeline-parallel split: data
+// parallel over the other GPUs with each ZeRO stage the pipeline allows,
+// and no, selective or full recompute. Batch searches start from what a
+// layout with less sharding or recompute fitted, and the slope of one
+// with the same recompute.
+class SplitSearch {
+ public:
+  SplitSearch(const ModelFlags& m, const ZooConfig& model, std::int64_t memory, std::int64_t max_batch)
+      : m_(m), model_(model), memory_(memory), max_batch_(max_batch) {}
+
+  std::vector<Row> rows(std::int64_t tp, int pp, int dp) {
+    std::vector<Row> rows;
+    const int top_zero = dp == 1 ? 0 : pp > 1 ? 1 : 3;  // pipelines shard optimizer states at most
+    std::vector<std::int64_t> fits_at(top_zero + 1, 1);  // per ZeRO stage
     for (auto recompute : {Layout::Recompute::None, Layout::Recompute::Selective, Layout::Recompute::Full}) {
-      if (recompute == Layout::Recompute::Selective && model.flash_attention) continue;  // nothing to recompute
-      std::int64_t fits_below = 0;  // a higher ZeRO stage fits at least as much
-      for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {
-        const Layout layout{tp, dp, zero, recompute};
-        Fit best;
+      if (recompute == Layout::Recompute::Selective && model_.flash_attention) continue;  // nothing to recompute
+      BatchHint hint;
+      for (int zero = 0; zero <= top_zero; ++zero) {
+        hint.fits_at = std::max(hint.fits_at, fits_at[zero]);
+        Row row{{tp, pp, dp, zero, recompute}};
+        double bytes_per_sample = 0;
         try {
-          best = fit(layout, std::max(fits_at[zero], fits_below));
+          bytes_per_sample = fit(row, hint);
         } catch (const std::invalid_argument&) {
           continue;  // the model does not split so (its ffn or vocabulary over tp ranks)
         }
-        if (!best) continue;
-        fits_at[zero] = fits_below = best->first;
-        rows.push_back({layout, best->first, best->second.bytes});
+        if (bytes_per_sample > 0) hint.bytes_per_sample = bytes_per_sample;
+        if (row.micro_batch == 0) continue;
+        fits_at[zero] = hint.fits_at = row.micro_batch;
+        rows.push_back(row);
       }
     }
+    return rows;
   }
+
+  std::int64_t traces() const { return traces_; }
+
+ private:
+  // Fills in the row's micro-batch, bytes and stage; returns the first
+  // stage's bytes per sample. A pipeline's first stage holds the most
+  // micro-batches in flight and its last the head and loss; the stages
+  // between hold less than the first. Under 1F1B with as many
+  // micro-batches as stages the first holds its most: more add none.
+  double fit(Row& row, BatchHint hint) {
+    const Layout& layout = row.layout;
+    ZooConfig config = model_;
+    config.tensor_parallel = {layout.tp, layout.tp > 1};
+    config.selective_recompute = layout.recompute == Layout::Recompute::Selective;
+    if (layout.recompute == Layout::Recompute::Full)
+      for (std::int32_t u = 0; u < config.layers / layout.pp; ++u) config.checkpoint.segments.push_back({u, u, {}});
+    StepOptions options = m_.step_options();
+    options.data_parallel = {layout.dp, layout.zero};
+    if (layout.pp > 1) {
+      options.grad_accum = layout.pp;
+      options.schedule = Schedule::OneFOneB;
+    }
+    const std::vector<int> stages = layout.pp > 1 ? std::vector{0, layout.pp - 1} : std::vector{0};
+    std::vector<std::map<std::int64_t, BatchTrial>> trials(stages.size());  // per stage, by batch
+    auto trial = [&](std::size_t s, std::int64_t batch) {
+      if (const auto found = trials[s].find(batch); found != trials[s].end()) return found->second;
+      config.pipeline = {layout.pp, stages[s]};
+      config.batch = batch;
+      ++traces_;
+      return trials[s][batch] = trial_within(m_, zoo_step(config), options, memory_);
+    };
+    std::int64_t most = max_batch_;
+    double bytes_per_sample = 0;
+    for (std::size_t s = 0; s < stages.size() && most > 0; ++s) {
+      const BatchFit found = largest_batch([&](std::int64_t batch) { return trial(s, batch); }, memory_, most,
+                                           s == 0 ? hint : BatchHint{most, 0});
+      if (s == 0) bytes_per_sample = found.bytes_per_sample;
+      most = found.batch;
+    }
+    row.micro_batch = most;
+    for (std::size_t s = 0; s < stages.size() && most > 0; ++s)
+      if (const std::int64_t b = trial(s, most).bytes; b > row.bytes) {
+        row.bytes = b;
+        row.stage = stages[s];
+      }
+    return bytes_per_sample;
+  }
+
+  const ModelFlags& m_;
+  const ZooConfig& model_;
+  std::int64_t memory_, max_batch_;
+  std::int64_t traces_ = 0;
+};
+
+// Every layout of `gpus` (tensor parallel within a node, with sequence
+// parallelism; pipeline stages under 1F1B; data parallel over the rest)
+// with its largest micro-batch that fits, ordered by least recompute, then
+// largest micro-batch. The splits are searched apart, `jobs` at a time.
+int search_layouts(const ModelFlags& m, std::int64_t gpus, std::int64_t memory, std::int64_t max_batch, int jobs,
+                   const std::string& format) {
+  if (m.zoo.model != "gpt2" && m.zoo.model != "llama")
+    throw UsageError("fit --search lays out gpt2 and llama over GPUs");
+  if (m.tp != 1 || m.sequence_parallel || m.selective_recompute || m.pp != 1 || m.dp != 1 || m.zero != 0 ||
+      m.fsdp != "none" || m.policy != "none")
+    throw UsageError("fit --search chooses --tp, --pp, --dp, --zero and recompute itself: leave them out");
+  if (gpus < 1 || gpus > 4096) throw UsageError("--gpus must be between 1 and 4096");
+  const auto started = std::chrono::steady_clock::now();
+  const ZooConfig model = m.config();
+  zoo_step(model);  // the model itself must be valid; layouts it cannot split are skipped
+  struct Split {
+    std::int64_t tp;
+    int pp, dp;
+  };
+  std::vector<Split> splits;
+  for (std::int64_t tp = 1; tp <= std::min<std::int64_t>(gpus, 8); tp *= 2)
+    for (int pp = 1; tp * pp <= gpus && pp <= model.layers; pp *= 2)
+      if (gpus % (tp * pp) == 0 && model.layers % pp == 0) splits.push_back({tp, pp, static_cast<int>(gpus / (tp * pp))});
+
+  Progress progress("fit --search");
+  register_meta_kernels();  // before the workers fork, once for them all
+  const std::vector<std::string> found = run_in_processes(
+      splits.size(), jobs,
+      [&](std::size_t i) {
+        SplitSearch search(m, model, memory, max_batch);
+        nlohmann::json rows = nlohmann::json::array();
+        for (const Row& row : search.rows(splits[i].tp, splits[i].pp, splits[i].dp)) rows.push_back(to_json(row));
+        return nlohmann::json{{"rows", rows}, {"traces", search.traces()}}.dump();
+      },
+      [&](std::size_t done) { progress.update(fmt::format("{} of {} tp × pp splits", done, splits.size())); });
   progress.finish();
+  std::vector<Row> rows;
+  std::int64_t traces = 0;
+  for (const std::string& text : found) {
+    const nlohmann::json split = nlohmann::json::parse(text);
+    traces += split.at("traces").get<std::int64_t>();
+    for (const nlohmann::json& row : split.at("rows")) rows.push_back(row_from_json(row));
+  }
   std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
     if (a.layout.recompute != b.layout.recompute) return a.layout.recompute < b.layout.recompute;
     return a.micro_batch > b.micro_batch;
@@ -162,24 +240,22 @@ int search_layouts(const ModelFlags& m, std::int64_t gpus, std::int64_t memory, 
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   if (format == "json") {
     nlohmann::json layouts = nlohmann::json::array();
-    for (const auto& [l, micro_batch, bytes] : rows)
-      layouts.push_back({{"tp", l.tp}, {"sequence_parallel", l.tp > 1}, {"dp", l.dp}, {"zero_stage", l.zero},
-                         {"recompute", recompute_name(l.recompute)}, {"micro_batch", micro_batch},
-                         {"predicted_bytes", bytes}});
+    for (const Row& row : rows) layouts.push_back(to_json(row));
     std::cout << nlohmann::json{{"model", m.zoo.model}, {"gpus", gpus}, {"memory_bytes", memory},
-                                {"layouts", layouts}, {"traces", traces}, {"seconds", seconds}}
+                                {"layouts", layouts}, {"traces", traces}, {"seconds", seconds}, {"jobs", jobs}}
                      .dump(2)
               << "\n";
     return 0;
   }
-  fmt::print("{} layouts of {} on {} GPUs of {} that fit ({} traces, {:.1f} s); tensor parallel with sequence "
-             "parallelism, no pipeline parallelism\n",
-             rows.size(), m.zoo.model, gpus, human_bytes(memory), traces, seconds);
-  fmt::print("{:>4} {:>5} {:>5} {:>10} {:>12} {:>14}\n", "tp", "dp", "zero", "recompute", "micro-batch",
-             m.device == "cuda" ? "reserved" : "peak");
-  for (const auto& [l, micro_batch, bytes] : rows)
-    fmt::print("{:>4} {:>5} {:>5} {:>10} {:>12} {:>14}\n", l.tp, l.dp, l.zero, recompute_name(l.recompute),
-               micro_batch, human_bytes(bytes));
+  fmt::print("{} layouts of {} on {} GPUs of {} that fit ({} traces, {:.1f} s, {} processes); tensor parallel with "
+             "sequence parallelism, pipelines under 1F1B with as many micro-batches as stages\n",
+             rows.size(), m.zoo.model, gpus, human_bytes(memory), traces, seconds, jobs);
+  fmt::print("{:>4} {:>4} {:>5} {:>5} {:>10} {:>12} {:>14} {:>6}\n", "tp", "pp", "dp", "zero", "recompute",
+             "micro-batch", m.device == "cuda" ? "reserved" : "peak", "stage");
+  for (const Row& r : rows)
+    fmt::print("{:>4} {:>4} {:>5} {:>5} {:>10} {:>12} {:>14} {:>6}\n", r.layout.tp, r.layout.pp, r.layout.dp,
+               r.layout.zero, recompute_name(r.layout.recompute), r.micro_batch, human_bytes(r.bytes),
+               r.layout.pp > 1 ? std::to_string(r.stage) : "");
   return 0;
 }
 
@@ -188,13 +264,14 @@ int search_layouts(const ModelFlags& m, std::int64_t gpus, std::int64_t memory, 
 int fit_command(const std::vector<std::string>& args) {
   ModelFlags m;
   std::string memory_text, format = "table", checkpoint = "none";
-  std::int64_t max_batch = 1 << 16, gpus = 0;
+  std::int64_t max_batch = 1 << 16, gpus = 0, jobs = default_jobs();
   bool search = false;
   Flags flags;
   m.add_to(flags);
   flags.add("--memory", &memory_text);
   flags.add_switch("--search", &search);
   flags.add("--gpus", &gpus);
+  flags.add("--jobs", &jobs);
   flags.add("--max-batch", &max_batch);
   flags.add("--format", &format, {"table", "json"});
   flags.add("--checkpoint", &checkpoint, checkpoint_solvers());
@@ -207,27 +284,38 @@ int fit_command(const std::vector<std::string>& args) {
   if (search != (gpus != 0)) throw UsageError("--search and --gpus N go together");
   if (search) {
     if (checkpoint != "none") throw UsageError("fit --search tries no, selective and full recompute itself");
-    return search_layouts(m, gpus, memory, max_batch, format);
+    if (jobs < 1 || jobs > 256) throw UsageError("--jobs must be between 1 and 256");
+    return search_layouts(m, gpus, memory, max_batch, static_cast<int>(jobs), format);
   }
   const StepOptions options = m.step_options();
   const c10::Device device(m.device);
 
   std::int64_t traces = 0;
-  auto trace_with = [&](std::int64_t batch, const CheckpointPolicy& policy) {
+  auto step_with = [&](std::int64_t batch, const CheckpointPolicy& policy) {
     ZooConfig config = m.config();
     config.batch = batch;
     config.checkpoint = policy;
     ++traces;
-    return trace_step(zoo_step(config), device, options);
+    return zoo_step(config);
+  };
+  auto trace_with = [&](std::int64_t batch, const CheckpointPolicy& policy) {
+    return trace_step(step_with(batch, policy), device, options);
   };
   Progress progress("fit");
   auto trial = [&](std::int64_t batch) {
     progress.update(fmt::format("tracing batch {}", batch));
     Trial result;
+    if (checkpoint == "none") {
+      const BatchTrial t = trial_within(m, step_with(batch, {}), options, memory);
+      result.fits = t.fits;
+      result.bytes = t.bytes;
+      result.passes_bytes = t.even_bytes;
+      return result;
+    }
     const Trace plain = trace_with(batch, {});
     result.bytes = needed_bytes(m, plain);
     result.fits = result.bytes <= memory;
-    if (result.fits || checkpoint == "none") return result;
+    if (result.fits) return result;
     CheckpointSimulator simulator([&](const CheckpointPolicy& policy) {
       return policy.segments.empty() && policy.keep.empty() ? plain : trace_with(batch, policy);
     });
@@ -242,37 +330,45 @@ int fit_command(const std::vector<std::string>& args) {
     return result;
   };
 
-  const std::optional<std::pair<std::int64_t, Trial>> best = largest_batch(trial, max_batch);
+  std::map<std::int64_t, Trial> trials;
+  const BatchFit found = largest_batch(
+      [&](std::int64_t batch) {
+        const Trial& t = trials[batch] = trial(batch);
+        // A plan that fitted says nothing about the batch's own bytes: bisect.
+        return checkpoint == "none" ? BatchTrial{t.fits, t.bytes, t.passes_bytes} : BatchTrial{t.fits};
+      },
+      memory, max_batch);
   progress.finish();
+  const Trial* best = found.batch > 0 ? &trials.at(found.batch) : nullptr;
 
-  const std::int64_t batch = best ? best->first : 0;
-  const std::optional<CheckpointPlan> plan = best ? best->second.plan : std::nullopt;
+  const std::int64_t batch = found.batch;
+  const std::optional<CheckpointPlan> plan = best ? best->plan : std::nullopt;
   if (format == "json") {
     nlohmann::json out{{"model", m.zoo.model},
                        {"device", m.device},
                        {"memory_bytes", memory},
                        {"batch", batch},
-                       {"predicted_bytes", best ? best->second.bytes : 0},
+                       {"predicted_bytes", best ? best->bytes : 0},
                        {"checkpoint", checkpoint},
                        {"traces", traces}};
     if (plan)
       out["plan"] = {{"solver", plan->solver},
                      {"policy_text", to_string(plan->policy)},
                      {"recompute_flops", plan->step.recompute_flops},
-                     {"step_flops", best->second.step_flops}};
+                     {"step_flops", best->step_flops}};
     std::cout << out.dump(2) << "\n";
   } else if (!best) {
     fmt::print("{} does not fit in {} even at batch 1 (fake {}{}).\n", m.zoo.model, human_bytes(memory),
                m.device, checkpoint == "none" ? "" : ", with checkpointing");
   } else {
     fmt::print("largest batch that fits in {}: {} ({} predicted{}; {} traces)\n", human_bytes(memory), batch,
-               human_bytes(best->second.bytes), m.device == "cuda" ? " reserved by the CUDA allocator" : "",
+               human_bytes(best->bytes), m.device == "cuda" ? " reserved by the CUDA allocator" : "",
                traces);
     if (plan)
       fmt::print("  with checkpointing ({}): units {}, recomputing {} ({:.1f}% of the step)\n", plan->solver,
                  to_string(plan->policy), human_flops(plan->step.recompute_flops),
                  100.0 * static_cast<double>(plan->step.recompute_flops) /
-                     static_cast<double>(std::max<std::int64_t>(best->second.step_flops, 1)));
+                     static_cast<double>(std::max<std::int64_t>(best->step_flops, 1)));
   }
   return 0;
 }
