@@ -24,13 +24,12 @@
 namespace metamem::cli {
 namespace {
 
-// One batch size tried.
+// One batch size tried: its bytes are reserved by the CUDA allocator (fake
+// cuda) or live (fake cpu), with a checkpointing plan's where one fitted.
 struct Trial {
-  bool fits = false;
-  std::int64_t bytes = 0;  // reserved by the CUDA allocator (fake cuda) or live (fake cpu)
+  BatchTrial measured;
   std::optional<CheckpointPlan> plan;  // with --checkpoint
   std::int64_t step_flops = 0;         // without checkpointing
-  std::int64_t passes_bytes = 0;       // the passes' live peak, without --checkpoint
 };
 
 // Bounds a batch search re-plans with: the live-bytes budget shrinks by
@@ -306,16 +305,13 @@ int fit_command(const std::vector<std::string>& args) {
     progress.update(fmt::format("tracing batch {}", batch));
     Trial result;
     if (checkpoint == "none") {
-      const BatchTrial t = trial_within(m, step_with(batch, {}), options, memory);
-      result.fits = t.fits;
-      result.bytes = t.bytes;
-      result.passes_bytes = t.even_bytes;
+      result.measured = trial_within(m, step_with(batch, {}), options, memory);
       return result;
     }
     const Trace plain = trace_with(batch, {});
-    result.bytes = needed_bytes(m, plain);
-    result.fits = result.bytes <= memory;
-    if (result.fits) return result;
+    const std::int64_t plain_bytes = needed_bytes(m, plain);
+    result.measured = {plain_bytes <= memory, plain_bytes};
+    if (result.measured.fits) return result;
     CheckpointSimulator simulator([&](const CheckpointPolicy& policy) {
       return policy.segments.empty() && policy.keep.empty() ? plain : trace_with(batch, policy);
     });
@@ -324,7 +320,7 @@ int fit_command(const std::vector<std::string>& args) {
       std::optional<CheckpointPlan> plan = solve_checkpointing(simulator, checkpoint, budget);
       if (!plan) break;
       const std::int64_t bytes = needed_bytes(m, trace_with(batch, plan->policy));
-      if (bytes <= memory) return Trial{true, bytes, std::move(plan), simulator.step_flops()};
+      if (bytes <= memory) return Trial{{true, bytes}, std::move(plan), simulator.step_flops()};
       budget -= bytes - memory;
     }
     return result;
@@ -335,7 +331,7 @@ int fit_command(const std::vector<std::string>& args) {
       [&](std::int64_t batch) {
         const Trial& t = trials[batch] = trial(batch);
         // A plan that fitted says nothing about the batch's own bytes: bisect.
-        return checkpoint == "none" ? BatchTrial{t.fits, t.bytes, t.passes_bytes} : BatchTrial{t.fits};
+        return checkpoint == "none" ? t.measured : BatchTrial{t.measured.fits};
       },
       memory, max_batch);
   progress.finish();
@@ -348,7 +344,7 @@ int fit_command(const std::vector<std::string>& args) {
                        {"device", m.device},
                        {"memory_bytes", memory},
                        {"batch", batch},
-                       {"predicted_bytes", best ? best->bytes : 0},
+                       {"predicted_bytes", best ? best->measured.bytes : 0},
                        {"checkpoint", checkpoint},
                        {"traces", traces}};
     if (plan)
@@ -362,7 +358,7 @@ int fit_command(const std::vector<std::string>& args) {
                m.device, checkpoint == "none" ? "" : ", with checkpointing");
   } else {
     fmt::print("largest batch that fits in {}: {} ({} predicted{}; {} traces)\n", human_bytes(memory), batch,
-               human_bytes(best->bytes), m.device == "cuda" ? " reserved by the CUDA allocator" : "",
+               human_bytes(best->measured.bytes), m.device == "cuda" ? " reserved by the CUDA allocator" : "",
                traces);
     if (plan)
       fmt::print("  with checkpointing ({}): units {}, recomputing {} ({:.1f}% of the step)\n", plan->solver,

@@ -13,11 +13,12 @@ void require_positive(const char* what, std::int64_t value) {
   if (value <= 0) throw std::invalid_argument(std::string(what) + " must be positive");
 }
 
-// Tensor parallelism splits `what` evenly across its ranks.
-void require_multiple(const char* what, std::int64_t value, std::int64_t ranks) {
-  if (value % ranks != 0)
-    throw std::invalid_argument(std::string(what) + " (" + std::to_string(value) +
-                                ") must be a multiple of the tensor-parallel ranks (" + std::to_string(ranks) + ")");
+// Parallelism splits `what` evenly across its `parts` (tensor-parallel
+// ranks, pipeline stages).
+void require_multiple(const char* what, std::int64_t value, const char* parts_name, std::int64_t parts) {
+  if (value % parts != 0)
+    throw std::invalid_argument(std::string(what) + " (" + std::to_string(value) + ") must be a multiple of the " +
+                                parts_name + " (" + std::to_string(parts) + ")");
 }
 
 }  // namespace
@@ -70,11 +71,9 @@ StepBuilder zoo_step(const ZooConfig& config) {
       require_positive(what, value);
     if (config.width % config.heads != 0)
       throw std::invalid_argument("width must be a multiple of heads");
-    require_multiple("heads", config.heads, tp.ranks);
-    if (config.layers % pp.stages != 0)
-      throw std::invalid_argument("layers (" + std::to_string(config.layers) +
-                                  ") must be a multiple of the pipeline stages (" + std::to_string(pp.stages) + ")");
-    if (tp.sequence_parallel) require_multiple("seq", config.seq, tp.ranks);
+    require_multiple("heads", config.heads, "tensor-parallel ranks", tp.ranks);
+    require_multiple("layers", config.layers, "pipeline stages", pp.stages);
+    if (tp.sequence_parallel) require_multiple("seq", config.seq, "tensor-parallel ranks", tp.ranks);
     // The core attention's output must be a new tensor to be checkpointed.
     if (config.selective_recompute && (config.heads / tp.ranks < 2 || config.seq < 2))
       throw std::invalid_argument("selective recompute needs 2 or more heads per rank and seq 2 or more");
@@ -89,8 +88,8 @@ StepBuilder zoo_step(const ZooConfig& config) {
     require_positive("kv-heads", llama.kv_heads);
     require_positive("ffn", llama.ffn);
     if (llama.heads % llama.kv_heads != 0) throw std::invalid_argument("heads must be a multiple of kv-heads");
-    require_multiple("kv-heads", llama.kv_heads, tp.ranks);
-    require_multiple("ffn", llama.ffn, tp.ranks);
+    require_multiple("kv-heads", llama.kv_heads, "tensor-parallel ranks", tp.ranks);
+    require_multiple("ffn", llama.ffn, "tensor-parallel ranks", tp.ranks);
     if (llama.width / llama.heads % 2 != 0)
       throw std::invalid_argument("width / heads must be even (rotary embeddings turn pairs)");
     return llama_step(llama);
