@@ -632,14 +632,18 @@ std::int64_t reduced_pointwise_loss(Args args, Args) {
   return bytes_of(self) + (reduction == at::Reduction::Mean ? 8 + element_size(self) : 0);
 }
 
-// The dense embedding-bag gradient (sum and mean) reads a contiguous
-// gradient and sorts the indices (values, positions and a resized copy),
-// then gathers them.
+// The dense embedding-bag gradient reads a contiguous gradient. Sum and
+// mean sort the indices (values, positions and a resized copy), then gather
+// them. Max gathers the nonempty bags' rows of max_indices and of the
+// gradient, each through the list of nonempty bags (taken to be every bag:
+// which are empty depends on the offsets' values), beside one column's
+// contiguous copy at a time.
 std::int64_t embedding_bag_dense_backward(Args args, Args) {
   const at::Tensor &grad = args[0].toTensor(), &indices = args[1].toTensor();
   constexpr std::int64_t kMax = 2;
-  if (args[7].toInt() == kMax) return 0;
-  return copy_unless_contiguous(grad) + 3 * indices.numel() * 8;
+  if (args[7].toInt() != kMax) return copy_unless_contiguous(grad) + 3 * indices.numel() * 8;
+  const std::int64_t bags = args[3].toTensor().numel(), dim = grad.size(1);
+  return copy_unless_contiguous(grad) + bags * dim * (8 + element_size(grad)) + bags * 8;
 }
 
 // CTC's backward computes log-beta beside the log-alpha its forward kept.

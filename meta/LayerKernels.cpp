@@ -158,9 +158,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_group_norm_backward(
 // ---- embedding bags --------------------------------------------------------
 
 // Outputs (bags x dim), offset2bag, bag_size, max_indices. CPU's sum over
-// float rows with unit strides skips offset2bag; its max_indices is per bag
-// unless the mode is max. CUDA always fills offset2bag and keeps max_indices
-// only for max.
+// float rows with unit strides skips offset2bag; otherwise CPU builds it one
+// longer (a cumulative sum over offsets marked in it) and shrinks it, so its
+// storage keeps the extra element. CPU's max_indices is per bag unless the
+// mode is max. CUDA always fills offset2bag and keeps max_indices only for
+// max.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> embedding_bag(
     const at::Tensor& weight, const at::Tensor& indices, const at::Tensor& offsets, bool, std::int64_t mode,
     bool, const c10::optional<at::Tensor>& per_sample_weights, bool include_last_offset,
@@ -177,8 +179,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> embedding_bag(
   const bool scaled = per_sample_weights && per_sample_weights->defined();
   const bool fast_sum = (weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kHalf) &&
                         weight.stride(1) == 1 && padding_idx < 0 && (!scaled || per_sample_weights->stride(0) == 1);
-  const std::int64_t offset2bag = mode == kSum && fast_sum ? 0 : indices.size(0);
-  return {output, at::empty({offset2bag}, offsets.options()), at::empty({bags}, offsets.options()),
+  at::Tensor offset2bag = at::empty({0}, offsets.options());
+  if (mode != kSum || !fast_sum) offset2bag = at::empty({indices.size(0) + 1}, offsets.options()).resize_({indices.size(0)});
+  return {output, offset2bag, at::empty({bags}, offsets.options()),
           at::empty(mode == kMax ? std::vector<std::int64_t>{bags, dim} : std::vector<std::int64_t>{bags},
                     offsets.options())};
 }
