@@ -105,6 +105,8 @@ expect 2 "is not a TorchScript file" profile --model "$dir/golden.csv.pt" --inpu
 expect 2 "the inputs do not match the model's forward" profile --model "$models/resnet18.pt" --input 2x3x64x64 --input 2x3x64x64
 expect 2 "input type \\(Long\\) and weight type \\(Float\\)" profile --model "$models/resnet18.pt" --input 2x3x64x64:i64
 expect 2 "needs --input" profile --model "$models/resnet18.pt"
+expect 2 "cross_entropy:10 needs an output of shape \\[batch, 10\\] or \\[batch, 10, ...\\], got \\[2, 1000\\]" \
+  profile --model "$models/resnet18.pt" --input 2x3x64x64 --loss cross_entropy:10
 expect 2 "--dtype is for zoo models" profile --model "$models/resnet18.pt" --input 2x3x64x64 --dtype bf16
 expect 2 "--input is for TorchScript models" profile --model mlp --input 2x3
 expect 1 "no meta kernel for aten::_unique2" profile --model "$models/unsupported_op.pt" --input 16

@@ -1,6 +1,7 @@
-"""Every torchvision classification model, scripted here and profiled by the
-metamem CLI: the traced peak of a training step on a fake cpu against the
-real CPU run (`--achieved`), and a trace on a fake cuda.
+"""Every torchvision classification and segmentation model, scripted here
+and profiled by the metamem CLI: the traced peak of a training step on a
+fake cpu against the real CPU run (`--achieved`), and a trace on a fake
+cuda. Segmentation models train on a class per pixel (their "out").
 
     /usr/bin/python3 tests/torchvision_sweep.py build/examples/metamem [--markdown]
         [--models resnet18,vgg11] [--amp bf16] [--check]
@@ -23,8 +24,10 @@ from torchvision import models
 
 NUM_CLASSES = 10
 BATCH = 2
+CLASSIFICATION = models.list_models(module=models)
+SEGMENTATION = models.list_models(module=models.segmentation)
 # Models whose architecture fixes the input size; the rest take 64 x 64.
-IMAGE = {name: 224 for name in models.list_models(module=models)
+IMAGE = {name: 224 for name in CLASSIFICATION
          if name.startswith(("vit_", "swin_", "maxvit"))}
 IMAGE.update({"inception_v3": 299, "googlenet": 64})
 
@@ -34,6 +37,8 @@ def build(name):
     if name in ("inception_v3", "googlenet"):
         kwargs["aux_logits"] = False  # training mode would return a named tuple
         kwargs["init_weights"] = False
+    if name in SEGMENTATION:
+        kwargs["weights_backbone"] = None  # no download: the backbone starts untrained too
     return models.get_model(name, **kwargs)
 
 
@@ -72,15 +77,16 @@ def sweep_one(binary, name, folder, amp):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("metamem", help="path of the metamem CLI")
-    parser.add_argument("--models", help="comma-separated names (default: every classification model)")
+    parser.add_argument("--models", help="comma-separated names (default: every classification and segmentation model)")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
     parser.add_argument("--amp", choices=["none", "bf16"], default="none", help="autocast the steps")
     parser.add_argument("--check", action="store_true", help="exit 1 unless every model is exact")
     args = parser.parse_args()
-    names = args.models.split(",") if args.models else models.list_models(module=models)
-    unknown = sorted(set(names) - set(models.list_models(module=models)))
+    names = args.models.split(",") if args.models else CLASSIFICATION + SEGMENTATION
+    unknown = sorted(set(names) - set(CLASSIFICATION + SEGMENTATION))
     if unknown:
-        parser.error(f"not torchvision {torchvision.__version__} classification models: {', '.join(unknown)}")
+        parser.error(f"not torchvision {torchvision.__version__} classification or segmentation models: "
+                     f"{', '.join(unknown)}")
 
     rows = []
     with tempfile.TemporaryDirectory() as folder:

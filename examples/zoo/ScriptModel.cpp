@@ -83,12 +83,17 @@ class ScriptStep final : public TrainingStep {
     } clear;
     const at::Tensor out = output(run_forward());
     if (loss_.classes == 0) return out.sum();
-    if (out.dim() != 2 || out.size(1) != loss_.classes)
+    if (out.dim() < 2 || out.size(1) != loss_.classes)
       throw std::invalid_argument("cross_entropy:" + std::to_string(loss_.classes) +
-                                  " needs an output of shape [batch, " +
-                                  std::to_string(loss_.classes) + "], got " +
+                                  " needs an output of shape [batch, " + std::to_string(loss_.classes) +
+                                  "] or [batch, " + std::to_string(loss_.classes) + ", ...], got " +
                                   c10::str(out.sizes()));
-    return torch::nn::functional::cross_entropy(out, targets_);
+    if (out.dim() == 2) return torch::nn::functional::cross_entropy(out, targets_);
+    // A class per element (segmentation): targets shaped like the output
+    // less its class dimension, made in the step since only it knows them.
+    std::vector<std::int64_t> sizes = out.sizes().vec();
+    sizes.erase(sizes.begin() + 1);
+    return torch::nn::functional::cross_entropy(out, torch::zeros(sizes, out.options().dtype(torch::kLong)));
   }
 
  private:
@@ -107,12 +112,23 @@ class ScriptStep final : public TrainingStep {
     }
   }
 
+  // The tensor the loss reads: the output itself, a tuple's first tensor,
+  // or a dict's "out" (torchvision's segmentation models), else its first.
   static at::Tensor output(const c10::IValue& value) {
     if (value.isTensor()) return value.toTensor();
     if (value.isTuple())
       for (const c10::IValue& element : value.toTupleRef().elements())
         if (element.isTensor()) return element.toTensor();
-    throw std::invalid_argument("the model's forward must return a tensor (or a tuple starting with one)");
+    if (value.isGenericDict()) {
+      const c10::impl::GenericDict dict = value.toGenericDict();
+      for (const auto& entry : dict)
+        if (entry.key().isString() && entry.key().toStringRef() == "out" && entry.value().isTensor())
+          return entry.value().toTensor();
+      for (const auto& entry : dict)
+        if (entry.value().isTensor()) return entry.value().toTensor();
+    }
+    throw std::invalid_argument(
+        "the model's forward must return a tensor, a tuple starting with one or a dict of them");
   }
 
   // Bytes of the parameters' and buffers' storages, each storage once.
