@@ -274,6 +274,12 @@ std::vector<LayerCase> resamplings() {
       layer<nn::EmbeddingBag>("embedding_bag_sum",
                               [] { return nn::EmbeddingBag(nn::EmbeddingBagOptions(50, 16).mode(torch::kSum)); },
                               [](nn::EmbeddingBag& m) { return m(torch::randint(50, {4, 7})).sum(); }),
+      layer<nn::EmbeddingBag>("embedding_bag_sum_padding_idx",
+                              [] {
+                                return nn::EmbeddingBag(
+                                    nn::EmbeddingBagOptions(50, 16).mode(torch::kSum).padding_idx(1));
+                              },
+                              [](nn::EmbeddingBag& m) { return m(torch::randint(50, {4, 7})).sum(); }),
       layer<nn::EmbeddingBag>("embedding_bag_mean",
                               [] { return nn::EmbeddingBag(nn::EmbeddingBagOptions(50, 16)); },
                               [](nn::EmbeddingBag& m) { return m(torch::randint(50, {4, 7})).sum(); }),
@@ -281,7 +287,10 @@ std::vector<LayerCase> resamplings() {
                               [] { return nn::EmbeddingBag(nn::EmbeddingBagOptions(50, 16).mode(torch::kMax)); },
                               [](nn::EmbeddingBag& m) { return m(torch::randint(50, {4, 7})).sum(); }),
       layer<nn::EmbeddingBag>("embedding_bag_max_padding_idx",
-                              [] { return nn::EmbeddingBag(nn::EmbeddingBagOptions(40, 24).mode(torch::kMax).padding_idx(3)); },
+                              [] {
+                                return nn::EmbeddingBag(
+                                    nn::EmbeddingBagOptions(40, 24).mode(torch::kMax).padding_idx(3));
+                              },
                               [](nn::EmbeddingBag& m) { return m(torch::randint(40, {6, 5})).sum(); }),
       layer<nn::EmbeddingBag>("embedding_bag_mean_double",
                               [] { return nn::EmbeddingBag(nn::EmbeddingBagOptions(30, 8)); },

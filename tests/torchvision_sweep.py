@@ -77,7 +77,8 @@ def sweep_one(binary, name, folder, amp):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("metamem", help="path of the metamem CLI")
-    parser.add_argument("--models", help="comma-separated names (default: every classification and segmentation model)")
+    parser.add_argument("--models",
+                        help="comma-separated names (default: every classification and segmentation model)")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
     parser.add_argument("--amp", choices=["none", "bf16"], default="none", help="autocast the steps")
     parser.add_argument("--check", action="store_true", help="exit 1 unless every model is exact")
