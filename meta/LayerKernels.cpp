@@ -179,9 +179,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> embedding_bag(
   const bool scaled = per_sample_weights && per_sample_weights->defined();
   const bool fast_sum = (weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kHalf) &&
                         weight.stride(1) == 1 && padding_idx < 0 && (!scaled || per_sample_weights->stride(0) == 1);
-  at::Tensor offset2bag = at::empty({0}, offsets.options());
-  if (mode != kSum || !fast_sum)
-    offset2bag = at::empty({indices.size(0) + 1}, offsets.options()).resize_({indices.size(0)});
+  const at::Tensor offset2bag =
+      mode == kSum && fast_sum ? at::empty({0}, offsets.options())
+                               : at::empty({indices.size(0) + 1}, offsets.options()).resize_({indices.size(0)});
   return {output, offset2bag, at::empty({bags}, offsets.options()),
           at::empty(mode == kMax ? std::vector<std::int64_t>{bags, dim} : std::vector<std::int64_t>{bags},
                     offsets.options())};

@@ -58,6 +58,20 @@ LayerCase applied(std::string name, Options options, std::vector<std::int64_t> s
                        [size](Module& m) { return m(input(size)).sum(); });
 }
 
+// A lookup table made from `options` (weights in `dtype`), applied to random
+// indices of `size` below `rows`.
+template <class Module, class Options>
+LayerCase lookup(std::string name, Options options, std::int64_t rows, std::vector<std::int64_t> size,
+                 c10::ScalarType dtype = torch::kFloat) {
+  return layer<Module>(std::move(name),
+                       [options, dtype] {
+                         Module m(options);
+                         if (dtype != torch::kFloat) m->to(dtype);
+                         return m;
+                       },
+                       [rows, size](Module& m) { return m(torch::randint(rows, size)).sum(); });
+}
+
 // One training step's peak on fake cpu and on fake cuda, and the real CPU run's.
 struct Peaks {
   std::int64_t predicted, achieved, fake_cuda;
@@ -263,41 +277,19 @@ std::vector<LayerCase> resamplings() {
                               I().scale_factor(std::vector<double>{2, 2}).mode(torch::kNearestExact))
             .sum();
       }),
-      layer<nn::Embedding>("embedding", [] { return nn::Embedding(nn::EmbeddingOptions(50, 16)); },
-                           [](nn::Embedding& m) { return m(torch::randint(50, {4, 7})).sum(); }),
-      layer<nn::Embedding>("embedding_padding_idx",
-                           [] { return nn::Embedding(nn::EmbeddingOptions(50, 16).padding_idx(0)); },
-                           [](nn::Embedding& m) { return m(torch::randint(50, {4, 7})).sum(); }),
-      layer<nn::Embedding>("embedding_scale_grad_by_freq",
-                           [] { return nn::Embedding(nn::EmbeddingOptions(50, 16).scale_grad_by_freq(true)); },
-                           [](nn::Embedding& m) { return m(torch::randint(50, {4, 7})).sum(); }),
-      layer<nn::EmbeddingBag>("embedding_bag_sum",
-                              [] { return nn::EmbeddingBag(nn::EmbeddingBagOptions(50, 16).mode(torch::kSum)); },
-                              [](nn::EmbeddingBag& m) { return m(torch::randint(50, {4, 7})).sum(); }),
-      layer<nn::EmbeddingBag>("embedding_bag_sum_padding_idx",
-                              [] {
-                                return nn::EmbeddingBag(
-                                    nn::EmbeddingBagOptions(50, 16).mode(torch::kSum).padding_idx(1));
-                              },
-                              [](nn::EmbeddingBag& m) { return m(torch::randint(50, {4, 7})).sum(); }),
-      layer<nn::EmbeddingBag>("embedding_bag_mean",
-                              [] { return nn::EmbeddingBag(nn::EmbeddingBagOptions(50, 16)); },
-                              [](nn::EmbeddingBag& m) { return m(torch::randint(50, {4, 7})).sum(); }),
-      layer<nn::EmbeddingBag>("embedding_bag_max",
-                              [] { return nn::EmbeddingBag(nn::EmbeddingBagOptions(50, 16).mode(torch::kMax)); },
-                              [](nn::EmbeddingBag& m) { return m(torch::randint(50, {4, 7})).sum(); }),
-      layer<nn::EmbeddingBag>("embedding_bag_max_padding_idx",
-                              [] {
-                                return nn::EmbeddingBag(
-                                    nn::EmbeddingBagOptions(40, 24).mode(torch::kMax).padding_idx(3));
-                              },
-                              [](nn::EmbeddingBag& m) { return m(torch::randint(40, {6, 5})).sum(); }),
-      layer<nn::EmbeddingBag>("embedding_bag_mean_double",
-                              [] { return nn::EmbeddingBag(nn::EmbeddingBagOptions(30, 8)); },
-                              [](nn::EmbeddingBag& m) {
-                                m->to(torch::kDouble);
-                                return m(torch::randint(30, {3, 9})).sum();
-                              }),
+      lookup<nn::Embedding>("embedding", nn::EmbeddingOptions(50, 16), 50, {4, 7}),
+      lookup<nn::Embedding>("embedding_padding_idx", nn::EmbeddingOptions(50, 16).padding_idx(0), 50, {4, 7}),
+      lookup<nn::Embedding>("embedding_scale_grad_by_freq", nn::EmbeddingOptions(50, 16).scale_grad_by_freq(true),
+                            50, {4, 7}),
+      lookup<nn::EmbeddingBag>("embedding_bag_sum", nn::EmbeddingBagOptions(50, 16).mode(torch::kSum), 50, {4, 7}),
+      lookup<nn::EmbeddingBag>("embedding_bag_sum_padding_idx",
+                               nn::EmbeddingBagOptions(50, 16).mode(torch::kSum).padding_idx(1), 50, {4, 7}),
+      lookup<nn::EmbeddingBag>("embedding_bag_mean", nn::EmbeddingBagOptions(50, 16), 50, {4, 7}),
+      lookup<nn::EmbeddingBag>("embedding_bag_max", nn::EmbeddingBagOptions(50, 16).mode(torch::kMax), 50, {4, 7}),
+      lookup<nn::EmbeddingBag>("embedding_bag_max_padding_idx",
+                               nn::EmbeddingBagOptions(40, 24).mode(torch::kMax).padding_idx(3), 40, {6, 5}),
+      lookup<nn::EmbeddingBag>("embedding_bag_mean_double", nn::EmbeddingBagOptions(30, 8), 30, {3, 9},
+                               torch::kDouble),
       applied<nn::PixelShuffle>("pixel_shuffle", nn::PixelShuffleOptions(2), {2, 8, 5, 5}),
       applied<nn::PixelUnshuffle>("pixel_unshuffle", nn::PixelUnshuffleOptions(2), {2, 2, 6, 6}),
       applied<nn::Unfold>("unfold", nn::UnfoldOptions({3, 3}).padding(1), {2, 3, 8, 8}),
