@@ -13,7 +13,8 @@ the step began (metamem.achieved_cpu). metamem profile --dp N --zero Z
 metamem runs libtorch's C++ Adam; Python's torch.optim.Adam (1.13) keeps the
 previous parameter's `denom` (a local variable) alive while it computes the
 next one's, so a peak inside its step can be that tensor higher. --check
-accepts 0.1% for that and fails on anything more.
+accepts 0.1% for that under DDP and asks ZeroRedundancyOptimizer's ranks
+for the exact bytes.
 """
 import argparse
 import json
@@ -56,9 +57,13 @@ def rank_peak(rank, ranks, model_path, init_file, zero, results):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    step()
-    step()
-    results[rank] = metamem.achieved_cpu(step)
+    # metamem runs TorchScript's unoptimized graph; the default executor
+    # turns parts of the graph into autodiff subgraphs from the second call
+    # on, which save other tensors for backward (40,960 B more here).
+    with torch.jit.optimized_execution(False):
+        step()
+        step()
+        results[rank] = metamem.achieved_cpu(step)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -77,7 +82,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("metamem")
     parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--check", action="store_true", help="exit 1 if a rank is off by more than 0.1%%")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 if a DDP rank is off by more than 0.1%%, a ZeRO rank by a byte")
     args = parser.parse_args()
     within = True
     with tempfile.TemporaryDirectory() as tmp:
@@ -92,7 +98,7 @@ def main():
             for rank in range(args.ranks):
                 achieved = results[rank]
                 predicted = predicted_rise(args.metamem, model_path, args.ranks, zero, rank)
-                within = within and abs(predicted - achieved) <= achieved / 1000
+                within = within and abs(predicted - achieved) <= (achieved / 1000 if zero == 0 else 0)
                 print(f"| {name}, {args.ranks} ranks | {rank} | {achieved:,} | {predicted:,} | {predicted - achieved:+,} B |")
     if args.check and not within:
         sys.exit(1)
