@@ -17,16 +17,19 @@ constexpr int kGuesses = 4;
 // What a trial measured, by batch.
 using Measured = std::map<std::int64_t, BatchTrial>;
 
-double slope(Measured::const_iterator a, Measured::const_iterator b) {
-  const bool even = a->second.even_bytes > 0 && b->second.even_bytes > 0;
+// The slope between two trials: of their even bytes where both have them,
+// unless `even` is false.
+double slope(Measured::const_iterator a, Measured::const_iterator b, bool even = true) {
+  even = even && a->second.even_bytes > 0 && b->second.even_bytes > 0;
   const std::int64_t rise = even ? b->second.even_bytes - a->second.even_bytes : b->second.bytes - a->second.bytes;
   return static_cast<double>(rise) / static_cast<double>(b->first - a->first);
 }
 
 // Where the line from the measured trial nearest the memory meets it: the
-// trial at `fits`, else the one at `fails`; its slope that of the trials
-// at `fits` and `fails` when both were measured, else of the two nearest
-// on the side that was, else the hint's.
+// trial at `fits`, else the one at `fails`. Its slope is the secant of the
+// bytes at `fits` and `fails` when both were measured (the allocator's
+// fragmentation makes them grow faster than the even bytes do), else the
+// even slope of the two nearest on the side that was, else the hint's.
 std::optional<std::int64_t> interpolate(const Measured& measured, std::int64_t fits, std::int64_t fails,
                                         std::int64_t memory, double hinted_slope) {
   const auto below = measured.find(fits), above = measured.find(fails);
@@ -35,7 +38,7 @@ std::optional<std::int64_t> interpolate(const Measured& measured, std::int64_t f
   if (below != measured.end()) {
     anchor = below;
     if (above != measured.end())
-      per_sample = slope(below, above);
+      per_sample = slope(below, above, false);
     else if (below != measured.begin())
       per_sample = slope(std::prev(below), below);
   } else if (above != measured.end()) {
@@ -68,6 +71,9 @@ BatchFit largest_batch(const std::function<BatchTrial(std::int64_t)>& trial, std
     if (fits + 1 >= fails) break;
     std::optional<std::int64_t> guess;
     if (guesses < kGuesses) guess = interpolate(measured, fits, fails, memory, hint.bytes_per_sample);
+    // A line that still points at or past a failure that measured nothing
+    // learnt nothing from it: bisect rather than step down one at a time.
+    if (guess && *guess >= fails && !t.fits && t.bytes == 0) guess.reset();
     if (!guess) guess = bounded ? fits + (fails - fits) / 2 : 2 * fits;
     next = std::clamp(*guess, fits + 1, fails - 1);
   }

@@ -39,8 +39,10 @@ struct BatchFit {
 // is monotone in the batch: every answer is proven by a trial that fits
 // at it and one that does not at the next batch (or it is `max_batch`).
 // Guesses where the line from the trial nearest `memory`, with the slope
-// of the two nearest, meets it (doubling while it knows no slope), and
-// bisects once guessing has not closed in after a few trials.
+// of the two nearest (the secant across `memory` once it has one), meets it
+// (doubling while it knows no slope), and bisects once guessing has not
+// closed in after a few trials, or while it points past a failure that
+// measured nothing.
 BatchFit largest_batch(const std::function<BatchTrial(std::int64_t)>& trial, std::int64_t memory,
                        std::int64_t max_batch, BatchHint hint = {});
 

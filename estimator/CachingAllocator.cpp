@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <iterator>
 #include <limits>
+#include <string>
 
 namespace metamem {
 
@@ -99,6 +100,12 @@ void CachingAllocatorSim::free(std::uint64_t id) {
 void CachingAllocatorSim::reset_peaks() {
   peak_allocated_ = allocated_;
   peak_reserved_ = reserved_;
+}
+
+void ReservedBytesLimit::on_alloc(std::uint32_t buffer, std::int64_t bytes) {
+  sim_.malloc(buffer, bytes);
+  if (sim_.reserved_bytes() > limit_)
+    throw MemoryExceeded("the CUDA allocator reserves more than " + std::to_string(limit_) + " bytes");
 }
 
 void replay_trace(const Trace& trace, CachingAllocatorSim& sim,

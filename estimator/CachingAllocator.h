@@ -9,6 +9,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "profiler/AllocationObserver.h"
 #include "profiler/Trace.h"
 
 namespace metamem {
@@ -74,6 +75,23 @@ class CachingAllocatorSim {
   std::int64_t next_segment_address_ = 0;
   std::int64_t allocated_ = 0, reserved_ = 0, peak_allocated_ = 0, peak_reserved_ = 0;
   Listener listener_;
+};
+
+// Runs the allocator on a trace as it is recorded and stops it once the
+// allocator reserves more than `limit`: it never gives a segment back, so
+// the step would reserve at least that.
+class ReservedBytesLimit final : public AllocationObserver {
+ public:
+  ReservedBytesLimit(std::int64_t limit, int roundup_power2_divisions)
+      : limit_(limit), sim_(roundup_power2_divisions) {}
+  void on_alloc(std::uint32_t buffer, std::int64_t bytes) override;
+  void on_free(std::uint32_t buffer, std::int64_t) noexcept override { sim_.free(buffer); }
+  // The most the trace's allocator reserved (its measured step's peak too).
+  std::int64_t reserved_bytes() const { return sim_.reserved_bytes(); }
+
+ private:
+  std::int64_t limit_;
+  CachingAllocatorSim sim_;
 };
 
 // Feeds the trace's allocs and frees to `sim` in order; `before` sees each

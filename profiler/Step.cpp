@@ -290,7 +290,7 @@ void run_steps(const StepBuilder& build, const StepOptions& options, PhaseListen
 class TracePhases final : public PhaseListener {
  public:
   explicit TracePhases(c10::Device device) : tracer_(device) {}
-  void stop_above(std::int64_t bytes) { tracer_.stop_above(bytes); }
+  void observe(AllocationObserver* observer) { tracer_.observe(observer); }
   void setup(const TrainingStep&, const ModelTensors& model) override {
     for (const at::Tensor& p : model.params) {
       parameter_bytes_ += static_cast<std::int64_t>(p.numel() * p.element_size());
@@ -468,9 +468,9 @@ void validate(const StepOptions& options) {
 }
 
 Trace trace_step(const StepBuilder& build, c10::Device fake_device, const StepOptions& options,
-                 std::optional<std::int64_t> stop_above_live_bytes) {
+                 AllocationObserver* observer) {
   TracePhases phases(fake_device);
-  if (stop_above_live_bytes) phases.stop_above(*stop_above_live_bytes);
+  if (observer) phases.observe(observer);
   try {
     run_steps(build, options, phases);
   } catch (const UnsupportedOpError&) {

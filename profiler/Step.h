@@ -8,10 +8,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
+#include "profiler/AllocationObserver.h"
 #include "profiler/Trace.h"
 
 namespace metamem {
@@ -136,10 +136,10 @@ void validate(const StepOptions& options);
 // Setup (build, optimizer), then `options.steps` steps of forward, loss,
 // backward (per micro-batch), optimizer step and zero_grad on
 // `fake_device`. The trace's measured step is the last.
-// With `stop_above_live_bytes`, throws LiveBytesExceeded (Tracer.h) as soon
-// as the live bytes pass it.
+// `observer` sees the allocations and frees as they are recorded, and may
+// stop the trace (AllocationObserver.h).
 Trace trace_step(const StepBuilder& build, c10::Device fake_device, const StepOptions& options = {},
-                 std::optional<std::int64_t> stop_above_live_bytes = std::nullopt);
+                 AllocationObserver* observer = nullptr);
 
 // The same steps on real CPU tensors: each step's peak bytes held through
 // the CPU allocator, from its start (model states and inputs live) to its end.

@@ -6,7 +6,6 @@
 #include <ATen/record_function.h>
 
 #include <atomic>
-#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -105,14 +104,14 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
     buffer.alloc_event = trace_.events.size();
     trace_.buffers.push_back(buffer);
     live_ += buffer.bytes;
-    push_event(EventKind::Alloc, static_cast<std::uint32_t>(trace_.buffers.size() - 1));
-    if (live_ > stop_above_)
-      throw LiveBytesExceeded("the traced step holds more than " + std::to_string(stop_above_) + " bytes");
+    const auto index = static_cast<std::uint32_t>(trace_.buffers.size() - 1);
+    push_event(EventKind::Alloc, index);
+    if (observer_) observer_->on_alloc(index, buffer.bytes);
   }
 
-  void stop_above(std::int64_t bytes) {
+  void observe(AllocationObserver* observer) {
     std::lock_guard<std::mutex> lock(mutex_);
-    stop_above_ = bytes;
+    observer_ = observer;
   }
 
   void record_free(BufferId id) {
@@ -122,6 +121,7 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
     buffer.free_event = trace_.events.size();
     live_ -= buffer.bytes;
     push_event(EventKind::Free, *index);
+    if (observer_) observer_->on_free(*index, buffer.bytes);
   }
 
   void on_op(const c10::OperatorHandle& op, c10::ArrayRef<BufferId> inputs,
@@ -353,7 +353,7 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
   std::size_t forward_first_buffer_ = 0;
   bool forward_pending_ = false;
   std::int64_t live_ = 0;
-  std::int64_t stop_above_ = std::numeric_limits<std::int64_t>::max();
+  AllocationObserver* observer_ = nullptr;
   BufferId first_id_ = 0;  // buffer ids of one trace are consecutive
   std::size_t events_at_last_op_ = 0;
   std::vector<std::uint32_t> scope_stack_;
@@ -380,7 +380,7 @@ Tracer::Tracer(c10::Device fake_device)
 
 Tracer::~Tracer() { g_active_recorder.store(nullptr); }
 
-void Tracer::stop_above(std::int64_t bytes) { recorder_->stop_above(bytes); }
+void Tracer::observe(AllocationObserver* observer) { recorder_->observe(observer); }
 void Tracer::begin_step() { recorder_->begin_step(); }
 void Tracer::begin_forward() { recorder_->begin_forward(); }
 void Tracer::begin_backward(const std::vector<at::Tensor>& outputs) {

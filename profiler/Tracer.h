@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "profiler/AllocationObserver.h"
 #include "profiler/Trace.h"
 
 namespace metamem {
@@ -16,12 +17,6 @@ namespace metamem {
 namespace detail {
 class TraceRecorder;
 }
-
-// Thrown by a Tracer told to stop above some live bytes, once they pass them.
-class LiveBytesExceeded : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 class Tracer {
  public:
@@ -52,10 +47,9 @@ class Tracer {
   // otherwise (or found to be saved activations or optimizer states).
   // Acts on the active tracer, if any: models may call it.
   static void mark(const std::vector<at::Tensor>& tensors, Category category);
-  // From here on, an allocation that takes the live bytes above `bytes`
-  // throws LiveBytesExceeded: whoever only asks whether a step fits in
-  // memory needs no more of a step that cannot.
-  void stop_above(std::int64_t bytes);
+  // From here on `observer` (which outlives the tracer) sees every
+  // allocation and free.
+  void observe(AllocationObserver* observer);
   // Ends the MetaMode and returns the trace; no events are recorded after.
   // Without begin_step or begin_forward, the whole trace is one step.
   Trace finish();

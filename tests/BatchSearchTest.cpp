@@ -85,6 +85,24 @@ TEST(BatchSearch, UnmeasuredTrialsBisect) {
   EXPECT_EQ(tried, (std::set<std::int64_t>{1, 2, 4, 8, 16, 32, 64, 48, 40, 36, 38, 37}));
 }
 
+// A trace that stops as soon as it needs more than the memory measures
+// nothing: a line pointing past it bisects instead of stepping down one
+// batch per trial, and a trial that measured bytes on both sides then
+// takes the secant.
+TEST(BatchSearch, AFailureThatMeasuredNothingBisects) {
+  const std::int64_t memory = 15500 * kMiB;
+  std::set<std::int64_t> tried;
+  const BatchFit fit = largest_batch(
+      [&](std::int64_t b) {
+        tried.insert(b);
+        const std::int64_t bytes = 1000 * kMiB * b;
+        return b > 20 ? BatchTrial{} : BatchTrial{bytes <= memory, bytes};
+      },
+      memory, 1 << 16, {7, 400.0 * kMiB});
+  EXPECT_EQ(fit.batch, 15);
+  EXPECT_EQ(tried, (std::set<std::int64_t>{7, 28, 17, 15, 16}));
+}
+
 // The simulated allocator's reserved bytes: an affine line, rounded up to
 // 2 MiB segments, with a step where a large buffer starts a new segment.
 TEST(BatchSearch, StaircasesMatchBruteForce) {

@@ -5,6 +5,7 @@
 
 #include <tuple>
 
+#include "estimator/CachingAllocator.h"
 #include "estimator/Estimate.h"
 #include "profiler/Tracer.h"
 #include "tests/SmallModels.h"
@@ -94,15 +95,34 @@ TEST(SteadyState, SecondStepPeakAddsAdamStates) {
 TEST(SteadyState, ATraceStopsAboveTheLiveBytesItIsGiven) {
   for (const c10::Device device : {kCpu, kCuda}) {
     const auto build = zoo_step(activation_heavy_gpt2());
+    auto trace_within = [&](std::int64_t bytes) {
+      LiveBytesLimit limit(bytes);
+      return trace_step(build, device, adam(ZeroGrad::SetToNone), &limit);
+    };
     const Trace whole = trace_step(build, device, adam(ZeroGrad::SetToNone));
     const std::int64_t peak = whole.measured().peak_bytes;
-    const Trace within = trace_step(build, device, adam(ZeroGrad::SetToNone), peak);
+    const Trace within = trace_within(peak);
     EXPECT_EQ(within.events.size(), whole.events.size());
     EXPECT_EQ(within.measured().peak_bytes, peak);
-    EXPECT_THROW(trace_step(build, device, adam(ZeroGrad::SetToNone), peak - 1), LiveBytesExceeded) << device;
-    EXPECT_THROW(trace_step(build, device, adam(ZeroGrad::SetToNone), whole.steps.front().begin_bytes - 1),
-                 LiveBytesExceeded)
-        << device;
+    EXPECT_THROW(trace_within(peak - 1), MemoryExceeded) << device;
+    EXPECT_THROW(trace_within(whole.steps.front().begin_bytes - 1), MemoryExceeded) << device;
+  }
+}
+
+// The same with the CUDA allocator run alongside: it stops once the
+// allocator reserves more than it is given, and otherwise reserves what
+// the allocator replayed over the whole trace reserves.
+TEST(SteadyState, ATraceStopsAboveTheReservedBytesItIsGiven) {
+  const auto build = zoo_step(activation_heavy_gpt2());
+  for (const int divisions : {0, 4}) {
+    const Trace whole = trace_step(build, kCuda, adam(ZeroGrad::SetToNone));
+    const std::int64_t reserved = simulate_allocator(whole, divisions).reserved;
+    ASSERT_GT(reserved, whole.measured().peak_bytes);
+    ReservedBytesLimit enough(reserved, divisions);
+    EXPECT_EQ(trace_step(build, kCuda, adam(ZeroGrad::SetToNone), &enough).events.size(), whole.events.size());
+    EXPECT_EQ(enough.reserved_bytes(), reserved) << divisions;
+    ReservedBytesLimit short_by_one(reserved - 1, divisions);
+    EXPECT_THROW(trace_step(build, kCuda, adam(ZeroGrad::SetToNone), &short_by_one), MemoryExceeded) << divisions;
   }
 }
 

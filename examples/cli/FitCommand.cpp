@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "estimator/BatchSearch.h"
+#include "estimator/CachingAllocator.h"
 #include "estimator/CheckpointSolve.h"
 #include "estimator/Estimate.h"
 #include "estimator/Units.h"
@@ -53,15 +54,18 @@ std::int64_t passes_peak(const Trace& trace) {
 }
 
 // What a step needs against `memory`, its passes' peak as the even measure:
-// nothing once its trace holds more than `memory` live (the allocator
-// reserves at least that).
+// nothing once its trace needs more than `memory` (the trace stops there).
 BatchTrial trial_within(const ModelFlags& m, const StepBuilder& step, const StepOptions& options,
                         std::int64_t memory) {
+  const bool cuda = m.device == "cuda";
+  LiveBytesLimit live(memory);
+  ReservedBytesLimit reserved(memory, m.allocator_divisions());
   try {
-    const Trace trace = trace_step(step, c10::Device(m.device), options, memory);
-    const std::int64_t bytes = needed_bytes(m, trace);
-    return {bytes <= memory, bytes, passes_peak(trace)};
-  } catch (const LiveBytesExceeded&) {
+    const Trace trace = trace_step(step, c10::Device(m.device), options,
+                                   cuda ? static_cast<AllocationObserver*>(&reserved) : &live);
+    const std::int64_t bytes = cuda ? reserved.reserved_bytes() : trace.measured().peak_bytes;
+    return {true, bytes, passes_peak(trace)};
+  } catch (const MemoryExceeded&) {
     return {};
   }
 }
