@@ -212,8 +212,13 @@ int search_layouts(const ModelFlags& m, std::int64_t gpus, std::int64_t memory, 
     std::int64_t tp;
     int pp, dp;
   };
+  // The most tensor-parallel splits first: more of their layouts fit, so
+  // they cost the most traces, and the processes end together when the
+  // cheap ones come last.
+  std::int64_t top_tp = 1;
+  while (top_tp * 2 <= std::min<std::int64_t>(gpus, 8)) top_tp *= 2;
   std::vector<Split> splits;
-  for (std::int64_t tp = 1; tp <= std::min<std::int64_t>(gpus, 8); tp *= 2)
+  for (std::int64_t tp = top_tp; tp >= 1; tp /= 2)
     for (int pp = 1; tp * pp <= gpus && pp <= model.layers; pp *= 2)
       if (gpus % (tp * pp) == 0 && model.layers % pp == 0) splits.push_back({tp, pp, static_cast<int>(gpus / (tp * pp))});
 
