@@ -63,10 +63,11 @@ std::string amp_name(const RunInfo& run) {
 // temporaries are the rest).
 // ", rank of 8 data-parallel, ZeRO stage 3 (sharded over 4)"
 std::string data_parallel_text(const DataParallel& dp) {
-  return fmt::format(", rank of {} data-parallel, ZeRO stage {}{}", dp.ranks, dp.zero_stage,
+  return fmt::format(", rank of {} data-parallel, ZeRO stage {}{}{}", dp.ranks, dp.zero_stage,
                      dp.zero_stage == 3 && dp.shard_group() < dp.ranks
                          ? fmt::format(" (sharded over {})", dp.shard_group())
-                         : "");
+                         : "",
+                     dp.forward_prefetch ? ", forward prefetch" : "");
 }
 
 nlohmann::json per_rank_json(const RunInfo& run, const Estimate& est) {
@@ -80,6 +81,7 @@ nlohmann::json per_rank_json(const RunInfo& run, const Estimate& est) {
           {"data_parallel", dp.ranks},
           {"zero_stage", dp.zero_stage},
           {"shard_ranks", dp.zero_stage == 3 ? dp.shard_group() : 0},
+          {"forward_prefetch", dp.forward_prefetch},
           {"peak_bytes", est.trace.measured().peak_bytes},
           {"model_states_bytes",
            at_peak(Category::Parameter) + at_peak(Category::Gradient) + at_peak(Category::OptimizerState)},

@@ -13,8 +13,9 @@
 namespace metamem {
 
 ShardedParameters::ShardedParameters(std::vector<at::Tensor> params,
-                                     const std::vector<std::vector<at::Tensor>>& units, int ranks)
-    : params_(std::move(params)), gathered_(params_.size(), true) {
+                                     const std::vector<std::vector<at::Tensor>>& units, int ranks,
+                                     bool forward_prefetch)
+    : params_(std::move(params)), gathered_(params_.size(), true), forward_prefetch_(forward_prefetch) {
   std::unordered_map<const c10::TensorImpl*, std::size_t> index;
   for (std::size_t i = 0; i < params_.size(); ++i) index[params_[i].unsafeGetTensorImpl()] = i;
   std::vector<bool> in_unit(params_.size(), false);
@@ -44,7 +45,10 @@ void ShardedParameters::begin_forward() {
 }
 
 void ShardedParameters::before_unit(std::int32_t unit) {
-  if (static_cast<std::size_t>(unit) < units_.size()) gather_unit(unit);
+  if (static_cast<std::size_t>(unit) >= units_.size()) return;
+  gather_unit(unit);
+  if (forward_prefetch_ && !in_backward_ && static_cast<std::size_t>(unit) + 1 < units_.size())
+    gather_unit(unit + 1);
 }
 
 void ShardedParameters::after_unit(std::int32_t unit, const at::Tensor& output) {

@@ -24,12 +24,15 @@ namespace metamem {
 // again when the unit's backward begins (the unit before it too: FSDP's
 // BACKWARD_PRE prefetch), and freed once autograd has accumulated its
 // gradient, which is then reduce-scattered into the rank's gradient shard
-// (added to it under gradient accumulation) and freed. Collectives are
-// stand-ins: the memory of their outputs, not their values.
+// (added to it under gradient accumulation) and freed. With forward
+// prefetch, a unit's forward gathers the next unit as well (FSDP's
+// forward_prefetch). Collectives are stand-ins: the memory of their
+// outputs, not their values.
 class ShardedParameters final : public UnitHooks {
  public:
   // `units`: the parameters of each unit of the chain, in order.
-  ShardedParameters(std::vector<at::Tensor> params, const std::vector<std::vector<at::Tensor>>& units, int ranks);
+  ShardedParameters(std::vector<at::Tensor> params, const std::vector<std::vector<at::Tensor>>& units, int ranks,
+                    bool forward_prefetch = false);
 
   // The rank's shards: leaf tensors whose gradients are the gradient shards.
   const std::vector<at::Tensor>& shards() const { return shards_; }
@@ -53,6 +56,7 @@ class ShardedParameters final : public UnitHooks {
   std::vector<std::size_t> full_bytes_;         // of each parameter, whole
   std::vector<bool> gathered_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keep the hooks alive
+  bool forward_prefetch_;
   bool in_backward_ = false;
 };
 

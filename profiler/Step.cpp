@@ -207,7 +207,8 @@ void run_steps(const StepBuilder& build, const StepOptions& options, PhaseListen
   std::unique_ptr<ShardedParameters> sharded;
   std::optional<UnitHooksScope> unit_hooks;
   if (dp.zero_stage == 3) {
-    sharded = std::make_unique<ShardedParameters>(model.params, step->unit_parameters(), dp.shard_group());
+    sharded = std::make_unique<ShardedParameters>(model.params, step->unit_parameters(), dp.shard_group(),
+                                                  dp.forward_prefetch);
     model.shards = sharded->shards();
     unit_hooks.emplace(sharded.get());
   }
@@ -463,6 +464,8 @@ void validate(const StepOptions& options) {
   if (dp.zero_stage > 0 && !dp.active()) throw std::invalid_argument("ZeRO needs more than one data-parallel rank");
   if (dp.shard_ranks != 0 && (dp.zero_stage != 3 || dp.shard_ranks < 1 || dp.ranks % dp.shard_ranks != 0))
     throw std::invalid_argument("a shard group is for ZeRO stage 3 and must divide the data-parallel ranks");
+  if (dp.forward_prefetch && dp.zero_stage != 3)
+    throw std::invalid_argument("forward prefetch gathers ZeRO stage 3's parameters: it needs stage 3");
   if (dp.zero_stage >= 2 && options.fp32_main_grads)
     throw std::invalid_argument("ZeRO stages 2 and 3 reduce gradients themselves: no fp32 main gradients");
 }

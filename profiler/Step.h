@@ -77,6 +77,9 @@ struct DataParallel {
   // Stage 3: the ranks one shard group spans (FSDP's HYBRID_SHARD: a node's;
   // the groups replicate each other); 0: all of them.
   int shard_ranks = 0;
+  // Stage 3: each unit's forward gathers the next unit's parameters too
+  // (FSDP's forward_prefetch=True), so two units are whole at once.
+  bool forward_prefetch = false;
   bool active() const { return ranks > 1; }
   int shard_group() const { return shard_ranks > 0 ? shard_ranks : ranks; }
 };

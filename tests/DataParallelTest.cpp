@@ -96,23 +96,61 @@ TEST(DataParallel, TracedRankPeakIsTheRealCpuRuns) {
       }
 }
 
+// A six-block gpt2 of width 64 at stage 3 over 4 ranks: the bytes of a
+// block's parameters, of the root's (embeddings, final norm), and of the
+// rank's shards of them all.
+struct StageThreeGpt2 {
+  static constexpr std::int64_t d = 64, block = 4 * (12 * d * d + 13 * d), root = 4 * (100 * d + 32 * d + 2 * d);
+  static constexpr std::int64_t shards = (root + 6 * block) / 4;
+
+  static ZooConfig model() {
+    ZooConfig gpt2 = testing::small_model("gpt2", 2, 32);
+    gpt2.layers = 6;
+    return gpt2;
+  }
+  static StepOptions options(bool forward_prefetch) {
+    StepOptions options{Optimizer::AdamW};
+    options.data_parallel = {4, 3};
+    options.data_parallel.forward_prefetch = forward_prefetch;
+    return options;
+  }
+  // The most parameter bytes live over the measured step's events [begin, end).
+  static std::int64_t most_parameter_bytes(const Trace& trace, std::size_t begin, std::size_t end) {
+    std::int64_t most = 0;
+    for (std::size_t e = begin; e < end; ++e)
+      most = std::max(most, trace.live_by_category(e)[static_cast<std::size_t>(Category::Parameter)]);
+    return most;
+  }
+};
+
 // At stage 3 a block's parameters are whole only around its forward and
 // its backward: the step's peak holds the rank's shards of every parameter
-// plus, at most, the whole parameters of the root (embeddings, final norm)
-// and of two blocks (the one running backward and the one prefetched).
+// plus, at most, the whole parameters of the root and of two blocks (the
+// one running backward and the one prefetched).
 TEST(DataParallel, StageThreeGathersABlockAtATime) {
-  ZooConfig gpt2 = testing::small_model("gpt2", 2, 32);
-  gpt2.layers = 6;
-  StepOptions options{Optimizer::AdamW};
-  options.data_parallel = {4, 3};
-  const Trace trace = trace_step(zoo_step(gpt2), c10::Device(c10::kCPU), options);
-  const std::int64_t d = 64, block = 4 * (12 * d * d + 13 * d), root = 4 * (100 * d + 32 * d + 2 * d);
-  const std::int64_t shards = 4 * (100 * d + 32 * d + 2 * d + 6 * (12 * d * d + 13 * d)) / 4;
-  std::int64_t most = 0;
-  for (std::size_t e = trace.measured().begin; e < trace.events.size(); ++e)
-    most = std::max(most, trace.live_by_category(e)[static_cast<std::size_t>(Category::Parameter)]);
-  EXPECT_GE(most, shards + root + block);
-  EXPECT_LE(most, shards + root + 2 * block);
+  using G = StageThreeGpt2;
+  const Trace trace = trace_step(zoo_step(G::model()), c10::Device(c10::kCPU), G::options(false));
+  const std::int64_t most = G::most_parameter_bytes(trace, trace.measured().begin, trace.events.size());
+  EXPECT_GE(most, G::shards + G::root + G::block);
+  EXPECT_LE(most, G::shards + G::root + 2 * G::block);
+}
+
+// With forward prefetch (FSDP's forward_prefetch=True) each block's forward
+// holds the next block whole too; backward is as without it. The real CPU
+// run, gathering the same way, holds the traced peak to the byte.
+TEST(DataParallel, ForwardPrefetchHoldsTheNextBlockInForward) {
+  using G = StageThreeGpt2;
+  const StepBuilder build = zoo_step(G::model());
+  for (const bool prefetch : {false, true}) {
+    const Trace trace = trace_step(build, c10::Device(c10::kCPU), G::options(prefetch));
+    EXPECT_EQ(G::most_parameter_bytes(trace, trace.forward_begins.back(), trace.backward_begins.back()),
+              G::shards + G::root + (prefetch ? 2 : 1) * G::block)
+        << "prefetch " << prefetch;
+    EXPECT_EQ(trace.measured().peak_bytes, achieved_cpu_step_peaks(build, G::options(prefetch)).back());
+  }
+  StepOptions stage_two = G::options(true);
+  stage_two.data_parallel.zero_stage = 2;
+  EXPECT_THROW(validate(stage_two), std::invalid_argument);
 }
 
 TEST(DataParallel, RefusesWhatItDoesNotModel) {

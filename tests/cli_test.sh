@@ -116,6 +116,7 @@ expect 0 "autocast f16" profile --model mlp --batch 2 --device cuda --amp f16
 expect 0 "rank of 4 data-parallel, ZeRO stage 3" profile --model mlp --batch 2 --dp 4 --zero 3 --optimizer adam
 expect 2 "give --fsdp or --zero, not both" profile --model mlp --batch 2 --dp 4 --zero 2 --fsdp full
 expect 2 "--fsdp hybrid needs --dp to be a multiple of --gpus-per-node" profile --model mlp --batch 2 --dp 12 --fsdp hybrid
+expect 2 "--forward-prefetch is for ZeRO stage 3" profile --model mlp --batch 2 --dp 4 --zero 2 --forward-prefetch
 expect 2 "--zero must be 0, 1, 2 or 3" profile --model mlp --batch 2 --dp 4 --zero 4
 expect 2 "--zero needs --dp 2 or more" profile --model mlp --batch 2 --zero 1
 expect 2 "--rank must be between 0 and --dp minus 1" profile --model mlp --batch 2 --dp 2 --rank 2
@@ -137,6 +138,7 @@ expect 2 "pipeline parallelism runs with ZeRO stage 0 or 1" profile --model gpt2
 expect 2 "--schedule must be 1f1b\|gpipe" profile --model gpt2 "${small_llama[@]}" --schedule interleaved
 expect 0 "ZeRO stage 3 \\(sharded over 8\\)" profile --model gpt2 "${small_llama[@]}" --dp 16 --fsdp hybrid
 expect 0 '"shard_ranks": 4' profile --model gpt2 "${small_llama[@]}" --dp 4 --fsdp full --format json
+expect 0 "ZeRO stage 3, forward prefetch" profile --model gpt2 "${small_llama[@]}" --dp 4 --fsdp full --forward-prefetch
 expect 2 "flash attention is for gpt2 and llama" profile --model mlp --batch 2 --attention flash
 expect 2 "--attention must be math\|flash" profile --model llama "${small_llama[@]}" --attention fused
 expect 1 "FlashAttention-2 runs f16 and bf16 only" profile --model llama "${small_llama[@]}" --attention flash

@@ -202,7 +202,7 @@ int search_layouts(const ModelFlags& m, std::int64_t gpus, std::int64_t memory, 
   if (m.zoo.model != "gpt2" && m.zoo.model != "llama")
     throw UsageError("fit --search lays out gpt2 and llama over GPUs");
   if (m.tp != 1 || m.sequence_parallel || m.selective_recompute || m.pp != 1 || m.dp != 1 || m.zero != 0 ||
-      m.fsdp != "none" || m.policy != "none")
+      m.fsdp != "none" || m.forward_prefetch || m.policy != "none")
     throw UsageError("fit --search chooses --tp, --pp, --dp, --zero and recompute itself: leave them out");
   if (gpus < 1 || gpus > 4096) throw UsageError("--gpus must be between 1 and 4096");
   const auto started = std::chrono::steady_clock::now();

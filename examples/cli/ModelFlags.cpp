@@ -25,6 +25,7 @@ void ModelFlags::add_to(Flags& flags) {
   flags.add("--schedule", &schedule, {"1f1b", "gpipe"});
   flags.add("--fsdp", &fsdp, {"none", "full", "hybrid"});
   flags.add_switch("--sequence-parallel", &sequence_parallel);
+  flags.add_switch("--forward-prefetch", &forward_prefetch);
   flags.add_switch("--selective-recompute", &selective_recompute);
 }
 
@@ -96,6 +97,9 @@ StepOptions ModelFlags::step_options() const {
       options.data_parallel.shard_ranks = node;
     }
   }
+  if (forward_prefetch && options.data_parallel.zero_stage != 3)
+    throw std::invalid_argument("--forward-prefetch is for ZeRO stage 3 (--zero 3 or --fsdp)");
+  options.data_parallel.forward_prefetch = forward_prefetch;
   if (rank < -1 || rank >= dp) throw std::invalid_argument("--rank must be between 0 and --dp minus 1");
   options.data_parallel.rank = static_cast<int>(rank);
   if (amp != "none") {

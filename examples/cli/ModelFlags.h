@@ -37,6 +37,7 @@ struct ModelFlags {
   std::int64_t dp = 1;               // data-parallel ranks
   std::int64_t zero = 0;             // ZeRO stage
   std::string fsdp = "none";         // full (ZeRO stage 3) or hybrid (sharded within a node)
+  bool forward_prefetch = false;     // ZeRO stage 3 / FSDP: gather the next unit in forward too
   std::int64_t gpus_per_node = 8;
   std::int64_t rank = -1;            // the traced rank; -1: the busiest
 
