@@ -19,6 +19,7 @@
 #include "meta/MetaMode.h"
 #include "profiler/AccumulationHook.h"
 #include "profiler/CpuMemoryCounter.h"
+#include "profiler/ForLoopAdam.h"
 #include "profiler/ShardedParameters.h"
 #include "profiler/Tracer.h"
 
@@ -53,9 +54,13 @@ class PhaseListener {
   virtual void end() = 0;
 };
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(Optimizer kind,
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(Optimizer kind, OptimizerImpl impl,
                                                         std::vector<at::Tensor> params) {
   constexpr double lr = 1e-3;
+  if (impl == OptimizerImpl::ForLoop && (kind == Optimizer::Adam || kind == Optimizer::AdamW)) {
+    const bool adamw = kind == Optimizer::AdamW;  // torch.optim's default weight decays
+    return std::make_unique<ForLoopAdam>(std::move(params), lr, adamw ? 1e-2 : 0.0, adamw);
+  }
   switch (kind) {
     case Optimizer::None:
       return nullptr;
@@ -220,6 +225,12 @@ void run_steps(const StepBuilder& build, const StepOptions& options, PhaseListen
     if (mixed) model.masters.push_back(held[i].detach().to(at::kFloat).requires_grad_());
     stepped.push_back(mixed ? model.masters.back() : held[i]);
   }
+  // ZeroRedundancyOptimizer steps its partition in the order it dealt it,
+  // largest first; mixed-precision optimizers (Megatron's, DeepSpeed's)
+  // keep their fp32 master weights in the model's order.
+  if (!mixed && (dp.zero_stage == 1 || dp.zero_stage == 2))
+    std::stable_sort(stepped.begin(), stepped.end(),
+                     [](const at::Tensor& a, const at::Tensor& b) { return a.numel() > b.numel(); });
   if (options.fp32_main_grads)
     for (const at::Tensor& p : model.params) model.main_grads.push_back(at::zeros_like(p, at::kFloat));
   if (dp.active() && dp.zero_stage < 2)
@@ -242,7 +253,7 @@ void run_steps(const StepBuilder& build, const StepOptions& options, PhaseListen
     if (auto accumulator = after_accumulation(model.params[i], std::move(hand_off)))
       accumulators.push_back(std::move(accumulator));
   }
-  auto optimizer = make_optimizer(options.optimizer, stepped);
+  auto optimizer = make_optimizer(options.optimizer, options.optimizer_impl, stepped);
   const c10::Device device = model.params.empty() ? c10::Device(c10::kCPU) : model.params.front().device();
   phases.setup(*step, model);
 
@@ -378,6 +389,12 @@ Optimizer parse_optimizer(const std::string& name) {
   if (name == "adamw") return Optimizer::AdamW;
   throw std::invalid_argument("unknown optimizer '" + name +
                               "' (known: none, sgd, momentum, adam, adamw)");
+}
+
+OptimizerImpl parse_optimizer_impl(const std::string& name) {
+  if (name == "libtorch") return OptimizerImpl::Libtorch;
+  if (name == "for-loop") return OptimizerImpl::ForLoop;
+  throw std::invalid_argument("unknown optimizer implementation '" + name + "' (libtorch, for-loop)");
 }
 
 const char* optimizer_name(Optimizer optimizer) {

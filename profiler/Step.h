@@ -52,6 +52,11 @@ enum class Optimizer { None, Sgd, Momentum, Adam, AdamW };
 Optimizer parse_optimizer(const std::string& name);
 const char* optimizer_name(Optimizer optimizer);
 
+// Whose code Adam and AdamW run: libtorch's C++ classes, or torch.optim's
+// Python for-loop (ForLoopAdam.h). SGD's memory is the same in both.
+enum class OptimizerImpl { Libtorch, ForLoop };
+OptimizerImpl parse_optimizer_impl(const std::string& name);  // "libtorch", "for-loop"; throws
+
 // What happens to gradients after the optimizer step: set_to_none frees
 // them (PyTorch 2.x's default), zero keeps and zeroes them (libtorch 1.13's
 // C++ default), none keeps them as they are.
@@ -131,6 +136,7 @@ struct StepOptions {
   // of parameters cached until the region ends). CPU autocast takes bf16 only.
   c10::optional<at::ScalarType> autocast;
   DataParallel data_parallel;
+  OptimizerImpl optimizer_impl = OptimizerImpl::Libtorch;
 };
 
 // Throws std::invalid_argument for options that cannot run together.

@@ -116,6 +116,8 @@ expect 0 "autocast f16" profile --model mlp --batch 2 --device cuda --amp f16
 expect 0 "rank of 4 data-parallel, ZeRO stage 3" profile --model mlp --batch 2 --dp 4 --zero 3 --optimizer adam
 expect 2 "give --fsdp or --zero, not both" profile --model mlp --batch 2 --dp 4 --zero 2 --fsdp full
 expect 2 "--fsdp hybrid needs --dp to be a multiple of --gpus-per-node" profile --model mlp --batch 2 --dp 12 --fsdp hybrid
+expect 0 "optimizer adamw \\(for-loop\\)" profile --model mlp --batch 2 --optimizer adamw --optimizer-impl for-loop
+expect 2 "--optimizer-impl" profile --model mlp --batch 2 --optimizer adam --optimizer-impl foreach
 expect 2 "--forward-prefetch is for ZeRO stage 3" profile --model mlp --batch 2 --dp 4 --zero 2 --forward-prefetch
 expect 2 "--zero must be 0, 1, 2 or 3" profile --model mlp --batch 2 --dp 4 --zero 4
 expect 2 "--zero needs --dp 2 or more" profile --model mlp --batch 2 --zero 1

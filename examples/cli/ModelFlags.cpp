@@ -14,6 +14,7 @@ void ModelFlags::add_to(Flags& flags) {
     flags.add(name, value);
   flags.add("--device", &device, {"cpu", "cuda"});
   flags.add("--optimizer", &optimizer);
+  flags.add("--optimizer-impl", &optimizer_impl, {"libtorch", "for-loop"});
   flags.add("--dtype", &dtype);
   flags.add_list("--input", &inputs);
   flags.add("--loss", &loss);
@@ -70,6 +71,7 @@ StepOptions ModelFlags::step_options() const {
   };
   StepOptions options;
   options.optimizer = parse_optimizer(optimizer);
+  options.optimizer_impl = parse_optimizer_impl(optimizer_impl);
   options.fp32_master_weights = parse_dtype(dtype) != c10::kFloat;
   options.fp32_main_grads = main_grads == "fp32";
   if (options.fp32_main_grads && !options.fp32_master_weights)
@@ -134,6 +136,7 @@ RunInfo ModelFlags::run_info() const {
   run.batch = batch();
   run.options = step_options();
   run.optimizer = optimizer_name(run.options->optimizer);
+  if (run.options->optimizer_impl == OptimizerImpl::ForLoop) run.optimizer += " (for-loop)";
   run.tensor_parallel = tp;
   run.sequence_parallel = sequence_parallel;
   run.pipeline = config().pipeline;

@@ -16,6 +16,7 @@ struct ModelFlags {
   ZooConfig zoo;
   std::string device = "cuda";
   std::string optimizer = "none";
+  std::string optimizer_impl = "libtorch";  // or for-loop: torch.optim's Python Adam and AdamW
   std::string dtype = "f32";
   std::vector<std::string> inputs;  // TorchScript models: one --input per forward argument
   std::string loss = "sum";
