@@ -17,6 +17,8 @@ constexpr int kGuesses = 4;
 // What a trial measured, by batch.
 using Measured = std::map<std::int64_t, BatchTrial>;
 
+std::int64_t even_or_bytes(const BatchTrial& t) { return t.even_bytes > 0 ? t.even_bytes : t.bytes; }
+
 // The slope between two trials: of their even bytes where both have them,
 // unless `even` is false.
 double slope(Measured::const_iterator a, Measured::const_iterator b, bool even = true) {
@@ -29,7 +31,8 @@ double slope(Measured::const_iterator a, Measured::const_iterator b, bool even =
 // trial at `fits`, else the one at `fails`. Its slope is the secant of the
 // bytes at `fits` and `fails` when both were measured (the allocator's
 // fragmentation makes them grow faster than the even bytes do), else the
-// even slope of the two nearest on the side that was, else the hint's.
+// even slope of the two nearest on the side that was, else, with one trial
+// that fits, its bytes above its fixed bytes per sample, else the hint's.
 std::optional<std::int64_t> interpolate(const Measured& measured, std::int64_t fits, std::int64_t fails,
                                         std::int64_t memory, double hinted_slope) {
   const auto below = measured.find(fits), above = measured.find(fails);
@@ -41,6 +44,9 @@ std::optional<std::int64_t> interpolate(const Measured& measured, std::int64_t f
       per_sample = slope(below, above, false);
     else if (below != measured.begin())
       per_sample = slope(std::prev(below), below);
+    else if (below->second.fixed_bytes > 0)
+      per_sample = static_cast<double>(even_or_bytes(below->second) - below->second.fixed_bytes) /
+                   static_cast<double>(below->first);
   } else if (above != measured.end()) {
     anchor = above;
     if (std::next(above) != measured.end()) per_sample = slope(above, std::next(above));

@@ -18,6 +18,9 @@ struct BatchTrial {
   // take: the live bytes under the CUDA allocator's reserved ones, which
   // jump where it takes a new segment. 0: take the slope of `bytes`.
   std::int64_t even_bytes = 0;
+  // Of those, the bytes that do not grow with the batch (model states live
+  // when the step began): with them, one trial gives a slope. 0: unknown.
+  std::int64_t fixed_bytes = 0;
 };
 
 // What a search may start from: a batch likely to fit and the bytes one

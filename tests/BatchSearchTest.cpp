@@ -42,6 +42,22 @@ TEST(BatchSearch, AffineBytesTakeFourTrialsFromNothing) {
   EXPECT_DOUBLE_EQ(fit.bytes_per_sample, 700.0 * kMiB);
 }
 
+// A trial that says which of its bytes do not grow with the batch gives a
+// slope by itself.
+TEST(BatchSearch, FixedBytesGiveASlopeFromOneTrial) {
+  const std::int64_t fixed = 3000 * kMiB, memory = 80 * 1024 * kMiB;
+  std::set<std::int64_t> tried;
+  const BatchFit fit = largest_batch(
+      [&](std::int64_t b) {
+        tried.insert(b);
+        const std::int64_t bytes = fixed + 700 * kMiB * b;
+        return BatchTrial{bytes <= memory, bytes, 0, fixed};
+      },
+      memory, 1 << 16);
+  EXPECT_EQ(fit.batch, 112);
+  EXPECT_EQ(tried, (std::set<std::int64_t>{1, 112, 113}));
+}
+
 TEST(BatchSearch, AKnownSlopeSavesATrialAndAGoodHintTwo) {
   auto bytes = [](std::int64_t b) { return 3000 * kMiB + 700 * kMiB * b; };
   const std::int64_t memory = 80 * 1024 * kMiB;

@@ -64,7 +64,7 @@ BatchTrial trial_within(const ModelFlags& m, const StepBuilder& step, const Step
     const Trace trace = trace_step(step, c10::Device(m.device), options,
                                    cuda ? static_cast<AllocationObserver*>(&reserved) : &live);
     const std::int64_t bytes = cuda ? reserved.reserved_bytes() : trace.measured().peak_bytes;
-    return {true, bytes, passes_peak(trace)};
+    return {true, bytes, passes_peak(trace), trace.measured().begin_bytes};
   } catch (const MemoryExceeded&) {
     return {};
   }
