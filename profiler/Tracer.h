@@ -6,7 +6,6 @@
 
 #include <functional>
 #include <memory>
-#include <stdexcept>
 #include <string>
 
 #include "profiler/AllocationObserver.h"
