@@ -102,7 +102,7 @@ void CachingAllocatorSim::reset_peaks() {
   peak_reserved_ = reserved_;
 }
 
-void ReservedBytesLimit::on_alloc(std::uint32_t buffer, std::int64_t bytes) {
+void ReservedBytesLimit::on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t) {
   sim_.malloc(buffer, bytes);
   if (sim_.reserved_bytes() > limit_)
     throw MemoryExceeded("the CUDA allocator reserves more than " + std::to_string(limit_) + " bytes");

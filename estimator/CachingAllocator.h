@@ -84,8 +84,8 @@ class ReservedBytesLimit final : public AllocationObserver {
  public:
   ReservedBytesLimit(std::int64_t limit, int roundup_power2_divisions)
       : limit_(limit), sim_(roundup_power2_divisions) {}
-  void on_alloc(std::uint32_t buffer, std::int64_t bytes) override;
-  void on_free(std::uint32_t buffer, std::int64_t) noexcept override { sim_.free(buffer); }
+  void on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t live_bytes) override;
+  void on_free(std::uint32_t buffer) noexcept override { sim_.free(buffer); }
   // The most the trace's allocator reserved (its measured step's peak too).
   std::int64_t reserved_bytes() const { return sim_.reserved_bytes(); }
 

@@ -16,27 +16,28 @@ class MemoryExceeded : public std::runtime_error {
 };
 
 // Sees every allocation and free a tracer records, in order, by the
-// buffer's index in the trace. It may throw on an allocation to stop the
-// trace, never on a free: frees run in tensors' destructors.
+// buffer's index in the trace, with the live bytes after an allocation. It
+// may throw on an allocation to stop the trace, never on a free: frees run
+// in tensors' destructors.
 class AllocationObserver {
  public:
   virtual ~AllocationObserver() = default;
-  virtual void on_alloc(std::uint32_t buffer, std::int64_t bytes) = 0;
-  virtual void on_free(std::uint32_t buffer, std::int64_t bytes) noexcept = 0;
+  virtual void on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t live_bytes) = 0;
+  virtual void on_free(std::uint32_t buffer) noexcept = 0;
 };
 
 // Throws MemoryExceeded once the live bytes pass `limit`.
 class LiveBytesLimit final : public AllocationObserver {
  public:
   explicit LiveBytesLimit(std::int64_t limit) : limit_(limit) {}
-  void on_alloc(std::uint32_t, std::int64_t bytes) override {
-    live_ += bytes;
-    if (live_ > limit_) throw MemoryExceeded("the traced step holds more than " + std::to_string(limit_) + " bytes");
+  void on_alloc(std::uint32_t, std::int64_t, std::int64_t live_bytes) override {
+    if (live_bytes > limit_)
+      throw MemoryExceeded("the traced step holds more than " + std::to_string(limit_) + " bytes");
   }
-  void on_free(std::uint32_t, std::int64_t bytes) noexcept override { live_ -= bytes; }
+  void on_free(std::uint32_t) noexcept override {}
 
  private:
-  std::int64_t limit_, live_ = 0;
+  std::int64_t limit_;
 };
 
 }  // namespace metamem

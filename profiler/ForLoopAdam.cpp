@@ -1,20 +1,15 @@
 #include "profiler/ForLoopAdam.h"
 
 #include <ATen/ops/zeros_like.h>
-#include <torch/optim/adamw.h>
 
 #include <cmath>
 
 namespace metamem {
-namespace {
-constexpr double kBeta1 = 0.9, kBeta2 = 0.999, kEps = 1e-8;
-}
 
-ForLoopAdam::ForLoopAdam(std::vector<at::Tensor> params, double lr, double weight_decay, bool decoupled)
+ForLoopAdam::ForLoopAdam(std::vector<at::Tensor> params, const torch::optim::AdamWOptions& options,
+                         bool decoupled)
     : torch::optim::Optimizer({torch::optim::OptimizerParamGroup(std::move(params))},
-                              std::make_unique<torch::optim::AdamWOptions>(lr)),
-      lr_(lr),
-      weight_decay_(weight_decay),
+                              std::make_unique<torch::optim::AdamWOptions>(options)),
       decoupled_(decoupled) {}
 
 at::Tensor ForLoopAdam::step(LossClosure closure) {
@@ -25,6 +20,9 @@ at::Tensor ForLoopAdam::step(LossClosure closure) {
     loss = closure();
   }
   const std::vector<at::Tensor>& params = param_groups_.front().params();
+  const auto& options = static_cast<const torch::optim::AdamWOptions&>(param_groups_.front().options());
+  const auto [beta1, beta2] = options.betas();
+  const double lr = options.lr(), weight_decay = options.weight_decay();
   steps_.resize(params.size(), 0);
   exp_avg_.resize(params.size());
   exp_avg_sq_.resize(params.size());
@@ -39,16 +37,16 @@ at::Tensor ForLoopAdam::step(LossClosure closure) {
     at::Tensor grad = p.grad();
     if (!grad.defined()) continue;
     const auto step = static_cast<double>(++steps_[i]);
-    const double bias_correction1 = 1 - std::pow(kBeta1, step);
-    const double bias_correction2_sqrt = std::sqrt(1 - std::pow(kBeta2, step));
+    const double bias_correction1 = 1 - std::pow(beta1, step);
+    const double bias_correction2_sqrt = std::sqrt(1 - std::pow(beta2, step));
     if (decoupled_)
-      p.mul_(1 - lr_ * weight_decay_);
-    else if (weight_decay_ != 0)
-      grad = grad.add(p, weight_decay_);
-    exp_avg_[i].mul_(kBeta1).add_(grad, 1 - kBeta1);
-    exp_avg_sq_[i].mul_(kBeta2).addcmul_(grad, grad, 1 - kBeta2);
-    denom = (exp_avg_sq_[i].sqrt() / bias_correction2_sqrt).add_(kEps);
-    p.addcdiv_(exp_avg_[i], denom, -lr_ / bias_correction1);
+      p.mul_(1 - lr * weight_decay);
+    else if (weight_decay != 0)
+      grad = grad.add(p, weight_decay);
+    exp_avg_[i].mul_(beta1).add_(grad, 1 - beta1);
+    exp_avg_sq_[i].mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+    denom = (exp_avg_sq_[i].sqrt() / bias_correction2_sqrt).add_(options.eps());
+    p.addcdiv_(exp_avg_[i], denom, -lr / bias_correction1);
   }
   return loss;
 }

@@ -7,6 +7,7 @@
 // are not made: they are not device memory.
 #pragma once
 
+#include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
@@ -17,12 +18,11 @@ namespace metamem {
 class ForLoopAdam final : public torch::optim::Optimizer {
  public:
   // `decoupled`: AdamW (the parameters decay before the update); else Adam,
-  // whose gradients take the weight decay.
-  ForLoopAdam(std::vector<at::Tensor> params, double lr, double weight_decay, bool decoupled);
+  // whose gradients take the weight decay. Amsgrad is not modelled.
+  ForLoopAdam(std::vector<at::Tensor> params, const torch::optim::AdamWOptions& options, bool decoupled);
   at::Tensor step(LossClosure closure = nullptr) override;
 
  private:
-  double lr_, weight_decay_;
   bool decoupled_;
   // Per parameter, from its first step with a gradient.
   std::vector<std::int64_t> steps_;

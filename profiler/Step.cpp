@@ -58,8 +58,9 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(Optimizer kind, Optimize
                                                         std::vector<at::Tensor> params) {
   constexpr double lr = 1e-3;
   if (impl == OptimizerImpl::ForLoop && (kind == Optimizer::Adam || kind == Optimizer::AdamW)) {
-    const bool adamw = kind == Optimizer::AdamW;  // torch.optim's default weight decays
-    return std::make_unique<ForLoopAdam>(std::move(params), lr, adamw ? 1e-2 : 0.0, adamw);
+    const bool adamw = kind == Optimizer::AdamW;  // torch.optim's default weight decays: 0.01 and 0
+    return std::make_unique<ForLoopAdam>(std::move(params),
+                                         torch::optim::AdamWOptions(lr).weight_decay(adamw ? 1e-2 : 0.0), adamw);
   }
   switch (kind) {
     case Optimizer::None:

@@ -106,7 +106,7 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
     live_ += buffer.bytes;
     const auto index = static_cast<std::uint32_t>(trace_.buffers.size() - 1);
     push_event(EventKind::Alloc, index);
-    if (observer_) observer_->on_alloc(index, buffer.bytes);
+    if (observer_) observer_->on_alloc(index, buffer.bytes, live_);
   }
 
   void observe(AllocationObserver* observer) {
@@ -121,7 +121,7 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
     buffer.free_event = trace_.events.size();
     live_ -= buffer.bytes;
     push_event(EventKind::Free, *index);
-    if (observer_) observer_->on_free(*index, buffer.bytes);
+    if (observer_) observer_->on_free(*index);
   }
 
   void on_op(const c10::OperatorHandle& op, c10::ArrayRef<BufferId> inputs,

@@ -26,6 +26,13 @@ namespace {
 
 const c10::Device kCpu(c10::kCPU), kCuda(c10::kCUDA);
 
+// Each traced step's peak on fake cpu, to compare with achieved_cpu_step_peaks.
+std::vector<std::int64_t> traced_step_peaks(const StepBuilder& build, const StepOptions& options) {
+  std::vector<std::int64_t> peaks;
+  for (const StepSpan& step : trace_step(build, kCpu, options).steps) peaks.push_back(step.peak_bytes);
+  return peaks;
+}
+
 using ParityCase = std::tuple<std::string, Optimizer, ZeroGrad>;
 
 class SteadyStateParity : public ::testing::TestWithParam<ParityCase> {};
@@ -41,10 +48,7 @@ TEST_P(SteadyStateParity, EveryStepMatchesRealCpuRun) {
     options.zero_grad = zero_grad;
     options.steps = steps;
     options.grad_accum = grad_accum;
-    const Trace trace = trace_step(build, kCpu, options);
-    std::vector<std::int64_t> predicted;
-    for (const StepSpan& step : trace.steps) predicted.push_back(step.peak_bytes);
-    EXPECT_EQ(predicted, achieved_cpu_step_peaks(build, options))
+    EXPECT_EQ(traced_step_peaks(build, options), achieved_cpu_step_peaks(build, options))
         << steps << " steps, " << grad_accum << " micro-batches";
   }
 }
@@ -68,7 +72,7 @@ TEST(ForLoopAdam, UpdatesAsLibtorch) {
       ours.push_back(at::randn({size}).requires_grad_());
       theirs.push_back(ours.back().detach().clone().requires_grad_());
     }
-    ForLoopAdam for_loop(ours, 1e-3, adamw ? 1e-2 : 0.0, adamw);
+    ForLoopAdam for_loop(ours, torch::optim::AdamWOptions(1e-3).weight_decay(adamw ? 1e-2 : 0.0), adamw);
     std::unique_ptr<torch::optim::Optimizer> libtorch;
     if (adamw)
       libtorch = std::make_unique<torch::optim::AdamW>(theirs, torch::optim::AdamWOptions(1e-3));
@@ -103,7 +107,7 @@ TEST(ForLoopAdam, KeepsThePreviousDenominatorAlive) {
     optimizer.step();
     return counter.peak_bytes() - CpuMemoryCounter::live_bytes();
   };
-  ForLoopAdam for_loop(params, 1e-3, 0.0, false);
+  ForLoopAdam for_loop(params, torch::optim::AdamWOptions(1e-3).weight_decay(0), false);
   torch::optim::Adam libtorch(params, torch::optim::AdamOptions(1e-3));
   const std::int64_t libtorch_peak = step_peak(libtorch);
   EXPECT_GE(libtorch_peak, 4 * 2 * 5000);
@@ -120,9 +124,8 @@ TEST(ForLoopAdam, TracedStepsMatchTheRealCpuRun) {
       options.optimizer = optimizer;
       options.optimizer_impl = OptimizerImpl::ForLoop;
       options.steps = 3;
-      std::vector<std::int64_t> predicted;
-      for (const StepSpan& step : trace_step(build, kCpu, options).steps) predicted.push_back(step.peak_bytes);
-      EXPECT_EQ(predicted, achieved_cpu_step_peaks(build, options)) << model << " " << optimizer_name(optimizer);
+      EXPECT_EQ(traced_step_peaks(build, options), achieved_cpu_step_peaks(build, options))
+          << model << " " << optimizer_name(optimizer);
     }
 }
 
