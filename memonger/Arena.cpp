@@ -1,6 +1,7 @@
 // Arena planning: every range gets a byte offset (TFLite's greedy by size,
 // XLA's GlobalDecreasingSizeBestFitHeap), improved by packing into a fixed
-// height from both ends.
+// height from both ends; for the exact planner, that packing in orders
+// learnt by squeaky wheel optimisation.
 #include <algorithm>
 #include <array>
 #include <stdexcept>
@@ -8,6 +9,7 @@
 #include <map>
 #include <optional>
 #include <queue>
+#include <random>
 #include <set>
 
 #include "memonger/Placement.h"
@@ -49,8 +51,9 @@ class PlacedIndex {
     for (node /= 2; node >= 1 && tree_[node] < lasts_[k]; node /= 2) tree_[node] = lasts_[k];
   }
 
-  // Placed items alive at some step of [from, to].
-  void overlapping(std::int64_t from, std::int64_t to, std::vector<std::size_t>& out) const {
+  // Placed items alive at some step of item k's.
+  void overlapping(std::size_t k, std::vector<std::size_t>& out) const {
+    const std::int64_t from = sorted_firsts_[position_[k]], to = lasts_[k];
     out.clear();
     const std::size_t end =
         std::upper_bound(sorted_firsts_.begin(), sorted_firsts_.end(), to) - sorted_firsts_.begin();
@@ -99,22 +102,22 @@ struct ItemTable {
 // no gap goes on top. Bounded by `height`: the space above the top is a gap
 // too, a range placed in a gap touching the top is hung from it (so chains
 // alternate between floor and ceiling), and a range that fits nowhere fails
-// the pass.
-std::optional<Placement> pack(const ItemTable& t, const Items& order, std::int64_t height) {
+// the pass, or with `unplaced` is left out and listed there.
+// `index` finds the placed ranges a range overlaps in time.
+template <typename Index>
+std::optional<Placement> pack(const ItemTable& t, const Items& order, std::int64_t height, Index index,
+                              Items* unplaced = nullptr) {
   Placement placement;
   placement.offsets.assign(t.bytes.size(), 0);
-  PlacedIndex index(t.first, t.last);
   std::vector<std::size_t> neighbours;
   std::vector<std::pair<std::int64_t, std::int64_t>> taken;  // byte intervals
   for (std::size_t k : order) {
     const std::int64_t size = t.bytes[k];
-    index.place(k);
     if (size == 0) continue;
-    index.overlapping(t.first[k], t.last[k], neighbours);
+    index.overlapping(k, neighbours);
     taken.clear();
     for (std::size_t n : neighbours)
-      if (n != k && t.bytes[n] > 0)
-        taken.emplace_back(placement.offsets[n], placement.offsets[n] + t.bytes[n]);
+      if (t.bytes[n] > 0) taken.emplace_back(placement.offsets[n], placement.offsets[n] + t.bytes[n]);
     std::sort(taken.begin(), taken.end());
 
     std::int64_t best_start = -1, best_size = kUnbounded, top = 0;
@@ -130,12 +133,17 @@ std::optional<Placement> pack(const ItemTable& t, const Items& order, std::int64
       offset = best_start >= 0 ? best_start : top;
     } else {
       consider(top, height);
-      if (best_start < 0) return std::nullopt;
+      if (best_start < 0) {
+        if (!unplaced) return std::nullopt;
+        unplaced->push_back(k);
+        continue;
+      }
       const bool touches_ceiling = best_start + best_size == height;
       offset = best_start > 0 && touches_ceiling ? height - size : best_start;
     }
     placement.offsets[k] = offset;
     placement.height = std::max(placement.height, offset + size);
+    index.place(k);
   }
   placement.buffers = count_offsets(placement.offsets);
   return placement;
@@ -224,7 +232,113 @@ Items order_by(const Problem& p, const Items& items, Key key) {
   return order;
 }
 
+// Every range's time neighbours, listed once: for the many packing passes
+// of one instance, cheaper than PlacedIndex's tree walks.
+class NeighbourLists {
+ public:
+  explicit NeighbourLists(const ItemTable& t) : lists_(t.bytes.size()) {
+    Items by_first(t.bytes.size());
+    for (std::size_t k = 0; k < by_first.size(); ++k) by_first[k] = k;
+    std::sort(by_first.begin(), by_first.end(), [&](auto a, auto b) { return t.first[a] < t.first[b]; });
+    for (std::size_t a = 0; a < by_first.size(); ++a)
+      for (std::size_t b = a + 1; b < by_first.size() && t.first[by_first[b]] <= t.last[by_first[a]]; ++b) {
+        lists_[by_first[a]].push_back(by_first[b]);
+        lists_[by_first[b]].push_back(by_first[a]);
+      }
+  }
+
+  // One pass's view: the placed neighbours.
+  class Placed {
+   public:
+    explicit Placed(const NeighbourLists& lists) : lists_(lists.lists_), placed_(lists_.size(), 0) {}
+    void place(std::size_t k) { placed_[k] = 1; }
+    void overlapping(std::size_t k, std::vector<std::size_t>& out) const {
+      out.clear();
+      for (std::size_t n : lists_[k])
+        if (placed_[n]) out.push_back(n);
+    }
+
+   private:
+    const std::vector<Items>& lists_;
+    std::vector<char> placed_;
+  };
+
+ private:
+  std::vector<Items> lists_;
+};
+
+// Squeaky wheel optimisation (Joslin & Clements, JAIR 1999) over pack():
+// each pass packs into a fixed height in priority order and moves the
+// ranges it left out forward by random stretches (up to 1/40 of the order;
+// longer ones scramble what earlier passes learnt), so the next pass places
+// them earlier. The order carries over from one height to the next.
+class SqueakyWheel {
+ public:
+  SqueakyWheel(const ItemTable& t, Items order)
+      : t_(t), neighbours_(t), order_(std::move(order)), stretch_(1, std::max<std::size_t>(order_.size() / 40, 1)) {}
+
+  // Up to `passes` passes at `height`, until `deadline`; true with `found`.
+  bool fit(std::int64_t height, std::int64_t passes, std::chrono::steady_clock::time_point deadline,
+           Placement& found) {
+    Items unplaced;
+    for (std::int64_t pass = 0; pass < passes && std::chrono::steady_clock::now() < deadline; ++pass) {
+      unplaced.clear();
+      std::optional<Placement> placement = pack(t_, order_, height, NeighbourLists::Placed(neighbours_), &unplaced);
+      if (unplaced.empty()) {
+        found = std::move(*placement);
+        return true;
+      }
+      move_forward(unplaced);
+    }
+    return false;
+  }
+
+ private:
+  void move_forward(const Items& unplaced) {
+    std::vector<char> left_out(t_.bytes.size(), 0);
+    for (std::size_t k : unplaced) left_out[k] = 1;
+    std::vector<std::pair<double, std::size_t>> keyed(order_.size());
+    for (std::size_t position = 0; position < order_.size(); ++position) {
+      const std::size_t k = order_[position];
+      const double moved = left_out[k] ? static_cast<double>(stretch_(rng_)) + 0.5 : 0.0;
+      keyed[position] = {static_cast<double>(position) - moved, k};
+    }
+    std::stable_sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (std::size_t position = 0; position < order_.size(); ++position) order_[position] = keyed[position].second;
+  }
+
+  const ItemTable& t_;
+  const NeighbourLists neighbours_;
+  Items order_;
+  std::uniform_int_distribution<std::size_t> stretch_;
+  std::mt19937_64 rng_{1};
+};
+
 }  // namespace
+
+Placement arena_squeaky_wheel(const Problem& p, const Items& items, Placement start,
+                              std::chrono::steady_clock::time_point deadline) {
+  const ItemTable table(p, items);
+  SqueakyWheel wheel(table, order_by(p, items, [](const LiveRange& r, std::int64_t b) {
+                       return static_cast<double>(b) * static_cast<double>(r.last - r.first + 1);
+                     }));
+  // Steps down from the best height by a sixteenth of the gap to the bound;
+  // a step that fails within 64 passes is halved, down to 1/4096 of the height.
+  Placement best = std::move(start);
+  const std::int64_t smallest = std::max<std::int64_t>(best.height / 4096, 1);
+  std::int64_t step = std::max((best.height - best.bound) / 16, smallest);
+  while (best.height > best.bound && std::chrono::steady_clock::now() < deadline) {
+    step = std::min(step, best.height - best.bound);
+    Placement found;
+    if (wheel.fit(best.height - step, 64, deadline, found)) {
+      found.bound = best.bound;
+      best = std::move(found);
+    } else {
+      step = std::max(step / 2, smallest);
+    }
+  }
+  return best;
+}
 
 Placement arena_best_fit(const Problem& p, const Items& items) {
   // Orderings, each sorted the first time a pass needs it.
@@ -261,7 +375,7 @@ Placement arena_best_fit(const Problem& p, const Items& items) {
   std::int64_t budget = kWorkBudget;
   auto affordable = [&] { return best.height > bound && (budget -= pass_cost) >= 0; };
   auto try_pack = [&](Ordering o, std::int64_t height) {
-    auto candidate = pack(table, order(o), height);
+    auto candidate = pack(table, order(o), height, PlacedIndex(table.first, table.last));
     const bool better = candidate && candidate->height < best.height;
     if (better) {
       best = std::move(*candidate);

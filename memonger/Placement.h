@@ -37,6 +37,12 @@ Placement shared_optimal(const Problem& problem, const Items& items, std::int64_
 // a fixed height from both ends, searched down towards the lower bound.
 Placement arena_best_fit(const Problem& problem, const Items& items);
 
+// Squeaky wheel optimisation: packings into a fixed height in a learnt
+// priority order (Arena.cpp), heights stepped down from `start`'s until
+// `deadline`. Proves nothing: bound as `start`'s.
+Placement arena_squeaky_wheel(const Problem& problem, const Items& items, Placement start,
+                              std::chrono::steady_clock::time_point deadline);
+
 // What the exact search may spend, and in decision mode the height to reach.
 struct SearchLimits {
   std::chrono::steady_clock::time_point deadline;
