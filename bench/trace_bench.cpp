@@ -1,6 +1,7 @@
 // Tracing speed (gpt2 124M, batch 8, seq 1024, one and two steps with
-// Adam) and tracer memory on a 7B-parameter gpt2-shaped config: its weights
-// must never be allocated.
+// Adam; one rank of Llama-2-70B's shape, the trace fit --search runs most)
+// and tracer memory on a 7B-parameter gpt2-shaped config: its weights must
+// never be allocated.
 #include <benchmark/benchmark.h>
 #include <sys/resource.h>
 
@@ -68,6 +69,32 @@ void BM_TraceGpt2_124M(benchmark::State& state) {
   trace(state, config, options);
 }
 BENCHMARK(BM_TraceGpt2_124M)->ArgName("steps")->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// One rank of Llama-2-70B's shape at tensor parallel 8 with sequence
+// parallelism, selective recompute, data parallel 8 under ZeRO-3, bf16 with
+// fp32 master weights and Adam: the trace `fit --search` runs most.
+void BM_TraceLlama70BRank(benchmark::State& state) {
+  ZooConfig config;
+  config.model = "llama";
+  config.batch = 2;
+  config.dtype = c10::kBFloat16;
+  config.seq = 4096;
+  config.layers = 80;
+  config.width = 8192;
+  config.heads = 64;
+  config.kv_heads = 8;
+  config.ffn = 28672;
+  config.vocab = 32000;
+  config.tensor_parallel = {8, true};
+  config.selective_recompute = true;
+  StepOptions options;
+  options.optimizer = Optimizer::Adam;
+  options.fp32_master_weights = true;
+  options.data_parallel = {8, 3};
+  options.steps = static_cast<int>(state.range(0));
+  trace(state, config, options);
+}
+BENCHMARK(BM_TraceLlama70BRank)->ArgName("steps")->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 }  // namespace metamem

@@ -35,10 +35,12 @@ at::Tensor chunk_of(const at::Tensor& x, std::int64_t ranks) {
   return x.narrow(1, 0, x.size(1) / ranks).clone(at::MemoryFormat::Contiguous);
 }
 
-// The whole sequence gathered from every rank's chunk, into `out`.
+// The whole sequence gathered from every rank's chunk, into `out`: one
+// broadcast copy rather than one per rank, as tracing pays per op.
 at::Tensor gather_into(at::Tensor out, const at::Tensor& chunk) {
-  const std::int64_t n = chunk.size(1);
-  for (std::int64_t at = 0; at < out.size(1); at += n) out.narrow(1, at, n).copy_(chunk);
+  auto per_rank = chunk.sizes().vec();
+  per_rank.insert(per_rank.begin() + 1, out.size(1) / chunk.size(1));
+  out.view(per_rank).copy_(chunk.unsqueeze(1));
   return out;
 }
 
