@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <optional>
 
+#include "estimator/BatchLine.h"
 #include "estimator/BatchSearch.h"
 #include "estimator/CachingAllocator.h"
 #include "estimator/CheckpointSolve.h"
@@ -53,21 +55,31 @@ std::int64_t passes_peak(const Trace& trace) {
   return peak;
 }
 
-// What a step needs against `memory`, its passes' peak as the even measure:
-// nothing once its trace needs more than `memory` (the trace stops there).
-BatchTrial trial_within(const ModelFlags& m, const StepBuilder& step, const StepOptions& options,
-                        std::int64_t memory) {
-  const bool cuda = m.device == "cuda";
+// A step's trace, unless it needs more than `memory` (the trace stops there).
+std::optional<Trace> trace_within(const ModelFlags& m, const StepBuilder& step, const StepOptions& options,
+                                  std::int64_t memory) {
   LiveBytesLimit live(memory);
   ReservedBytesLimit reserved(memory, m.allocator_divisions());
   try {
-    const Trace trace = trace_step(step, c10::Device(m.device), options,
-                                   cuda ? static_cast<AllocationObserver*>(&reserved) : &live);
-    const std::int64_t bytes = cuda ? reserved.reserved_bytes() : trace.measured().peak_bytes;
-    return {true, bytes, passes_peak(trace), trace.measured().begin_bytes};
+    return trace_step(step, c10::Device(m.device), options,
+                      m.device == "cuda" ? static_cast<AllocationObserver*>(&reserved) : &live);
   } catch (const MemoryExceeded&) {
-    return {};
+    return std::nullopt;
   }
+}
+
+// Trials of a step by batch against `memory`, its passes' peak as the even
+// measure: traced until two consecutive batches fit, then read off their line.
+LineTrials batch_trials(const ModelFlags& m, std::function<StepBuilder(std::int64_t)> step_at,
+                        const StepOptions& options, std::int64_t memory) {
+  return LineTrials(
+      [&m, step_at = std::move(step_at), options, memory](std::int64_t batch) {
+        return trace_within(m, step_at(batch), options, memory);
+      },
+      [&m, memory](const Trace& trace) {
+        const std::int64_t bytes = needed_bytes(m, trace);
+        return BatchTrial{bytes <= memory, bytes, passes_peak(trace), trace.measured().begin_bytes};
+      });
 }
 
 // One parallel layout of the GPUs and how much it recomputes.
@@ -162,28 +174,40 @@ class SplitSearch {
       options.schedule = Schedule::OneFOneB;
     }
     const std::vector<int> stages = layout.pp > 1 ? std::vector{0, layout.pp - 1} : std::vector{0};
-    std::vector<std::map<std::int64_t, BatchTrial>> trials(stages.size());  // per stage, by batch
-    auto trial = [&](std::size_t s, std::int64_t batch) {
-      if (const auto found = trials[s].find(batch); found != trials[s].end()) return found->second;
-      config.pipeline = {layout.pp, stages[s]};
-      config.batch = batch;
-      ++traces_;
-      return trials[s][batch] = trial_within(m_, zoo_step(config), options, memory_);
-    };
+    std::vector<LineTrials> trials;  // per stage
+    for (int stage : stages)
+      trials.push_back(batch_trials(
+          m_,
+          [config, stage, pp = layout.pp](std::int64_t batch) mutable {
+            config.pipeline = {pp, stage};
+            config.batch = batch;
+            return zoo_step(config);
+          },
+          options, memory_));
+    auto trial = [&](std::size_t s, std::int64_t batch) { return trials[s](batch); };
     std::int64_t most = max_batch_;
     double bytes_per_sample = 0;
     for (std::size_t s = 0; s < stages.size() && most > 0; ++s) {
       const BatchFit found = largest_batch([&](std::int64_t batch) { return trial(s, batch); }, memory_, most,
                                            s == 0 ? hint : BatchHint{most, 0});
       if (s == 0) bytes_per_sample = found.bytes_per_sample;
-      most = found.batch;
+      most = trials[s].largest_fitting(found.batch, memory_, most);
     }
+    // A later stage's answer can be a batch an earlier one does not fit
+    // (fragmentation is not monotone in the batch).
+    auto fits_every_stage = [&](std::int64_t batch) {
+      for (std::size_t s = 0; s < stages.size(); ++s)
+        if (!trial(s, batch).fits) return false;
+      return true;
+    };
+    while (most > 0 && !fits_every_stage(most)) --most;
     row.micro_batch = most;
     for (std::size_t s = 0; s < stages.size() && most > 0; ++s)
       if (const std::int64_t b = trial(s, most).bytes; b > row.bytes) {
         row.bytes = b;
         row.stage = stages[s];
       }
+    for (const LineTrials& t : trials) traces_ += t.traces();
     return bytes_per_sample;
   }
 
@@ -310,11 +334,13 @@ int fit_command(const std::vector<std::string>& args) {
     return trace_step(step_with(batch, policy), device, options);
   };
   Progress progress("fit");
+  LineTrials plain_trials = batch_trials(
+      m, [&](std::int64_t batch) { return step_with(batch, {}); }, options, memory);
   auto trial = [&](std::int64_t batch) {
-    progress.update(fmt::format("tracing batch {}", batch));
+    progress.update(fmt::format("trying batch {}", batch));
     Trial result;
     if (checkpoint == "none") {
-      result.measured = trial_within(m, step_with(batch, {}), options, memory);
+      result.measured = plain_trials(batch);
       return result;
     }
     const Trace plain = trace_with(batch, {});
@@ -343,10 +369,12 @@ int fit_command(const std::vector<std::string>& args) {
         return checkpoint == "none" ? t.measured : BatchTrial{t.measured.fits};
       },
       memory, max_batch);
+  const std::int64_t batch =
+      checkpoint == "none" ? plain_trials.largest_fitting(found.batch, memory, max_batch) : found.batch;
+  if (batch != found.batch) trials[batch] = {plain_trials(batch)};
   progress.finish();
-  const Trial* best = found.batch > 0 ? &trials.at(found.batch) : nullptr;
+  const Trial* best = batch > 0 ? &trials.at(batch) : nullptr;
 
-  const std::int64_t batch = found.batch;
   const std::optional<CheckpointPlan> plan = best ? best->plan : std::nullopt;
   if (format == "json") {
     nlohmann::json out{{"model", m.zoo.model},
