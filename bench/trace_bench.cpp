@@ -1,12 +1,15 @@
 // Tracing speed (gpt2 124M, batch 8, seq 1024, one and two steps with
-// Adam; one rank of Llama-2-70B's shape, the trace fit --search runs most)
-// and tracer memory on a 7B-parameter gpt2-shaped config: its weights must
-// never be allocated.
+// Adam; one rank of Llama-2-70B's shape, the trace fit --search runs most,
+// and the same step read off a batch line) and tracer memory on a
+// 7B-parameter gpt2-shaped config: its weights must never be allocated.
 #include <benchmark/benchmark.h>
 #include <sys/resource.h>
 
 #include <chrono>
+#include <optional>
 
+#include "estimator/BatchLine.h"
+#include "estimator/Estimate.h"
 #include "examples/zoo/Zoo.h"
 
 namespace metamem {
@@ -73,10 +76,10 @@ BENCHMARK(BM_TraceGpt2_124M)->ArgName("steps")->Arg(1)->Arg(2)->Unit(benchmark::
 // One rank of Llama-2-70B's shape at tensor parallel 8 with sequence
 // parallelism, selective recompute, data parallel 8 under ZeRO-3, bf16 with
 // fp32 master weights and Adam: the trace `fit --search` runs most.
-void BM_TraceLlama70BRank(benchmark::State& state) {
+ZooConfig llama_70b_rank(std::int64_t batch) {
   ZooConfig config;
   config.model = "llama";
-  config.batch = 2;
+  config.batch = batch;
   config.dtype = c10::kBFloat16;
   config.seq = 4096;
   config.layers = 80;
@@ -87,14 +90,40 @@ void BM_TraceLlama70BRank(benchmark::State& state) {
   config.vocab = 32000;
   config.tensor_parallel = {8, true};
   config.selective_recompute = true;
+  return config;
+}
+
+StepOptions llama_70b_rank_options(int steps) {
   StepOptions options;
   options.optimizer = Optimizer::Adam;
   options.fp32_master_weights = true;
   options.data_parallel = {8, 3};
-  options.steps = static_cast<int>(state.range(0));
-  trace(state, config, options);
+  options.steps = steps;
+  return options;
+}
+
+void BM_TraceLlama70BRank(benchmark::State& state) {
+  trace(state, llama_70b_rank(2), llama_70b_rank_options(static_cast<int>(state.range(0))));
 }
 BENCHMARK(BM_TraceLlama70BRank)->ArgName("steps")->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// That rank's steady-state step at batch 9 read off the batch line through
+// batches 2 and 3 (what a batch search pays per batch once it has the line),
+// with the allocator replayed on it, against tracing it.
+void BM_BatchLineLlama70BRank(benchmark::State& state) {
+  const StepOptions options = llama_70b_rank_options(2);
+  auto traced = [&](std::int64_t batch) { return trace_step(zoo_step(llama_70b_rank(batch)), kCuda, options); };
+  const std::optional<BatchLine> line = BatchLine::through(traced(2), 2, traced(3));
+  if (!line) {
+    state.SkipWithError("batches 2 and 3 ran different ops");
+    return;
+  }
+  std::int64_t reserved = 0;
+  for (auto _ : state) reserved = simulate_allocator(line->at(9)).reserved;
+  state.counters["reserved_GiB"] = static_cast<double>(reserved) / (1 << 30);
+  state.counters["traced_reserved_GiB"] = static_cast<double>(simulate_allocator(traced(9)).reserved) / (1 << 30);
+}
+BENCHMARK(BM_BatchLineLlama70BRank)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 }  // namespace metamem
