@@ -13,7 +13,9 @@ namespace {
 // the next.
 bool same_structure(const Trace& a, const Trace& b) {
   auto event = [](const Event& e) { return std::tie(e.kind, e.index); };
-  auto buffer = [](const Buffer& x) { return std::tie(x.alloc_event, x.free_event, x.producer_op, x.phase, x.category); };
+  auto buffer = [](const Buffer& x) {
+    return std::tie(x.alloc_event, x.free_event, x.producer_op, x.phase, x.category);
+  };
   auto op = [](const OpEvent& o) {
     return std::tie(o.name, o.scope, o.phase, o.first_input, o.n_inputs, o.first_output, o.n_outputs);
   };
