@@ -100,13 +100,18 @@ std::int64_t BatchLine::largest_batch_live_within(std::int64_t bytes) const {
 
 BatchTrial LineTrials::operator()(std::int64_t batch) {
   if (const auto found = trials_.find(batch); found != trials_.end()) return found->second;
-  if (line_ && batch >= line_->first_batch()) return trials_[batch] = measure_(line_->at(batch));
+  if (line_ && batch >= line_->first_batch()) return read_off_line(batch);
   if (largest_fit_ && largest_fit_->first + 1 < batch && trials_.count(largest_fit_->first + 1) == 0) {
     // A line needs consecutive batches; if the next one fails, so does this.
     if (!traced(largest_fit_->first + 1).fits) return trials_[batch] = BatchTrial{};
-    if (line_) return trials_[batch] = measure_(line_->at(batch));
+    if (line_) return read_off_line(batch);
   }
   return traced(batch);
+}
+
+BatchTrial LineTrials::read_off_line(std::int64_t batch) {
+  ++line_reads_;
+  return trials_[batch] = measure_(line_->at(batch));
 }
 
 std::int64_t LineTrials::largest_fitting(std::int64_t fits, std::int64_t memory, std::int64_t max_batch) {

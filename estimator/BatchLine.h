@@ -67,16 +67,18 @@ class LineTrials {
   // those fits, `fits`: a batch known to fit.
   std::int64_t largest_fitting(std::int64_t fits, std::int64_t memory, std::int64_t max_batch);
   int traces() const { return traces_; }
+  int line_reads() const { return line_reads_; }  // batches read off the line
 
  private:
   BatchTrial traced(std::int64_t batch);
+  BatchTrial read_off_line(std::int64_t batch);
 
   TraceAt trace_;
   Measure measure_;
   std::map<std::int64_t, BatchTrial> trials_;
   std::optional<std::pair<std::int64_t, Trace>> largest_fit_;  // the largest batch traced that fitted
   std::optional<BatchLine> line_;
-  int traces_ = 0;
+  int traces_ = 0, line_reads_ = 0;
 };
 
 }  // namespace metamem

@@ -63,7 +63,8 @@ def main():
         print(f"{'ok' if ok else 'FAIL'} {name}: {json.dumps(row)}: reserved {at} at the micro-batch, "
               f"{above} at the next three")
         failures += not ok
-    print(f"{len(rows)} layouts, {found['traces']} traces, {found['seconds']:.1f} s")
+    print(f"{len(rows)} layouts, {found['traces']} traces, {found['line_reads']} batches read off lines, "
+          f"{found['seconds']:.1f} s")
     sys.exit(1 if failures else 0)
 
 

@@ -153,6 +153,7 @@ class SplitSearch {
   }
 
   std::int64_t traces() const { return traces_; }
+  std::int64_t line_reads() const { return line_reads_; }
 
  private:
   // Fills in the row's micro-batch, bytes and stage; returns the first
@@ -207,14 +208,17 @@ class SplitSearch {
         row.bytes = b;
         row.stage = stages[s];
       }
-    for (const LineTrials& t : trials) traces_ += t.traces();
+    for (const LineTrials& t : trials) {
+      traces_ += t.traces();
+      line_reads_ += t.line_reads();
+    }
     return bytes_per_sample;
   }
 
   const ModelFlags& m_;
   const ZooConfig& model_;
   std::int64_t memory_, max_batch_;
-  std::int64_t traces_ = 0;
+  std::int64_t traces_ = 0, line_reads_ = 0;
 };
 
 // Every layout of `gpus` (tensor parallel within a node, with sequence
@@ -254,15 +258,17 @@ int search_layouts(const ModelFlags& m, std::int64_t gpus, std::int64_t memory, 
         SplitSearch search(m, model, memory, max_batch);
         nlohmann::json rows = nlohmann::json::array();
         for (const Row& row : search.rows(splits[i].tp, splits[i].pp, splits[i].dp)) rows.push_back(to_json(row));
-        return nlohmann::json{{"rows", rows}, {"traces", search.traces()}}.dump();
+        return nlohmann::json{{"rows", rows}, {"traces", search.traces()}, {"line_reads", search.line_reads()}}
+            .dump();
       },
       [&](std::size_t done) { progress.update(fmt::format("{} of {} tp × pp splits", done, splits.size())); });
   progress.finish();
   std::vector<Row> rows;
-  std::int64_t traces = 0;
+  std::int64_t traces = 0, line_reads = 0;
   for (const std::string& text : found) {
     const nlohmann::json split = nlohmann::json::parse(text);
     traces += split.at("traces").get<std::int64_t>();
+    line_reads += split.at("line_reads").get<std::int64_t>();
     for (const nlohmann::json& row : split.at("rows")) rows.push_back(row_from_json(row));
   }
   std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
@@ -274,14 +280,16 @@ int search_layouts(const ModelFlags& m, std::int64_t gpus, std::int64_t memory, 
     nlohmann::json layouts = nlohmann::json::array();
     for (const Row& row : rows) layouts.push_back(to_json(row));
     std::cout << nlohmann::json{{"model", m.zoo.model}, {"gpus", gpus}, {"memory_bytes", memory},
-                                {"layouts", layouts}, {"traces", traces}, {"seconds", seconds}, {"jobs", jobs}}
+                                {"layouts", layouts}, {"traces", traces}, {"line_reads", line_reads},
+                                {"seconds", seconds}, {"jobs", jobs}}
                      .dump(2)
               << "\n";
     return 0;
   }
-  fmt::print("{} layouts of {} on {} GPUs of {} that fit ({} traces, {:.1f} s, {} processes); tensor parallel with "
-             "sequence parallelism, pipelines under 1F1B with as many micro-batches as stages\n",
-             rows.size(), m.zoo.model, gpus, human_bytes(memory), traces, seconds, jobs);
+  fmt::print("{} layouts of {} on {} GPUs of {} that fit ({} traces, {} batches read off lines, {:.1f} s, {} "
+             "processes); tensor parallel with sequence parallelism, pipelines under 1F1B with as many micro-batches "
+             "as stages\n",
+             rows.size(), m.zoo.model, gpus, human_bytes(memory), traces, line_reads, seconds, jobs);
   fmt::print("{:>4} {:>4} {:>5} {:>5} {:>10} {:>12} {:>14} {:>6}\n", "tp", "pp", "dp", "zero", "recompute",
              "micro-batch", m.device == "cuda" ? "reserved" : "peak", "stage");
   for (const Row& r : rows)
@@ -383,7 +391,8 @@ int fit_command(const std::vector<std::string>& args) {
                        {"batch", batch},
                        {"predicted_bytes", best ? best->measured.bytes : 0},
                        {"checkpoint", checkpoint},
-                       {"traces", traces}};
+                       {"traces", traces},
+                       {"line_reads", plain_trials.line_reads()}};
     if (plan)
       out["plan"] = {{"solver", plan->solver},
                      {"policy_text", to_string(plan->policy)},
@@ -394,9 +403,9 @@ int fit_command(const std::vector<std::string>& args) {
     fmt::print("{} does not fit in {} even at batch 1 (fake {}{}).\n", m.zoo.model, human_bytes(memory),
                m.device, checkpoint == "none" ? "" : ", with checkpointing");
   } else {
-    fmt::print("largest batch that fits in {}: {} ({} predicted{}; {} traces)\n", human_bytes(memory), batch,
-               human_bytes(best->measured.bytes), m.device == "cuda" ? " reserved by the CUDA allocator" : "",
-               traces);
+    fmt::print("largest batch that fits in {}: {} ({} predicted{}; {} traces, {} batches read off their line)\n",
+               human_bytes(memory), batch, human_bytes(best->measured.bytes),
+               m.device == "cuda" ? " reserved by the CUDA allocator" : "", traces, plain_trials.line_reads());
     if (plan)
       fmt::print("  with checkpointing ({}): units {}, recomputing {} ({:.1f}% of the step)\n", plan->solver,
                  to_string(plan->policy), human_flops(plan->step.recompute_flops),
