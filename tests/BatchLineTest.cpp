@@ -109,7 +109,11 @@ TEST_P(BatchLineOf, GivesTheTraceOfALargerBatch) {
   EXPECT_EQ(line->first_batch(), 2);
   for (std::int64_t batch : {2, 7, 12}) {
     SCOPED_TRACE("batch " + std::to_string(batch));
-    expect_same_trace(line->at(batch), trace_at(c, batch));
+    const Trace traced = trace_at(c, batch);
+    expect_same_trace(line->at(batch), traced);
+    // The measured step's live peak grows with every sample.
+    EXPECT_EQ(line->largest_batch_live_within(traced.measured().peak_bytes), batch);
+    EXPECT_EQ(line->largest_batch_live_within(traced.measured().peak_bytes - 1), batch - 1);
   }
   if (const auto from_one = BatchLine::through(trace_at(c, 1), 1, trace_at(c, 2)))
     expect_same_trace(from_one->at(5), trace_at(c, 5));
