@@ -125,13 +125,13 @@ std::int64_t LineTrials::largest_fitting(std::int64_t fits, std::int64_t memory,
 
 BatchTrial LineTrials::traced(std::int64_t batch) {
   ++traces_;
-  std::optional<Trace> trace = trace_(batch);
-  if (!trace) return trials_[batch] = BatchTrial{};
-  const BatchTrial trial = trials_[batch] = measure_(*trace);
+  std::optional<Traced> traced = trace_(batch);
+  if (!traced) return trials_[batch] = BatchTrial{};
+  const BatchTrial trial = trials_[batch] = traced->trial;
   if (!trial.fits) return trial;
   if (largest_fit_ && largest_fit_->first + 1 == batch && !line_)
-    line_ = BatchLine::through(std::move(largest_fit_->second), largest_fit_->first, *trace);
-  if (!largest_fit_ || batch > largest_fit_->first) largest_fit_.emplace(batch, std::move(*trace));
+    line_ = BatchLine::through(std::move(largest_fit_->second), largest_fit_->first, traced->trace);
+  if (!largest_fit_ || batch > largest_fit_->first) largest_fit_.emplace(batch, std::move(traced->trace));
   return trial;
 }
 

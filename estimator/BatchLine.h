@@ -51,10 +51,16 @@ class BatchLine {
 // after the largest that fitted), then read off their line.
 class LineTrials {
  public:
+  // A traced batch and what it needs against the memory.
+  struct Traced {
+    Trace trace;
+    BatchTrial trial;
+  };
   // Traces the step at a batch: nullopt when it stopped, needing more
-  // memory than there is.
-  using TraceAt = std::function<std::optional<Trace>(std::int64_t batch)>;
-  // What a whole trace needs against the memory.
+  // memory than there is. What the trace needs comes with it (an allocator
+  // run alongside the trace has measured it already).
+  using TraceAt = std::function<std::optional<Traced>(std::int64_t batch)>;
+  // What a trace read off the line needs against the memory.
   using Measure = std::function<BatchTrial(const Trace&)>;
 
   LineTrials(TraceAt trace, Measure measure) : trace_(std::move(trace)), measure_(std::move(measure)) {}

@@ -152,13 +152,15 @@ TEST(LineTrials, SearchTracesTwoBatchesAndFindsTheLargestThatFits) {
     std::int64_t largest = 0;
     for (std::int64_t b = 1; b <= kMaxBatch; ++b)
       if (traced[b] <= memory) largest = b;
+    auto measure = [&](const Trace& trace) { return BatchTrial{reserved(trace) <= memory, reserved(trace)}; };
     LineTrials trials(
-        [&](std::int64_t batch) -> std::optional<Trace> {
+        [&](std::int64_t batch) -> std::optional<LineTrials::Traced> {
           Trace trace = trace_at(c, batch);
-          if (reserved(trace) > memory) return std::nullopt;
-          return trace;
+          const BatchTrial trial = measure(trace);
+          if (!trial.fits) return std::nullopt;
+          return LineTrials::Traced{std::move(trace), trial};
         },
-        [&](const Trace& trace) { return BatchTrial{reserved(trace) <= memory, reserved(trace)}; });
+        measure);
     const BatchFit found = largest_batch([&](std::int64_t batch) { return trials(batch); }, memory, kMaxBatch, {2});
     EXPECT_EQ(trials.largest_fitting(found.batch, memory, kMaxBatch), largest) << "memory " << memory;
     EXPECT_EQ(trials.traces(), 2) << "memory " << memory;

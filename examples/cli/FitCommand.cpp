@@ -55,31 +55,38 @@ std::int64_t passes_peak(const Trace& trace) {
   return peak;
 }
 
-// A step's trace, unless it needs more than `memory` (the trace stops there).
-std::optional<Trace> trace_within(const ModelFlags& m, const StepBuilder& step, const StepOptions& options,
-                                  std::int64_t memory) {
+// What a step's trace needs against `memory`: `bytes` (reserved on CUDA,
+// live on CPU), its passes' peak as the even measure.
+BatchTrial trial_of(const Trace& trace, std::int64_t bytes, std::int64_t memory) {
+  return {bytes <= memory, bytes, passes_peak(trace), trace.measured().begin_bytes};
+}
+
+// A step's trace and what it needs, unless it needs more than `memory`
+// (the trace stops there).
+std::optional<LineTrials::Traced> trace_within(const ModelFlags& m, const StepBuilder& step,
+                                               const StepOptions& options, std::int64_t memory) {
+  const bool cuda = m.device == "cuda";
   LiveBytesLimit live(memory);
   ReservedBytesLimit reserved(memory, m.allocator_divisions());
   try {
-    return trace_step(step, c10::Device(m.device), options,
-                      m.device == "cuda" ? static_cast<AllocationObserver*>(&reserved) : &live);
+    Trace trace = trace_step(step, c10::Device(m.device), options,
+                             cuda ? static_cast<AllocationObserver*>(&reserved) : &live);
+    const BatchTrial trial = trial_of(trace, cuda ? reserved.reserved_bytes() : trace.measured().peak_bytes, memory);
+    return LineTrials::Traced{std::move(trace), trial};
   } catch (const MemoryExceeded&) {
     return std::nullopt;
   }
 }
 
-// Trials of a step by batch against `memory`, its passes' peak as the even
-// measure: traced until two consecutive batches fit, then read off their line.
+// Trials of a step by batch against `memory`: traced until two consecutive
+// batches fit, then read off their line.
 LineTrials batch_trials(const ModelFlags& m, std::function<StepBuilder(std::int64_t)> step_at,
                         const StepOptions& options, std::int64_t memory) {
   return LineTrials(
       [&m, step_at = std::move(step_at), options, memory](std::int64_t batch) {
         return trace_within(m, step_at(batch), options, memory);
       },
-      [&m, memory](const Trace& trace) {
-        const std::int64_t bytes = needed_bytes(m, trace);
-        return BatchTrial{bytes <= memory, bytes, passes_peak(trace), trace.measured().begin_bytes};
-      });
+      [&m, memory](const Trace& trace) { return trial_of(trace, needed_bytes(m, trace), memory); });
 }
 
 // One parallel layout of the GPUs and how much it recomputes.
