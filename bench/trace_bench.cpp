@@ -46,18 +46,22 @@ void trace(benchmark::State& state, const ZooConfig& config, const StepOptions& 
   state.counters["peak_rss_MiB"] = peak_rss_mib();
 }
 
-// Runs first, so the process's peak RSS is the 7B trace's own.
-void BM_Trace7B(benchmark::State& state) {
+// A transformer of the zoo with a 32,000-token vocabulary, as Llama's.
+ZooConfig transformer(const char* model, std::int64_t layers, std::int64_t width, std::int64_t heads,
+                      std::int64_t seq, std::int64_t batch) {
   ZooConfig config;
-  config.model = "gpt2";
-  config.batch = 1;
-  config.seq = 2048;
-  config.layers = 32;
-  config.width = 4096;
-  config.heads = 32;
+  config.model = model;
+  config.batch = batch;
+  config.seq = seq;
+  config.layers = layers;
+  config.width = width;
+  config.heads = heads;
   config.vocab = 32000;
-  trace(state, config);
+  return config;
 }
+
+// Runs first, so the process's peak RSS is the 7B trace's own.
+void BM_Trace7B(benchmark::State& state) { trace(state, transformer("gpt2", 32, 4096, 32, 2048, 1)); }
 BENCHMARK(BM_Trace7B)->Unit(benchmark::kMillisecond)->Iterations(1)->UseRealTime();
 
 // Steps traced (1 or 2, the steady state): with Adam, the second step's
@@ -77,17 +81,10 @@ BENCHMARK(BM_TraceGpt2_124M)->ArgName("steps")->Arg(1)->Arg(2)->Unit(benchmark::
 // parallelism, selective recompute, data parallel 8 under ZeRO-3, bf16 with
 // fp32 master weights and Adam: the trace `fit --search` runs most.
 ZooConfig llama_70b_rank(std::int64_t batch) {
-  ZooConfig config;
-  config.model = "llama";
-  config.batch = batch;
+  ZooConfig config = transformer("llama", 80, 8192, 64, 4096, batch);
   config.dtype = c10::kBFloat16;
-  config.seq = 4096;
-  config.layers = 80;
-  config.width = 8192;
-  config.heads = 64;
   config.kv_heads = 8;
   config.ffn = 28672;
-  config.vocab = 32000;
   config.tensor_parallel = {8, true};
   config.selective_recompute = true;
   return config;
