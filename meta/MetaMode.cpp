@@ -50,12 +50,18 @@ void release_tag(void* ctx) {
 
 // Tags a storage the first time it is seen and reports it as allocated; a
 // storage that grew (resize_ of an out= argument) is reported as a new buffer.
+// An empty storage holds no buffer: allocators hand out nothing for zero
+// bytes (a released ZeRO-3 parameter keeps one).
 BufferId track_storage(const at::Tensor& inner) {
   const c10::Storage& storage = inner.unsafeGetTensorImpl()->unsafe_storage();
   c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
   if (impl == nullptr) return 0;
   auto* tag = static_cast<BufferTag*>(impl->data_ptr().get_context());
   if (tag != nullptr && tag->bytes == impl->nbytes()) return tag->id;
+  if (impl->nbytes() == 0) {
+    if (tag != nullptr) impl->set_data_ptr_noswap(c10::DataPtr(nullptr, c10::Device(c10::kMeta)));
+    return 0;
+  }
 
   auto fresh = std::make_unique<BufferTag>(BufferTag{g_next_buffer.fetch_add(1), impl->nbytes()});
   if (auto* observer = g_mode.observer.load(std::memory_order_acquire))
