@@ -64,27 +64,7 @@ Trace BatchLine::at(std::int64_t batch) const {
   Trace trace = base_;
   for (std::size_t i = 0; i < trace.buffers.size(); ++i) trace.buffers[i].bytes += bytes_per_sample_[i] * samples;
   for (std::size_t i = 0; i < trace.ops.size(); ++i) trace.ops[i].flops += flops_per_sample_[i] * samples;
-  // Live bytes and each step's start and peak, as the tracer keeps them.
-  std::int64_t live = 0;
-  std::size_t opened = 0;  // steps begun so far
-  auto open_steps_at = [&](std::size_t e) {
-    for (; opened < trace.steps.size() && trace.steps[opened].begin == e; ++opened)
-      trace.steps[opened] = {e, live, live, e};
-  };
-  for (std::size_t e = 0; e < trace.events.size(); ++e) {
-    open_steps_at(e);
-    Event& event = trace.events[e];
-    if (event.kind == EventKind::Alloc) live += trace.buffers[event.index].bytes;
-    if (event.kind == EventKind::Free) live -= trace.buffers[event.index].bytes;
-    event.live_bytes = live;
-    if (opened == 0) continue;
-    StepSpan& current = trace.steps[opened - 1];
-    if (live > current.peak_bytes) {
-      current.peak_bytes = live;
-      current.peak_event = e;
-    }
-  }
-  open_steps_at(trace.events.size());
+  trace.recount_live_bytes();
   return trace;
 }
 

@@ -52,4 +52,26 @@ CategoryBytes Trace::live_by_category(std::size_t event) const {
   return live;
 }
 
+void Trace::recount_live_bytes() {
+  std::int64_t live = 0;
+  std::size_t opened = 0;  // steps begun so far
+  auto open_steps_at = [&](std::size_t e) {
+    for (; opened < steps.size() && steps[opened].begin == e; ++opened) steps[opened] = {e, live, live, e};
+  };
+  for (std::size_t e = 0; e < events.size(); ++e) {
+    open_steps_at(e);
+    Event& event = events[e];
+    if (event.kind == EventKind::Alloc) live += buffers[event.index].bytes;
+    if (event.kind == EventKind::Free) live -= buffers[event.index].bytes;
+    event.live_bytes = live;
+    if (opened == 0) continue;
+    StepSpan& current = steps[opened - 1];
+    if (live > current.peak_bytes) {
+      current.peak_bytes = live;
+      current.peak_event = e;
+    }
+  }
+  open_steps_at(events.size());
+}
+
 }  // namespace metamem

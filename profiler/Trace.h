@@ -122,6 +122,9 @@ struct Trace {
   std::int64_t saved_for_backward_bytes() const;
   // Live bytes of each category after `event`.
   CategoryBytes live_by_category(std::size_t event) const;
+  // Sets the live bytes after each event, and each step's starting and peak
+  // bytes, from the buffers' bytes (as the tracer keeps them).
+  void recount_live_bytes();
 };
 
 }  // namespace metamem
