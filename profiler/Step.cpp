@@ -20,6 +20,7 @@
 #include "profiler/AccumulationHook.h"
 #include "profiler/CpuMemoryCounter.h"
 #include "profiler/ForLoopAdam.h"
+#include "profiler/RepeatedSteps.h"
 #include "profiler/ShardedParameters.h"
 #include "profiler/Tracer.h"
 
@@ -380,6 +381,52 @@ class NativeCpuConvolution {
   bool was_enabled_;
 };
 
+// Passes on what an observer has not seen yet: all but the first `seen`
+// allocations and frees (a trace run again from its start).
+class SeenBefore final : public AllocationObserver {
+ public:
+  SeenBefore(AllocationObserver* observer, std::size_t seen) : observer_(observer), seen_(seen) {}
+  void on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t live_bytes) override {
+    if (seen_ > 0) {
+      --seen_;
+      return;
+    }
+    observer_->on_alloc(buffer, bytes, live_bytes);
+  }
+  void on_free(std::uint32_t buffer) noexcept override {
+    if (seen_ > 0) {
+      --seen_;
+      return;
+    }
+    observer_->on_free(buffer);
+  }
+
+ private:
+  AllocationObserver* observer_;
+  std::size_t seen_;
+};
+
+Trace traced_steps(const StepBuilder& build, c10::Device fake_device, const StepOptions& options,
+                   AllocationObserver* observer) {
+  TracePhases phases(fake_device);
+  if (observer) phases.observe(observer);
+  try {
+    run_steps(build, options, phases);
+  } catch (const UnsupportedOpError&) {
+    throw;
+  } catch (const c10::Error& e) {
+    // Code that writes or reads a tensor's memory itself, not through an op
+    // (at::tensor(values) on the traced device, a kernel reading lengths
+    // from a tensor), reaches a MetaTensor's missing storage.
+    const std::string what = e.what_without_backtrace();
+    if (what.rfind("Cannot access data pointer", 0) != 0) throw;
+    throw UnsupportedOpError("data_ptr", "Tensor.data_ptr()",
+                             "the step reads or writes a tensor's memory directly (at::tensor(values) on the "
+                             "traced device, lengths or indices read from a tensor), which a trace does not have.");
+  }
+  return phases.take();
+}
+
 }  // namespace
 
 Optimizer parse_optimizer(const std::string& name) {
@@ -490,23 +537,31 @@ void validate(const StepOptions& options) {
 
 Trace trace_step(const StepBuilder& build, c10::Device fake_device, const StepOptions& options,
                  AllocationObserver* observer) {
-  TracePhases phases(fake_device);
-  if (observer) phases.observe(observer);
-  try {
-    run_steps(build, options, phases);
-  } catch (const UnsupportedOpError&) {
-    throw;
-  } catch (const c10::Error& e) {
-    // Code that writes or reads a tensor's memory itself, not through an op
-    // (at::tensor(values) on the traced device, a kernel reading lengths
-    // from a tensor), reaches a MetaTensor's missing storage.
-    const std::string what = e.what_without_backtrace();
-    if (what.rfind("Cannot access data pointer", 0) != 0) throw;
-    throw UnsupportedOpError("data_ptr", "Tensor.data_ptr()",
-                             "the step reads or writes a tensor's memory directly (at::tensor(values) on the "
-                             "traced device, lengths or indices read from a tensor), which a trace does not have.");
+  // Steps that keep their gradients accumulate into them, and SGD's momentum
+  // buffers, copies of the first gradients, are updated by other ops: later
+  // steps run other ops than the first.
+  if (options.steps == 1 || !options.repeat_first_step || options.zero_grad != ZeroGrad::SetToNone ||
+      options.optimizer == Optimizer::Momentum)
+    return traced_steps(build, fake_device, options, observer);
+  StepOptions one = options;
+  one.steps = 1;
+  const Trace first = traced_steps(build, fake_device, one, observer);
+  if (std::optional<Trace> repeated = repeat_step(first, options.steps)) {
+    if (observer) {
+      for (std::size_t e = first.events.size(); e < repeated->events.size(); ++e) {
+        const Event& event = repeated->events[e];
+        if (event.kind == EventKind::Alloc)
+          observer->on_alloc(event.index, repeated->buffers[event.index].bytes, event.live_bytes);
+        if (event.kind == EventKind::Free) observer->on_free(event.index);
+      }
+    }
+    return std::move(*repeated);
   }
-  return phases.take();
+  // The first step again, as the observer has seen it already, then the rest.
+  std::size_t seen = 0;
+  for (const Event& event : first.events) seen += event.kind != EventKind::Op;
+  SeenBefore seen_before(observer, seen);
+  return traced_steps(build, fake_device, options, observer ? &seen_before : nullptr);
 }
 
 std::vector<std::int64_t> achieved_cpu_step_peaks(const StepBuilder& build,

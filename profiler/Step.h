@@ -123,6 +123,9 @@ struct StepOptions {
   // them as their gradients.
   bool fp32_main_grads = false;
   int steps = 2;       // consecutive training steps; the last is measured
+  // Steps after the first repeat its trace where they can (RepeatedSteps.h)
+  // instead of being traced: half the time for the same trace.
+  bool repeat_first_step = true;
   int grad_accum = 1;  // micro-batches (forward and backward) per optimizer step
   // The order of the micro-batches' passes on a pipeline stage (see
   // TrainingStep::pipeline_stage). A stage before the last frees its
