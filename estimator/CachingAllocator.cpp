@@ -28,7 +28,7 @@ std::int64_t CachingAllocatorSim::segment_size(std::int64_t rounded) {
   return (rounded + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
 }
 
-void CachingAllocatorSim::malloc(std::uint64_t id, std::int64_t bytes) {
+void CachingAllocatorSim::malloc(std::uint32_t id, std::int64_t bytes) {
   if (bytes <= 0) return;
   const std::int64_t rounded = round_size(bytes);
   const bool small_pool = rounded <= kSmallSize;
@@ -61,15 +61,16 @@ void CachingAllocatorSim::malloc(std::uint64_t id, std::int64_t bytes) {
   block.allocated = true;
   allocated_ += block.size;
   peak_allocated_ = std::max(peak_allocated_, allocated_);
+  if (id >= address_of_.size())
+    address_of_.resize(std::max<std::size_t>(id + 1, 2 * address_of_.size()), kUnallocated);
   address_of_[id] = address;
   notify("alloc", address, block.size);
 }
 
-void CachingAllocatorSim::free(std::uint64_t id) {
-  auto found = address_of_.find(id);
-  if (found == address_of_.end()) return;
-  const std::int64_t address = found->second;
-  address_of_.erase(found);
+void CachingAllocatorSim::free(std::uint32_t id) {
+  if (id >= address_of_.size() || address_of_[id] == kUnallocated) return;
+  const std::int64_t address = address_of_[id];
+  address_of_[id] = kUnallocated;
   auto it = blocks_.find(address);
   Block& block = it->second;
   allocated_ -= block.size;

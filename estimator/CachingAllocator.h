@@ -7,7 +7,7 @@
 #include <functional>
 #include <map>
 #include <set>
-#include <unordered_map>
+#include <vector>
 
 #include "profiler/AllocationObserver.h"
 #include "profiler/Trace.h"
@@ -22,6 +22,7 @@ class CachingAllocatorSim {
   static constexpr std::int64_t kLargeBuffer = 20 << 20;     // large-pool segment below kMinLargeAlloc
   static constexpr std::int64_t kMinLargeAlloc = 10 << 20;
   static constexpr std::int64_t kRoundLarge = 2 << 20;
+  static constexpr std::int64_t kUnallocated = -1;
 
   // PYTORCH_CUDA_ALLOC_CONF=roundup_power2_divisions:N (0: off): requests
   // above 512·N bytes round up to one of N equal steps between powers of two.
@@ -39,9 +40,10 @@ class CachingAllocatorSim {
   using Listener = std::function<void(const Action&)>;
   void set_listener(Listener listener) { listener_ = std::move(listener); }
 
-  // `id` names the allocation for free(); zero bytes allocate nothing.
-  void malloc(std::uint64_t id, std::int64_t bytes);
-  void free(std::uint64_t id);
+  // `id` names the allocation for free(): a trace's buffer index (small
+  // and dense: addresses are kept by it). Zero bytes allocate nothing.
+  void malloc(std::uint32_t id, std::int64_t bytes);
+  void free(std::uint32_t id);
   // As torch.cuda.reset_peak_memory_stats(): peaks restart from now.
   void reset_peaks();
 
@@ -70,7 +72,7 @@ class CachingAllocatorSim {
   std::map<std::int64_t, Block> blocks_;
   std::map<std::int64_t, std::int64_t> segments_;
   std::set<std::pair<std::int64_t, std::int64_t>> free_small_, free_large_;  // (size, address)
-  std::unordered_map<std::uint64_t, std::int64_t> address_of_;
+  std::vector<std::int64_t> address_of_;  // by id; kUnallocated where it holds no block
   int divisions_;
   std::int64_t next_segment_address_ = 0;
   std::int64_t allocated_ = 0, reserved_ = 0, peak_allocated_ = 0, peak_reserved_ = 0;
