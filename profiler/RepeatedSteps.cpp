@@ -11,7 +11,9 @@ constexpr std::int64_t kSequenceMask = (std::int64_t{1} << 40) - 1;  // of a nod
 
 // The first step's buffers that a later step finds made: those it left
 // alive, each an optimizer state or a parallel wrapper's communication
-// buffer (kept by design, as DDP's buckets are) made by an op of its own.
+// buffer (kept by design, as DDP's buckets are) made by an op of its own
+// from nothing the step made. One made from the step's results (SGD's
+// momentum, a copy of the first gradient) is updated by other ops later.
 // `repeatable` is false when a later step would differ.
 struct MadeOnce {
   std::vector<bool> buffers, ops;  // by index in the trace
@@ -39,6 +41,8 @@ MadeOnce made_once(const Trace& trace) {
     const OpEvent& op = trace.ops[static_cast<std::size_t>(trace.buffers[i].producer_op)];
     for (std::uint32_t o = op.first_output; o < op.first_output + op.n_outputs; ++o)
       once.repeatable &= once.buffers[trace.op_buffers[o]];
+    for (std::uint32_t in = op.first_input; in < op.first_input + op.n_inputs; ++in)
+      once.repeatable &= trace.buffers[trace.op_buffers[in]].alloc_event < begin;
     once.ops[static_cast<std::size_t>(trace.buffers[i].producer_op)] = true;
   }
   for (const Region& r : trace.regions) once.repeatable &= r.begin >= begin || r.end <= begin;

@@ -537,9 +537,10 @@ void validate(const StepOptions& options) {
 
 Trace trace_step(const StepBuilder& build, c10::Device fake_device, const StepOptions& options,
                  AllocationObserver* observer) {
-  // Steps that keep their gradients accumulate into them, and SGD's momentum
-  // buffers, copies of the first gradients, are updated by other ops: later
-  // steps run other ops than the first.
+  // Known before tracing, rather than after a step traced in vain (repeat_step
+  // finds them too): steps that keep their gradients accumulate into them,
+  // and SGD's momentum buffers, copies of the first gradients, are updated
+  // by other ops.
   if (options.steps == 1 || !options.repeat_first_step || options.zero_grad != ZeroGrad::SetToNone ||
       options.optimizer == Optimizer::Momentum)
     return traced_steps(build, fake_device, options, observer);
