@@ -192,11 +192,10 @@ class SplitSearch {
             return zoo_step(config);
           },
           options, memory_));
-    auto trial = [&](std::size_t s, std::int64_t batch) { return trials[s](batch); };
     std::int64_t most = max_batch_;
     double bytes_per_sample = 0;
     for (std::size_t s = 0; s < stages.size() && most > 0; ++s) {
-      const BatchFit found = largest_batch([&](std::int64_t batch) { return trial(s, batch); }, memory_, most,
+      const BatchFit found = largest_batch([&](std::int64_t batch) { return trials[s](batch); }, memory_, most,
                                            s == 0 ? hint : BatchHint{most, 0});
       if (s == 0) bytes_per_sample = found.bytes_per_sample;
       most = trials[s].largest_fitting(found.batch, memory_, most);
@@ -205,13 +204,13 @@ class SplitSearch {
     // (fragmentation is not monotone in the batch).
     auto fits_every_stage = [&](std::int64_t batch) {
       for (std::size_t s = 0; s < stages.size(); ++s)
-        if (!trial(s, batch).fits) return false;
+        if (!trials[s](batch).fits) return false;
       return true;
     };
     while (most > 0 && !fits_every_stage(most)) --most;
     row.micro_batch = most;
     for (std::size_t s = 0; s < stages.size() && most > 0; ++s)
-      if (const std::int64_t b = trial(s, most).bytes; b > row.bytes) {
+      if (const std::int64_t b = trials[s](most).bytes; b > row.bytes) {
         row.bytes = b;
         row.stage = stages[s];
       }
