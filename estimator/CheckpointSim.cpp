@@ -493,8 +493,7 @@ CheckpointSimulator::CheckpointSimulator(TraceUnder trace) : trace_(std::move(tr
   const Trace plain = trace_({});
   const std::vector<PassBounds> plain_passes = measured_passes(plain);
   begin_bytes_ = plain.measured().begin_bytes;
-  for (std::size_t e = plain.measured().begin; e < plain.events.size(); ++e)
-    if (plain.events[e].kind == EventKind::Op) step_flops_ += plain.ops[plain.events[e].index].flops;
+  step_flops_ = plain.measured_flops().total;
 
   std::size_t previous_end = plain.measured().begin;
   for (std::size_t p = 0; p < plain_passes.size(); ++p) {

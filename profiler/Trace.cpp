@@ -52,6 +52,17 @@ CategoryBytes Trace::live_by_category(std::size_t event) const {
   return live;
 }
 
+StepFlops Trace::measured_flops() const {
+  StepFlops flops;
+  for (std::size_t e = measured().begin; e < events.size(); ++e)
+    if (events[e].kind == EventKind::Op) {
+      const OpEvent& op = ops[events[e].index];
+      flops.total += op.flops;
+      if (op.phase == Phase::Recompute) flops.recompute += op.flops;
+    }
+  return flops;
+}
+
 void Trace::recount_live_bytes() {
   std::int64_t live = 0;
   std::size_t opened = 0;  // steps begun so far

@@ -94,6 +94,11 @@ struct Region {
   std::int64_t input = -1, output = -1;  // Unit: buffers of its input and output tensors
 };
 
+struct StepFlops {
+  std::int64_t total = 0;
+  std::int64_t recompute = 0;  // of them, forward FLOPs run again in backward
+};
+
 struct Trace {
   std::vector<Event> events;
   std::vector<Buffer> buffers;
@@ -118,6 +123,7 @@ struct Trace {
   const std::string& op_name(const OpEvent& op) const { return op_names[op.name]; }
   std::vector<std::uint32_t> inputs(const OpEvent& op) const;
   std::vector<std::uint32_t> outputs(const OpEvent& op) const;
+  StepFlops measured_flops() const;
   // Bytes autograd kept from the measured step's last forward pass for its backward.
   std::int64_t saved_for_backward_bytes() const;
   // Live bytes of each category after `event`.

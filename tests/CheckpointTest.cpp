@@ -101,8 +101,12 @@ TEST_P(SimulatorMatchesRetrace, ForRandomPolicies) {
   for (const CheckpointPolicy& policy : policies) {
     ZooConfig retraced = config;
     retraced.checkpoint = policy;
-    EXPECT_EQ(simulator.simulate(policy).peak_bytes, traced_peak(retraced, c.device, c.options))
-        << to_string(policy);
+    const Trace trace = trace_step(zoo_step(retraced), c.device, c.options);
+    const SimulatedStep simulated = simulator.simulate(policy);
+    const StepFlops flops = trace.measured_flops();
+    EXPECT_EQ(simulated.peak_bytes, trace.measured().peak_bytes) << to_string(policy);
+    EXPECT_EQ(simulated.recompute_flops, flops.recompute) << to_string(policy);
+    EXPECT_EQ(simulator.step_flops(), flops.total - flops.recompute) << to_string(policy);
   }
 }
 
