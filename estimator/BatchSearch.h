@@ -8,7 +8,7 @@
 
 namespace metamem {
 
-// What one batch needs.
+// What one batch needs, and what its step computes.
 struct BatchTrial {
   bool fits = false;
   // What the trial measured against the memory; 0 when it says nothing
@@ -21,6 +21,9 @@ struct BatchTrial {
   // Of those, the bytes that do not grow with the batch (model states live
   // when the step began): with them, one trial gives a slope. 0: unknown.
   std::int64_t fixed_bytes = 0;
+  // The FLOPs the step runs, and of them the forward FLOPs run again to
+  // recompute checkpointed activations. 0: not measured.
+  std::int64_t flops = 0, recompute_flops = 0;
 };
 
 // What a search may start from: a batch likely to fit and the bytes one

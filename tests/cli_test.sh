@@ -84,6 +84,10 @@ assert d["pareto"] and all(p["peak_bytes"] <= p["budget_bytes"] for p in d["pare
 PY
 then echo "FAIL: checkpoint JSON"; failures=$((failures + 1)); fi
 expect 0 "with checkpointing \\([a-z]+\\): units" fit --model gpt2 --seq 256 --layers 4 --memory 2GiB --checkpoint auto
+# Without checkpointing, batch 15's live bytes fit and the allocator's reserved do not; a plan must recompute.
+expect 0 "largest batch that fits in 256.00 MiB: 15 .*with checkpointing" fit --model gpt2 --seq 256 --layers 4 \
+  --width 256 --heads 4 --vocab 1000 --optimizer adam --tp 2 --sequence-parallel --dp 2 --zero 2 --memory 256MiB \
+  --checkpoint auto --max-batch 15
 
 # A memory-viz snapshot: plain pickle, no GLOBAL or REDUCE, with segments and traces.
 "$metamem" profile --model resnet18 --batch 2 --image 32 --snapshot "$dir/r18.pickle" >/dev/null

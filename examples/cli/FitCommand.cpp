@@ -31,12 +31,10 @@ namespace {
 // cuda) or live (fake cpu), with a checkpointing plan's where one fitted.
 struct Trial {
   BatchTrial measured;
-  std::optional<CheckpointPlan> plan;  // with --checkpoint
-  std::int64_t step_flops = 0;         // without checkpointing
+  std::optional<CheckpointPlan> plan{};  // with --checkpoint
 };
 
-// Bounds a batch search re-plans with: the live-bytes budget shrinks by
-// what the allocator reserved beyond the memory, a few times at most.
+// The plans one batch's trial makes at most (plan_within).
 constexpr int kReplans = 4;
 
 // The bytes a trace needs: on CUDA the allocator's segments, on CPU the live bytes.
@@ -56,9 +54,16 @@ std::int64_t passes_peak(const Trace& trace) {
 }
 
 // What a step's trace needs against `memory`: `bytes` (reserved on CUDA,
-// live on CPU), its passes' peak as the even measure.
+// live on CPU), its passes' peak as the even measure; and its FLOPs.
 BatchTrial trial_of(const Trace& trace, std::int64_t bytes, std::int64_t memory) {
-  return {bytes <= memory, bytes, passes_peak(trace), trace.measured().begin_bytes};
+  const StepFlops flops = trace.measured_flops();
+  return {bytes <= memory, bytes, passes_peak(trace), trace.measured().begin_bytes, flops.total, flops.recompute};
+}
+
+// The forward FLOPs a step runs again, as a share of its FLOPs without them.
+double recomputed_share(const BatchTrial& trial) {
+  const std::int64_t plain = trial.flops - trial.recompute_flops;
+  return plain > 0 ? static_cast<double>(trial.recompute_flops) / static_cast<double>(plain) : 0;
 }
 
 // A step's trace and what it needs, unless it needs more than `memory`
@@ -89,50 +94,85 @@ LineTrials batch_trials(const ModelFlags& m, std::function<StepBuilder(std::int6
       [&m, memory](const Trace& trace) { return trial_of(trace, needed_bytes(m, trace), memory); });
 }
 
-// One parallel layout of the GPUs and how much it recomputes.
+// A plan by `solver` with the least recompute that lets a step fit in
+// `memory` where `plain`, its trace without checkpointing, does not;
+// proven by tracing it. Solvers plan in live bytes, so on CUDA the budget
+// shrinks by what the allocator reserved beyond the memory, and below the
+// last plan's peak (which would only be found again), a few times at most.
+std::optional<Trial> plan_within(const ModelFlags& m, const CheckpointSimulator::TraceUnder& trace_under,
+                                   const Trace& plain, const std::string& solver, std::int64_t memory) {
+  CheckpointSimulator simulator([&](const CheckpointPolicy& policy) {
+    return policy.segments.empty() && policy.keep.empty() ? plain : trace_under(policy);
+  });
+  std::int64_t budget = memory;
+  for (int replan = 0; replan < kReplans; ++replan) {
+    std::optional<CheckpointPlan> plan = solve_checkpointing(simulator, solver, budget);
+    if (!plan) break;
+    const Trace traced = trace_under(plan->policy);
+    const std::int64_t bytes = needed_bytes(m, traced);
+    if (bytes <= memory) return Trial{trial_of(traced, bytes, memory), std::move(plan)};
+    budget = std::min(budget - (bytes - memory), plan->step.peak_bytes - 1);
+  }
+  return std::nullopt;
+}
+
+// One parallel layout of the GPUs and how it recomputes: not at all,
+// Megatron's selective (attention cores) or full (every layer) recompute,
+// or as a checkpointing solver planned.
 struct Layout {
   std::int64_t tp = 1;
   int pp = 1, dp = 1, zero = 0;
-  enum class Recompute { None, Selective, Full } recompute = Recompute::None;
+  enum class Recompute { None, Selective, Full, Planned } recompute = Recompute::None;
 };
 
-constexpr const char* kRecomputeNames[] = {"none", "selective", "full"};
+constexpr const char* kRecomputeNames[] = {"none", "selective", "full", "planned"};
 
 const char* recompute_name(Layout::Recompute r) { return kRecomputeNames[static_cast<int>(r)]; }
 
-// A layout with its largest micro-batch that fits, and what its busiest
-// pipeline stage needs.
+// A layout with its largest micro-batch that fits (a plan's: the one it
+// was made for), and what its busiest pipeline stage needs.
 struct Row {
   Layout layout;
   std::int64_t micro_batch = 0;
   std::int64_t bytes = 0;
   int stage = 0;
+  double recomputed = 0;       // recompute FLOPs, a share of the step's without them
+  std::string solver{}, policy{};  // a plan's
 };
 
 nlohmann::json to_json(const Row& row) {
   const Layout& l = row.layout;
-  return {{"tp", l.tp}, {"sequence_parallel", l.tp > 1}, {"pp", l.pp}, {"microbatches", l.pp},
-          {"dp", l.dp}, {"zero_stage", l.zero}, {"recompute", recompute_name(l.recompute)},
-          {"micro_batch", row.micro_batch}, {"predicted_bytes", row.bytes}, {"peak_stage", row.stage}};
+  nlohmann::json j{{"tp", l.tp}, {"sequence_parallel", l.tp > 1}, {"pp", l.pp}, {"microbatches", l.pp},
+                   {"dp", l.dp}, {"zero_stage", l.zero}, {"recompute", recompute_name(l.recompute)},
+                   {"recomputed_share", row.recomputed}, {"micro_batch", row.micro_batch},
+                   {"predicted_bytes", row.bytes}, {"peak_stage", row.stage}};
+  if (l.recompute == Layout::Recompute::Planned) j["plan"] = {{"solver", row.solver}, {"policy_text", row.policy}};
+  return j;
 }
 
 Row row_from_json(const nlohmann::json& j) {
   const std::string recompute = j.at("recompute");
   const auto named = std::find(std::begin(kRecomputeNames), std::end(kRecomputeNames), recompute);
-  return {{j.at("tp"), j.at("pp"), j.at("dp"), j.at("zero_stage"),
+  Row row{{j.at("tp"), j.at("pp"), j.at("dp"), j.at("zero_stage"),
            static_cast<Layout::Recompute>(named - std::begin(kRecomputeNames))},
-          j.at("micro_batch"), j.at("predicted_bytes"), j.at("peak_stage")};
+          j.at("micro_batch"), j.at("predicted_bytes"), j.at("peak_stage"), j.at("recomputed_share")};
+  if (const auto plan = j.find("plan"); plan != j.end()) {
+    row.solver = plan->at("solver");
+    row.policy = plan->at("policy_text");
+  }
+  return row;
 }
 
 // Searches the layouts of one tensor- and pipeline-parallel split: data
 // parallel over the other GPUs with each ZeRO stage the pipeline allows,
-// and no, selective or full recompute. Batch searches start from what a
-// layout with less sharding or recompute fitted, and the slope of one
-// with the same recompute.
+// and no, selective or full recompute, or a solver's plan. Batch searches
+// start from what a layout with less sharding or recompute fitted, and the
+// slope of one with the same recompute.
 class SplitSearch {
  public:
-  SplitSearch(const ModelFlags& m, const ZooConfig& model, std::int64_t memory, std::int64_t max_batch)
-      : m_(m), model_(model), memory_(memory), max_batch_(max_batch) {}
+  SplitSearch(const ModelFlags& m, const ZooConfig& model, std::int64_t memory, std::int64_t max_batch,
+              std::string solver)
+      : m_(m), model_(model), memory_(memory), max_batch_(max_batch), solver_(std::move(solver)) {}
 
   std::vector<Row> rows(std::int64_t tp, int pp, int dp) {
     std::vector<Row> rows;
@@ -156,6 +196,10 @@ class SplitSearch {
         rows.push_back(row);
       }
     }
+    if (solver_ != "none" && pp == 1)  // the solver's simulator follows no pipeline schedule
+      for (int zero = 0; zero <= top_zero; ++zero)
+        if (std::optional<Row> row = planned(rows, {tp, pp, dp, zero, Layout::Recompute::Planned}))
+          rows.push_back(std::move(*row));
     return rows;
   }
 
@@ -163,24 +207,34 @@ class SplitSearch {
   std::int64_t line_reads() const { return line_reads_; }
 
  private:
-  // Fills in the row's micro-batch, bytes and stage; returns the first
-  // stage's bytes per sample. A pipeline's first stage holds the most
-  // micro-batches in flight and its last the head and loss; the stages
-  // between hold less than the first. Under 1F1B with as many
-  // micro-batches as stages the first holds its most: more add none.
-  double fit(Row& row, BatchHint hint) {
-    const Layout& layout = row.layout;
+  ZooConfig config_of(const Layout& layout) const {
     ZooConfig config = model_;
     config.tensor_parallel = {layout.tp, layout.tp > 1};
     config.selective_recompute = layout.recompute == Layout::Recompute::Selective;
     if (layout.recompute == Layout::Recompute::Full)
-      for (std::int32_t u = 0; u < config.layers / layout.pp; ++u) config.checkpoint.segments.push_back({u, u, {}});
+      config.checkpoint = every_unit_policy(static_cast<std::int32_t>(config.layers / layout.pp));
+    return config;
+  }
+
+  StepOptions options_of(const Layout& layout) const {
     StepOptions options = m_.step_options();
     options.data_parallel = {layout.dp, layout.zero};
     if (layout.pp > 1) {
       options.grad_accum = layout.pp;
       options.schedule = Schedule::OneFOneB;
     }
+    return options;
+  }
+
+  // Fills in the row's micro-batch, bytes, stage and recompute; returns
+  // the first stage's bytes per sample. A pipeline's first stage holds the
+  // most micro-batches in flight and its last the head and loss; the
+  // stages between hold less than the first. Under 1F1B with as many
+  // micro-batches as stages the first holds its most: more add none.
+  double fit(Row& row, BatchHint hint) {
+    const Layout& layout = row.layout;
+    ZooConfig config = config_of(layout);
+    const StepOptions options = options_of(layout);
     const std::vector<int> stages = layout.pp > 1 ? std::vector{0, layout.pp - 1} : std::vector{0};
     std::vector<LineTrials> trials;  // per stage
     for (int stage : stages)
@@ -210,9 +264,10 @@ class SplitSearch {
     while (most > 0 && !fits_every_stage(most)) --most;
     row.micro_batch = most;
     for (std::size_t s = 0; s < stages.size() && most > 0; ++s)
-      if (const std::int64_t b = trials[s](most).bytes; b > row.bytes) {
-        row.bytes = b;
+      if (const BatchTrial trial = trials[s](most); trial.bytes > row.bytes) {
+        row.bytes = trial.bytes;
         row.stage = stages[s];
+        row.recomputed = recomputed_share(trial);
       }
     for (const LineTrials& t : trials) {
       traces_ += t.traces();
@@ -221,18 +276,46 @@ class SplitSearch {
     return bytes_per_sample;
   }
 
+  // The solver's least recompute at the micro-batch Megatron's selective
+  // recompute reaches (with flash attention, one past what fits without
+  // recompute), where that needs recompute and fits with full recompute.
+  std::optional<Row> planned(const std::vector<Row>& found, const Layout& layout) {
+    auto fitted = [&](Layout::Recompute recompute) -> std::int64_t {
+      for (const Row& row : found)
+        if (row.layout.zero == layout.zero && row.layout.recompute == recompute) return row.micro_batch;
+      return 0;
+    };
+    const std::int64_t plain = fitted(Layout::Recompute::None), selective = fitted(Layout::Recompute::Selective);
+    const std::int64_t batch = selective > 0 ? selective : plain + 1;
+    if (batch <= plain || batch > fitted(Layout::Recompute::Full)) return std::nullopt;
+    ZooConfig config = config_of(layout);
+    config.batch = batch;
+    const StepOptions options = options_of(layout);
+    auto trace_under = [&](const CheckpointPolicy& policy) {
+      ++traces_;
+      config.checkpoint = policy;
+      return trace_step(zoo_step(config), c10::Device(m_.device), options);
+    };
+    const std::optional<Trial> trial = plan_within(m_, trace_under, trace_under({}), solver_, memory_);
+    if (!trial) return std::nullopt;
+    return Row{layout, batch, trial->measured.bytes, 0, recomputed_share(trial->measured), trial->plan->solver,
+               to_string(trial->plan->policy)};
+  }
+
   const ModelFlags& m_;
   const ZooConfig& model_;
   std::int64_t memory_, max_batch_;
+  std::string solver_;
   std::int64_t traces_ = 0, line_reads_ = 0;
 };
 
 // Every layout of `gpus` (tensor parallel within a node, with sequence
 // parallelism; pipeline stages under 1F1B; data parallel over the rest)
-// with its largest micro-batch that fits, ordered by least recompute, then
-// largest micro-batch. The splits are searched apart, `jobs` at a time.
-int search_layouts(const ModelFlags& m, std::int64_t gpus, std::int64_t memory, std::int64_t max_batch, int jobs,
-                   const std::string& format) {
+// with its largest micro-batch that fits, and with `solver` (not "none")
+// its plans, ordered by least recompute, then largest micro-batch. The
+// splits are searched apart, `jobs` at a time.
+int search_layouts(const ModelFlags& m, std::int64_t gpus, std::int64_t memory, std::int64_t max_batch,
+                   const std::string& solver, int jobs, const std::string& format) {
   if (m.zoo.model != "gpt2" && m.zoo.model != "llama")
     throw UsageError("fit --search lays out gpt2 and llama over GPUs");
   if (m.tp != 1 || m.sequence_parallel || m.selective_recompute || m.pp != 1 || m.dp != 1 || m.zero != 0 ||
@@ -261,7 +344,7 @@ int search_layouts(const ModelFlags& m, std::int64_t gpus, std::int64_t memory, 
   const std::vector<std::string> found = run_in_processes(
       splits.size(), jobs,
       [&](std::size_t i) {
-        SplitSearch search(m, model, memory, max_batch);
+        SplitSearch search(m, model, memory, max_batch, solver);
         nlohmann::json rows = nlohmann::json::array();
         for (const Row& row : search.rows(splits[i].tp, splits[i].pp, splits[i].dp)) rows.push_back(to_json(row));
         return nlohmann::json{{"rows", rows}, {"traces", search.traces()}, {"line_reads", search.line_reads()}}
@@ -277,17 +360,19 @@ int search_layouts(const ModelFlags& m, std::int64_t gpus, std::int64_t memory, 
     line_reads += split.at("line_reads").get<std::int64_t>();
     for (const nlohmann::json& row : split.at("rows")) rows.push_back(row_from_json(row));
   }
-  std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
-    if (a.layout.recompute != b.layout.recompute) return a.layout.recompute < b.layout.recompute;
+  // Recompute is compared as shown, to a tenth of a percent of the step.
+  auto tenths = [](const Row& row) { return std::lround(row.recomputed * 1000); };
+  std::stable_sort(rows.begin(), rows.end(), [&](const Row& a, const Row& b) {
+    if (tenths(a) != tenths(b)) return tenths(a) < tenths(b);
     return a.micro_batch > b.micro_batch;
   });
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   if (format == "json") {
     nlohmann::json layouts = nlohmann::json::array();
     for (const Row& row : rows) layouts.push_back(to_json(row));
-    std::cout << nlohmann::json{{"model", m.zoo.model}, {"gpus", gpus}, {"memory_bytes", memory},
-                                {"layouts", layouts}, {"traces", traces}, {"line_reads", line_reads},
-                                {"seconds", seconds}, {"jobs", jobs}}
+    std::cout << nlohmann::json{{"model", m.zoo.model}, {"gpus", gpus},     {"memory_bytes", memory},
+                                {"checkpoint", solver},   {"layouts", layouts}, {"traces", traces},
+                                {"line_reads", line_reads}, {"seconds", seconds}, {"jobs", jobs}}
                      .dump(2)
               << "\n";
     return 0;
@@ -296,12 +381,20 @@ int search_layouts(const ModelFlags& m, std::int64_t gpus, std::int64_t memory, 
              "processes); tensor parallel with sequence parallelism, pipelines under 1F1B with as many micro-batches "
              "as stages\n",
              rows.size(), m.zoo.model, gpus, human_bytes(memory), traces, line_reads, seconds, jobs);
-  fmt::print("{:>4} {:>4} {:>5} {:>5} {:>10} {:>12} {:>14} {:>6}\n", "tp", "pp", "dp", "zero", "recompute",
-             "micro-batch", m.device == "cuda" ? "reserved" : "peak", "stage");
+  fmt::print("{:>4} {:>4} {:>5} {:>5} {:>10} {:>11} {:>12} {:>14} {:>6}\n", "tp", "pp", "dp", "zero", "recompute",
+             "recomputed", "micro-batch", m.device == "cuda" ? "reserved" : "peak", "stage");
   for (const Row& r : rows)
-    fmt::print("{:>4} {:>4} {:>5} {:>5} {:>10} {:>12} {:>14} {:>6}\n", r.layout.tp, r.layout.pp, r.layout.dp,
-               r.layout.zero, recompute_name(r.layout.recompute), r.micro_batch, human_bytes(r.bytes),
-               r.layout.pp > 1 ? std::to_string(r.stage) : "");
+    fmt::print("{:>4} {:>4} {:>5} {:>5} {:>10} {:>10.1f}% {:>12} {:>14} {:>6}\n", r.layout.tp, r.layout.pp,
+               r.layout.dp, r.layout.zero, recompute_name(r.layout.recompute), 100 * r.recomputed, r.micro_batch,
+               human_bytes(r.bytes), r.layout.pp > 1 ? std::to_string(r.stage) : "");
+  if (solver == "none") return 0;
+  fmt::print("planned by --checkpoint {} without a pipeline, at the micro-batch selective recompute reaches (with "
+             "flash attention, one past none's):\n",
+             solver);
+  for (const Row& r : rows)
+    if (r.layout.recompute == Layout::Recompute::Planned)
+      fmt::print("  tp {}, dp {}, zero {}, micro-batch {} ({}): units {}\n", r.layout.tp, r.layout.dp, r.layout.zero,
+                 r.micro_batch, r.solver, r.policy);
   return 0;
 }
 
@@ -329,9 +422,8 @@ int fit_command(const std::vector<std::string>& args) {
   const std::int64_t memory = parse_memory(memory_text, "--memory");
   if (search != (gpus != 0)) throw UsageError("--search and --gpus N go together");
   if (search) {
-    if (checkpoint != "none") throw UsageError("fit --search tries no, selective and full recompute itself");
     if (jobs < 1 || jobs > 256) throw UsageError("--jobs must be between 1 and 256");
-    return search_layouts(m, gpus, memory, max_batch, static_cast<int>(jobs), format);
+    return search_layouts(m, gpus, memory, max_batch, checkpoint, static_cast<int>(jobs), format);
   }
   const StepOptions options = m.step_options();
   const c10::Device device(m.device);
@@ -361,18 +453,9 @@ int fit_command(const std::vector<std::string>& args) {
     const std::int64_t plain_bytes = needed_bytes(m, plain);
     result.measured = {plain_bytes <= memory, plain_bytes};
     if (result.measured.fits) return result;
-    CheckpointSimulator simulator([&](const CheckpointPolicy& policy) {
-      return policy.segments.empty() && policy.keep.empty() ? plain : trace_with(batch, policy);
-    });
-    std::int64_t budget = memory;
-    for (int replan = 0; replan < kReplans; ++replan) {
-      std::optional<CheckpointPlan> plan = solve_checkpointing(simulator, checkpoint, budget);
-      if (!plan) break;
-      const std::int64_t bytes = needed_bytes(m, trace_with(batch, plan->policy));
-      if (bytes <= memory) return Trial{{true, bytes}, std::move(plan), simulator.step_flops()};
-      budget -= bytes - memory;
-    }
-    return result;
+    std::optional<Trial> planned = plan_within(
+        m, [&](const CheckpointPolicy& policy) { return trace_with(batch, policy); }, plain, checkpoint, memory);
+    return planned ? std::move(*planned) : result;
   };
 
   std::map<std::int64_t, Trial> trials;
@@ -402,8 +485,8 @@ int fit_command(const std::vector<std::string>& args) {
     if (plan)
       out["plan"] = {{"solver", plan->solver},
                      {"policy_text", to_string(plan->policy)},
-                     {"recompute_flops", plan->step.recompute_flops},
-                     {"step_flops", best->step_flops}};
+                     {"recompute_flops", best->measured.recompute_flops},
+                     {"step_flops", best->measured.flops - best->measured.recompute_flops}};
     std::cout << out.dump(2) << "\n";
   } else if (!best) {
     fmt::print("{} does not fit in {} even at batch 1 (fake {}{}).\n", m.zoo.model, human_bytes(memory),
@@ -414,9 +497,8 @@ int fit_command(const std::vector<std::string>& args) {
                m.device == "cuda" ? " reserved by the CUDA allocator" : "", traces, plain_trials.line_reads());
     if (plan)
       fmt::print("  with checkpointing ({}): units {}, recomputing {} ({:.1f}% of the step)\n", plan->solver,
-                 to_string(plan->policy), human_flops(plan->step.recompute_flops),
-                 100.0 * static_cast<double>(plan->step.recompute_flops) /
-                     static_cast<double>(std::max<std::int64_t>(best->step_flops, 1)));
+                 to_string(plan->policy), human_flops(best->measured.recompute_flops),
+                 100 * recomputed_share(best->measured));
   }
   return 0;
 }
