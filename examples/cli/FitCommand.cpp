@@ -100,7 +100,7 @@ LineTrials batch_trials(const ModelFlags& m, std::function<StepBuilder(std::int6
 // shrinks by what the allocator reserved beyond the memory, and below the
 // last plan's peak (which would only be found again), a few times at most.
 std::optional<Trial> plan_within(const ModelFlags& m, const CheckpointSimulator::TraceUnder& trace_under,
-                                   const Trace& plain, const std::string& solver, std::int64_t memory) {
+                                 const Trace& plain, const std::string& solver, std::int64_t memory) {
   CheckpointSimulator simulator([&](const CheckpointPolicy& policy) {
     return policy.segments.empty() && policy.keep.empty() ? plain : trace_under(policy);
   });
@@ -136,7 +136,7 @@ struct Row {
   std::int64_t micro_batch = 0;
   std::int64_t bytes = 0;
   int stage = 0;
-  double recomputed = 0;       // recompute FLOPs, a share of the step's without them
+  double recomputed = 0;           // recompute FLOPs, a share of the step's without them
   std::string solver{}, policy{};  // a plan's
 };
 
@@ -154,8 +154,8 @@ Row row_from_json(const nlohmann::json& j) {
   const std::string recompute = j.at("recompute");
   const auto named = std::find(std::begin(kRecomputeNames), std::end(kRecomputeNames), recompute);
   Row row{{j.at("tp"), j.at("pp"), j.at("dp"), j.at("zero_stage"),
-           static_cast<Layout::Recompute>(named - std::begin(kRecomputeNames))},
-          j.at("micro_batch"), j.at("predicted_bytes"), j.at("peak_stage"), j.at("recomputed_share")};
+             static_cast<Layout::Recompute>(named - std::begin(kRecomputeNames))},
+            j.at("micro_batch"), j.at("predicted_bytes"), j.at("peak_stage"), j.at("recomputed_share")};
   if (const auto plan = j.find("plan"); plan != j.end()) {
     row.solver = plan->at("solver");
     row.policy = plan->at("policy_text");
@@ -370,8 +370,8 @@ int search_layouts(const ModelFlags& m, std::int64_t gpus, std::int64_t memory, 
   if (format == "json") {
     nlohmann::json layouts = nlohmann::json::array();
     for (const Row& row : rows) layouts.push_back(to_json(row));
-    std::cout << nlohmann::json{{"model", m.zoo.model}, {"gpus", gpus},     {"memory_bytes", memory},
-                                {"checkpoint", solver},   {"layouts", layouts}, {"traces", traces},
+    std::cout << nlohmann::json{{"model", m.zoo.model}, {"gpus", gpus}, {"memory_bytes", memory},
+                                {"checkpoint", solver}, {"layouts", layouts}, {"traces", traces},
                                 {"line_reads", line_reads}, {"seconds", seconds}, {"jobs", jobs}}
                      .dump(2)
               << "\n";
