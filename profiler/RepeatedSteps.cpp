@@ -7,8 +7,6 @@
 namespace metamem {
 namespace {
 
-constexpr std::int64_t kSequenceMask = (std::int64_t{1} << 40) - 1;  // of a node id (node_id)
-
 // The first step's buffers that a later step finds made: those it left
 // alive, each an optimizer state or a parallel wrapper's communication
 // buffer (kept by design, as DDP's buckets are) made by an op of its own
@@ -39,10 +37,8 @@ MadeOnce made_once(const Trace& trace) {
   for (std::size_t i = 0; i < trace.buffers.size() && once.repeatable; ++i) {
     if (!once.buffers[i]) continue;
     const OpEvent& op = trace.ops[static_cast<std::size_t>(trace.buffers[i].producer_op)];
-    for (std::uint32_t o = op.first_output; o < op.first_output + op.n_outputs; ++o)
-      once.repeatable &= once.buffers[trace.op_buffers[o]];
-    for (std::uint32_t in = op.first_input; in < op.first_input + op.n_inputs; ++in)
-      once.repeatable &= trace.buffers[trace.op_buffers[in]].alloc_event < begin;
+    for (std::uint32_t output : trace.outputs(op)) once.repeatable &= once.buffers[output];
+    for (std::uint32_t input : trace.inputs(op)) once.repeatable &= trace.buffers[input].alloc_event < begin;
     once.ops[static_cast<std::size_t>(trace.buffers[i].producer_op)] = true;
   }
   for (const Region& r : trace.regions) once.repeatable &= r.begin >= begin || r.end <= begin;
@@ -128,7 +124,7 @@ std::optional<Trace> repeat_step(const Trace& first, int steps) {
   if (!once.repeatable) return std::nullopt;
   std::int64_t last_sequence = 0;
   for (const OpEvent& op : first.ops)
-    if (op.node >= 0) last_sequence = std::max(last_sequence, op.node & kSequenceMask);
+    if (op.node >= 0) last_sequence = std::max(last_sequence, node_sequence(op.node));
   Trace trace = first;
   for (int s = 1; s < steps; ++s) append_step(first, once, s * (last_sequence + 1), trace);
   trace.recount_live_bytes();

@@ -16,8 +16,13 @@ const char* phase_name(Phase phase);
 
 // An autograd node's identity: sequence numbers count per thread, and a
 // recomputation runs on the thread backward runs on.
+constexpr std::uint64_t kNodeSequenceMask = (std::uint64_t{1} << 40) - 1;
 inline std::int64_t node_id(std::uint64_t thread, std::uint64_t sequence_nr) {
-  return static_cast<std::int64_t>((thread << 40) | (sequence_nr & ((std::uint64_t{1} << 40) - 1)));
+  return static_cast<std::int64_t>((thread << 40) | (sequence_nr & kNodeSequenceMask));
+}
+// The sequence number of a node id (not -1).
+inline std::int64_t node_sequence(std::int64_t node) {
+  return static_cast<std::int64_t>(static_cast<std::uint64_t>(node) & kNodeSequenceMask);
 }
 
 // What a buffer holds, for the memory picture (ZeRO's model states, then
