@@ -4,7 +4,7 @@ forward and backward of a model already built in each mode (FakeTensorMode
 in torch 1.13 runs neither CUDA nor an optimizer step; metamem runs both,
 timed separately below).
 
-    PYTHONPATH=build/python /usr/bin/python3 bench/python_gpt2_bench.py [--repeat 3]
+    PYTHONPATH=build/python .venv/bin/python bench/python_gpt2_bench.py [--repeat 3]
 """
 
 import argparse

@@ -1,6 +1,6 @@
 #include "estimator/HtmlReport.h"
 
-#include <fmt/core.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <string>

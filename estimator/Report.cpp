@@ -1,6 +1,6 @@
 #include "estimator/Report.h"
 
-#include <fmt/core.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "estimator/Units.h"

@@ -1,6 +1,6 @@
 #include "estimator/Units.h"
 
-#include <fmt/core.h>
+#include <fmt/format.h>
 
 #include <cmath>
 #include <initializer_list>

@@ -337,11 +337,6 @@ std::int64_t index_select(Args args, Args returns) {
   return copy_unless_contiguous(index) + (dim1 ? copy_unless_contiguous(self) : 0);
 }
 
-// The weight gradient is collected per input element, then summed.
-std::int64_t prelu_backward(Args args, Args) {
-  return bytes_of(args[1].toTensor()) + bytes_of(args[2].toTensor());
-}
-
 // roll over no dims rolls the flattened input; over several dims it rolls
 // one at a time, keeping every intermediate.
 std::int64_t roll(Args args, Args returns) {
@@ -577,14 +572,6 @@ std::int64_t lu_unpack(Args args, Args) {
   return 8 * m + copy_unless_contiguous(arange.expand(batch)) + copy_unless_contiguous(pivots);
 }
 
-// The deprecated cholesky: int32 infos, then their check.
-std::int64_t cholesky(Args args, Args) {
-  const at::Tensor& self = args[0].toTensor();
-  if (self.numel() == 0) return 0;
-  const Determinant d = determinant(self);
-  return d.infos() + 1 + d.batch;
-}
-
 // The LDL factorisation asks sytrf for its workspace.
 std::int64_t linalg_ldl_factor_ex(Args args, Args) {
   const at::Tensor& A = args[0].toTensor();
@@ -805,7 +792,6 @@ ScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::triu", &triangle},
       {"aten::embedding_dense_backward", &embedding_dense_backward},
       {"aten::index_select", &index_select},
-      {"aten::prelu_backward", &prelu_backward},
       {"aten::roll", &roll},
       {"aten::sort", &sort},
       {"aten::sort.stable", &sort},
@@ -839,7 +825,6 @@ ScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::_linalg_eigh", &linalg_eigh},
       {"aten::_linalg_svd", &linalg_svd},
       {"aten::lu_unpack", &lu_unpack},
-      {"aten::cholesky", &cholesky},
       {"aten::linalg_ldl_factor_ex", &linalg_ldl_factor_ex},
       {"aten::linalg_inv_ex", &linalg_inv_ex},
       {"aten::_linalg_slogdet", &linalg_slogdet},
@@ -890,16 +875,6 @@ ScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::upsample_bilinear2d", &upsample<2>},
       {"aten::upsample_trilinear3d", &upsample<2>},
       {"aten::upsample_bicubic2d", &upsample<4>},
-      {"aten::upsample_nearest1d_backward.vec", &contiguous_gradient},
-      {"aten::upsample_nearest2d_backward.vec", &contiguous_gradient},
-      {"aten::upsample_nearest3d_backward.vec", &contiguous_gradient},
-      {"aten::_upsample_nearest_exact1d_backward.vec", &contiguous_gradient},
-      {"aten::_upsample_nearest_exact2d_backward.vec", &contiguous_gradient},
-      {"aten::_upsample_nearest_exact3d_backward.vec", &contiguous_gradient},
-      {"aten::upsample_linear1d_backward.vec", &contiguous_gradient},
-      {"aten::upsample_bilinear2d_backward.vec", &contiguous_gradient},
-      {"aten::upsample_trilinear3d_backward.vec", &contiguous_gradient},
-      {"aten::upsample_bicubic2d_backward.vec", &contiguous_gradient},
       {"aten::upsample_nearest1d_backward", &contiguous_gradient},
       {"aten::upsample_nearest2d_backward", &contiguous_gradient},
       {"aten::upsample_nearest3d_backward", &contiguous_gradient},

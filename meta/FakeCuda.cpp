@@ -2,11 +2,10 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/detail/CUDAHooksInterface.h>
+#include <c10/core/AutogradState.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
-#include <atomic>
-#include <memory>
-#include <mutex>
+#include <cstring>
 
 namespace metamem {
 namespace {
@@ -20,10 +19,11 @@ class FakeCudaGuard final : public c10::impl::DeviceGuardImplInterface {
   c10::Device getDevice() const override { return device(); }
   void setDevice(c10::Device) const override {}
   void uncheckedSetDevice(c10::Device) const noexcept override {}
-  c10::Stream getStream(c10::Device) const noexcept override { return stream(); }
+  c10::Stream getStream(c10::Device) const override { return stream(); }
   c10::Stream getDefaultStream(c10::Device) const override { return stream(); }
   c10::Stream getStreamFromGlobalPool(c10::Device, bool) const override { return stream(); }
-  c10::Stream exchangeStream(c10::Stream) const noexcept override { return stream(); }
+  c10::Stream getNewStream(c10::Device, int) const override { return stream(); }
+  c10::Stream exchangeStream(c10::Stream) const override { return stream(); }
   void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
   void record(void**, const c10::Stream&, const c10::DeviceIndex,
               const c10::EventFlag) const override {}
@@ -32,6 +32,8 @@ class FakeCudaGuard final : public c10::impl::DeviceGuardImplInterface {
   c10::DeviceIndex deviceCount() const noexcept override { return 1; }
   bool queryStream(const c10::Stream&) const override { return true; }
   void synchronizeStream(const c10::Stream&) const override {}
+  void synchronizeEvent(void*) const override {}
+  void synchronizeDevice(const c10::DeviceIndex) const override {}
   void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {}
 
  private:
@@ -39,43 +41,73 @@ class FakeCudaGuard final : public c10::impl::DeviceGuardImplInterface {
   static c10::Stream stream() { return c10::Stream(c10::Stream::DEFAULT, device()); }
 };
 
-std::atomic<bool> g_fake_cuda_active{false};
-
-// Autograd stashes the caller's CUDA streams only when hasCUDA() is true, and
-// later reads them for every CUDA leaf: without these hooks it reads past the
-// end of an empty vector and crashes after the last backward op.
+// What libtorch asks the CUDA hooks during a step: whether there is CUDA
+// (at::getAccelerator(), which autograd asks for the streams it syncs
+// gradients on), a device and its context, and the generator
+// torch::manual_seed seeds (the fake device's own; meta kernels draw
+// nothing from it).
 class FakeCudaHooks final : public at::CUDAHooksInterface {
  public:
-  bool hasCUDA() const override { return g_fake_cuda_active.load(); }
-  // torch::manual_seed initialises and seeds every CUDA device it sees: the
-  // fake one has nothing to initialise and a generator of its own (nothing
-  // draws from it; meta kernels draw nothing).
-  void initCUDA() const override {}
-  const at::Generator& getDefaultCUDAGenerator(c10::DeviceIndex) const override {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return true; }
+  bool hasCUDA() const override { return true; }
+  bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
+  void init() const override {}
+  c10::DeviceIndex deviceCount() const override { return 1; }
+  int getNumGPUs() const override { return 1; }
+  c10::DeviceIndex current_device() const override { return 0; }
+  c10::DeviceIndex getCurrentDevice() const override { return 0; }
+  void setCurrentDevice(c10::DeviceIndex) const override {}
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex) const override { return 0; }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex) const override { return 0; }
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex) const override {
     static const at::Generator generator = at::detail::createCPUGenerator();
     return generator;
   }
-  bool hasPrimaryContext(int64_t) const override { return g_fake_cuda_active.load(); }
-  int getNumGPUs() const override { return g_fake_cuda_active.load() ? 1 : 0; }
 };
+
+// libtorch makes its CUDA hooks object once and keeps it for the process:
+// the real one where its CUDA library is loaded (it reports no CUDA without
+// a GPU), a stub otherwise. Neither adds members to the interface, so the
+// scope gives the object the fake's virtual table and later its own back.
+static_assert(sizeof(FakeCudaHooks) == sizeof(at::CUDAHooksInterface));
+
+void* virtual_table(const at::CUDAHooksInterface& hooks) {
+  void* table = nullptr;
+  std::memcpy(&table, static_cast<const void*>(&hooks), sizeof table);
+  return table;
+}
+
+void* exchange_cuda_hooks_table(void* table) {
+  auto& hooks = const_cast<at::CUDAHooksInterface&>(at::detail::getCUDAHooks());
+  void* previous = virtual_table(hooks);
+  std::memcpy(static_cast<void*>(&hooks), &table, sizeof table);
+  return previous;
+}
+
+// The registry holds its guards forever: this one is never destroyed.
+const FakeCudaGuard* fake_guard() {
+  static const auto* guard = new FakeCudaGuard();
+  return guard;
+}
+
+auto& cuda_guard_slot() {
+  return c10::impl::device_guard_impl_registry[static_cast<std::size_t>(c10::DeviceType::CUDA)];
+}
 
 }  // namespace
 
-void install_fake_cuda() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    if (!c10::impl::hasDeviceGuardImpl(c10::kCUDA)) {
-      static FakeCudaGuard guard;
-      static c10::impl::DeviceGuardImplRegistrar registrar(c10::kCUDA, &guard);
-    }
-    if (!at::CUDAHooksRegistry()->Has("CUDAHooks")) {
-      at::CUDAHooksRegistry()->Register("CUDAHooks", [](at::CUDAHooksArgs) {
-        return std::unique_ptr<at::CUDAHooksInterface>(new FakeCudaHooks());
-      });
-    }
-  });
+FakeCudaScope::FakeCudaScope()
+    : previous_guard_(cuda_guard_slot().exchange(fake_guard())),
+      previous_hooks_table_(exchange_cuda_hooks_table(virtual_table(FakeCudaHooks()))),
+      previous_multithreading_(c10::AutogradState::get_tls_state().get_multithreading_enabled()) {
+  c10::AutogradState::get_tls_state().set_multithreading_enabled(false);
 }
 
-void set_fake_cuda_active(bool active) { g_fake_cuda_active.store(active); }
+FakeCudaScope::~FakeCudaScope() {
+  c10::AutogradState::get_tls_state().set_multithreading_enabled(previous_multithreading_);
+  exchange_cuda_hooks_table(previous_hooks_table_);
+  cuda_guard_slot().store(static_cast<const c10::impl::DeviceGuardImplInterface*>(previous_guard_));
+}
 
 }  // namespace metamem

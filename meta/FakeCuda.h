@@ -1,15 +1,28 @@
-// What autograd needs to run backward on fake CUDA tensors in a libtorch
-// built without CUDA. Where libtorch has CUDA, nothing is replaced.
+// What autograd needs to run backward on fake CUDA tensors, with or without
+// libtorch's CUDA library loaded (Python's torch loads it; metamem's own
+// programs do not) and with or without a GPU.
 #pragma once
 
 namespace metamem {
 
-// Registers a no-op CUDA device guard (streams, events) and CUDA hooks that
-// report one device while a fake-CUDA MetaMode is active. Must run before
-// the first backward: the autograd engine sizes its device queues then.
-void install_fake_cuda();
+// While alive, CUDA's device guard is a fake one (one device, one stream,
+// events that complete at once) instead of whatever was registered (the
+// real one asks the driver, which fails without a GPU), libtorch's CUDA
+// hooks say there is one CUDA device with its context, and the autograd
+// engine runs backward on the calling thread instead of a device thread (its
+// device threads are counted once, at the first backward of the process).
+// Both are put back as they were when it ends.
+class FakeCudaScope {
+ public:
+  FakeCudaScope();
+  ~FakeCudaScope();
+  FakeCudaScope(const FakeCudaScope&) = delete;
+  FakeCudaScope& operator=(const FakeCudaScope&) = delete;
 
-// Whether a fake-CUDA MetaMode is active (set by MetaMode).
-void set_fake_cuda_active(bool active);
+ private:
+  const void* previous_guard_;
+  void* previous_hooks_table_;
+  bool previous_multithreading_;
+};
 
 }  // namespace metamem

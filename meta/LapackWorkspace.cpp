@@ -2,7 +2,8 @@
 
 #include <algorithm>
 
-#ifdef METAMEM_HAVE_LAPACK
+// The LAPACK libtorch itself calls: the one linked into libtorch_cpu (MKL's in
+// the wheel), which exports these symbols.
 extern "C" {
 void sgeqrf_(const int* m, const int* n, float* a, const int* lda, float* tau, float* work, const int* lwork, int* info);
 void dgeqrf_(const int* m, const int* n, double* a, const int* lda, double* tau, double* work, const int* lwork, int* info);
@@ -19,7 +20,6 @@ void ssyevd_(const char* jobz, const char* uplo, const int* n, float* a, const i
 void dsyevd_(const char* jobz, const char* uplo, const int* n, double* a, const int* lda, double* w, double* work,
              const int* lwork, int* iwork, const int* liwork, int* info);
 }
-#endif
 
 namespace metamem::lapack {
 namespace {
@@ -33,7 +33,6 @@ std::int64_t at_least_n(double size, std::int64_t n) { return std::max(at_least_
 
 }  // namespace
 
-#ifdef METAMEM_HAVE_LAPACK
 std::int64_t geqrf_work(c10::ScalarType dtype, std::int64_t m, std::int64_t n) {
   const int m_ = static_cast<int>(m), n_ = static_cast<int>(n), lda = std::max(1, m_);
   int info = 0;
@@ -99,11 +98,5 @@ EighWork syevd_work(c10::ScalarType dtype, bool vectors, std::int64_t n) {
   }
   return {};
 }
-#else
-std::int64_t geqrf_work(c10::ScalarType, std::int64_t, std::int64_t) { return 0; }
-std::int64_t orgqr_work(c10::ScalarType, std::int64_t, std::int64_t, std::int64_t) { return 0; }
-std::int64_t sytrf_work(c10::ScalarType, std::int64_t) { return 0; }
-EighWork syevd_work(c10::ScalarType, bool, std::int64_t) { return {}; }
-#endif
 
 }  // namespace metamem::lapack

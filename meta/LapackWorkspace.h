@@ -1,8 +1,7 @@
 // What LAPACK asks for as workspace: libtorch's CPU linear algebra queries
 // it (lwork = -1) and allocates it through the CPU allocator, so the CPU
 // model asks the same library the same question. Sizes are in elements of
-// the matrix's dtype (work) or int32 (iwork); float and double only, and 0
-// where metamem was built without LAPACK.
+// the matrix's dtype (work) or int32 (iwork); float and double only.
 #pragma once
 
 #include <c10/core/ScalarType.h>

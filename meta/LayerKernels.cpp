@@ -65,12 +65,13 @@ at::Tensor log_sigmoid_backward(const at::Tensor& grad_output, const at::Tensor&
 at::Tensor prelu(const at::Tensor& self, const at::Tensor&) {
   return at::empty_like(self, self.suggest_memory_format());
 }
-std::tuple<at::Tensor, at::Tensor> prelu_backward(const at::Tensor&, const at::Tensor& self,
-                                                  const at::Tensor& weight) {
-  return {at::empty_like(self, self.suggest_memory_format()),
-          at::empty_like(weight, weight.suggest_memory_format())};
+// PReLU's kernel (weight broadcast to the input's rank): a TensorIterator
+// whose outputs, the input gradient and the weight gradient before autograd
+// sums it down to the weight's shape, both take the input's shape.
+std::tuple<at::Tensor, at::Tensor> prelu_kernel_backward(const at::Tensor&, const at::Tensor& self,
+                                                         const at::Tensor&) {
+  return {at::empty_like(self, self.suggest_memory_format()), at::empty_like(self, self.suggest_memory_format())};
 }
-
 at::Tensor glu_backward(const at::Tensor&, const at::Tensor& self, std::int64_t) { return contiguous_like(self); }
 
 // ---- losses ----------------------------------------------------------------
@@ -118,8 +119,14 @@ bool use_cudnn_ctc_loss(const at::Tensor& log_probs, const at::Tensor& targets, 
   bool use = fake_device().is_cuda() && at::globalContext().userEnabledCuDNN() && blank == 0 &&
              targets.dim() == 1 && log_probs.scalar_type() == at::kFloat && targets.scalar_type() == at::kInt;
   for (auto length : input_lengths) use = use && length == log_probs.size(0);
-  for (auto length : target_lengths) use = use && length <= 256;
+  for (std::size_t b = 0; b < target_lengths.size() && use; ++b)
+    use = target_lengths[b] < 256 && b < input_lengths.size() && target_lengths[b] <= input_lengths[b];
   return use;
+}
+
+// MIOpen is ROCm's: never on CUDA or CPU.
+bool use_miopen_ctc_loss(const at::Tensor&, const at::Tensor&, at::IntArrayRef, at::IntArrayRef, std::int64_t) {
+  return false;
 }
 
 at::Tensor ctc_loss_backward(const at::Tensor&, const at::Tensor& log_probs, const at::Tensor&, at::IntArrayRef,
@@ -144,6 +151,18 @@ at::Tensor adaptive_avg_pool3d(const at::Tensor& self, at::IntArrayRef output_si
 }
 
 // ---- normalization ---------------------------------------------------------
+
+// The output in the input's layout; per (sample, group) statistics in the
+// parameters' dtype where they are fp32 beside a low-precision input.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_group_norm(const at::Tensor& input,
+                                                                 const c10::optional<at::Tensor>& weight,
+                                                                 const c10::optional<at::Tensor>&, c10::SymInt batch,
+                                                                 c10::SymInt, c10::SymInt, std::int64_t group, double) {
+  const auto dtype = weight && weight->defined() ? weight->scalar_type() : input.scalar_type();
+  const auto statistics = input.options().dtype(dtype);
+  return {at::empty_like(input, input.suggest_memory_format()), at::empty({batch.expect_int(), group}, statistics),
+          at::empty({batch.expect_int(), group}, statistics)};
+}
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> native_group_norm_backward(
     const at::Tensor&, const at::Tensor& input, const at::Tensor&, const at::Tensor&,
@@ -277,7 +296,8 @@ std::vector<OwnKernelEntry> layer_kernels() {
       own("log_sigmoid_forward", TORCH_FN(log_sigmoid_forward)),
       own("log_sigmoid_backward", TORCH_FN(log_sigmoid_backward)),
       own("prelu", TORCH_FN(prelu)),
-      own("prelu_backward", TORCH_FN(prelu_backward)),
+      own("_prelu_kernel", TORCH_FN(prelu)),
+      own("_prelu_kernel_backward", TORCH_FN(prelu_kernel_backward)),
       own("glu_backward", TORCH_FN(glu_backward)),
       own("huber_loss", TORCH_FN(huber_loss)),
       own("mse_loss_backward", TORCH_FN(mse_loss_backward)),
@@ -286,9 +306,11 @@ std::vector<OwnKernelEntry> layer_kernels() {
       own("_ctc_loss", TORCH_FN(ctc_loss)),
       own("_ctc_loss_backward", TORCH_FN(ctc_loss_backward)),
       own("_use_cudnn_ctc_loss", TORCH_FN(use_cudnn_ctc_loss)),
+      own("_use_miopen_ctc_loss", TORCH_FN(use_miopen_ctc_loss)),
       own("reflection_pad2d", TORCH_FN(reflection_pad2d)),
       own("roll", TORCH_FN(roll)),
       own("_adaptive_avg_pool3d", TORCH_FN(adaptive_avg_pool3d)),
+      own("native_group_norm", TORCH_FN(native_group_norm)),
       own("native_group_norm_backward", TORCH_FN(native_group_norm_backward)),
       own("_embedding_bag", TORCH_FN(embedding_bag)),
       own("_embedding_bag_forward_only", TORCH_FN(embedding_bag)),

@@ -183,11 +183,6 @@ at::Tensor upsample_nearest3d(const at::Tensor& input, at::OptionalIntArrayRef o
   return at::empty(size, input.options().memory_format(input.suggest_memory_format()));
 }
 
-at::Tensor upsample_nearest3d_backward(const at::Tensor& grad_output, at::OptionalIntArrayRef,
-                                       at::IntArrayRef input_size, c10::optional<at::ArrayRef<double>>) {
-  return at::empty(input_size, grad_output.options().memory_format(grad_output.suggest_memory_format()));
-}
-
 // Unpooling writes a zeroed (batch,) channels, output_size tensor.
 at::Tensor max_unpool(const at::Tensor& self, at::IntArrayRef output_size) {
   auto size = self.sizes().vec();
@@ -267,7 +262,7 @@ std::tuple<at::Tensor, at::Tensor> frexp(const at::Tensor& self) {
   return {at::empty_like(self), at::empty_like(self, self.options().dtype(at::kInt))};
 }
 
-at::Tensor rrelu_with_noise(const at::Tensor& self, const at::Tensor&, const at::Scalar&, const at::Scalar&, bool,
+at::Tensor rrelu_with_noise(const at::Tensor& self, at::Tensor&, const at::Scalar&, const at::Scalar&, bool,
                             c10::optional<at::Generator>) {
   return at::empty_like(self, at::MemoryFormat::Contiguous);
 }
@@ -437,12 +432,6 @@ at::Tensor binary_cross_entropy(const at::Tensor& self, const at::Tensor&, const
   return reduction == at::Reduction::None ? loss : loss.resize_({});
 }
 
-// The deprecated cholesky factors a column-major copy of its input.
-at::Tensor cholesky(const at::Tensor& self, bool) {
-  if (self.numel() == 0) return at::empty_like(self, at::MemoryFormat::Contiguous);
-  return at::empty(self.transpose(-2, -1).sizes(), self.options()).transpose(-2, -1);
-}
-
 // Python's meta for huber_loss_backward.out is broken in 1.13.
 at::Tensor huber_loss_backward(const at::Tensor&, const at::Tensor& self, const at::Tensor&, std::int64_t,
                                double) {
@@ -512,7 +501,6 @@ const std::unordered_map<std::string, OwnKernel>& own_kernels() {
         own("linalg_solve_triangular", TORCH_FN(linalg_solve_triangular)),
         own("huber_loss_backward", TORCH_FN(huber_loss_backward)),
         own("aminmax", TORCH_FN(aminmax)),
-        own("cholesky", TORCH_FN(cholesky)),
         own("im2col", TORCH_FN(im2col)),
         own("col2im", TORCH_FN(col2im)),
         own("binary_cross_entropy", TORCH_FN(binary_cross_entropy)),
@@ -534,7 +522,6 @@ const std::unordered_map<std::string, OwnKernel>& own_kernels() {
         own("smooth_l1_loss_backward", TORCH_FN(smooth_l1_loss_backward)),
         own("fractional_max_pool3d_backward", TORCH_FN(fractional_max_pool3d_backward)),
         own("replication_pad3d_backward", TORCH_FN(padding_backward)),
-        own("upsample_nearest3d_backward.vec", TORCH_FN(upsample_nearest3d_backward)),
         own("max_pool3d_with_indices", TORCH_FN(max_pool3d_with_indices)),
         own("multi_margin_loss", TORCH_FN(multi_margin_loss)),
         own("multilabel_margin_loss_forward", TORCH_FN(multilabel_margin_loss_forward)),

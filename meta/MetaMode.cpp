@@ -15,7 +15,6 @@
 #include <unordered_set>
 
 #include "meta/CpuKernelModel.h"
-#include "meta/FakeCuda.h"
 #include "meta/MetaKernels.h"
 #include "meta/MetaTensor.h"
 
@@ -37,9 +36,6 @@ struct ModeState {
 
 ModeState g_mode;
 
-// The autograd engine sizes its device queues at its first backward, so fake
-// CUDA must be in place before any backward runs, traced or not.
-const bool g_fake_cuda_installed = (install_fake_cuda(), true);
 std::atomic<BufferId> g_next_buffer{1};
 
 void release_tag(void* ctx) {
@@ -398,12 +394,12 @@ MetaMode::MetaMode(c10::Device fake_device, MetaObserver* observer) : keys_(meta
                       ? c10::Device(c10::kCUDA, 0)
                       : fake_device;
   g_mode.observer.store(observer, std::memory_order_release);
-  set_fake_cuda_active(g_mode.device.is_cuda());
+  if (g_mode.device.is_cuda()) fake_cuda_.emplace();
 }
 
 MetaMode::~MetaMode() {
   g_mode.observer.store(nullptr, std::memory_order_release);
-  set_fake_cuda_active(false);
+  fake_cuda_.reset();
   g_mode.active.store(false);
 }
 
@@ -416,6 +412,14 @@ void register_meta_kernels() {
 }
 
 bool meta_mode_active() { return g_mode.active.load(); }
+
+OutsideMetaMode::OutsideMetaMode() : keys_(keys_outside_meta_mode()) {}
+
+at::Tensor adopt_meta_tensor(const at::Tensor& meta) {
+  TORCH_CHECK(meta.is_meta(), "adopt_meta_tensor: expected a meta tensor, got one on ", meta.device());
+  track_storage(meta);
+  return make_meta_tensor(meta, g_mode.device);
+}
 
 void set_unsupported_op_reporter(UnsupportedOpReporter reporter) { g_reporter.store(reporter); }
 

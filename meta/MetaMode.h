@@ -13,8 +13,11 @@
 #include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
 
+#include "meta/FakeCuda.h"
+
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -79,9 +82,27 @@ class MetaMode {
   // Restores the thread's keys exactly: IncludeDispatchKeyGuard would leave
   // PrivateUse1's backend bit behind.
   c10::impl::ForceDispatchKeyGuard keys_;
+  std::optional<FakeCudaScope> fake_cuda_;
 };
 
 bool meta_mode_active();
+
+// While alive, ops dispatch as they would outside the active MetaMode: on
+// plain meta tensors (a module loaded onto the meta device), whose ops
+// libtorch 2.x runs at the Meta key, above metamem's, so that factories
+// inside them would otherwise make MetaTensors.
+class OutsideMetaMode {
+ public:
+  OutsideMetaMode();
+
+ private:
+  c10::impl::ForceDispatchKeyGuard keys_;
+};
+
+// A plain meta tensor made outside the trace as a MetaTensor of the active
+// MetaMode's fake device, its buffer allocated now (once per storage: tied
+// weights stay one buffer).
+at::Tensor adopt_meta_tensor(const at::Tensor& meta);
 
 // The fake device of the active MetaMode. Meta kernels ask it where the
 // device's own kernels differ (the dtype of norm statistics).

@@ -22,7 +22,7 @@ class CallAfter final : public torch::autograd::FunctionPostHook {
 
 }  // namespace
 
-std::shared_ptr<torch::autograd::Node> after_accumulation(const at::Tensor& param, std::function<void()> fn) {
+c10::intrusive_ptr<torch::autograd::Node> after_accumulation(const at::Tensor& param, std::function<void()> fn) {
   auto accumulator = torch::autograd::impl::grad_accumulator(param);
   if (accumulator) accumulator->add_post_hook(std::make_unique<CallAfter>(std::move(fn)));
   return accumulator;

@@ -17,6 +17,6 @@ namespace metamem {
 // the accumulator node the hook lives on, which the parameter holds only
 // weakly (keep it while the hook is wanted), or null if `param` needs no
 // gradient.
-std::shared_ptr<torch::autograd::Node> after_accumulation(const at::Tensor& param, std::function<void()> fn);
+c10::intrusive_ptr<torch::autograd::Node> after_accumulation(const at::Tensor& param, std::function<void()> fn);
 
 }  // namespace metamem

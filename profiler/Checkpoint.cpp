@@ -144,8 +144,7 @@ std::vector<at::Tensor> checkpoint(const SegmentFn& fn, const std::vector<at::Te
     if (kept) record.emplace(*kept, KeptOutputs::Mode::Record);
     outputs = fn(inputs);
   }
-  std::shared_ptr<CheckpointBackward> node(
-      new CheckpointBackward(fn, inputs, random, label, std::move(kept)), torch::autograd::deleteNode);
+  auto node = c10::make_intrusive<CheckpointBackward>(fn, inputs, random, label, std::move(kept));
   node->set_next_edges(torch::autograd::collect_next_edges(inputs));
   std::vector<at::Tensor> aliases;
   for (const at::Tensor& output : outputs) {

@@ -13,7 +13,7 @@ namespace {
 // allocates through it), so sizes are looked up by address on free.
 class CountingAllocator final : public c10::Allocator {
  public:
-  c10::DataPtr allocate(std::size_t nbytes) const override {
+  c10::DataPtr allocate(std::size_t nbytes) override {
     if (nbytes == 0) return {nullptr, nullptr, &release, c10::Device(c10::kCPU)};
     void* data = c10::GetDefaultCPUAllocator()->raw_allocate(nbytes);
     {
@@ -30,6 +30,9 @@ class CountingAllocator final : public c10::Allocator {
   }
 
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
 
   static void release(void* data) {
     if (data == nullptr) return;

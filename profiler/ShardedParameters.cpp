@@ -1,6 +1,7 @@
 #include "profiler/ShardedParameters.h"
 
 #include <ATen/ops/empty.h>
+#include <torch/csrc/autograd/function.h>
 
 #include <algorithm>
 #include <stdexcept>
@@ -11,6 +12,8 @@
 #include "profiler/Tracer.h"
 
 namespace metamem {
+
+ShardedParameters::~ShardedParameters() = default;
 
 ShardedParameters::ShardedParameters(std::vector<at::Tensor> params,
                                      const std::vector<std::vector<at::Tensor>>& units, int ranks,

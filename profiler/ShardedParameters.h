@@ -33,6 +33,7 @@ class ShardedParameters final : public UnitHooks {
   // `units`: the parameters of each unit of the chain, in order.
   ShardedParameters(std::vector<at::Tensor> params, const std::vector<std::vector<at::Tensor>>& units, int ranks,
                     bool forward_prefetch = false);
+  ~ShardedParameters() override;  // where autograd's Node is complete
 
   // The rank's shards: leaf tensors whose gradients are the gradient shards.
   const std::vector<at::Tensor>& shards() const { return shards_; }
@@ -55,7 +56,7 @@ class ShardedParameters final : public UnitHooks {
   std::vector<std::size_t> root_;                // parameters in no unit
   std::vector<std::size_t> full_bytes_;         // of each parameter, whole
   std::vector<bool> gathered_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keep the hooks alive
+  std::vector<c10::intrusive_ptr<torch::autograd::Node>> accumulators_;  // keep the hooks alive
   bool forward_prefetch_;
   bool in_backward_ = false;
 };

@@ -104,10 +104,10 @@ void zero_grad(const std::vector<at::Tensor>& params, ZeroGrad mode) {
 class AutocastRegion {
  public:
   AutocastRegion(c10::optional<at::ScalarType> dtype, c10::Device device)
-      : active_(dtype.has_value()), cuda_(device.is_cuda()) {
+      : active_(dtype.has_value()), type_(device.type()) {
     if (!active_) return;
-    was_enabled_ = cuda_ ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
-    was_dtype_ = cuda_ ? at::autocast::get_autocast_gpu_dtype() : at::autocast::get_autocast_cpu_dtype();
+    was_enabled_ = at::autocast::is_autocast_enabled(type_);
+    was_dtype_ = at::autocast::get_autocast_dtype(type_);
     set(true, *dtype);
     at::autocast::increment_nesting();
   }
@@ -121,16 +121,13 @@ class AutocastRegion {
 
  private:
   void set(bool enabled, at::ScalarType dtype) const {
-    if (cuda_) {
-      at::autocast::set_enabled(enabled);
-      at::autocast::set_autocast_gpu_dtype(dtype);
-    } else {
-      at::autocast::set_cpu_enabled(enabled);
-      at::autocast::set_autocast_cpu_dtype(dtype);
-    }
+    at::autocast::set_autocast_enabled(type_, enabled);
+    at::autocast::set_autocast_dtype(type_, dtype);
   }
 
-  bool active_, cuda_, was_enabled_ = false;
+  bool active_;
+  c10::DeviceType type_;
+  bool was_enabled_ = false;
   at::ScalarType was_dtype_ = at::kFloat;
 };
 
@@ -238,7 +235,7 @@ void run_steps(const StepBuilder& build, const StepOptions& options, PhaseListen
   if (dp.active() && dp.zero_stage < 2)
     for (std::int64_t bytes : ddp_bucket_bytes(model.params))
       model.buckets.push_back(at::empty({bytes}, model.params.front().options().dtype(at::kByte)));
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // keep the hooks alive
+  std::vector<c10::intrusive_ptr<torch::autograd::Node>> accumulators;  // keep the hooks alive
   for (std::size_t i = 0; i < model.params.size(); ++i) {
     const bool hands_off = options.fp32_main_grads ||
                            (dp.zero_stage == 2 && !std::binary_search(updated.begin(), updated.end(), i));

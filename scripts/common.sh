@@ -2,9 +2,13 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-PACKAGES=(cmake make g++ libtorch-dev libfmt-dev nlohmann-json3-dev libgtest-dev
-          libbenchmark-dev python3 python3-dev python3-torch python3-torchvision
-          pybind11-dev python3-pytest liblapack-dev chromium)
+# From Debian: the compiler and build tools, the C++ test and benchmark
+# libraries, JSON, a Python to make the virtual environment with, and the
+# browser the HTML report test renders in. Everything torch comes from PyPI.
+PACKAGES=(cmake make g++ python3 python3-dev python3-venv nlohmann-json3-dev libgtest-dev
+          libbenchmark-dev chromium)
+VENV=.venv
+REQUIREMENTS=scripts/requirements.txt
 
 install_missing() {
   local missing=()
@@ -18,6 +22,14 @@ install_missing() {
     [[ $(id -u) -eq 0 ]] || sudo=sudo
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  fi
+  # The project's virtual environment, made by Debian's Python and filled
+  # from PyPI; reinstalled only when the pins change.
+  [[ -x $VENV/bin/python ]] || /usr/bin/python3 -m venv "$VENV"
+  if ! cmp -s "$REQUIREMENTS" "$VENV/requirements.installed"; then
+    echo "installing into $VENV: $(grep -v '^#' "$REQUIREMENTS" | tr '\n' ' ')"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$REQUIREMENTS"
+    cp "$REQUIREMENTS" "$VENV/requirements.installed"
   fi
 }
 

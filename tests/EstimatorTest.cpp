@@ -9,6 +9,7 @@
 #include "estimator/Estimate.h"
 #include "estimator/Pickle.h"
 #include "tests/FunctionStep.h"
+#include "tests/KnownGaps.h"
 #include "tests/SmallModels.h"
 
 namespace metamem {
@@ -69,11 +70,13 @@ TEST_P(EveryZooModel, AllocatorSimulationHoldsAtLeastTheLiveBytes) {
 
 TEST_P(EveryZooModel, ParityHoldsWithEveryOptimizerStep) {
   const StepBuilder build = zoo_step(testing::small_model(GetParam(), 2, 32));
+  std::vector<std::int64_t> predicted, achieved;  // SGD, momentum, Adam, AdamW
   for (Optimizer optimizer : {Optimizer::Sgd, Optimizer::Momentum, Optimizer::Adam, Optimizer::AdamW}) {
     const StepOptions options{optimizer, false};
-    EXPECT_EQ(trace_step(build, kCpu, options).measured().peak_bytes, achieved_cpu_step_peaks(build, options).back())
-        << "optimizer " << static_cast<int>(optimizer);
+    predicted.push_back(trace_step(build, kCpu, options).measured().peak_bytes);
+    achieved.push_back(achieved_cpu_step_peaks(build, options).back());
   }
+  testing::expect_cpu_parity(predicted, achieved);
 }
 
 INSTANTIATE_TEST_SUITE_P(Zoo, EveryZooModel, ::testing::ValuesIn(zoo_models()));

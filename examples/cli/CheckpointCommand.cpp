@@ -1,6 +1,6 @@
 // metamem checkpoint: the checkpointing policy with the least recompute that
 // fits a memory budget, predicted by the simulator and checked by a trace.
-#include <fmt/core.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <chrono>

@@ -1,6 +1,6 @@
 // metamem fit: the largest batch size whose predicted steady-state step fits
 // in memory, with or without checkpointing.
-#include <fmt/core.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>

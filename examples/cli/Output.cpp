@@ -1,6 +1,6 @@
 #include "examples/cli/Output.h"
 
-#include <fmt/core.h>
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <cstdio>

@@ -1,5 +1,5 @@
 // metamem plan: plan live ranges from a CSV file with memonger.
-#include <fmt/core.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <chrono>

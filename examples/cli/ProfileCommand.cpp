@@ -1,6 +1,6 @@
 // metamem profile: trace training steps of a model (zoo or TorchScript) on a
 // fake device and report where the memory of the measured step goes.
-#include <fmt/core.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <iostream>

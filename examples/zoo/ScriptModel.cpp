@@ -51,9 +51,11 @@ class ScriptStep final : public TrainingStep {
  public:
   ScriptStep(const torch::jit::Module& on_meta, const ScriptConfig& config) : loss_(config.loss) {
     if (meta_mode_active()) {
-      torch::NoGradGuard no_grad;  // the copies are leaves
-      module_ = on_meta.clone();
-      for (at::Tensor p : module_.parameters()) p.requires_grad_(true);
+      {
+        OutsideMetaMode outside;
+        module_ = on_meta.clone();
+      }
+      adopt_tensors(module_);
     } else {
       const std::int64_t before = CpuMemoryCounter::live_bytes();
       module_ = torch::jit::load(config.path);
@@ -129,6 +131,16 @@ class ScriptStep final : public TrainingStep {
     }
     throw std::invalid_argument(
         "the model's forward must return a tensor, a tuple starting with one or a dict of them");
+  }
+
+  // The module's own parameters and buffers, then its submodules', become
+  // MetaTensors; parameters are leaves that need gradients.
+  static void adopt_tensors(torch::jit::Module& module) {
+    for (const auto& parameter : module.named_parameters(/*recurse=*/false))
+      module.register_parameter(parameter.name, adopt_meta_tensor(parameter.value).requires_grad_(true), false);
+    for (const auto& buffer : module.named_buffers(/*recurse=*/false))
+      module.register_buffer(buffer.name, adopt_meta_tensor(buffer.value));
+    for (torch::jit::Module child : module.children()) adopt_tensors(child);
   }
 
   // Bytes of the parameters' and buffers' storages, each storage once.

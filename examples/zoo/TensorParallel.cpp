@@ -131,8 +131,7 @@ at::Tensor gathered_linear(const at::Tensor& chunk, const at::Tensor& weight, co
     output = dense(buffer->gather(chunk, ranks), weight, bias);
   }
   if (torch::autograd::compute_requires_grad(chunk, weight, bias)) {
-    auto node = std::shared_ptr<GatheredLinearBackward>(
-        new GatheredLinearBackward(chunk, weight, bias.defined(), ranks, buffer), torch::autograd::deleteNode);
+    auto node = c10::make_intrusive<GatheredLinearBackward>(chunk, weight, bias.defined(), ranks, buffer);
     node->set_next_edges(torch::autograd::collect_next_edges(chunk, weight, bias));
     torch::autograd::set_history(output, node);
   }

@@ -8,7 +8,7 @@ forward and, where the op supports autograd, backward. The outputs and input
 gradients must agree in shape, dtype and strides, and the traced peak must
 equal the bytes the real run held through the CPU allocator.
 
-    PYTHONPATH=build/python:tests/python/stubs /usr/bin/python3 tests/python/opinfo_sweep.py [--markdown] [ops...]
+    PYTHONPATH=build/python .venv/bin/python tests/python/opinfo_sweep.py [--markdown] [ops...]
 
 Each op runs in a forked child, so an op that crashed the interpreter would
 be reported as such instead of ending the sweep.

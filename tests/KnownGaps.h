@@ -1,0 +1,119 @@
+// CPU parity cases that torch 2.14's CPU kernels moved and metamem does not
+// model yet, by test name, each with what differs. A listed case must still
+// differ (or still stop at its op): when one is closed its test fails until
+// its line here goes. The README's parity tables list the same cases.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <exception>
+#include <functional>
+#include <string>
+#include <unordered_map>
+
+namespace metamem::testing {
+
+struct KnownGap {
+  const char* why;
+  const char* missing_op = nullptr;  // the trace stops at this op, named
+};
+
+inline const KnownGap* known_gap() {
+  static const std::unordered_map<std::string, KnownGap> gaps = {
+      {"Accounting.SharedWeightParityOnCpu", {"2.14's backward of a weight used twice holds one [32, 64] "
+                                              "gradient more at once than the trace (8,192 B over)"}},
+      {"Zoo/ZooParity.PredictedPeakMatchesRealCpuRun/resnet50_b2_s32",
+       {"resnet50's CPU convolutions (oneDNN in the wheel) at 32x32: 16,384 B over"}},
+      {"Zoo/EveryZooModel.ParityHoldsWithEveryOptimizerStep/2", {"resnet50, as ZooParity's resnet50_b2_s32"}},
+      {"Zoo/SteadyStateParity.EveryStepMatchesRealCpuRun/resnet50_sgd_set_to_none", {"resnet50, as above"}},
+      {"Zoo/SteadyStateParity.EveryStepMatchesRealCpuRun/resnet50_sgd_zero", {"resnet50, as above"}},
+      {"Zoo/SteadyStateParity.EveryStepMatchesRealCpuRun/resnet50_sgd_none", {"resnet50, as above"}},
+      {"Zoo/SteadyStateParity.EveryStepMatchesRealCpuRun/resnet50_momentum_set_to_none", {"resnet50, as above"}},
+      {"Convolution/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/conv_transpose2d",
+       {"2.14's transposed convolution on CPU (oneDNN) holds other buffers than the slow kernel"}},
+      {"Convolution/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/conv_transpose2d_groups", {"as conv_transpose2d"}},
+      {"Convolution/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/conv_transpose2d_dilation",
+       {"as conv_transpose2d"}},
+      {"Normalization/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/batch_norm1d_2d",
+       {"2.14's CPU batch norm over [N, C] statistics: 16 B under"}},
+      {"Normalization/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/group_norm",
+       {"2.14's CPU group norm backward temporaries differ from 1.13's"}},
+      {"Normalization/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/group_norm_no_affine", {"as group_norm"}},
+      {"Recurrent/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/lstm",
+       {"2.14's CPU LSTM runs oneDNN's RNN layer, which has no meta kernel", "aten::mkldnn_rnn_layer"}},
+      {"Recurrent/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/lstm_two_layers_bidirectional",
+       {"as lstm", "aten::mkldnn_rnn_layer"}},
+      {"Recurrent/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/lstm_batch_first_dropout",
+       {"as lstm", "aten::mkldnn_rnn_layer"}},
+      {"Resampling/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/upsample_nearest2d",
+       {"2.14's CPU upsampling backward no longer holds what 1.13's did"}},
+      {"Resampling/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/upsample_bilinear2d", {"as upsample_nearest2d"}},
+      {"Resampling/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/upsample_bilinear2d_align_corners",
+       {"as upsample_nearest2d"}},
+      {"Resampling/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/interpolate_nearest_exact",
+       {"as upsample_nearest2d"}},
+      {"Resampling/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/embedding_bag_sum",
+       {"2.14 runs the embedding bag's backward as one CPU kernel, without a meta kernel",
+        "aten::_embedding_bag_backward"}},
+      {"Resampling/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/embedding_bag_sum_padding_idx",
+       {"as embedding_bag_sum", "aten::_embedding_bag_backward"}},
+      {"Resampling/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/embedding_bag_mean",
+       {"as embedding_bag_sum", "aten::_embedding_bag_backward"}},
+      {"Resampling/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/embedding_bag_max",
+       {"as embedding_bag_sum", "aten::_embedding_bag_backward"}},
+      {"Resampling/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/embedding_bag_max_padding_idx",
+       {"as embedding_bag_sum", "aten::_embedding_bag_backward"}},
+      {"Resampling/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/embedding_bag_mean_double",
+       {"as embedding_bag_sum", "aten::_embedding_bag_backward"}},
+      {"Resampling/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/embedding_bag_offsets",
+       {"as embedding_bag_sum", "aten::_embedding_bag_backward"}},
+      {"Loss/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/cosine_embedding",
+       {"2.14's cosine similarity holds other temporaries (480 B over)"}},
+      {"Torchvision/ScriptedModel.PredictedPeakMatchesRealCpuRun/resnet18",
+       {"the 2.14 TorchScript loader's host memory is not what the model counts"}},
+      {"Torchvision/ScriptedModel.PredictedPeakMatchesRealCpuRun/mobilenet_v2", {"as resnet18"}},
+      {"Torchvision/ScriptedModel.PredictedPeakMatchesRealCpuRun/vgg11", {"as resnet18"}},
+      {"Torchvision/ScriptedModel.PredictedPeakMatchesRealCpuRun/transformer",
+       {"2.14's masked attention runs _safe_softmax, which has no meta kernel", "aten::_safe_softmax"}},
+      {"Torchvision/ScriptedModel.TracesOnFakeCudaWithModuleScopes/transformer",
+       {"as the transformer's CPU parity", "aten::_safe_softmax"}},
+  };
+  const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
+  const auto it = gaps.find(std::string(test->test_suite_name()) + "." + test->name());
+  return it == gaps.end() ? nullptr : &it->second;
+}
+
+// The predicted and achieved peaks agree, except in a known gap, where they
+// must still differ.
+template <class Peaks>
+void expect_cpu_parity(const Peaks& predicted, const Peaks& achieved, const std::string& context = "") {
+  const KnownGap* gap = known_gap();
+  if (gap == nullptr) {
+    EXPECT_EQ(predicted, achieved) << context;
+    return;
+  }
+  ::testing::Test::RecordProperty("known_gap", gap->why);
+  EXPECT_NE(predicted, achieved) << context << ": a known gap closed; remove it from tests/KnownGaps.h";
+}
+
+// Runs `trace`; in a known gap that stops at an op, expects it to stop there
+// and returns false; otherwise returns true (a trace error propagates).
+inline bool traces_past_known_gaps(const std::function<void()>& trace) {
+  const KnownGap* gap = known_gap();
+  if (gap == nullptr || gap->missing_op == nullptr) {
+    trace();
+    return true;
+  }
+  ::testing::Test::RecordProperty("known_gap", gap->why);
+  try {
+    trace();
+    ADD_FAILURE() << "traced past " << gap->missing_op << ": remove the known gap from tests/KnownGaps.h";
+  } catch (const std::exception& e) {  // TorchScript's interpreter rethrows it as a runtime_error
+    EXPECT_NE(std::string(e.what()).find(std::string("metamem: no meta kernel for ") + gap->missing_op + " ("),
+              std::string::npos)
+        << e.what();
+  }
+  return false;
+}
+
+}  // namespace metamem::testing
