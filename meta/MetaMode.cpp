@@ -109,9 +109,10 @@ c10::impl::LocalDispatchKeySet keys_outside_meta_mode() {
 
 // A real tensor reaching the kernel beside MetaTensors (a 0-dim CPU scalar
 // an autograd formula made with scalar_to_tensor) becomes a plain meta
-// tensor of its shape, still a wrapped number if it was one (type promotion
-// ranks those last); its own buffer is the one the observer recorded for it,
-// if any (a fake cpu's).
+// tensor of its shape; its own buffer is the one the observer recorded for
+// it, if any (a fake cpu's). A wrapped Python number stays as it is: meta
+// kernels take a CPU scalar beside meta tensors, and those written in
+// Python (torch 2.x registers some) take no other.
 at::Tensor to_inner(const at::Tensor& t, BufferList& buffers) {
   if (!t.defined()) return t;
   if (is_meta_tensor(t)) {
@@ -122,10 +123,9 @@ at::Tensor to_inner(const at::Tensor& t, BufferList& buffers) {
   if (t.is_meta()) return t;
   if (auto* observer = g_mode.observer.load(std::memory_order_acquire); observer != nullptr && t.is_cpu())
     if (const BufferId id = observer->real_buffer(t.storage().data())) buffers.push_back(id);
+  if (t.unsafeGetTensorImpl()->is_wrapped_number()) return t;
   c10::impl::ForceDispatchKeyGuard outside(keys_outside_meta_mode());
-  at::Tensor meta = at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
-  if (t.unsafeGetTensorImpl()->is_wrapped_number()) meta.unsafeGetTensorImpl()->set_wrapped_number(true);
-  return meta;
+  return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
 }
 
 bool is_optional_device(const c10::Argument& arg) {

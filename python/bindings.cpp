@@ -39,28 +39,32 @@ struct UnsupportedOp final : torch::PyTorchError {
 
 void raise_unsupported(const UnsupportedOpError& error) { throw UnsupportedOp(error.what_without_backtrace()); }
 
+// What a block's trace says. The peaks are the trace's own; the estimate
+// (node table, allocator replay, memonger plan, timeline) is made when
+// something first asks for it, so that a block costs its trace alone.
 class Result {
  public:
-  Result(Estimate estimate, RunInfo run) : est_(std::move(estimate)), run_(std::move(run)) {}
+  Result(Trace trace, RunInfo run) : trace_(std::move(trace)), run_(std::move(run)) {}
 
-  std::int64_t peak_bytes() const { return est_.trace.measured().peak_bytes; }
+  std::int64_t peak_bytes() const { return trace().measured().peak_bytes; }
   std::vector<std::int64_t> step_peaks() const {
     std::vector<std::int64_t> peaks;
-    for (const StepSpan& step : est_.trace.steps) peaks.push_back(step.peak_bytes);
+    for (const StepSpan& step : trace().steps) peaks.push_back(step.peak_bytes);
     return peaks;
   }
-  std::string report() const { return summary_text(run_, est_); }
+  std::string report() const { return summary_text(run_, estimated()); }
   std::string table(const std::string& kind, int depth, bool csv) const {
     if (kind != "nodes" && kind != "modules")
       throw py::value_error("table kind must be 'nodes' or 'modules', got '" + kind + "'");
     if (depth < 1) throw py::value_error("depth must be at least 1");
-    const std::vector<NodeRow> rows = kind == "modules" ? module_table(est_.nodes, depth) : est_.nodes.rows;
+    const NodeTable& nodes = estimated().nodes;
+    const std::vector<NodeRow> rows = kind == "modules" ? module_table(nodes, depth) : nodes.rows;
     return csv ? rows_csv(rows) : rows_table(rows);
   }
   // (op, bytes) of each allocation and (op, -bytes) of each free, in
   // order; the op is the one whose output the buffer became ("" for none).
   std::vector<std::pair<std::string, std::int64_t>> allocations() const {
-    const Trace& trace = est_.trace;
+    const Trace& trace = this->trace();
     std::vector<std::pair<std::string, std::int64_t>> out;
     for (const Event& event : trace.events) {
       if (event.kind == EventKind::Op) continue;
@@ -70,15 +74,22 @@ class Result {
     }
     return out;
   }
-  std::string to_json(int depth) const { return report_json(run_, est_, depth).dump(2); }
+  std::string to_json(int depth) const { return report_json(run_, estimated(), depth).dump(2); }
   void snapshot(const std::string& path) const {
     std::ofstream out(path, std::ios::binary);
-    out << memory_snapshot_pickle(est_.trace);
+    out << memory_snapshot_pickle(trace());
     if (!out) throw py::value_error("cannot write '" + path + "'");
   }
 
  private:
-  Estimate est_;
+  const Trace& trace() const { return est_ ? est_->trace : trace_; }
+  const Estimate& estimated() const {
+    if (!est_) est_ = estimate(std::move(trace_));
+    return *est_;
+  }
+
+  mutable Trace trace_;  // until the estimate takes it
+  mutable std::optional<Estimate> est_;
   RunInfo run_;
 };
 
@@ -146,7 +157,7 @@ class Session {
     trace.parameter_count = parameter_count_;
     run_.model = model;
     run_.dtype = dtype;
-    return Result(estimate(std::move(trace)), run_);
+    return Result(std::move(trace), run_);
   }
 
  private:

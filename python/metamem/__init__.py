@@ -10,8 +10,7 @@
 
 Inside the block tensors live on a fake device (no data is ever
 allocated), every allocation and free is recorded, and module scopes come
-from the nn.Module names. Import metamem before running any backward in the
-process: the autograd engine sizes its device queues at its first one.
+from the nn.Module names.
 """
 
 import contextlib
@@ -157,6 +156,42 @@ class _FakeCuda:
         cuda._initialized, cuda.is_available, cuda.device_count, cuda.current_device = self.saved
 
 
+class _CppMetaKernels:
+    """libtorch's own meta kernels for the trace. Importing torch registers
+    Python meta functions (torch._meta_registrations) on the Meta key above
+    libtorch's C++ kernels for some 1,500 ops, for symbolic shapes; a trace
+    runs every op at the Meta key and needs neither their symbols nor their
+    Python calls (they made a traced step twenty times slower). For the
+    length of the block the registrations with a C++ kernel below are lifted,
+    so that it serves as in metamem's own programs (ops with none keep their
+    Python function), and then made again."""
+
+    def __enter__(self):
+        registrations = torch._meta_registrations
+        self.library = registrations._meta_lib_dont_use_me_use_register_meta
+        self.kernels = []
+        for key in self.library._op_impls:
+            namespace, name, _ = key.split("/")
+            packet, _, overload = name.partition(".")
+            op = getattr(getattr(torch.ops, namespace), packet)
+            op = getattr(op, overload or "default")
+            self.kernels.append((op, op.py_kernels[torch._C.DispatchKey.Meta]))
+        self.library._destroy()
+        self.library = torch.library.Library("aten", "IMPL", "Meta")
+        torch._meta_registrations._meta_lib_dont_use_me_use_register_meta = self.library
+        self.lifted = []
+        for op, kernel in self.kernels:
+            if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Meta"):
+                self.lifted.append((op, kernel))
+            else:
+                self.library.impl(op, kernel)
+        return self
+
+    def __exit__(self, *exc):
+        for op, kernel in self.lifted:
+            self.library.impl(op, kernel)
+
+
 @contextlib.contextmanager
 def _backward_marked(session, scopes):
     """torch.autograd.backward tells the trace where backward begins and ends."""
@@ -241,6 +276,7 @@ def trace(device="cuda", modules=()):
     try:
         with contextlib.ExitStack() as stack:
             stack.enter_context(_FakeCuda() if device == "cuda" else _CudaSkipsInit())
+            stack.enter_context(_CppMetaKernels())
             scopes = stack.enter_context(_ModuleScopes(session))
             stack.enter_context(_swapped(modules, device))
             for module in modules:

@@ -10,13 +10,6 @@ import torchvision
 
 import metamem
 
-# Open on torch 2.14 (strict: each fails until it is mended, then its mark
-# must go). A wrapped Python number comes back from an op on a MetaTensor
-# as a 0-dim tensor of the fake device, which torch's Python binding refuses
-# (pybind_utils: "tensor.device().is_cpu()"): optimizers' and batch norm's
-# arithmetic on Python floats stops there.
-WRAPPED_NUMBERS = pytest.mark.xfail(
-    strict=True, reason="torch 2.14: a wrapped number on the fake device reaches Python (pybind_utils)")
 
 
 def trace_and_run(step, modules=()):
@@ -39,7 +32,6 @@ def training_step(make_model, input_shape, optimizer=torch.optim.SGD, classes=No
     return step
 
 
-@WRAPPED_NUMBERS
 @pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "vgg11", "squeezenet1_0"])
 def test_eager_torchvision_model_is_exact_on_cpu(name):
     make = lambda: getattr(torchvision.models, name)(num_classes=10)
@@ -98,7 +90,6 @@ class Checkpointed(torch.nn.Module):
     (lambda: Checkpointed(reentrant=False), (16, 64)),
     (lambda: Checkpointed(reentrant=True), (16, 64)),
 ], ids=["branch_on_shape", "other_branch", "checkpoint", "checkpoint_reentrant"])
-@WRAPPED_NUMBERS
 def test_python_only_model_is_exact_on_cpu(make, shape):
     def step():
         model = make()
@@ -109,7 +100,6 @@ def test_python_only_model_is_exact_on_cpu(make, shape):
     assert traced == achieved
 
 
-@WRAPPED_NUMBERS
 def test_model_built_before_the_block_runs_on_the_fake_device_and_is_restored():
     model = torchvision.models.resnet18(num_classes=10)
     weight = model.conv1.weight
@@ -161,7 +151,10 @@ def test_reports_render_the_cli_report_model(tmp_path):
         t.table("rows")
 
 
-@WRAPPED_NUMBERS
+# Open on torch 2.14 (strict: mended, the mark goes): the Python meta
+# function torch registers for nonzero raises its own NotImplementedError
+# before metamem can name the op.
+@pytest.mark.xfail(strict=True, reason="torch 2.14's Python meta function for nonzero raises first")
 def test_unsupported_ops_raise_named_errors_and_the_block_restores_everything():
     original_backward = torch.autograd.backward
     for code, op in [(lambda: torch.nonzero(torch.randn(10)), "aten::nonzero"),
@@ -189,7 +182,9 @@ def test_trace_is_read_after_its_block():
     assert t.peak_bytes == 1024
 
 
-@WRAPPED_NUMBERS
+# Open on torch 2.14 (strict): Module.cuda() on the fake cpu reaches the
+# real CUDA runtime ("driver version is insufficient").
+@pytest.mark.xfail(strict=True, reason="torch 2.14: Module.cuda() reaches the CUDA runtime")
 def test_code_written_for_cuda_runs_on_cpu_traced_and_for_real():
     def step():
         model = torch.nn.Linear(64, 64).cuda()

@@ -29,7 +29,7 @@ def test_the_subset_names_real_ops():
 
 # Open on torch 2.14 (strict: mended ones must lose their mark): its CPU
 # kernels for these hold other temporaries than the CPU model says.
-OPEN_ON_2_14 = {"gather", "nn.functional.group_norm", "nn.functional.mse_loss", "linalg.vector_norm"}
+OPEN_ON_2_14 = {"gather", "nn.functional.group_norm", "linalg.vector_norm"}
 
 
 @pytest.mark.parametrize("name", [
