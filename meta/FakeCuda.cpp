@@ -107,7 +107,7 @@ FakeCudaScope::FakeCudaScope()
 FakeCudaScope::~FakeCudaScope() {
   c10::AutogradState::get_tls_state().set_multithreading_enabled(previous_multithreading_);
   exchange_cuda_hooks_table(previous_hooks_table_);
-  cuda_guard_slot().store(static_cast<const c10::impl::DeviceGuardImplInterface*>(previous_guard_));
+  cuda_guard_slot().store(previous_guard_);
 }
 
 }  // namespace metamem

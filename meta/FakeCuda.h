@@ -3,6 +3,10 @@
 // programs do not) and with or without a GPU.
 #pragma once
 
+namespace c10::impl {
+struct DeviceGuardImplInterface;
+}
+
 namespace metamem {
 
 // While alive, CUDA's device guard is a fake one (one device, one stream,
@@ -20,7 +24,7 @@ class FakeCudaScope {
   FakeCudaScope& operator=(const FakeCudaScope&) = delete;
 
  private:
-  const void* previous_guard_;
+  const c10::impl::DeviceGuardImplInterface* previous_guard_;
   void* previous_hooks_table_;
   bool previous_multithreading_;
 };

@@ -124,7 +124,7 @@ at::Tensor to_inner(const at::Tensor& t, BufferList& buffers) {
   if (auto* observer = g_mode.observer.load(std::memory_order_acquire); observer != nullptr && t.is_cpu())
     if (const BufferId id = observer->real_buffer(t.storage().data())) buffers.push_back(id);
   if (t.unsafeGetTensorImpl()->is_wrapped_number()) return t;
-  c10::impl::ForceDispatchKeyGuard outside(keys_outside_meta_mode());
+  OutsideMetaMode outside;
   return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
 }
 
@@ -219,7 +219,7 @@ std::atomic<UnsupportedOpReporter> g_reporter{nullptr};
 thread_local int t_meta_calls = 0;
 
 void call_on_meta(const c10::OperatorHandle& op, torch::jit::Stack& stack) {
-  c10::impl::ForceDispatchKeyGuard guard(keys_outside_meta_mode());
+  OutsideMetaMode outside;
   struct Depth {
     Depth() { ++t_meta_calls; }
     ~Depth() { --t_meta_calls; }
@@ -247,7 +247,7 @@ void call_on_meta(const c10::OperatorHandle& op, torch::jit::Stack& stack) {
 // a pointer in a small CPU tensor they write to: they run for real, outside
 // MetaMode, and their handles reach them untouched.
 void run_for_real(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  c10::impl::ForceDispatchKeyGuard guard(keys_outside_meta_mode());
+  OutsideMetaMode outside;
   op.callBoxed(stack);
 }
 

@@ -159,37 +159,49 @@ class _FakeCuda:
 class _CppMetaKernels:
     """libtorch's own meta kernels for the trace. Importing torch registers
     Python meta functions (torch._meta_registrations) on the Meta key above
-    libtorch's C++ kernels for some 1,500 ops, for symbolic shapes; a trace
+    libtorch's C++ kernels for some 1,300 ops, for symbolic shapes; a trace
     runs every op at the Meta key and needs neither their symbols nor their
-    Python calls (they made a traced step twenty times slower). For the
-    length of the block the registrations with a C++ kernel below are lifted,
-    so that it serves as in metamem's own programs (ops with none keep their
-    Python function), and then made again."""
+    Python calls (they made a traced step twenty times slower). The first
+    block splits torch's registrations in two: those with a C++ kernel below
+    go to a library of their own, lifted for the length of each block so
+    that the C++ kernel serves as in metamem's own programs; the rest (no
+    C++ kernel below) stay registered throughout."""
 
-    def __enter__(self):
+    lifted = None  # (op, Python meta function) pairs above a C++ meta kernel
+    library = None  # where they are registered between blocks
+
+    @classmethod
+    def _split(cls):
         registrations = torch._meta_registrations
-        self.library = registrations._meta_lib_dont_use_me_use_register_meta
-        self.kernels = []
-        for key in self.library._op_impls:
+        kernels = []
+        for key in registrations._meta_lib_dont_use_me_use_register_meta._op_impls:
             namespace, name, _ = key.split("/")
             packet, _, overload = name.partition(".")
-            op = getattr(getattr(torch.ops, namespace), packet)
-            op = getattr(op, overload or "default")
-            self.kernels.append((op, op.py_kernels[torch._C.DispatchKey.Meta]))
-        self.library._destroy()
-        self.library = torch.library.Library("aten", "IMPL", "Meta")
-        torch._meta_registrations._meta_lib_dont_use_me_use_register_meta = self.library
-        self.lifted = []
-        for op, kernel in self.kernels:
+            op = getattr(getattr(getattr(torch.ops, namespace), packet), overload or "default")
+            kernels.append((op, op.py_kernels[torch._C.DispatchKey.Meta]))
+        registrations._meta_lib_dont_use_me_use_register_meta._destroy()
+        kept = torch.library.Library("aten", "IMPL", "Meta")
+        cls.lifted = []
+        for op, kernel in kernels:
             if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Meta"):
-                self.lifted.append((op, kernel))
+                cls.lifted.append((op, kernel))
             else:
-                self.library.impl(op, kernel)
+                kept.impl(op, kernel)
+        registrations._meta_lib_dont_use_me_use_register_meta = kept
+
+    def __enter__(self):
+        cls = type(self)
+        if cls.lifted is None:
+            cls._split()
+        else:
+            cls.library._destroy()
         return self
 
     def __exit__(self, *exc):
-        for op, kernel in self.lifted:
-            self.library.impl(op, kernel)
+        cls = type(self)
+        cls.library = torch.library.Library("aten", "IMPL", "Meta")
+        for op, kernel in cls.lifted:
+            cls.library.impl(op, kernel)
 
 
 @contextlib.contextmanager
