@@ -1,8 +1,9 @@
 // A simulation of PyTorch's CUDA caching allocator (one device, one stream),
 // after c10/cuda/CUDACachingAllocator.cpp: what torch.cuda's
-// max_memory_allocated and max_memory_reserved would report.
+// memory_stats() (max_memory_allocated, max_memory_reserved, ...) would report.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -14,7 +15,31 @@
 
 namespace metamem {
 
-class CachingAllocatorSim {
+// One of c10's allocator statistics: its value now, its peak since the last
+// reset, and what was added to and taken from it in all.
+struct AllocatorStat {
+  std::int64_t current = 0, peak = 0, allocated = 0, freed = 0;
+
+  void increase(std::int64_t amount);
+  void decrease(std::int64_t amount);
+};
+
+// A statistic for all blocks, for the small pool's and for the large pool's,
+// as torch.cuda.memory_stats() names them: "all", "small_pool", "large_pool".
+using AllocatorStatArray = std::array<AllocatorStat, 3>;
+inline constexpr std::array<const char*, 3> kStatPoolNames = {"all", "small_pool", "large_pool"};
+
+// c10::CachingDeviceAllocator::DeviceStats, less what one stream and no
+// max_split_size leave at zero (oversize blocks, retries, OOMs).
+struct AllocatorStats {
+  AllocatorStatArray allocation, segment, active, inactive_split;
+  AllocatorStatArray allocated_bytes, reserved_bytes, active_bytes, inactive_split_bytes, requested_bytes;
+  std::int64_t num_device_alloc = 0, num_device_free = 0, num_sync_all_streams = 0;
+};
+
+// Seen by a tracer, it holds the allocator's state at each moment of the
+// trace (what torch.cuda.memory_allocated() says there).
+class CachingAllocatorSim final : public AllocationObserver {
  public:
   static constexpr std::int64_t kMinBlockSize = 512;
   static constexpr std::int64_t kSmallSize = 1 << 20;        // largest small-pool request
@@ -46,16 +71,26 @@ class CachingAllocatorSim {
   void free(std::uint32_t id);
   // As torch.cuda.reset_peak_memory_stats(): peaks restart from now.
   void reset_peaks();
+  // As torch.cuda.reset_accumulated_memory_stats(): totals restart at zero.
+  void reset_accumulated();
+  // As torch.cuda.empty_cache(): segments that are one free block go back
+  // to the device.
+  void empty_cache();
 
-  std::int64_t allocated_bytes() const { return allocated_; }
-  std::int64_t reserved_bytes() const { return reserved_; }
-  std::int64_t peak_allocated_bytes() const { return peak_allocated_; }
-  std::int64_t peak_reserved_bytes() const { return peak_reserved_; }
+  void on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t) override { malloc(buffer, bytes); }
+  void on_free(std::uint32_t buffer) noexcept override { free(buffer); }
+
+  const AllocatorStats& stats() const { return stats_; }
+  std::int64_t allocated_bytes() const { return stats_.allocated_bytes[0].current; }
+  std::int64_t reserved_bytes() const { return stats_.reserved_bytes[0].current; }
+  std::int64_t peak_allocated_bytes() const { return stats_.allocated_bytes[0].peak; }
+  std::int64_t peak_reserved_bytes() const { return stats_.reserved_bytes[0].peak; }
 
   struct Block {
     std::int64_t segment, size;
     bool allocated;
     bool small_pool;  // from a small-pool (2 MiB) segment
+    std::int64_t requested = 0;  // the bytes asked for, while allocated
   };
   // Blocks by address; segments by base address and size.
   const std::map<std::int64_t, Block>& blocks() const { return blocks_; }
@@ -68,6 +103,10 @@ class CachingAllocatorSim {
   void notify(const char* action, std::int64_t address, std::int64_t size) const {
     if (listener_) listener_({action, address, size});
   }
+  // A block is split while it is not its whole segment.
+  bool is_split(const Block& block) const { return block.size != segments_.at(block.segment); }
+  // Adds `amount` to `stat` for all blocks and for the block's pool.
+  static void add(AllocatorStatArray& stat, bool small_pool, std::int64_t amount);
 
   std::map<std::int64_t, Block> blocks_;
   std::map<std::int64_t, std::int64_t> segments_;
@@ -75,7 +114,7 @@ class CachingAllocatorSim {
   std::vector<std::int64_t> address_of_;  // by id; kUnallocated where it holds no block
   int divisions_;
   std::int64_t next_segment_address_ = 0;
-  std::int64_t allocated_ = 0, reserved_ = 0, peak_allocated_ = 0, peak_reserved_ = 0;
+  AllocatorStats stats_;
   Listener listener_;
 };
 

@@ -6,9 +6,51 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <cstring>
+#include <optional>
 
 namespace metamem {
 namespace {
+
+// What libtorch's CUDA library says of itself without asking a device (the
+// versions of cuDNN and the CUDA runtime it was built with and loads):
+// torch.backends.cudnn asks it. Read from the hooks libtorch registered,
+// before the fake's answers replace them; where they cannot say (metamem's
+// own programs do not load that library), the fake cannot either.
+struct CudaLibraryFacts {
+  bool has_cudnn = false, has_cudart = false, has_cublaslt = false, compiled_with_cudnn = false;
+  bool dilated_cudnn = false, depthwise_cudnn = false;
+  std::optional<long> cudnn, cudnn_runtime, cudnn_frontend, cudart;
+  std::optional<double> batchnorm_min_epsilon;
+};
+
+template <typename T, typename Query>
+std::optional<T> answer(Query&& query) {
+  try {
+    return query();
+  } catch (const c10::Error&) {
+    return std::nullopt;
+  }
+}
+
+const CudaLibraryFacts& cuda_library_facts() {
+  static const CudaLibraryFacts facts = [] {
+    const at::CUDAHooksInterface& hooks = at::detail::getCUDAHooks();
+    CudaLibraryFacts f;
+    f.has_cudnn = hooks.hasCuDNN();
+    f.has_cudart = hooks.hasCUDART();
+    f.has_cublaslt = hooks.hasCuBLASLt();
+    f.compiled_with_cudnn = hooks.compiledWithCuDNN();
+    f.dilated_cudnn = hooks.supportsDilatedConvolutionWithCuDNN();
+    f.depthwise_cudnn = hooks.supportsDepthwiseConvolutionWithCuDNN();
+    f.cudnn = answer<long>([&] { return hooks.versionCuDNN(); });
+    f.cudnn_runtime = answer<long>([&] { return hooks.versionRuntimeCuDNN(); });
+    f.cudnn_frontend = answer<long>([&] { return hooks.versionCuDNNFrontend(); });
+    f.cudart = answer<long>([&] { return hooks.versionCUDART(); });
+    f.batchnorm_min_epsilon = answer<double>([&] { return hooks.batchnormMinEpsilonCuDNN(); });
+    return f;
+  }();
+  return facts;
+}
 
 // One fake CUDA device with one stream; events are no-ops because nothing
 // ever runs asynchronously.
@@ -45,9 +87,34 @@ class FakeCudaGuard final : public c10::impl::DeviceGuardImplInterface {
 // (at::getAccelerator(), which autograd asks for the streams it syncs
 // gradients on), a device and its context, and the generator
 // torch::manual_seed seeds (the fake device's own; meta kernels draw
-// nothing from it).
+// nothing from it); what the CUDA library says of itself stays its answer.
 class FakeCudaHooks final : public at::CUDAHooksInterface {
  public:
+  bool hasCuDNN() const override { return cuda_library_facts().has_cudnn; }
+  bool hasCUDART() const override { return cuda_library_facts().has_cudart; }
+  bool hasCuBLASLt() const override { return cuda_library_facts().has_cublaslt; }
+  bool compiledWithCuDNN() const override { return cuda_library_facts().compiled_with_cudnn; }
+  bool supportsDilatedConvolutionWithCuDNN() const override { return cuda_library_facts().dilated_cudnn; }
+  bool supportsDepthwiseConvolutionWithCuDNN() const override { return cuda_library_facts().depthwise_cudnn; }
+  long versionCuDNN() const override {
+    return cuda_library_facts().cudnn ? *cuda_library_facts().cudnn : CUDAHooksInterface::versionCuDNN();
+  }
+  long versionRuntimeCuDNN() const override {
+    const auto& version = cuda_library_facts().cudnn_runtime;
+    return version ? *version : CUDAHooksInterface::versionRuntimeCuDNN();
+  }
+  long versionCuDNNFrontend() const override {
+    const auto& version = cuda_library_facts().cudnn_frontend;
+    return version ? *version : CUDAHooksInterface::versionCuDNNFrontend();
+  }
+  long versionCUDART() const override {
+    return cuda_library_facts().cudart ? *cuda_library_facts().cudart : CUDAHooksInterface::versionCUDART();
+  }
+  double batchnormMinEpsilonCuDNN() const override {
+    const auto& epsilon = cuda_library_facts().batchnorm_min_epsilon;
+    return epsilon ? *epsilon : CUDAHooksInterface::batchnormMinEpsilonCuDNN();
+  }
+  void deviceSynchronize(c10::DeviceIndex) const override {}
   bool isBuilt() const override { return true; }
   bool isAvailable() const override { return true; }
   bool hasCUDA() const override { return true; }
@@ -85,6 +152,12 @@ void* exchange_cuda_hooks_table(void* table) {
   return previous;
 }
 
+// Returns the real hooks' table, read before the fake answers in its place.
+void* install_fake_cuda_hooks() {
+  cuda_library_facts();
+  return exchange_cuda_hooks_table(virtual_table(FakeCudaHooks()));
+}
+
 // The registry holds its guards forever: this one is never destroyed.
 const FakeCudaGuard* fake_guard() {
   static const auto* guard = new FakeCudaGuard();
@@ -99,7 +172,7 @@ auto& cuda_guard_slot() {
 
 FakeCudaScope::FakeCudaScope()
     : previous_guard_(cuda_guard_slot().exchange(fake_guard())),
-      previous_hooks_table_(exchange_cuda_hooks_table(virtual_table(FakeCudaHooks()))),
+      previous_hooks_table_(install_fake_cuda_hooks()),
       previous_multithreading_(c10::AutogradState::get_tls_state().get_multithreading_enabled()) {
   c10::AutogradState::get_tls_state().set_multithreading_enabled(false);
 }

@@ -281,6 +281,13 @@ bool equal(const at::Tensor& self, const at::Tensor& other) {
   return true;
 }
 
+// isnan is self != self on both devices: a comparison's bool output. A
+// training loop asks it of its loss (with values="placeholder").
+at::Tensor isnan(const at::Tensor& self) {
+  at::TensorBase out;
+  return at::TensorIterator::comparison_op(out, self, self).output();
+}
+
 }  // namespace
 
 std::vector<OwnKernelEntry> layer_kernels() {
@@ -321,6 +328,7 @@ std::vector<OwnKernelEntry> layer_kernels() {
       own("_thnn_fused_gru_cell", TORCH_FN(fused_gru_cell)),
       own("_thnn_fused_gru_cell_backward", TORCH_FN(fused_gru_cell_backward)),
       own("equal", TORCH_FN(equal)),
+      own("isnan", TORCH_FN(isnan)),
   };
 }
 

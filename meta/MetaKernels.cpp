@@ -471,11 +471,16 @@ at::Tensor pixel_unshuffle(const at::Tensor& self, std::int64_t factor) {
   return at::empty(size, self.options().memory_format(self.suggest_memory_format()));
 }
 
+// A fake device has one stream and runs nothing: a tensor used on another
+// stream (FSDP's, a data prefetcher's) is freed as if it were not.
+void record_stream(at::Tensor&, c10::Stream) {}
+
 const std::unordered_map<std::string, OwnKernel>& own_kernels() {
   static const std::unordered_map<std::string, OwnKernel> kernels = [] {
     std::unordered_map<std::string, OwnKernel> all = {
         own("relu", TORCH_FN(relu)),
         own("relu_", TORCH_FN(relu_)),
+        own("record_stream", TORCH_FN(record_stream)),
         own("native_dropout", TORCH_FN(native_dropout)),
         own("native_dropout_backward", TORCH_FN(native_dropout_backward)),
         own("convolution", TORCH_FN(convolution)),

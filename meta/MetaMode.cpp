@@ -218,6 +218,16 @@ std::atomic<UnsupportedOpReporter> g_reporter{nullptr};
 
 thread_local int t_meta_calls = 0;
 
+std::atomic<bool> g_placeholder_values{false};
+
+// Zero as the dtype reads: false, 0 or 0.0.
+c10::Scalar placeholder_value(at::ScalarType dtype) {
+  if (dtype == at::kBool) return c10::Scalar(false);
+  if (c10::isIntegralType(dtype, /*includeBool=*/false)) return c10::Scalar(std::int64_t{0});
+  if (c10::isComplexType(dtype)) return c10::Scalar(c10::complex<double>(0.0, 0.0));
+  return c10::Scalar(0.0);
+}
+
 void call_on_meta(const c10::OperatorHandle& op, torch::jit::Stack& stack) {
   OutsideMetaMode outside;
   struct Depth {
@@ -225,9 +235,14 @@ void call_on_meta(const c10::OperatorHandle& op, torch::jit::Stack& stack) {
     ~Depth() { --t_meta_calls; }
   } depth;
   const auto& schema = op.schema();
-  if (schema.name() == "aten::_local_scalar_dense")
-    unsupported(schema, "reading a tensor's value (.item(), bool(), a branch on it) needs its data, "
-                        "which a trace does not have.");
+  if (schema.name() == "aten::_local_scalar_dense") {
+    if (!g_placeholder_values.load())
+      unsupported(schema, "reading a tensor's value (.item(), bool(), a branch on it) needs its data, "
+                          "which a trace does not have.");
+    const at::ScalarType dtype = stack.back().toTensor().scalar_type();
+    stack.back() = placeholder_value(dtype);
+    return;
+  }
   try {
     const auto own = g_own_kernels.find(&op.operator_name());
     if (own != g_own_kernels.end())
@@ -414,6 +429,9 @@ void register_meta_kernels() {
 bool meta_mode_active() { return g_mode.active.load(); }
 
 OutsideMetaMode::OutsideMetaMode() : keys_(keys_outside_meta_mode()) {}
+
+PlaceholderValues::PlaceholderValues() : previous_(g_placeholder_values.exchange(true)) {}
+PlaceholderValues::~PlaceholderValues() { g_placeholder_values.store(previous_); }
 
 at::Tensor adopt_meta_tensor(const at::Tensor& meta) {
   TORCH_CHECK(meta.is_meta(), "adopt_meta_tensor: expected a meta tensor, got one on ", meta.device());

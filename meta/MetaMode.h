@@ -99,6 +99,22 @@ class OutsideMetaMode {
   c10::impl::ForceDispatchKeyGuard keys_;
 };
 
+// While alive, reading a MetaTensor's value (aten::_local_scalar_dense:
+// .item(), bool(), a branch on it) gives zero of its dtype (false, 0, 0.0)
+// instead of an UnsupportedOpError, so that code that logs a loss or checks
+// it goes on. What it read is not the run's value: a branch taken on it is
+// the one zero takes.
+class PlaceholderValues {
+ public:
+  PlaceholderValues();
+  ~PlaceholderValues();
+  PlaceholderValues(const PlaceholderValues&) = delete;
+  PlaceholderValues& operator=(const PlaceholderValues&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // A plain meta tensor made outside the trace as a MetaTensor of the active
 // MetaMode's fake device, its buffer allocated now (once per storage: tied
 // weights stay one buffer).

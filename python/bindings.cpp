@@ -14,7 +14,9 @@
 #include <optional>
 #include <unordered_map>
 
+#include "estimator/CachingAllocator.h"
 #include "estimator/Estimate.h"
+#include "estimator/Gpu.h"
 #include "estimator/Report.h"
 #include "estimator/Snapshot.h"
 #include "meta/MetaMode.h"
@@ -26,18 +28,72 @@ namespace py = pybind11;
 namespace metamem::python {
 namespace {
 
-// metamem.UnsupportedOpError: torch's bindings raise a PyTorchError as the
-// Python type it names, from wherever in the user's code the op ran.
+// metamem.UnsupportedOpError and its ValueReadError: torch's bindings raise
+// a PyTorchError as the Python type it names, from wherever in the user's
+// code the op ran.
 PyObject* g_unsupported_op_error = nullptr;
+PyObject* g_value_read_error = nullptr;
 
 struct UnsupportedOp final : torch::PyTorchError {
-  using PyTorchError::PyTorchError;
-  PyObject* python_type() override {
-    return g_unsupported_op_error != nullptr ? g_unsupported_op_error : PyExc_NotImplementedError;
-  }
+  UnsupportedOp(const std::string& message, PyObject* type) : PyTorchError(message), type_(type) {}
+  PyObject* python_type() override { return type_ != nullptr ? type_ : PyExc_NotImplementedError; }
+
+ private:
+  PyObject* type_;
 };
 
-void raise_unsupported(const UnsupportedOpError& error) { throw UnsupportedOp(error.what_without_backtrace()); }
+void raise_unsupported(const UnsupportedOpError& error) {
+  const bool read = error.op() == "aten::_local_scalar_dense";
+  throw UnsupportedOp(error.what_without_backtrace(), read ? g_value_read_error : g_unsupported_op_error);
+}
+
+// torch.cuda.memory_stats()'s nested form (torch._C._cuda_memoryStats).
+py::dict memory_stats_dict(const AllocatorStats& stats) {
+  auto stat = [](const AllocatorStat& s) {
+    py::dict d;
+    d["current"] = s.current;
+    d["peak"] = s.peak;
+    d["allocated"] = s.allocated;
+    d["freed"] = s.freed;
+    return d;
+  };
+  auto pools = [&](const AllocatorStatArray& array) {
+    py::dict d;
+    for (std::size_t i = 0; i < array.size(); ++i) d[kStatPoolNames[i]] = stat(array[i]);
+    return d;
+  };
+  py::dict d;
+  d["num_alloc_retries"] = 0;
+  d["num_ooms"] = 0;
+  d["max_split_size"] = -1;  // no max_split_size_mb: c10's SIZE_MAX as an int64
+  d["num_sync_all_streams"] = stats.num_sync_all_streams;
+  d["num_device_alloc"] = stats.num_device_alloc;
+  d["num_device_free"] = stats.num_device_free;
+  d["allocation"] = pools(stats.allocation);
+  d["segment"] = pools(stats.segment);
+  d["active"] = pools(stats.active);
+  d["inactive_split"] = pools(stats.inactive_split);
+  d["allocated_bytes"] = pools(stats.allocated_bytes);
+  d["reserved_bytes"] = pools(stats.reserved_bytes);
+  d["active_bytes"] = pools(stats.active_bytes);
+  d["inactive_split_bytes"] = pools(stats.inactive_split_bytes);
+  d["requested_bytes"] = pools(stats.requested_bytes);
+  d["oversize_allocations"] = stat(AllocatorStat{});
+  d["oversize_segments"] = stat(AllocatorStat{});
+  return d;
+}
+
+py::dict gpu_dict(const GpuSpec& gpu) {
+  py::dict d;
+  d["key"] = std::string(gpu.key);
+  d["name"] = std::string(gpu.name);
+  d["major"] = gpu.major;
+  d["minor"] = gpu.minor;
+  d["multi_processor_count"] = gpu.multi_processor_count;
+  d["total_memory"] = gpu.total_memory;
+  d["L2_cache_size"] = gpu.l2_cache_size;
+  return d;
+}
 
 // What a block's trace says. The peaks are the trace's own; the estimate
 // (node table, allocator replay, memonger plan, timeline) is made when
@@ -93,6 +149,10 @@ class Result {
   RunInfo run_;
 };
 
+struct PlaceholderScope {
+  std::optional<PlaceholderValues> guard;
+};
+
 class Session;
 std::atomic<Session*> g_session{nullptr};
 
@@ -106,6 +166,7 @@ class Session {
       throw py::value_error("device must be 'cpu' or 'cuda', got '" + device + "'");
     run_.device = device;
     tracer_ = std::make_unique<Tracer>(c10::Device(device));
+    tracer_->observe(&allocator_);
     tracer_->begin_step();
     g_session.store(this);
     // torch.optim wraps step() and zero_grad() in these record_function scopes.
@@ -144,6 +205,12 @@ class Session {
       parameter_count_ += p.numel();
     }
   }
+
+  // The simulated CUDA caching allocator at this moment of the trace.
+  py::dict memory_stats() const { return memory_stats_dict(allocator_.stats()); }
+  void reset_peak_memory_stats() { allocator_.reset_peaks(); }
+  void reset_accumulated_memory_stats() { allocator_.reset_accumulated(); }
+  void empty_cache() { allocator_.empty_cache(); }
 
   void push_scope(const std::string& path) { scopes_.emplace_back(std::make_unique<ScopePath>(path)); }
   void pop_scope() {
@@ -190,6 +257,7 @@ class Session {
     return trace;
   }
 
+  CachingAllocatorSim allocator_;  // declared first: the tracer sees it to the end
   std::unique_ptr<Tracer> tracer_;
   at::CallbackHandle callback_ = 0;
   std::vector<std::unique_ptr<ScopePath>> scopes_;
@@ -271,10 +339,27 @@ PYBIND11_MODULE(_metamem, m) {
   using namespace metamem::python;
   m.doc() = "metamem's C++ half; use the metamem package.";
   metamem::set_unsupported_op_reporter(&raise_unsupported);
-  m.def("set_unsupported_op_error", [](py::object type) {
-    Py_XINCREF(type.ptr());
-    g_unsupported_op_error = type.ptr();
+  m.def("set_error_types", [](py::object unsupported_op, py::object value_read) {
+    g_unsupported_op_error = unsupported_op.inc_ref().ptr();
+    g_value_read_error = value_read.inc_ref().ptr();
   });
+  m.def("gpu", [](const std::string& key) {
+    try {
+      return gpu_dict(metamem::find_gpu(key));
+    } catch (const std::invalid_argument& e) {
+      throw py::value_error(e.what());
+    }
+  });
+  m.def("gpu_keys", [] {
+    std::vector<std::string> keys;
+    for (const metamem::GpuSpec& gpu : metamem::known_gpus()) keys.emplace_back(gpu.key);
+    return keys;
+  });
+  // `with PlaceholderValues():` reading a traced tensor's value gives zero.
+  py::class_<PlaceholderScope>(m, "PlaceholderValues")
+      .def(py::init<>())
+      .def("__enter__", [](PlaceholderScope& scope) { scope.guard.emplace(); })
+      .def("__exit__", [](PlaceholderScope& scope, const py::args&) { scope.guard.reset(); });
   py::class_<Result>(m, "Result")
       .def_property_readonly("peak_bytes", &Result::peak_bytes)
       .def_property_readonly("step_peaks", &Result::step_peaks)
@@ -291,6 +376,10 @@ PYBIND11_MODULE(_metamem, m) {
       .def("parameters", &Session::parameters)
       .def("push_scope", &Session::push_scope)
       .def("pop_scope", &Session::pop_scope)
+      .def("memory_stats", &Session::memory_stats)
+      .def("reset_peak_memory_stats", &Session::reset_peak_memory_stats)
+      .def("reset_accumulated_memory_stats", &Session::reset_accumulated_memory_stats)
+      .def("empty_cache", &Session::empty_cache)
       .def("finish", &Session::finish);
   m.def("achieved_cpu", &achieved_cpu, py::arg("step"));
   m.def("cpu_allocations", &cpu_allocations, py::arg("step"));

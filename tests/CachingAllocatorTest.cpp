@@ -105,6 +105,70 @@ TEST(CachingAllocator, ReservedNeverShrinks) {
   EXPECT_EQ(sim.peak_reserved_bytes(), 32 * MiB);
 }
 
+// torch.cuda.memory_stats() per pool, counted as c10 counts them: a free
+// block of a split segment is an inactive split block until it merges back.
+TEST(CachingAllocator, StatsPerPoolAsC10CountsThem) {
+  constexpr int all = 0, small = 1, large = 2;
+  CachingAllocatorSim sim;
+  sim.malloc(1, 100);  // a 2 MiB small segment, split: 512 B out, the rest inactive
+  sim.malloc(2, 5 * MiB);  // a 20 MiB large segment, split: 15 MiB inactive
+  const AllocatorStats& s = sim.stats();
+  EXPECT_EQ(s.requested_bytes[all].current, 100 + 5 * MiB);
+  EXPECT_EQ(s.allocated_bytes[small].current, 512);
+  EXPECT_EQ(s.allocated_bytes[large].current, 5 * MiB);
+  EXPECT_EQ(s.segment[all].current, 2);
+  EXPECT_EQ(s.reserved_bytes[large].current, 20 * MiB);
+  EXPECT_EQ(s.inactive_split[all].current, 2);
+  EXPECT_EQ(s.inactive_split_bytes[small].current, 2 * MiB - 512);
+  EXPECT_EQ(s.inactive_split_bytes[large].current, 15 * MiB);
+
+  sim.malloc(3, 1000);  // from the small remainder, which shrinks by 1 KiB
+  EXPECT_EQ(s.inactive_split[small].current, 1);
+  EXPECT_EQ(s.inactive_split_bytes[small].current, 2 * MiB - 1536);
+  sim.free(1);  // 512 B free beside an allocated block: a second inactive split block
+  EXPECT_EQ(s.inactive_split[small].current, 2);
+  EXPECT_EQ(s.inactive_split_bytes[small].current, 2 * MiB - 1024);
+  sim.free(3);  // merges both neighbours: the segment is whole again
+  EXPECT_EQ(s.inactive_split[small].current, 0);
+  EXPECT_EQ(s.inactive_split[small].peak, 2);
+  EXPECT_EQ(s.inactive_split_bytes[small].current, 0);
+  EXPECT_EQ(s.active[all].current, 1);
+  EXPECT_EQ(s.active_bytes[all].current, 5 * MiB);
+  EXPECT_EQ(s.allocation[small].allocated, 2);
+  EXPECT_EQ(s.allocation[small].freed, 2);
+  EXPECT_EQ(s.requested_bytes[small].freed, 1100);
+  EXPECT_EQ(s.allocated_bytes[all].peak, 5 * MiB + 1536);
+
+  sim.reset_accumulated();
+  EXPECT_EQ(s.allocation[small].allocated, 0);
+  EXPECT_EQ(s.allocated_bytes[all].freed, 0);
+  EXPECT_EQ(s.allocated_bytes[all].current, 5 * MiB);
+  EXPECT_EQ(s.num_device_alloc, 0);
+}
+
+TEST(CachingAllocator, EmptyCacheReleasesSegmentsThatAreOneFreeBlock) {
+  CachingAllocatorSim sim;
+  sim.malloc(1, 30 * MiB);
+  sim.malloc(2, 512);
+  sim.malloc(3, 5 * MiB);
+  sim.free(1);
+  sim.free(3);
+  sim.empty_cache();  // the 30 MiB and 20 MiB segments go; the small one holds a block
+  EXPECT_EQ(sim.reserved_bytes(), 2 * MiB);
+  EXPECT_EQ(sim.peak_reserved_bytes(), 52 * MiB);
+  EXPECT_EQ(sim.stats().segment[0].current, 1);
+  EXPECT_EQ(sim.stats().num_device_free, 2);
+  EXPECT_EQ(sim.stats().num_sync_all_streams, 1);
+  sim.malloc(4, 30 * MiB);  // no cached block left for it
+  EXPECT_EQ(sim.reserved_bytes(), 32 * MiB);
+  EXPECT_EQ(sim.stats().num_device_alloc, 4);
+  sim.free(2);
+  sim.free(4);
+  sim.empty_cache();
+  EXPECT_EQ(sim.reserved_bytes(), 0);
+  EXPECT_TRUE(sim.blocks().empty());
+}
+
 TEST(CachingAllocator, ZeroBytesAllocateNothing) {
   CachingAllocatorSim sim;
   sim.malloc(1, 0);

@@ -53,5 +53,23 @@ TEST(MetaMode, OpWithoutMetaKernelIsNamed) {
   }
 }
 
+TEST(MetaMode, ReadingAValueIsNamedUnlessPlaceholdersAreAsked) {
+  MetaMode mode(c10::Device(c10::kCUDA));
+  const at::Tensor loss = torch::randn({8}).sum();
+  try {
+    loss.item<float>();
+    FAIL() << "a trace has no values; expected UnsupportedOpError";
+  } catch (const UnsupportedOpError& e) {
+    EXPECT_EQ(e.op(), "aten::_local_scalar_dense");
+  }
+  {
+    PlaceholderValues zeros;
+    EXPECT_EQ(loss.item<float>(), 0.0f);
+    EXPECT_FALSE(loss.isnan().item<bool>());
+    EXPECT_EQ(loss.to(at::kLong).item<std::int64_t>(), 0);
+  }
+  EXPECT_THROW(loss.item<float>(), UnsupportedOpError);  // placeholders end with their scope
+}
+
 }  // namespace
 }  // namespace metamem

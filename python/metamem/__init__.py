@@ -21,8 +21,9 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from . import _metamem
+from ._cuda import FakeCudaRuntime, Patches
 
-__all__ = ["trace", "achieved_cpu", "Trace", "UnsupportedOpError"]
+__all__ = ["trace", "achieved_cpu", "gpus", "Trace", "UnsupportedOpError", "ValueReadError"]
 
 
 class UnsupportedOpError(NotImplementedError):
@@ -37,7 +38,15 @@ class UnsupportedOpError(NotImplementedError):
         return message[start + len(marker):].split(" ", 1)[0] if start >= 0 else ""
 
 
-_metamem.set_unsupported_op_error(UnsupportedOpError)
+class ValueReadError(UnsupportedOpError):
+    """Code read a traced tensor's value (loss.item(), `if torch.isnan(loss)`):
+    a trace has shapes, not values. trace(values="placeholder") reads zeros."""
+
+    def __str__(self):
+        return super().__str__() + ' metamem.trace(values="placeholder") reads zeros instead.'
+
+
+_metamem.set_error_types(UnsupportedOpError, ValueReadError)
 
 
 class Trace:
@@ -125,35 +134,36 @@ class _ModuleScopes:
         self.session.pop_scope()
 
 
-class _CudaSkipsInit:
-    """On a fake cpu, code written for CUDA reaches the fake device: torch's
-    lazy CUDA initialisation is skipped, the meta layer puts every tensor on
-    the fake device, and torch.cuda.is_available() keeps its answer."""
+def _on_cpu(value):
+    """A device argument of code written for CUDA, pointed at the CPU."""
+    if isinstance(value, torch.device) and value.type == "cuda":
+        return torch.device("cpu")
+    if isinstance(value, str) and value.startswith("cuda"):
+        return "cpu"
+    return value
+
+
+class _CudaOnFakeCpu:
+    """On a fake cpu, code written for CUDA runs as achieved_cpu runs it on
+    the CPU: Tensor.cuda() is the tensor itself and Tensor.to("cuda") goes
+    to the CPU. torch's lazy CUDA initialisation is skipped, so that a
+    factory's device="cuda" reaches the meta layer, which puts every tensor
+    on the fake device; torch.cuda stays uninitialized, as in the real run."""
 
     def __enter__(self):
-        self.saved = torch.cuda._initialized
-        torch.cuda._initialized = True
+        self.patches = Patches()
+        to = torch.Tensor.to
+
+        def to_cpu(tensor, *args, **kwargs):
+            return to(tensor, *map(_on_cpu, args), **{k: _on_cpu(v) for k, v in kwargs.items()})
+
+        self.patches.set(torch.cuda, "_lazy_init", lambda: None)
+        self.patches.set(torch.Tensor, "cuda", lambda tensor, *args, **kwargs: tensor)
+        self.patches.set(torch.Tensor, "to", to_cpu)
         return self
 
     def __exit__(self, *exc):
-        torch.cuda._initialized = self.saved
-
-
-class _FakeCuda:
-    """What torch.cuda says while a trace runs on fake cuda: initialized, one device."""
-
-    def __enter__(self):
-        cuda = torch.cuda
-        self.saved = (cuda._initialized, cuda.is_available, cuda.device_count, cuda.current_device)
-        cuda._initialized = True
-        cuda.is_available = lambda: True
-        cuda.device_count = lambda: 1
-        cuda.current_device = lambda: 0
-        return self
-
-    def __exit__(self, *exc):
-        cuda = torch.cuda
-        cuda._initialized, cuda.is_available, cuda.device_count, cuda.current_device = self.saved
+        self.patches.restore()
 
 
 class _CppMetaKernels:
@@ -165,10 +175,27 @@ class _CppMetaKernels:
     block splits torch's registrations in two: those with a C++ kernel below
     go to a library of their own, lifted for the length of each block so
     that the C++ kernel serves as in metamem's own programs; the rest (no
-    C++ kernel below) stay registered throughout."""
+    C++ kernel below) stay registered throughout, and name their op as
+    metamem does when they refuse inside a block (nonzero: its size depends
+    on values)."""
 
     lifted = None  # (op, Python meta function) pairs above a C++ meta kernel
     library = None  # where they are registered between blocks
+    tracing = False
+
+    @staticmethod
+    def _naming(op, kernel):
+        def meta(*args, **kwargs):
+            try:
+                return kernel(*args, **kwargs)
+            except NotImplementedError as error:
+                if not _CppMetaKernels.tracing or isinstance(error, UnsupportedOpError):
+                    raise
+                why = str(error)
+            # Raised outside the handler: the refusal's traceback (and the
+            # tensors its frames hold) dies here, as it would have unnamed.
+            raise UnsupportedOpError(f"metamem: no meta kernel for {op.name()} ({op._schema}): {why}")
+        return meta
 
     @classmethod
     def _split(cls):
@@ -186,7 +213,7 @@ class _CppMetaKernels:
             if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Meta"):
                 cls.lifted.append((op, kernel))
             else:
-                kept.impl(op, kernel)
+                kept.impl(op, cls._naming(op, kernel))
         registrations._meta_lib_dont_use_me_use_register_meta = kept
 
     def __enter__(self):
@@ -195,10 +222,12 @@ class _CppMetaKernels:
             cls._split()
         else:
             cls.library._destroy()
+        cls.tracing = True
         return self
 
     def __exit__(self, *exc):
         cls = type(self)
+        cls.tracing = False
         cls.library = torch.library.Library("aten", "IMPL", "Meta")
         for op, kernel in cls.lifted:
             cls.library.impl(op, kernel)
@@ -258,50 +287,74 @@ def _dtype_name(modules):
 class _CudaOnCpu(TorchFunctionMode):
     """Runs code written for CUDA on the CPU: device "cuda" becomes "cpu"."""
 
-    @staticmethod
-    def _cpu(value):
-        if isinstance(value, torch.device) and value.type == "cuda":
-            return torch.device("cpu")
-        if isinstance(value, str) and value.startswith("cuda"):
-            return "cpu"
-        return value
-
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = {k: self._cpu(v) for k, v in (kwargs or {}).items()}
-        args = tuple(self._cpu(a) for a in args)
+        kwargs = {k: _on_cpu(v) for k, v in (kwargs or {}).items()}
+        args = tuple(_on_cpu(a) for a in args)
         if getattr(func, "__name__", "") == "cuda":  # Tensor.cuda()
             return args[0]
         return func(*args, **kwargs)
 
 
+def gpus():
+    """The GPUs a fake-cuda trace can be for (trace(gpu=...)), the default first."""
+    return list(_metamem.gpu_keys())
+
+
 @contextlib.contextmanager
-def trace(device="cuda", modules=()):
+def _real_rng_kept():
+    """torch.manual_seed in the block seeds the real CPU generator too: the
+    trace puts its state back, so that real runs after it draw as before."""
+    state = torch.random.get_rng_state()
+    try:
+        yield
+    finally:
+        torch.random.set_rng_state(state)
+
+
+@contextlib.contextmanager
+def trace(device="cuda", modules=(), gpu="H100-80GB", values="error"):
     """Traces the block on a fake `device` ("cpu" or "cuda") and yields a
     Trace, readable once the block ends. `modules` built before the block
-    run in it on the fake device, their states put back afterwards. On a
+    run in it on the fake device, their states put back afterwards.
+
+    On fake cuda, torch.cuda answers for one `gpu` (metamem.gpus() lists
+    them): its properties, memory statistics from the simulated caching
+    allocator at that moment, streams and events, seeds and RNG state. On a
     fake cpu, code written for CUDA runs on the fake cpu, as achieved_cpu
     runs it on the CPU.
+
+    Reading a traced tensor's value (loss.item(), `if torch.isnan(loss)`)
+    raises ValueReadError; with values="placeholder" it reads zero (False,
+    0, 0.0), so that a loop that logs its loss goes on: what it printed and
+    every branch taken on it are zero's, not the run's.
+
     Leaving the block, also by an exception, restores every state it changed."""
+    if values not in ("error", "placeholder"):
+        raise ValueError(f"values must be 'error' or 'placeholder', got {values!r}")
+    gpu_spec = _metamem.gpu(gpu)  # ValueError for an unknown GPU, before anything changes
     result = Trace(device)
-    session = _metamem.Session(device)
-    finished = False
-    try:
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(_FakeCuda() if device == "cuda" else _CudaSkipsInit())
-            stack.enter_context(_CppMetaKernels())
-            scopes = stack.enter_context(_ModuleScopes(session))
-            stack.enter_context(_swapped(modules, device))
-            for module in modules:
-                scopes.adopt(module)
-            stack.enter_context(_backward_marked(session, scopes))
-            yield result
-            roots = scopes.roots
-        model = "+".join(type(m).__name__ for m in roots) or "python"
-        result._result = session.finish(model, _dtype_name(roots))
-        finished = True
-    finally:
-        if not finished:
-            session.finish("python", "f32")
+    with _real_rng_kept():
+        session = _metamem.Session(device)
+        finished = False
+        try:
+            with contextlib.ExitStack() as stack:
+                stack.enter_context(FakeCudaRuntime(session, gpu_spec) if device == "cuda" else _CudaOnFakeCpu())
+                stack.enter_context(_CppMetaKernels())
+                if values == "placeholder":
+                    stack.enter_context(_metamem.PlaceholderValues())
+                scopes = stack.enter_context(_ModuleScopes(session))
+                stack.enter_context(_swapped(modules, device))
+                for module in modules:
+                    scopes.adopt(module)
+                stack.enter_context(_backward_marked(session, scopes))
+                yield result
+                roots = scopes.roots
+            model = "+".join(type(m).__name__ for m in roots) or "python"
+            result._result = session.finish(model, _dtype_name(roots))
+            finished = True
+        finally:
+            if not finished:
+                session.finish("python", "f32")
 
 
 def achieved_cpu(step, modules=()):
@@ -313,7 +366,7 @@ def achieved_cpu(step, modules=()):
     states = 0
     for module in modules:
         for tensor in list(module.parameters()) + list(module.buffers()):
-            storage = tensor.storage()
+            storage = tensor.untyped_storage()
             if storage.data_ptr() not in held:
                 held.add(storage.data_ptr())
                 states += storage.nbytes()

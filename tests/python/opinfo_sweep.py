@@ -16,8 +16,10 @@ be reported as such instead of ending the sweep.
 
 import argparse
 import collections
+import contextlib
 import dataclasses
 import difflib
+import gc
 import multiprocessing
 import sys
 import time
@@ -84,8 +86,25 @@ def _step(opinfo, sample, seen):
     return step
 
 
+@contextlib.contextmanager
+def _no_collection():
+    """Python's cyclic collector frees tensors held in reference cycles
+    whenever its counters say, within a run or after it: both runs go
+    without it."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def check_sample(opinfo, sample):
     """MATCH, UNSUPPORTED or MISMATCH with what differed; None when the real run itself fails."""
+    with _no_collection():
+        return _check_sample(opinfo, sample)
+
+
+def _check_sample(opinfo, sample):
     real, fake = [], []
     try:
         achieved = metamem.achieved_cpu(_step(opinfo, sample, real))

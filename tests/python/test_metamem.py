@@ -151,10 +151,6 @@ def test_reports_render_the_cli_report_model(tmp_path):
         t.table("rows")
 
 
-# Open on torch 2.14 (strict: mended, the mark goes): the Python meta
-# function torch registers for nonzero raises its own NotImplementedError
-# before metamem can name the op.
-@pytest.mark.xfail(strict=True, reason="torch 2.14's Python meta function for nonzero raises first")
 def test_unsupported_ops_raise_named_errors_and_the_block_restores_everything():
     original_backward = torch.autograd.backward
     for code, op in [(lambda: torch.nonzero(torch.randn(10)), "aten::nonzero"),
@@ -182,9 +178,6 @@ def test_trace_is_read_after_its_block():
     assert t.peak_bytes == 1024
 
 
-# Open on torch 2.14 (strict): Module.cuda() on the fake cpu reaches the
-# real CUDA runtime ("driver version is insufficient").
-@pytest.mark.xfail(strict=True, reason="torch 2.14: Module.cuda() reaches the CUDA runtime")
 def test_code_written_for_cuda_runs_on_cpu_traced_and_for_real():
     def step():
         model = torch.nn.Linear(64, 64).cuda()

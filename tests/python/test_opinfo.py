@@ -40,7 +40,6 @@ def test_op_traces_exactly(name):
     assert outcome.kind == sweep.MATCH, f"{outcome.kind}: {outcome.detail}"
 
 
-@pytest.mark.xfail(strict=True, reason="torch 2.14's Python meta function for nonzero raises before metamem names it")
 def test_an_op_that_reads_values_fails_with_its_name():
     outcome = sweep.check_op(OPS["nonzero"], max_samples=2)
     assert outcome.kind == sweep.UNSUPPORTED and outcome.detail == "aten::nonzero"

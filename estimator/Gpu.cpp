@@ -1,0 +1,48 @@
+#include "estimator/Gpu.h"
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <stdexcept>
+#include <string>
+
+namespace metamem {
+namespace {
+
+constexpr std::int64_t MiB = 1024 * 1024;
+
+// Memory is NVML's total (what nvidia-smi shows; Modal's table of the GPUs
+// it rents, "Why does an NVIDIA H100 80GB card offer 85.52 GB?"); the CUDA
+// runtime's totalGlobalMem, which torch reports, is a little less on some
+// cards (a T4: 15,360 MiB by NVML, 15,110 MiB by deviceQuery). SM counts,
+// compute capabilities and L2 sizes are NVIDIA's datasheets'.
+constexpr std::array kGpus = {
+    GpuSpec{"H100-80GB", "NVIDIA H100 80GB HBM3", 9, 0, 132, 81559 * MiB, 50 * MiB},
+    GpuSpec{"H200", "NVIDIA H200", 9, 0, 132, 143771 * MiB, 50 * MiB},
+    GpuSpec{"A100-80GB", "NVIDIA A100-SXM4-80GB", 8, 0, 108, 81920 * MiB, 40 * MiB},
+    GpuSpec{"A100-40GB", "NVIDIA A100-SXM4-40GB", 8, 0, 108, 40960 * MiB, 40 * MiB},
+    GpuSpec{"L40S", "NVIDIA L40S", 8, 9, 142, 46068 * MiB, 96 * MiB},
+    GpuSpec{"A10", "NVIDIA A10", 8, 6, 72, 23028 * MiB, 6 * MiB},
+    GpuSpec{"L4", "NVIDIA L4", 8, 9, 58, 23034 * MiB, 48 * MiB},
+    GpuSpec{"T4", "Tesla T4", 7, 5, 40, 15360 * MiB, 4 * MiB},
+};
+
+bool same_key(std::string_view a, std::string_view b) {
+  return std::ranges::equal(a, b, [](char x, char y) {
+    return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+  });
+}
+
+}  // namespace
+
+std::span<const GpuSpec> known_gpus() { return kGpus; }
+
+const GpuSpec& find_gpu(std::string_view key) {
+  for (const GpuSpec& gpu : kGpus)
+    if (same_key(gpu.key, key)) return gpu;
+  std::string known;
+  for (const GpuSpec& gpu : kGpus) known += (known.empty() ? "" : ", ") + std::string(gpu.key);
+  throw std::invalid_argument("unknown GPU '" + std::string(key) + "'; known: " + known);
+}
+
+}  // namespace metamem

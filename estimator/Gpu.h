@@ -1,0 +1,27 @@
+// The GPUs a trace can be for, as torch.cuda.get_device_properties() and
+// NVML describe them: what a fake CUDA device answers in their place.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+namespace metamem {
+
+struct GpuSpec {
+  std::string_view key;   // how users name it: "H100-80GB"
+  std::string_view name;  // the device's own name: "NVIDIA H100 80GB HBM3"
+  int major, minor;       // compute capability
+  int multi_processor_count;
+  std::int64_t total_memory;  // bytes
+  std::int64_t l2_cache_size;  // bytes
+};
+
+// The table, first the default (H100-80GB).
+std::span<const GpuSpec> known_gpus();
+
+// The GPU named `key` (any case); std::invalid_argument naming the known
+// keys otherwise.
+const GpuSpec& find_gpu(std::string_view key);
+
+}  // namespace metamem

@@ -1,0 +1,238 @@
+"""What torch.cuda answers while a trace runs on fake cuda.
+
+A training script asks torch.cuda about its device, seeds its generator,
+synchronizes, times with events, reads memory statistics and checkpoints
+with its RNG state. Without a GPU, torch.cuda's Python functions reach the
+CUDA runtime, which has no device; inside a fake-cuda trace they answer for
+one GPU of the chosen kind: its properties from metamem's GPU table, memory
+statistics from the simulated caching allocator at that moment of the
+trace, streams and events that complete at once, a generator that keeps a
+seed and an offset as CUDA's does. Everything patched is put back when the
+trace ends.
+"""
+
+import os
+
+import torch
+
+from . import _metamem
+
+_MISSING = object()
+
+
+class Patches:
+    """Attributes set for a while and put back in reverse order."""
+
+    def __init__(self):
+        self.saved = []
+
+    def set(self, owner, name, value):
+        self.saved.append((owner, name, owner.__dict__.get(name, _MISSING)))
+        setattr(owner, name, value)
+
+    def restore(self):
+        for owner, name, value in reversed(self.saved):
+            if value is _MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
+        self.saved.clear()
+
+
+class DeviceProperties:
+    """torch.cuda.get_device_properties() of the traced GPU (torch's own
+    class cannot be made from Python)."""
+
+    warp_size = 32
+    is_integrated = 0
+    is_multi_gpu_board = 0
+    max_threads_per_multi_processor = 2048
+    regs_per_multiprocessor = 65536
+    gcnArchName = "NA"
+    pci_bus_id = pci_device_id = pci_domain_id = 0
+
+    def __init__(self, gpu):
+        self.name = gpu["name"]
+        self.major = gpu["major"]
+        self.minor = gpu["minor"]
+        self.total_memory = gpu["total_memory"]
+        self.multi_processor_count = gpu["multi_processor_count"]
+        self.L2_cache_size = gpu["L2_cache_size"]
+        self.uuid = "00000000-0000-0000-0000-000000000000"
+
+    def __repr__(self):
+        return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
+                f"total_memory={self.total_memory // (1024 * 1024)}MB, "
+                f"multi_processor_count={self.multi_processor_count}, uuid={self.uuid}, "
+                f"L2_cache_size={self.L2_cache_size // (1024 * 1024)}MB)")
+
+
+class Generator:
+    """The fake device's default generator: a seed and a Philox offset, as
+    CUDA's generator keeps them; its state is the same 16 bytes. Meta
+    kernels draw nothing from it, so the offset stays where it was set."""
+
+    device = torch.device("cuda", 0)
+
+    def __init__(self):
+        self._seed = torch.initial_seed()
+        self._offset = 0
+
+    def manual_seed(self, seed):
+        self._seed = int(seed) & (2**64 - 1)
+        self._offset = 0
+        return self
+
+    def seed(self):
+        self.manual_seed(int.from_bytes(os.urandom(8), "little"))
+        return self._seed
+
+    def initial_seed(self):
+        return self._seed
+
+    def get_state(self):
+        state = self._seed.to_bytes(8, "little") + self._offset.to_bytes(8, "little")
+        return torch.tensor(list(state), dtype=torch.uint8)  # Python data: a real CPU tensor
+
+    def set_state(self, state):
+        data = bytes(state.tolist())
+        if len(data) != 16:
+            raise RuntimeError(f"RNG state must be 16 bytes (a CUDA generator's), got {len(data)}")
+        self._seed = int.from_bytes(data[:8], "little")
+        self._offset = int.from_bytes(data[8:], "little")
+        return self
+
+    def get_offset(self):
+        return self._offset
+
+    def set_offset(self, offset):
+        self._offset = int(offset)
+
+
+class Stream(torch.Stream):
+    """torch.cuda.Stream on the fake device: its one stream, on which waits,
+    queries and synchronizations complete at once (the device guard's)."""
+
+    def __new__(cls, device=None, priority=0, **kwargs):
+        _check_device(device)
+        return super().__new__(cls, device="cuda", priority=priority)
+
+    @property
+    def cuda_stream(self):
+        return 0
+
+
+class Event(torch.Event):
+    """torch.cuda.Event on the fake device: recorded and complete at once.
+    A trace runs no kernels, so elapsed_time says 0.0 ms."""
+
+    def __new__(cls, enable_timing=False, blocking=False, interprocess=False, external=False):
+        return super().__new__(cls, device="cuda", enable_timing=enable_timing)
+
+    def elapsed_time(self, end_event):
+        return 0.0
+
+
+class _CudaRuntime:
+    """torch.cuda.cudart(): what mem_get_info asks of the runtime."""
+
+    def __init__(self, runtime):
+        self.runtime = runtime
+
+    def cudaMemGetInfo(self, device):
+        _check_device(device)
+        return self.runtime.free_bytes(), self.runtime.gpu["total_memory"]
+
+    def cudaProfilerStart(self):
+        return 0
+
+    def cudaProfilerStop(self):
+        return 0
+
+
+def _check_device(device):
+    """The fake has one device: cuda:0."""
+    if device is None:
+        return 0
+    index = device if isinstance(device, int) else torch.device(device).index
+    if index not in (None, -1, 0):
+        raise RuntimeError(f"CUDA error: invalid device ordinal (a fake-cuda trace has one device, "
+                           f"cuda:0; asked for {index})")
+    return 0
+
+
+class FakeCudaRuntime:
+    """Patches torch.cuda for the length of a fake-cuda trace of `session`
+    for the GPU `gpu` (a dict of metamem's GPU table)."""
+
+    def __init__(self, session, gpu):
+        self.session = session
+        self.gpu = gpu
+        self.properties = DeviceProperties(gpu)
+        self.patches = Patches()
+
+    def free_bytes(self):
+        reserved = self.session.memory_stats()["reserved_bytes"]["all"]["current"]
+        return self.gpu["total_memory"] - reserved
+
+    def __enter__(self):
+        cuda, C, set_ = torch.cuda, torch._C, self.patches.set
+        session = self.session
+
+        def properties(device=None):
+            _check_device(device)
+            return self.properties
+
+        def memory_stats(device=None):
+            _check_device(device)
+            return session.memory_stats()
+
+        try:
+            # One device, initialized: torch.cuda's lazy init asks the driver.
+            set_(cuda, "_initialized", True)
+            set_(cuda, "is_available", lambda: True)
+            set_(cuda, "device_count", lambda: 1)
+            set_(cuda, "_cached_device_count", 1)  # torch.cuda.random's own device_count() reads it
+            set_(C, "_cuda_getDeviceCount", lambda: 1)
+            set_(C, "_cuda_getDevice", lambda: 0)
+            set_(C, "_cuda_setDevice", _check_device)
+            set_(cuda, "_exchange_device", _check_device)
+            set_(cuda, "_maybe_exchange_device", _check_device)
+            set_(cuda, "_get_device_properties", properties)
+            set_(C, "_cuda_synchronize", lambda: None)
+            set_(C, "_cuda_ipc_collect", lambda: None)
+            # Streams and events.
+            set_(cuda, "Stream", Stream)
+            set_(cuda, "Event", Event)
+            current = Stream()
+            stream_data = (current.stream_id, current.device_index, current.device_type)
+            set_(C, "_cuda_getCurrentStream", lambda device=0: stream_data)
+            set_(C, "_cuda_getDefaultStream", lambda device=0: stream_data)
+            set_(C, "_cuda_setStream", lambda **kwargs: None)
+            # The default generator (torch.manual_seed seeds it; checkpoint saves its state).
+            set_(cuda, "default_generators", (Generator(),))
+            # Memory, from the simulated caching allocator now.
+            set_(C, "_cuda_memoryStats", memory_stats)
+            set_(C, "_cuda_resetPeakMemoryStats", lambda device=0: session.reset_peak_memory_stats())
+            set_(C, "_cuda_resetAccumulatedMemoryStats",
+                 lambda device=0: session.reset_accumulated_memory_stats())
+            set_(C, "_cuda_emptyCache", session.empty_cache)
+            set_(cuda, "cudart", lambda: _CudaRuntime(self))
+            # GradScaler checks for inf and NaN gradients by reading a value:
+            # in a trace it finds none and steps, as a healthy step does.
+            scaler = torch.amp.grad_scaler.GradScaler
+            set_(scaler, "_maybe_opt_step", _placeholder_reads(scaler._maybe_opt_step))
+        except BaseException:
+            self.patches.restore()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.patches.restore()
+
+
+def _placeholder_reads(method):
+    def reading_zeros(*args, **kwargs):
+        with _metamem.PlaceholderValues():
+            return method(*args, **kwargs)
+    return reading_zeros

@@ -1,0 +1,242 @@
+"""A training script written for a GPU runs unchanged inside
+metamem.trace(device="cuda"): each torch.cuda idiom it uses, answered for
+the traced GPU; on a fake cpu, the idioms that run on a CPU are byte-exact
+against the real CPU run."""
+
+import pytest
+import torch
+import torch.utils.checkpoint as cp
+
+import metamem
+
+MiB = 1024 * 1024
+
+
+def mlp(dropout=0.0):
+    return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Dropout(dropout),
+                               torch.nn.Linear(256, 64))
+
+
+def trace_and_run(step):
+    with metamem.trace(device="cpu") as t:
+        step()
+    return t.peak_bytes, metamem.achieved_cpu(step)
+
+
+def test_device_queries_answer_for_the_traced_gpu():
+    cached_count = torch.cuda._cached_device_count
+    with metamem.trace(device="cuda") as t:
+        assert torch.cuda.is_available() and torch.cuda.device_count() == 1
+        assert torch.cuda.current_device() == 0 and torch.cuda.is_initialized()
+        props = torch.cuda.get_device_properties(0)
+        assert (props.name, props.major, props.minor) == ("NVIDIA H100 80GB HBM3", 9, 0)
+        assert props.total_memory == 81559 * MiB and props.multi_processor_count == 132
+        assert torch.cuda.get_device_name() == props.name
+        assert torch.cuda.get_device_capability("cuda:0") == (9, 0)
+        assert torch.cuda.is_bf16_supported()
+        x = torch.empty(3 * MiB, device="cuda")  # 12 MiB: a 12 MiB segment
+        assert torch.cuda.mem_get_info() == (props.total_memory - 12 * MiB, props.total_memory)
+        del x
+    assert t.peak_bytes == 12 * MiB
+    with metamem.trace(device="cuda", gpu="a100-40gb"):
+        assert torch.cuda.get_device_properties(0).total_memory == 40960 * MiB
+        assert torch.cuda.get_device_capability() == (8, 0)
+    assert metamem.gpus()[0] == "H100-80GB" and "T4" in metamem.gpus()
+    with pytest.raises(ValueError, match="unknown GPU 'H800'; known: H100-80GB"):
+        with metamem.trace(device="cuda", gpu="H800"):
+            pass
+    assert not torch.cuda.is_available() and torch.cuda.default_generators == ()
+    assert torch.cuda._cached_device_count == cached_count and not torch.cuda.is_initialized()
+
+
+def test_synchronize_devices_streams_and_events_complete_at_once():
+    with metamem.trace(device="cuda") as t:
+        torch.cuda.synchronize()
+        torch.cuda.set_device(0)
+        with torch.cuda.device(0):
+            x = torch.randn(256, device="cuda")
+        side = torch.cuda.Stream()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            y = x * 2
+        y.record_stream(side)
+        torch.cuda.current_stream().wait_stream(side)
+        end.record()
+        end.synchronize()
+        assert start.query() and side.query()
+        assert start.elapsed_time(end) == 0.0  # a trace runs no kernels
+        with pytest.raises(RuntimeError, match="invalid device ordinal"):
+            torch.cuda.set_device(1)
+    assert t.peak_bytes == 2 * 1024
+
+
+def test_memory_statistics_follow_the_simulated_caching_allocator():
+    with metamem.trace(device="cuda") as t:
+        x = torch.randn(1024, device="cuda")
+        assert torch.cuda.memory_allocated() == 4096
+        assert torch.cuda.memory_reserved() == 2 * MiB  # a small-pool segment
+        y = torch.empty(30 * MiB // 4, device="cuda")
+        del y
+        assert torch.cuda.memory_allocated() == 4096
+        assert torch.cuda.max_memory_allocated() == 4096 + 30 * MiB
+        assert torch.cuda.memory_reserved() == 32 * MiB  # cached, not given back
+        stats = torch.cuda.memory_stats()
+        assert stats["allocation.all.allocated"] == 2 and stats["allocation.all.freed"] == 1
+        assert stats["segment.large_pool.current"] == 1 and stats["requested_bytes.all.current"] == 4096
+        torch.cuda.reset_peak_memory_stats()
+        assert torch.cuda.max_memory_allocated() == 4096
+        torch.cuda.empty_cache()
+        assert torch.cuda.memory_reserved() == 2 * MiB
+        assert torch.cuda.max_memory_reserved() == 32 * MiB  # peaks stay until reset
+        assert torch.cuda.memory_stats()["num_device_free"] == 1
+        assert "Allocated memory" in torch.cuda.memory_summary()
+        del x
+
+
+def test_peaks_read_at_the_end_of_a_step_are_the_reports():
+    with metamem.trace(device="cuda") as t:
+        model = torch.nn.Linear(1024, 1024).cuda()
+        opt = torch.optim.AdamW(model.parameters())
+        for _ in range(2):
+            model(torch.randn(64, 1024, device="cuda")).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        allocated, reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+    predicted = t.json()["predicted"]
+    assert allocated == predicted["allocator_allocated_peak_bytes"] == t.peak_bytes
+    assert reserved == predicted["allocator_reserved_peak_bytes"]
+
+
+def test_seeds_and_rng_state_and_the_real_generator_kept():
+    state = torch.random.get_rng_state()
+    expected = torch.randn(4)
+    torch.random.set_rng_state(state)
+    with metamem.trace(device="cuda"):
+        torch.manual_seed(0)
+        torch.cuda.manual_seed_all(7)
+        assert torch.cuda.initial_seed() == 7
+        saved = torch.cuda.get_rng_state()
+        assert saved.dtype == torch.uint8 and saved.numel() == 16 and saved.device.type == "cpu"
+        torch.cuda.manual_seed(9)
+        torch.cuda.set_rng_state(saved)
+        assert torch.cuda.initial_seed() == 7
+        with torch.random.fork_rng(device_type="cuda"):
+            torch.cuda.seed()
+        assert torch.cuda.initial_seed() == 7
+    assert torch.equal(torch.randn(4), expected)  # the block's manual_seed(0) was put back
+
+
+def test_autocast_and_grad_scaler():
+    with metamem.trace(device="cuda") as t:
+        model = mlp().cuda()
+        opt = torch.optim.AdamW(model.parameters())
+        scaler = torch.amp.GradScaler("cuda")
+        for _ in range(2):
+            with torch.autocast("cuda", dtype=torch.float16):
+                out = model(torch.randn(32, 64, device="cuda"))
+                assert out.dtype == torch.float16
+            scaler.scale(out.float().sum()).backward()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(opt)  # reads whether a gradient overflowed: in a trace none did
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+    report = t.json()
+    assert report["optimizer"] == "AdamW" and len(t.step_peaks) == 2
+    assert report["model_states"]["optimizer_bytes"] == 2 * report["model_states"]["param_bytes"]
+    with metamem.trace(device="cuda"):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            assert (mlp().cuda()(torch.randn(4, 64, device="cuda"))).dtype == torch.bfloat16
+
+
+class Blocks(torch.nn.Module):
+    def __init__(self, form):
+        super().__init__()
+        self.form = form
+        self.blocks = torch.nn.Sequential(*(mlp(dropout=0.1) for _ in range(4)))
+
+    def forward(self, x):
+        if self.form == "sequential":
+            return cp.checkpoint_sequential(self.blocks, 2, x, use_reentrant=False)
+        for block in self.blocks:
+            x = cp.checkpoint(block, x, use_reentrant=self.form == "reentrant", preserve_rng_state=True)
+        return x
+
+
+@pytest.mark.parametrize("form", ["reentrant", "non_reentrant", "sequential"])
+def test_every_checkpoint_form_traces_on_cuda_and_is_exact_on_cpu(form):
+    def step(device):
+        torch.manual_seed(0)
+        model = Blocks(form).to(device)
+        x = torch.randn(1024, 64, device=device, requires_grad=True)
+        model(x).sum().backward()
+        torch.optim.SGD(model.parameters(), lr=0.1).step()
+
+    with metamem.trace(device="cuda") as checkpointed:
+        step("cuda")
+    with metamem.trace(device="cuda") as plain:
+        model = torch.nn.Sequential(*(mlp(dropout=0.1) for _ in range(4))).cuda()
+        model(torch.randn(1024, 64, device="cuda", requires_grad=True)).sum().backward()
+        torch.optim.SGD(model.parameters(), lr=0.1).step()
+    assert checkpointed.peak_bytes < plain.peak_bytes
+    traced, achieved = trace_and_run(lambda: step("cuda"))  # on the CPU: code written for CUDA
+    assert traced == achieved
+
+
+def test_backend_flags_and_library_versions():
+    cudnn_version = torch.backends.cudnn.version()
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    with metamem.trace(device="cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cuda.enable_flash_sdp(True)
+        assert torch.backends.cudnn.is_available() and torch.backends.cudnn.version() == cudnn_version
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.benchmark = False
+
+
+@pytest.mark.parametrize("move", ["cuda()", "to('cuda')", "to(device)"])
+def test_moving_a_model_to_cuda(move):
+    def step():
+        device = torch.device("cuda:0")
+        model = {"cuda()": lambda m: m.cuda(), "to('cuda')": lambda m: m.to("cuda"),
+                 "to(device)": lambda m: m.to(device)}[move](mlp())
+        x = torch.randn(8, 64).to(device, non_blocking=True)
+        model(x).sum().backward()
+
+    with metamem.trace(device="cuda") as t:
+        step()
+        assert t is not None and next(iter(torch.nn.Linear(2, 2).cuda().parameters())).is_cuda
+    assert t.peak_bytes > 0
+    traced, achieved = trace_and_run(step)
+    assert traced == achieved
+
+
+def test_reading_a_value_is_a_named_error_unless_placeholders_are_asked():
+    for read, op in [(lambda loss: loss.item(), "aten::_local_scalar_dense"),
+                     (lambda loss: bool(torch.isnan(loss)), "aten::_local_scalar_dense")]:
+        with pytest.raises(metamem.ValueReadError, match='values="placeholder"') as error:
+            with metamem.trace(device="cuda"):
+                read(mlp().cuda()(torch.randn(4, 64, device="cuda")).sum())
+        assert error.value.op == op and isinstance(error.value, metamem.UnsupportedOpError)
+
+    logged = []
+    with metamem.trace(device="cuda", values="placeholder") as t:
+        model = mlp().cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(2):
+            loss = model(torch.randn(4, 64, device="cuda")).pow(2).mean()
+            if torch.isnan(loss):  # zero is not NaN: the step goes on
+                break
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            logged.append(f"step {step}: loss {loss.item():.3f}")
+    assert logged == ["step 0: loss 0.000", "step 1: loss 0.000"] and len(t.step_peaks) == 2
+
+    with pytest.raises(ValueError, match="values must be 'error' or 'placeholder'"):
+        with metamem.trace(device="cuda", values="zeros"):
+            pass
+    assert torch.ones(2).sum().item() == 2.0  # real tensors read real values after the block
