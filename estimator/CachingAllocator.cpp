@@ -152,6 +152,8 @@ void CachingAllocatorSim::free(std::uint32_t id) {
   add(stats_.requested_bytes, small_pool, -requested);
 }
 
+namespace {
+
 template <typename Fn>
 void for_each_stat(AllocatorStats& stats, Fn&& fn) {
   for (AllocatorStatArray* array :
@@ -159,6 +161,8 @@ void for_each_stat(AllocatorStats& stats, Fn&& fn) {
         &stats.reserved_bytes, &stats.active_bytes, &stats.inactive_split_bytes, &stats.requested_bytes})
     for (AllocatorStat& stat : *array) fn(stat);
 }
+
+}  // namespace
 
 void CachingAllocatorSim::reset_peaks() {
   for_each_stat(stats_, [](AllocatorStat& stat) { stat.peak = stat.current; });

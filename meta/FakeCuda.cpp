@@ -6,7 +6,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <cstring>
-#include <optional>
+#include <exception>
 
 namespace metamem {
 namespace {
@@ -16,39 +16,49 @@ namespace {
 // torch.backends.cudnn asks it. Read from the hooks libtorch registered,
 // before the fake's answers replace them; where they cannot say (metamem's
 // own programs do not load that library), the fake cannot either.
-struct CudaLibraryFacts {
-  bool has_cudnn = false, has_cudart = false, has_cublaslt = false, compiled_with_cudnn = false;
-  bool dilated_cudnn = false, depthwise_cudnn = false;
-  std::optional<long> cudnn, cudnn_runtime, cudnn_frontend, cudart;
-  std::optional<double> batchnorm_min_epsilon;
+// An answer of the real hooks: its value, or the error they gave.
+template <typename T>
+class Answer {
+ public:
+  template <typename Query>
+  explicit Answer(Query&& query) {
+    try {
+      value_ = query();
+    } catch (const c10::Error&) {
+      error_ = std::current_exception();
+    }
+  }
+  T get() const {
+    if (error_) std::rethrow_exception(error_);
+    return value_;
+  }
+
+ private:
+  T value_{};
+  std::exception_ptr error_;
 };
 
-template <typename T, typename Query>
-std::optional<T> answer(Query&& query) {
-  try {
-    return query();
-  } catch (const c10::Error&) {
-    return std::nullopt;
-  }
-}
+struct CudaLibraryFacts {
+  explicit CudaLibraryFacts(const at::CUDAHooksInterface& hooks)
+      : has_cudnn(hooks.hasCuDNN()),
+        has_cudart(hooks.hasCUDART()),
+        has_cublaslt(hooks.hasCuBLASLt()),
+        compiled_with_cudnn(hooks.compiledWithCuDNN()),
+        dilated_cudnn(hooks.supportsDilatedConvolutionWithCuDNN()),
+        depthwise_cudnn(hooks.supportsDepthwiseConvolutionWithCuDNN()),
+        cudnn([&] { return hooks.versionCuDNN(); }),
+        cudnn_runtime([&] { return hooks.versionRuntimeCuDNN(); }),
+        cudnn_frontend([&] { return hooks.versionCuDNNFrontend(); }),
+        cudart([&] { return hooks.versionCUDART(); }),
+        batchnorm_min_epsilon([&] { return hooks.batchnormMinEpsilonCuDNN(); }) {}
+
+  bool has_cudnn, has_cudart, has_cublaslt, compiled_with_cudnn, dilated_cudnn, depthwise_cudnn;
+  Answer<long> cudnn, cudnn_runtime, cudnn_frontend, cudart;
+  Answer<double> batchnorm_min_epsilon;
+};
 
 const CudaLibraryFacts& cuda_library_facts() {
-  static const CudaLibraryFacts facts = [] {
-    const at::CUDAHooksInterface& hooks = at::detail::getCUDAHooks();
-    CudaLibraryFacts f;
-    f.has_cudnn = hooks.hasCuDNN();
-    f.has_cudart = hooks.hasCUDART();
-    f.has_cublaslt = hooks.hasCuBLASLt();
-    f.compiled_with_cudnn = hooks.compiledWithCuDNN();
-    f.dilated_cudnn = hooks.supportsDilatedConvolutionWithCuDNN();
-    f.depthwise_cudnn = hooks.supportsDepthwiseConvolutionWithCuDNN();
-    f.cudnn = answer<long>([&] { return hooks.versionCuDNN(); });
-    f.cudnn_runtime = answer<long>([&] { return hooks.versionRuntimeCuDNN(); });
-    f.cudnn_frontend = answer<long>([&] { return hooks.versionCuDNNFrontend(); });
-    f.cudart = answer<long>([&] { return hooks.versionCUDART(); });
-    f.batchnorm_min_epsilon = answer<double>([&] { return hooks.batchnormMinEpsilonCuDNN(); });
-    return f;
-  }();
+  static const CudaLibraryFacts facts(at::detail::getCUDAHooks());
   return facts;
 }
 
@@ -96,24 +106,11 @@ class FakeCudaHooks final : public at::CUDAHooksInterface {
   bool compiledWithCuDNN() const override { return cuda_library_facts().compiled_with_cudnn; }
   bool supportsDilatedConvolutionWithCuDNN() const override { return cuda_library_facts().dilated_cudnn; }
   bool supportsDepthwiseConvolutionWithCuDNN() const override { return cuda_library_facts().depthwise_cudnn; }
-  long versionCuDNN() const override {
-    return cuda_library_facts().cudnn ? *cuda_library_facts().cudnn : CUDAHooksInterface::versionCuDNN();
-  }
-  long versionRuntimeCuDNN() const override {
-    const auto& version = cuda_library_facts().cudnn_runtime;
-    return version ? *version : CUDAHooksInterface::versionRuntimeCuDNN();
-  }
-  long versionCuDNNFrontend() const override {
-    const auto& version = cuda_library_facts().cudnn_frontend;
-    return version ? *version : CUDAHooksInterface::versionCuDNNFrontend();
-  }
-  long versionCUDART() const override {
-    return cuda_library_facts().cudart ? *cuda_library_facts().cudart : CUDAHooksInterface::versionCUDART();
-  }
-  double batchnormMinEpsilonCuDNN() const override {
-    const auto& epsilon = cuda_library_facts().batchnorm_min_epsilon;
-    return epsilon ? *epsilon : CUDAHooksInterface::batchnormMinEpsilonCuDNN();
-  }
+  long versionCuDNN() const override { return cuda_library_facts().cudnn.get(); }
+  long versionRuntimeCuDNN() const override { return cuda_library_facts().cudnn_runtime.get(); }
+  long versionCuDNNFrontend() const override { return cuda_library_facts().cudnn_frontend.get(); }
+  long versionCUDART() const override { return cuda_library_facts().cudart.get(); }
+  double batchnormMinEpsilonCuDNN() const override { return cuda_library_facts().batchnorm_min_epsilon.get(); }
   void deviceSynchronize(c10::DeviceIndex) const override {}
   bool isBuilt() const override { return true; }
   bool isAvailable() const override { return true; }

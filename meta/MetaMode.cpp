@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -218,6 +219,9 @@ std::atomic<UnsupportedOpReporter> g_reporter{nullptr};
 
 thread_local int t_meta_calls = 0;
 
+// The op through which .item(), bool() and a branch read a tensor's value.
+constexpr std::string_view kValueRead = "aten::_local_scalar_dense";
+
 std::atomic<bool> g_placeholder_values{false};
 
 // Zero as the dtype reads: false, 0 or 0.0.
@@ -235,7 +239,7 @@ void call_on_meta(const c10::OperatorHandle& op, torch::jit::Stack& stack) {
     ~Depth() { --t_meta_calls; }
   } depth;
   const auto& schema = op.schema();
-  if (schema.name() == "aten::_local_scalar_dense") {
+  if (schema.name() == kValueRead) {
     if (!g_placeholder_values.load())
       unsupported(schema, "reading a tensor's value (.item(), bool(), a branch on it) needs its data, "
                           "which a trace does not have.");
@@ -398,6 +402,8 @@ UnsupportedOpError::UnsupportedOpError(const std::string& op, const std::string&
     : c10::NotImplementedError({__func__, __FILE__, static_cast<std::uint32_t>(__LINE__)},
                                "metamem: no meta kernel for " + op + " (" + schema + "): " + why),
       op_(op) {}
+
+bool UnsupportedOpError::reads_value() const { return op_ == kValueRead; }
 
 MetaMode::MetaMode(c10::Device fake_device, MetaObserver* observer) : keys_(meta_mode_keys()) {
   if (fake_device.type() != c10::kCPU && fake_device.type() != c10::kCUDA)

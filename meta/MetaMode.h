@@ -54,6 +54,8 @@ class UnsupportedOpError : public c10::NotImplementedError {
  public:
   UnsupportedOpError(const std::string& op, const std::string& schema, const std::string& why);
   const std::string& op() const { return op_; }
+  // The op is the one that reads a tensor's value (.item(), bool()).
+  bool reads_value() const;
 
  private:
   std::string op_;

@@ -43,8 +43,8 @@ struct UnsupportedOp final : torch::PyTorchError {
 };
 
 void raise_unsupported(const UnsupportedOpError& error) {
-  const bool read = error.op() == "aten::_local_scalar_dense";
-  throw UnsupportedOp(error.what_without_backtrace(), read ? g_value_read_error : g_unsupported_op_error);
+  throw UnsupportedOp(error.what_without_backtrace(),
+                      error.reads_value() ? g_value_read_error : g_unsupported_op_error);
 }
 
 // torch.cuda.memory_stats()'s nested form (torch._C._cuda_memoryStats).

@@ -188,11 +188,10 @@ class FakeCudaRuntime:
             return session.memory_stats()
 
         try:
-            # One device, initialized: torch.cuda's lazy init asks the driver.
+            # One device, initialized (torch.cuda's lazy init asks the driver):
+            # is_available() and device_count() answer from these two.
             set_(cuda, "_initialized", True)
-            set_(cuda, "is_available", lambda: True)
-            set_(cuda, "device_count", lambda: 1)
-            set_(cuda, "_cached_device_count", 1)  # torch.cuda.random's own device_count() reads it
+            set_(cuda, "_cached_device_count", 1)
             set_(C, "_cuda_getDeviceCount", lambda: 1)
             set_(C, "_cuda_getDevice", lambda: 0)
             set_(C, "_cuda_setDevice", _check_device)
