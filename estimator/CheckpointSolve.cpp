@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <stdexcept>
+#include <string>
 
 namespace metamem {
 namespace {
@@ -260,35 +261,42 @@ ModelStep model_step(const std::vector<ChainStage>& chain, const CheckpointPolic
 }
 
 RotorTable::RotorTable(std::vector<ChainStage> chain, std::int64_t max_memory, int slots)
-    : chain_(std::move(chain)), slot_(std::max<std::int64_t>(1, ceil_div(max_memory, slots))), slots_(slots) {
+    : chain_(std::move(chain)), slots_(slots) {
   const std::size_t n = chain_.size();
+  // The table holds n² (slots + 1) entries of 12 bytes: up to 1.5 GiB.
+  constexpr std::size_t kMaxStages = 8192, kMaxEntries = std::size_t{1} << 27;
+  if (slots < 1) throw std::invalid_argument("rotor needs at least one memory slot, not " + std::to_string(slots));
+  if (n > kMaxStages || n * n * static_cast<std::size_t>(slots + 1) > kMaxEntries)
+    throw std::length_error("rotor's table for " + std::to_string(n) + " stages and " + std::to_string(slots) +
+                            " memory slots would exceed " + std::to_string(kMaxEntries) + " entries");
+  slot_ = std::max<std::int64_t>(1, ceil_div(max_memory, slots));
   cost_.assign(n * n * static_cast<std::size_t>(slots_ + 1), -1);
   choice_.assign(cost_.size(), 0);
   auto up = [&](std::int64_t bytes) { return ceil_div(std::max<std::int64_t>(bytes, 0), slot_); };
-  std::vector<std::int64_t> x(n + 1, 0), kept(n), fwd(n), no_grad(n), bwd(n), flops(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    x[i] = up(chain_[i].input);
-    kept[i] = up(chain_[i].kept);
-    fwd[i] = up(chain_[i].forward_peak);
-    no_grad[i] = up(chain_[i].no_grad_peak);
-    bwd[i] = up(chain_[i].backward_peak);
-    flops[i] = chain_[i].forward_flops;
-  }
-  // x[n] = 0: the last stage's output gradient is the loss's, left out.
+  struct StageSlots {
+    std::int64_t input, kept, forward, no_grad, backward, flops;
+  };
+  std::vector<StageSlots> stage;
+  stage.reserve(n);
+  for (const ChainStage& c : chain_)
+    stage.push_back({up(c.input), up(c.kept), up(c.forward_peak), up(c.no_grad_peak), up(c.backward_peak),
+                     c.forward_flops});
   for (std::size_t d = 0; d < n; ++d) {
     for (std::size_t s = 0; s + d < n; ++s) {
       const std::size_t t = s + d;
-      const std::int64_t gradient = t + 1 < n ? x[t + 1] : 0;
+      // The last stage's output gradient is the loss's, left out.
+      const std::int64_t gradient = t + 1 < n ? stage[t + 1].input : 0;
+      const StageSlots& first = stage[s];
       for (std::int64_t m = 0; m <= slots_; ++m) {
         std::int64_t best = -1;
         std::int32_t pick = 0;
         // Stage s runs with autograd, then the rest.
-        if (gradient + fwd[s] <= m) {
+        if (gradient + first.forward <= m) {
           if (s == t) {
-            if (gradient + kept[s] + bwd[s] <= m) best = flops[s];
-          } else if (m >= kept[s] && kept[s] + x[s + 1] + bwd[s] <= m) {
-            const std::int64_t rest = cost_[index(s + 1, t, m - kept[s])];
-            if (rest >= 0) best = flops[s] + rest;
+            if (gradient + first.kept + first.backward <= m) best = first.flops;
+          } else if (m >= first.kept && first.kept + stage[s + 1].input + first.backward <= m) {
+            const std::int64_t rest = cost_[index(s + 1, t, m - first.kept)];
+            if (rest >= 0) best = first.flops + rest;
           }
         }
         // Segment [s, s'-1] without autograd, its output kept; the rest;
@@ -296,10 +304,10 @@ RotorTable::RotorTable(std::vector<ChainStage> chain, std::int64_t max_memory, i
         std::int64_t forward_flops = 0, forward_peak = 0;
         for (std::size_t next = s + 1; next <= t; ++next) {
           const std::size_t v = next - 1;
-          forward_flops += flops[v];
-          forward_peak = std::max(forward_peak, (v > s ? x[v] : 0) + no_grad[v]);
-          if (gradient + forward_peak > m || m < x[next]) continue;
-          const std::int64_t rest = cost_[index(next, t, m - x[next])];
+          forward_flops += stage[v].flops;
+          forward_peak = std::max(forward_peak, (v > s ? stage[v].input : 0) + stage[v].no_grad);
+          if (gradient + forward_peak > m || m < stage[next].input) continue;
+          const std::int64_t rest = cost_[index(next, t, m - stage[next].input)];
           const std::int64_t again = cost_[index(s, v, m)];
           if (rest < 0 || again < 0) continue;
           const std::int64_t total = forward_flops + rest + again;

@@ -22,8 +22,9 @@ std::vector<memonger::LiveRange> trace_live_ranges(const Trace& trace) {
 TracePlan plan_trace(const Trace& trace, const std::string& algorithm) {
   const memonger::Problem problem(trace_live_ranges(trace));
   TracePlan result;
-  constexpr double kReportSeconds = 0.2;
-  result.plan = memonger::make_planner(algorithm, {kReportSeconds, std::nullopt})->plan(problem);
+  memonger::PlanLimits limits;
+  limits.seconds = 0.2;
+  result.plan = memonger::make_planner(algorithm, limits)->plan(problem);
   result.stats = memonger::compute_statistics(problem, result.plan);
   return result;
 }

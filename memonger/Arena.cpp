@@ -277,11 +277,11 @@ class SqueakyWheel {
   SqueakyWheel(const ItemTable& t, Items order)
       : t_(t), neighbours_(t), order_(std::move(order)), stretch_(1, std::max<std::size_t>(order_.size() / 40, 1)) {}
 
-  // Up to `passes` passes at `height`, until `deadline`; true with `found`.
-  bool fit(std::int64_t height, std::int64_t passes, std::chrono::steady_clock::time_point deadline,
-           Placement& found) {
+  // Up to `passes` passes at `height`, within `budget`; true with `found`.
+  bool fit(std::int64_t height, std::int64_t passes, const Budget& budget, Placement& found) {
     Items unplaced;
-    for (std::int64_t pass = 0; pass < passes && std::chrono::steady_clock::now() < deadline; ++pass) {
+    for (std::int64_t pass = 0; pass < passes && !budget.exhausted(); ++pass) {
+      budget.spent += static_cast<std::int64_t>(order_.size());
       unplaced.clear();
       std::optional<Placement> placement = pack(t_, order_, height, NeighbourLists::Placed(neighbours_), &unplaced);
       if (unplaced.empty()) {
@@ -316,8 +316,7 @@ class SqueakyWheel {
 
 }  // namespace
 
-Placement arena_squeaky_wheel(const Problem& p, const Items& items, Placement start,
-                              std::chrono::steady_clock::time_point deadline) {
+Placement arena_squeaky_wheel(const Problem& p, const Items& items, Placement start, const Budget& budget) {
   const ItemTable table(p, items);
   SqueakyWheel wheel(table, order_by(p, items, [](const LiveRange& r, std::int64_t b) {
                        return static_cast<double>(b) * static_cast<double>(r.last - r.first + 1);
@@ -327,10 +326,10 @@ Placement arena_squeaky_wheel(const Problem& p, const Items& items, Placement st
   Placement best = std::move(start);
   const std::int64_t smallest = std::max<std::int64_t>(best.height / 4096, 1);
   std::int64_t step = std::max((best.height - best.bound) / 16, smallest);
-  while (best.height > best.bound && std::chrono::steady_clock::now() < deadline) {
+  while (best.height > best.bound && !budget.exhausted()) {
     step = std::min(step, best.height - best.bound);
     Placement found;
-    if (wheel.fit(best.height - step, 64, deadline, found)) {
+    if (wheel.fit(best.height - step, 64, budget, found)) {
       found.bound = best.bound;
       best = std::move(found);
     } else {

@@ -326,17 +326,19 @@ Placement arena_search(const Problem& problem, const Items& items, Placement sta
   CanonicalSearch search(in);
   Placement best = std::move(start);
   best.bound = std::max(best.bound, items_lower_bound(problem, items));
-  auto out_of_time = [&] { return Clock::now() > limits.deadline; };
+  const Budget& budget = limits.budget;
 
   // Do the items fit below `capacity`? Each preorder in turn, with node
   // limits doubling, up to `node_budget` nodes in all.
   auto decide = [&](std::int64_t capacity, std::int64_t node_budget) {
     for (std::int64_t limit = 2 * static_cast<std::int64_t>(in.size()) + 2;; limit *= 2)
       for (std::string_view preorder : kPreorders) {
-        if (node_budget <= 0 || out_of_time()) return Outcome::kStopped;
+        if (node_budget <= 0 || budget.exhausted()) return Outcome::kStopped;
         const std::int64_t before = search.nodes();
-        const Outcome o = search.run(capacity, preorder, std::min(limit, node_budget), limits.deadline);
+        const Outcome o = search.run(capacity, preorder, std::min({limit, node_budget, budget.work - budget.spent}),
+                                     budget.deadline);
         node_budget -= search.nodes() - before;
+        budget.spent += search.nodes() - before;
         if (o != Outcome::kStopped) return o;
       }
   };
@@ -361,19 +363,19 @@ Placement arena_search(const Problem& problem, const Items& items, Placement sta
   // Minimisation: binary search between the proven bound and the best plan,
   // over multiples of the sizes' gcd (a canonical plan's height is a sum of
   // sizes). A height whose decision runs out of nodes is skipped, and the
-  // open range searched again with four times the nodes, until time runs out.
+  // open range searched again with four times the nodes, until the budget is spent.
   std::int64_t unit = 0;
   for (std::int64_t bytes : in.bytes) unit = std::gcd(unit, bytes);
   if (unit == 0) return best;
   best.bound = (best.bound + unit - 1) / unit * unit;
-  for (std::int64_t budget = 64 * static_cast<std::int64_t>(in.size()) + 1024;
-       best.bound < best.height && !out_of_time(); budget *= 4) {
+  for (std::int64_t nodes = 64 * static_cast<std::int64_t>(in.size()) + 1024;
+       best.bound < best.height && !budget.exhausted(); nodes *= 4) {
     std::int64_t low = best.bound / unit, high = (best.height - 1) / unit;
     bool first = true;
-    while (low <= high && !out_of_time()) {
+    while (low <= high && !budget.exhausted()) {
       const std::int64_t target = first ? low : low + (high - low) / 2;  // the bound is often exact
       first = false;
-      const Outcome o = decide(target * unit, budget);
+      const Outcome o = decide(target * unit, nodes);
       if (o == Outcome::kFound) {
         take_found();
         high = (best.height - 1) / unit;

@@ -37,15 +37,26 @@ Placement shared_optimal(const Problem& problem, const Items& items, std::int64_
 // a fixed height from both ends, searched down towards the lower bound.
 Placement arena_best_fit(const Problem& problem, const Items& items);
 
-// Squeaky wheel optimisation: packings into a fixed height in a learnt
-// priority order (Arena.cpp), heights stepped down from `start`'s until
-// `deadline`. Proves nothing: bound as `start`'s.
-Placement arena_squeaky_wheel(const Problem& problem, const Items& items, Placement start,
-                              std::chrono::steady_clock::time_point deadline);
-
-// What the exact search may spend, and in decision mode the height to reach.
-struct SearchLimits {
+// What a search may spend: it stops at `deadline`, or once the work spent
+// on the whole plan (`spent`, shared by its searches one after another)
+// reaches `work`.
+struct Budget {
   std::chrono::steady_clock::time_point deadline;
+  std::int64_t work;
+  std::int64_t& spent;
+  bool exhausted() const { return spent >= work || std::chrono::steady_clock::now() > deadline; }
+};
+
+// Squeaky wheel optimisation: packings into a fixed height in a learnt
+// priority order (Arena.cpp), heights stepped down from `start`'s until the
+// budget is spent (a packing costs one unit per range). Proves nothing:
+// bound as `start`'s.
+Placement arena_squeaky_wheel(const Problem& problem, const Items& items, Placement start, const Budget& budget);
+
+// What the exact search may spend (a node costs one unit), and in decision
+// mode the height to reach.
+struct SearchLimits {
+  Budget budget;
   std::optional<std::int64_t> capacity;
 };
 
@@ -53,8 +64,8 @@ struct SearchLimits {
 // (ArenaSearch.cpp), started from `start`. With a capacity: the first
 // placement within it, or `start` with a bound above it if none exists.
 // Without: the lowest placement, binary-searched between the proven bound
-// and the best found. Anytime: at the deadline, the best so far and the
-// bound proven so far.
+// and the best found. Anytime: when its budget is spent, the best so far
+// and the bound proven so far.
 Placement arena_search(const Problem& problem, const Items& items, Placement start,
                        const SearchLimits& limits);
 

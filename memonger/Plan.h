@@ -56,8 +56,12 @@ class Planner {
 
 // What a plan must reach and may cost; only the exact search reads them.
 struct PlanLimits {
-  std::optional<double> seconds;         // time limit: 10 s for "exact", 1 s within "auto"
+  std::optional<double> seconds;         // time limit: 10 s for "exact", 1 s within "auto" (10 s with a capacity)
   std::optional<std::int64_t> capacity;  // decision: the first plan within it will do
+  // Work limit: nodes of the exact search plus ranges the squeaky wheel
+  // places. Unlike a time limit it gives the same plan on any machine. None
+  // by default; whichever limit comes first ends the search.
+  std::optional<std::int64_t> work;
 };
 
 // "greedy" and "dp" (Caffe2's shared buffers: a buffer costs its largest

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <limits>
 
 #include "memonger/Placement.h"
 
@@ -53,6 +54,9 @@ constexpr std::int64_t kDpNodeLimit = 2'000'000;
 constexpr std::size_t kAutoDpRanges = 24;         // auto tries the shared-buffer search up to this size
 constexpr std::size_t kAutoExactRanges = 2'000;  // and the exact arena search up to this size
 constexpr double kExactSeconds = 10;
+// auto's exact search when minimising: its plan is one candidate of several.
+// A decision (a capacity) gets exact's own limit: giving up says nothing,
+// and MiniMalloc's hardest take 1 s on an idle machine.
 constexpr double kAutoExactSeconds = 1;
 
 // Pinned ranges first, then `place` on the rest.
@@ -81,11 +85,11 @@ std::unique_ptr<Planner> bestfit() { return std::make_unique<PlacementPlanner>("
 // Best fit first, then the exact search from its plan. The clock starts
 // with the best-fit plan, so the time limit covers all of it. Minimising
 // from a plan more than 1% above max live bytes, the search gets half the
-// time (small instances are proved there); if it proves nothing, the
-// squeaky wheel takes three eighths, being better on large instances
+// time and work (small instances are proved there); if it proves nothing,
+// the squeaky wheel takes three eighths, being better on large instances
 // without slack (where the search's mistakes show only after its node
 // limits), and the search goes on from its plan. Nearer the bound, the
-// search's own fine steps do better, and it gets all the time.
+// search's own fine steps do better, and it gets all of both.
 std::unique_ptr<Planner> exact(const PlanLimits& limits, double default_seconds) {
   return std::make_unique<PlacementPlanner>("exact", [limits, default_seconds](const Problem& p,
                                                                                 const Items& items) {
@@ -93,7 +97,13 @@ std::unique_ptr<Planner> exact(const PlanLimits& limits, double default_seconds)
     const auto seconds = std::chrono::duration_cast<Clock::duration>(
         std::chrono::duration<double>(limits.seconds.value_or(default_seconds)));
     const auto start = Clock::now();
-    SearchLimits search{start + seconds, std::nullopt};
+    const std::int64_t work = limits.work.value_or(std::numeric_limits<std::int64_t>::max());
+    std::int64_t spent = 0;
+    // The budget up to `eighths` of both limits: what a phase leaves is the next one's.
+    auto until = [&](int eighths) {
+      return Budget{start + seconds * eighths / 8, eighths == 8 ? work : work / 8 * eighths, spent};
+    };
+    SearchLimits search{until(8), std::nullopt};
     Placement plan = arena_best_fit(p, items);
     if (limits.capacity) {
       std::int64_t pinned = 0;
@@ -101,9 +111,9 @@ std::unique_ptr<Planner> exact(const PlanLimits& limits, double default_seconds)
         if (p.ranges()[i].pinned) pinned += p.bytes(i);
       search.capacity = *limits.capacity - pinned;
     } else if ((plan.height - plan.bound) * 100 > plan.height) {
-      plan = arena_search(p, items, std::move(plan), {start + seconds / 2, std::nullopt});
+      plan = arena_search(p, items, std::move(plan), {until(4), std::nullopt});
       if (plan.height == plan.bound) return plan;
-      plan = arena_squeaky_wheel(p, items, std::move(plan), start + 7 * seconds / 8);
+      plan = arena_squeaky_wheel(p, items, std::move(plan), until(7));
     }
     return arena_search(p, items, std::move(plan), search);
   });
@@ -120,7 +130,8 @@ class AutoPlanner final : public Planner {
   std::string name() const override { return "auto"; }
   Plan plan(const Problem& p) const override {
     const std::size_t n = unpinned(p);
-    Plan best = n <= kAutoExactRanges ? exact(limits_, kAutoExactSeconds)->plan(p) : bestfit()->plan(p);
+    const double seconds = limits_.capacity ? kExactSeconds : kAutoExactSeconds;
+    Plan best = n <= kAutoExactRanges ? exact(limits_, seconds)->plan(p) : bestfit()->plan(p);
     auto consider = [&](Plan candidate) {
       const std::int64_t bound = std::max(best.proven_bound_bytes, candidate.proven_bound_bytes);
       if (candidate.planned_bytes < best.planned_bytes) best = std::move(candidate);

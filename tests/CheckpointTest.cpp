@@ -291,6 +291,13 @@ TEST(Rotor, EqualsBruteForceOnSmallChains) {
   }
 }
 
+TEST(Rotor, RefusesATableItCannotHold) {
+  const std::vector<ChainStage> chain(4);
+  EXPECT_THROW(RotorTable(chain, 1 << 20, 0), std::invalid_argument);
+  EXPECT_THROW(RotorTable(chain, 1 << 20, 1 << 24), std::length_error);  // 16 × 2^24 entries
+  EXPECT_NO_THROW(RotorTable(chain, 1 << 20, 1 << 20));
+}
+
 TEST(Checkpoint, PoliciesRoundTripAndBadOnesAreNamed) {
   EXPECT_EQ(to_string(parse_policy("0-3[1-2],5,7-11")), "0-3[1-2],5,7-11");
   EXPECT_EQ(to_string(parse_policy("none")), "none");

@@ -243,13 +243,24 @@ TEST(Exact, StopsAtItsTimeLimitWithTheBestSoFar) {
   EXPECT_GT(plan.planned_bytes, plan.proven_bound_bytes);
 }
 
+// A work limit ends the search where a time limit would not: the same plan
+// on every run, better than best fit's.
+TEST(Exact, StopsAtItsWorkLimitWithTheSamePlanEveryRun) {
+  const Problem problem(testing::perfect_packing(1 << 20, 1000, 1000, 1));
+  const PlanLimits limits{3600.0, std::nullopt, 1'000'000};
+  const Plan plan = plan_with("exact", problem, limits);
+  EXPECT_EQ(plan_with("exact", problem, limits).offsets, plan.offsets);
+  EXPECT_LT(plan.planned_bytes, plan_with("bestfit", problem).planned_bytes);
+  EXPECT_GT(plan.planned_bytes, plan_with("exact", problem, {3600.0, std::nullopt, 4'000'000}).planned_bytes);
+}
+
 // The benchmark's 1,000-piece packing (best fit: 1.36 W). The search alone
 // reached 1.20 W in 10 s; with the squeaky wheel between its two halves,
-// 1.01-1.02 W here, and 1.03 W with 4 s, so the bound leaves room for a
-// slower machine.
+// 1.03 W after 20 million units of work (11 s here; the same plan on a
+// slower machine or under sanitizers, only later), 1.05 W after 12 million.
 TEST(Exact, ThousandPiecePerfectPackingWithinFivePercentOfItsWidth) {
   const Problem problem(testing::perfect_packing(1 << 20, 1000, 1000, 1));
-  const Plan plan = plan_with("exact", problem, {10.0, std::nullopt});
+  const Plan plan = plan_with("exact", problem, {3600.0, std::nullopt, 20'000'000});
   EXPECT_LE(plan.planned_bytes, (1 << 20) + (1 << 20) / 20);
   EXPECT_EQ(plan.proven_bound_bytes, 1 << 20);
 }
@@ -263,6 +274,13 @@ TEST_P(MiniMallocChallenging, FitsInItsCapacity) {
   ASSERT_EQ(table.layout, RangeLayout::kMiniMalloc);
   const Problem problem(table.ranges);
   const Plan plan = plan_with("exact", problem, {60.0, testing::kMiniMallocCapacity});
+  EXPECT_LE(plan.planned_bytes, testing::kMiniMallocCapacity);
+}
+
+// `plan --capacity` without --time-limit: "auto" with its default limits.
+TEST_P(MiniMallocChallenging, AutoDecidesItWithinItsDefaultTimeLimit) {
+  const Problem problem(testing::minimalloc_challenging(GetParam()).ranges);
+  const Plan plan = plan_with("auto", problem, {std::nullopt, testing::kMiniMallocCapacity});
   EXPECT_LE(plan.planned_bytes, testing::kMiniMallocCapacity);
 }
 
