@@ -2,12 +2,14 @@
 
 #include <ATen/ExpandUtils.h>
 #include <ATen/Parallel.h>
+#include <ATen/TensorUtils.h>
 #include <ATen/core/Reduction.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/TypeProperties.h>
 #include <c10/core/WrapDimMinimal.h>
 
 #include <algorithm>
+#include <numeric>
 #include <unordered_map>
 #include <vector>
 
@@ -344,6 +346,100 @@ std::int64_t roll(Args args, Args returns) {
   const std::int64_t dims = static_cast<std::int64_t>(args[2].toIntVector().size());
   if (dims == 0) return copy_unless_contiguous(self);
   return std::max<std::int64_t>(dims - 1, 0) * bytes_of(returns[0].toTensor());
+}
+
+// MKL's FFTs (_exec_fft) put the batch dimensions first, largest stride
+// first, and the transformed ones after them in the order given, then
+// collapse the batch dimensions into one: the input is copied unless its
+// strides allow that view and it has no zero stride (an expanded gradient
+// is copied; measured). The output is contiguous in that order and
+// permuted back.
+struct FftExecution {
+  std::int64_t input_copy = 0;
+  std::vector<std::int64_t> out_strides;
+};
+
+FftExecution mkl_fft(at::IntArrayRef sizes, at::IntArrayRef strides, std::int64_t element_bytes,
+                     at::IntArrayRef out_sizes, at::IntArrayRef dim) {
+  const std::size_t ndim = sizes.size(), batch_dims = ndim - dim.size();
+  // The same partition and sort as the kernel's: equal strides keep its order.
+  std::vector<std::int64_t> order(ndim);
+  std::iota(order.begin(), order.end(), std::int64_t{0});
+  std::vector<bool> transformed(ndim, false);
+  for (std::int64_t d : dim) transformed[d] = true;
+  const auto batch_end = std::partition(order.begin(), order.end(), [&](std::int64_t d) { return !transformed[d]; });
+  std::sort(order.begin(), batch_end, [&](std::int64_t a, std::int64_t b) { return strides[a] > strides[b]; });
+  std::copy(dim.begin(), dim.end(), batch_end);
+
+  std::vector<std::int64_t> permuted_sizes, permuted_strides, batched{1}, batched_out{1};
+  for (std::size_t i = 0; i < ndim; ++i) {
+    permuted_sizes.push_back(sizes[order[i]]);
+    permuted_strides.push_back(strides[order[i]]);
+    if (i < batch_dims) {
+      batched[0] *= sizes[order[i]];
+    } else {
+      batched.push_back(sizes[order[i]]);
+      batched_out.push_back(out_sizes[order[i]]);
+    }
+  }
+  batched_out[0] = batched[0];
+  FftExecution result;
+  const auto view = at::detail::computeStride(permuted_sizes, permuted_strides, batched);
+  if (!view || std::find(view->begin(), view->end(), 0) != view->end())
+    result.input_copy = numel(sizes) * element_bytes;
+
+  std::vector<std::int64_t> contiguous(batched_out.size(), 1);
+  for (std::size_t i = batched_out.size() - 1; i > 0; --i) contiguous[i - 1] = contiguous[i] * batched_out[i];
+  result.out_strides.assign(ndim, 0);
+  std::int64_t batch_numel = 1;
+  for (std::size_t i = batch_dims; i-- > 0;) {
+    result.out_strides[order[i]] = batch_numel * contiguous[0];
+    batch_numel *= out_sizes[order[i]];
+  }
+  for (std::size_t i = batch_dims; i < ndim; ++i) result.out_strides[order[i]] = contiguous[1 + i - batch_dims];
+  return result;
+}
+
+// The kernels transform in the order of the input's strides, largest first
+// (a one-sided transform's last dimension stays last).
+std::vector<std::int64_t> fft_order(const at::Tensor& self, std::vector<std::int64_t> dim, bool keep_last) {
+  std::sort(dim.begin(), dim.end() - (keep_last ? 1 : 0),
+            [&](std::int64_t a, std::int64_t b) { return self.stride(a) > self.stride(b); });
+  return dim;
+}
+
+std::int64_t fft_r2c(Args args, Args) {
+  const at::Tensor& self = args[0].toTensor();
+  const std::vector<std::int64_t> dim = args[1].toIntVector();
+  std::vector<std::int64_t> out_sizes = self.sizes().vec();
+  if (args[3].toBool()) out_sizes[dim.back()] = out_sizes[dim.back()] / 2 + 1;
+  return mkl_fft(self.sizes(), self.strides(), element_size(self), out_sizes, fft_order(self, dim, true)).input_copy;
+}
+
+std::int64_t fft_c2c(Args args, Args) {
+  const at::Tensor& self = args[0].toTensor();
+  return mkl_fft(self.sizes(), self.strides(), element_size(self), self.sizes(),
+                 fft_order(self, args[1].toIntVector(), false))
+      .input_copy;
+}
+
+// A transform over several dimensions is a complex one over all but the
+// last (its result held to the end, its copy freed before the output is
+// made), then the real one over the last.
+std::int64_t fft_c2r(Args args, Args returns) {
+  const at::Tensor& self = args[0].toTensor();
+  std::vector<std::int64_t> dim = args[1].toIntVector();
+  std::vector<std::int64_t> out_sizes = self.sizes().vec();
+  out_sizes[dim.back()] = args[3].toInt();
+  if (dim.size() == 1)
+    return mkl_fft(self.sizes(), self.strides(), element_size(self), out_sizes, dim).input_copy;
+  const std::int64_t last = dim.back();
+  dim.pop_back();
+  const FftExecution complex = mkl_fft(self.sizes(), self.strides(), element_size(self), self.sizes(),
+                                       fft_order(self, dim, false));
+  const FftExecution real = mkl_fft(self.sizes(), complex.out_strides, element_size(self), out_sizes, {last});
+  const std::int64_t held = bytes_of(self);
+  return std::max(held + complex.input_copy - bytes_of(returns[0].toTensor()), held + real.input_copy);
 }
 
 // Sorting fills the indices from an arange along the sorted dimension.
@@ -794,6 +890,9 @@ ScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::index_select", &index_select},
       {"aten::roll", &roll},
       {"aten::sort", &sort},
+      {"aten::_fft_r2c", &fft_r2c},
+      {"aten::_fft_c2c", &fft_c2c},
+      {"aten::_fft_c2r", &fft_c2r},
       {"aten::sort.stable", &sort},
       {"aten::normal.Tensor_Tensor", &normal_tensors},
       {"aten::normal.float_Tensor", &normal_mean_number},

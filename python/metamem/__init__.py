@@ -177,11 +177,18 @@ class _CppMetaKernels:
     that the C++ kernel serves as in metamem's own programs; the rest (no
     C++ kernel below) stay registered throughout, and name their op as
     metamem does when they refuse inside a block (nonzero: its size depends
-    on values)."""
+    on values). Those that follow the device's kernel (FFTs lay out their
+    output as MKL or cuFFT does) ask torch._meta_registrations.device_hint,
+    which takes a meta tensor for CUDA's: in a block it answers the fake
+    device."""
 
     lifted = None  # (op, Python meta function) pairs above a C++ meta kernel
     library = None  # where they are registered between blocks
     tracing = False
+
+    def __init__(self, device):
+        self.device = device
+        self.patches = Patches()
 
     @staticmethod
     def _naming(op, kernel):
@@ -223,9 +230,11 @@ class _CppMetaKernels:
         else:
             cls.library._destroy()
         cls.tracing = True
+        self.patches.set(torch._meta_registrations, "device_hint", lambda tensor: self.device)
         return self
 
     def __exit__(self, *exc):
+        self.patches.restore()
         cls = type(self)
         cls.tracing = False
         cls.library = torch.library.Library("aten", "IMPL", "Meta")
@@ -339,7 +348,7 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error"):
         try:
             with contextlib.ExitStack() as stack:
                 stack.enter_context(FakeCudaRuntime(session, gpu_spec) if device == "cuda" else _CudaOnFakeCpu())
-                stack.enter_context(_CppMetaKernels())
+                stack.enter_context(_CppMetaKernels(device))
                 if values == "placeholder":
                     stack.enter_context(_metamem.PlaceholderValues())
                 scopes = stack.enter_context(_ModuleScopes(session))

@@ -170,6 +170,25 @@ def test_unsupported_ops_raise_named_errors_and_the_block_restores_everything():
     assert torch.randn(2).add(1).shape == (2,)
 
 
+def test_device_dependent_python_metas_follow_the_fake_device():
+    # torch's FFT meta functions lay their output out as MKL does on CPU and
+    # as cuFFT does on CUDA; a plain meta tensor reads as CUDA to them.
+    device_hint = torch._meta_registrations.device_hint
+    real = torch.fft.rfftn(torch.randn(5, 6, 7))
+    strides = {}
+    for device in ("cpu", "cuda"):
+        with metamem.trace(device=device):
+            strides[device] = torch.fft.rfftn(torch.randn(5, 6, 7, device=device)).stride()
+    assert strides == {"cpu": real.stride(), "cuda": (6, 1, 30)}
+    assert torch._meta_registrations.device_hint is device_hint
+
+    def step():  # the gradient of a sum is expanded: MKL copies it
+        x = torch.randn(4, 6, 8, requires_grad=True)
+        torch.fft.irfft(torch.fft.rfft(x, dim=1), n=6, dim=1).sum().backward()
+    traced, achieved = trace_and_run(step)
+    assert traced == achieved
+
+
 def test_trace_is_read_after_its_block():
     with metamem.trace(device="cpu") as t:
         with pytest.raises(RuntimeError):
