@@ -337,8 +337,9 @@ Placement arena_search(const Problem& problem, const Items& items, Placement sta
         const std::int64_t before = search.nodes();
         const Outcome o = search.run(capacity, preorder, std::min({limit, node_budget, budget.work - budget.spent}),
                                      budget.deadline);
-        node_budget -= search.nodes() - before;
-        budget.spent += search.nodes() - before;
+        const std::int64_t used = search.nodes() - before;
+        node_budget -= used;
+        budget.spent += used;
         if (o != Outcome::kStopped) return o;
       }
   };

@@ -240,8 +240,8 @@ std::int64_t iterator_casts(Args args, Args returns, IteratorOperands operands) 
   }
   // A given output is its own argument: self in place, or out.
   const at::Tensor& out = returns[0].toTensor();
-  const bool given = args[0].isTensor() && out.is_same(args[0].toTensor()) ||
-                     args.back().isTensor() && out.is_same(args.back().toTensor());
+  const bool given = (args[0].isTensor() && out.is_same(args[0].toTensor())) ||
+                     (args.back().isTensor() && out.is_same(args.back().toTensor()));
   const bool cast_out = operands.promotion != Promotion::Comparison || out.scalar_type() != c10::kBool;
   if (given && cast_out && out.scalar_type() != common) bytes += out.numel() * common_size;
   return bytes;
@@ -890,10 +890,10 @@ ScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::index_select", &index_select},
       {"aten::roll", &roll},
       {"aten::sort", &sort},
+      {"aten::sort.stable", &sort},
       {"aten::_fft_r2c", &fft_r2c},
       {"aten::_fft_c2c", &fft_c2c},
       {"aten::_fft_c2r", &fft_c2r},
-      {"aten::sort.stable", &sort},
       {"aten::normal.Tensor_Tensor", &normal_tensors},
       {"aten::normal.float_Tensor", &normal_mean_number},
       {"aten::normal.Tensor_float", &normal_std_number},

@@ -166,7 +166,8 @@ class Session {
       throw py::value_error("device must be 'cpu' or 'cuda', got '" + device + "'");
     run_.device = device;
     tracer_ = std::make_unique<Tracer>(c10::Device(device));
-    tracer_->observe(&allocator_);
+    // The simulated allocator answers torch.cuda's memory statistics: a fake cpu has none.
+    if (device == "cuda") tracer_->observe(&allocator_);
     tracer_->begin_step();
     g_session.store(this);
     // torch.optim wraps step() and zero_grad() in these record_function scopes.

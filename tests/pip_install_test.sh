@@ -11,7 +11,7 @@ built_python=$5  # the build tree's Python package folder
 
 fail() { echo "FAIL: $*"; exit 1; }
 
-rm -rf "$work/wheels" "$work/venv"
+rm -rf "$work/wheels" "$work/venv" "$work/elsewhere"
 "$python" -m pip wheel -q --no-build-isolation --no-deps -w "$work/wheels" "$source" \
   --config-settings build-dir="$work/cmake"
 
@@ -27,7 +27,9 @@ ln -s "$project_site/torch" "$site/torch"
 echo "$project_site" >"$site/zz_project_site.pth"
 "$venv_python" -m pip install -q --no-deps "$work/wheels"/metamem-*.whl
 
-cd "$(mktemp -d)"  # nothing of the source or build tree on any path
+# An empty folder: nothing of the source or build tree on Python's path.
+mkdir -p "$work/elsewhere"
+cd "$work/elsewhere"
 
 installed_cli=$work/venv/bin/metamem
 [[ $("$installed_cli" --version) == $("$built_cli" --version) ]] || fail "metamem --version differs"
@@ -37,7 +39,7 @@ cmp <("$installed_cli" "${profile[@]}") <("$built_cli" "${profile[@]}") ||
 "$installed_cli" profile --model nope 2>/dev/null && fail "an unknown model exits with 0"
 
 step='
-import sys, torch, metamem
+import torch, metamem
 model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
 with metamem.trace(device="cuda", modules=[model]) as t:
     model(torch.randn(32, 64, device="cuda")).sum().backward()
