@@ -432,7 +432,8 @@ at::Tensor binary_cross_entropy(const at::Tensor& self, const at::Tensor&, const
   return reduction == at::Reduction::None ? loss : loss.resize_({});
 }
 
-// Python's meta for huber_loss_backward.out is broken in 1.13.
+// huber_loss_backward's only meta is Python's (torch._meta_registrations),
+// which the engine without Python (the CLI, the C++ tests) does not load.
 at::Tensor huber_loss_backward(const at::Tensor&, const at::Tensor& self, const at::Tensor&, std::int64_t,
                                double) {
   return at::empty_like(self, at::MemoryFormat::Contiguous);

@@ -461,6 +461,7 @@ void resize_storage(const at::Tensor& t, std::size_t bytes) {
   const at::Tensor& inner = inner_tensor(t);
   inner.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl()->set_nbytes(bytes);
   track_storage(inner);
+  sync_meta_tensor(t);
 }
 
 BufferId buffer_of(const at::Tensor& t) {

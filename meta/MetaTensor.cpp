@@ -1,9 +1,72 @@
 #include "meta/MetaTensor.h"
 
 #include <c10/core/TensorImpl.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <mutex>
+#include <unordered_map>
 
 namespace metamem {
 namespace {
+
+// A real tensor's storage is shared by its views and counted by them, and
+// torch reads that count: autograd adds a gradient into the one it holds
+// only when nothing else holds its storage (InputBuffer's
+// can_accumulate_inplace), and Python compares storages (untyped_storage(),
+// is_alias_of). The inner meta storage is counted by the inner tensors, one
+// per MetaTensor, so a MetaTensor carries an outer storage instead: one per
+// inner storage, shared by every MetaTensor whose inner tensor uses it, so
+// its use count is theirs. It keeps its inner storage, and with it the
+// traced buffer, alive: a Python storage object keeps memory as a real one
+// does. It holds no data: reading its address stops with kNoDataMessage, where a
+// null pointer would let numpy() read address zero.
+struct OuterStorageLink {
+  c10::Storage inner;
+  const c10::StorageImpl* outer;
+};
+
+std::mutex g_outer_mutex;
+std::unordered_map<const c10::StorageImpl*, c10::weak_intrusive_ptr<c10::StorageImpl>> g_outer;
+
+// The outer storage's deleter: it runs when the last MetaTensor (or Python
+// storage object) holding the outer storage lets it go.
+void forget_outer(void* context) {
+  std::unique_ptr<OuterStorageLink> link(static_cast<OuterStorageLink*>(context));
+  std::lock_guard<std::mutex> lock(g_outer_mutex);
+  const auto found = g_outer.find(link->inner.unsafeGetStorageImpl());
+  // A lookup that found this one dying has already replaced it.
+  if (found != g_outer.end() && found->second._unsafe_get_target() == link->outer) g_outer.erase(found);
+  // The link dies after the lock: releasing the inner storage may free the
+  // traced buffer, which reports to the observer.
+}
+
+c10::Storage outer_storage(const at::Tensor& inner, c10::Device fake_device) {
+  const c10::Storage& storage = inner.unsafeGetTensorImpl()->unsafe_storage();
+  c10::StorageImpl* key = storage.unsafeGetStorageImpl();
+  if (key == nullptr) return {};
+  std::lock_guard<std::mutex> lock(g_outer_mutex);
+  const auto found = g_outer.find(key);
+  if (found != g_outer.end())
+    if (c10::intrusive_ptr<c10::StorageImpl> alive = found->second.lock()) return c10::Storage(std::move(alive));
+  auto link = std::make_unique<OuterStorageLink>(OuterStorageLink{storage, nullptr});
+  auto outer = c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), key->nbytes(),
+      c10::DataPtr(nullptr, link.get(), &forget_outer, fake_device), /*allocator=*/nullptr,
+      /*resizable=*/false);
+  outer->release_data_and_set_meta_custom_data_ptr_error_msg_(std::string(kNoDataMessage));
+  link.release()->outer = outer.get();
+  c10::weak_intrusive_ptr<c10::StorageImpl> weak(outer);
+  if (found != g_outer.end())
+    found->second = std::move(weak);
+  else
+    g_outer.emplace(key, std::move(weak));
+  return c10::Storage(std::move(outer));
+}
+
+const c10::StorageImpl* inner_of_outer(const c10::Storage& outer) {
+  const auto& data = outer.unsafeGetStorageImpl()->_mutable_data_ptr_no_checks();
+  return static_cast<const OuterStorageLink*>(data.get_context())->inner.unsafeGetStorageImpl();
+}
 
 constexpr c10::DispatchKeySet kMetaTensorKeys{c10::DispatchKey::PrivateUse1,
                                               c10::DispatchKey::AutogradPrivateUse1};
@@ -12,10 +75,10 @@ class MetaTensorImpl final : public c10::TensorImpl {
  public:
   MetaTensorImpl(at::Tensor inner, c10::Device fake_device)
       : TensorImpl(kMetaTensorKeys, inner.dtype(), fake_device), inner_(std::move(inner)) {
-    // libtorch 1.13 gives PrivateUse1 tensors no autocast key: take the one
-    // a real tensor of the fake device has, so autocast casts as it would.
+    // A PrivateUse1 tensor gets PrivateUse1's autocast key, which
+    // autocast("cuda") and autocast("cpu") do not enable: add the one a real
+    // tensor of the fake device has, so autocast casts as it would.
     key_set_ = key_set_.add(fake_device.is_cuda() ? c10::DispatchKey::AutocastCUDA : c10::DispatchKey::AutocastCPU);
-    set_storage_access_should_throw();
     sync();
   }
 
@@ -24,6 +87,11 @@ class MetaTensorImpl final : public c10::TensorImpl {
   void sync() {
     set_sizes_and_strides(inner_.sizes(), inner_.strides());
     storage_offset_ = inner_.storage_offset();
+    // set_ and out= arguments may have moved the inner tensor onto another
+    // storage, resize_ may have grown it.
+    const c10::StorageImpl* inner_storage = inner_.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+    if (!storage_ || inner_of_outer(storage_) != inner_storage) storage_ = outer_storage(inner_, *device_opt_);
+    if (storage_) storage_.set_nbytes(inner_storage->nbytes());
   }
 
   // tensor_data(), variable_data() and detach() come here; the base version

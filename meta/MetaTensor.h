@@ -6,12 +6,20 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <string_view>
+
 namespace metamem {
 
 // Wraps `inner` (a tensor on the meta device) as a MetaTensor on `fake_device`.
 at::Tensor make_meta_tensor(at::Tensor inner, c10::Device fake_device);
 
 bool is_meta_tensor(const at::Tensor& t);
+
+// The error with which reading a MetaTensor's data stops (data_ptr(),
+// numpy(), a kernel reading values): it has none.
+inline constexpr std::string_view kNoDataMessage =
+    "metamem: a traced tensor has no data: its address and its values cannot be read "
+    "(data_ptr(), numpy(), a kernel reading values).";
 
 // The meta tensor inside a MetaTensor. Precondition: is_meta_tensor(t).
 const at::Tensor& inner_tensor(const at::Tensor& t);

@@ -17,6 +17,7 @@
 #include <stdexcept>
 
 #include "meta/MetaMode.h"
+#include "meta/MetaTensor.h"
 #include "profiler/AccumulationHook.h"
 #include "profiler/CpuMemoryCounter.h"
 #include "profiler/ForLoopAdam.h"
@@ -414,9 +415,9 @@ Trace traced_steps(const StepBuilder& build, c10::Device fake_device, const Step
   } catch (const c10::Error& e) {
     // Code that writes or reads a tensor's memory itself, not through an op
     // (at::tensor(values) on the traced device, a kernel reading lengths
-    // from a tensor), reaches a MetaTensor's missing storage.
+    // from a tensor), reaches a MetaTensor's missing data.
     const std::string what = e.what_without_backtrace();
-    if (what.rfind("Cannot access data pointer", 0) != 0) throw;
+    if (what.rfind(kNoDataMessage, 0) != 0) throw;
     throw UnsupportedOpError("data_ptr", "Tensor.data_ptr()",
                              "the step reads or writes a tensor's memory directly (at::tensor(values) on the "
                              "traced device, lengths or indices read from a tensor), which a trace does not have.");

@@ -58,8 +58,8 @@ enum class OptimizerImpl { Libtorch, ForLoop };
 OptimizerImpl parse_optimizer_impl(const std::string& name);  // "libtorch", "for-loop"; throws
 
 // What happens to gradients after the optimizer step: set_to_none frees
-// them (PyTorch 2.x's default), zero keeps and zeroes them (libtorch 1.13's
-// C++ default), none keeps them as they are.
+// them (zero_grad()'s default), zero keeps and zeroes them
+// (zero_grad(set_to_none=False)), none keeps them as they are.
 enum class ZeroGrad { SetToNone, Zero, None };
 ZeroGrad parse_zero_grad(const std::string& name);  // throws std::invalid_argument
 const char* zero_grad_name(ZeroGrad mode);
@@ -89,7 +89,7 @@ struct DataParallel {
   int shard_group() const { return shard_ranks > 0 ? shard_ranks : ranks; }
 };
 
-// ZeroRedundancyOptimizer's partition (torch.distributed.optim, 1.13):
+// ZeroRedundancyOptimizer's partition (torch.distributed.optim):
 // parameters from the largest down, each to the rank with the fewest
 // elements so far (the lowest such rank). The owner rank of each of
 // `numels`, in their order.

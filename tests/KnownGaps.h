@@ -20,15 +20,6 @@ struct KnownGap {
 
 inline const KnownGap* known_gap() {
   static const std::unordered_map<std::string, KnownGap> gaps = {
-      {"Accounting.SharedWeightParityOnCpu", {"2.14's backward of a weight used twice holds one [32, 64] "
-                                              "gradient more at once than the trace (8,192 B over)"}},
-      {"Zoo/ZooParity.PredictedPeakMatchesRealCpuRun/resnet50_b2_s32",
-       {"resnet50's CPU convolutions (oneDNN in the wheel) at 32x32: 16,384 B over"}},
-      {"Zoo/EveryZooModel.ParityHoldsWithEveryOptimizerStep/2", {"resnet50, as ZooParity's resnet50_b2_s32"}},
-      {"Zoo/SteadyStateParity.EveryStepMatchesRealCpuRun/resnet50_sgd_set_to_none", {"resnet50, as above"}},
-      {"Zoo/SteadyStateParity.EveryStepMatchesRealCpuRun/resnet50_sgd_zero", {"resnet50, as above"}},
-      {"Zoo/SteadyStateParity.EveryStepMatchesRealCpuRun/resnet50_sgd_none", {"resnet50, as above"}},
-      {"Zoo/SteadyStateParity.EveryStepMatchesRealCpuRun/resnet50_momentum_set_to_none", {"resnet50, as above"}},
       {"Convolution/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/conv_transpose2d",
        {"2.14's transposed convolution on CPU (oneDNN) holds other buffers than the slow kernel"}},
       {"Convolution/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/conv_transpose2d_groups", {"as conv_transpose2d"}},
@@ -67,8 +58,6 @@ inline const KnownGap* known_gap() {
        {"as embedding_bag_sum", "aten::_embedding_bag_backward"}},
       {"Resampling/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/embedding_bag_offsets",
        {"as embedding_bag_sum", "aten::_embedding_bag_backward"}},
-      {"Loss/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/cosine_embedding",
-       {"2.14's cosine similarity holds other temporaries (480 B over)"}},
       {"Torchvision/ScriptedModel.PredictedPeakMatchesRealCpuRun/transformer",
        {"2.14's masked attention runs _safe_softmax, which has no meta kernel", "aten::_safe_softmax"}},
       {"Torchvision/ScriptedModel.TracesOnFakeCudaWithModuleScopes/transformer",

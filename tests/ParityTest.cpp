@@ -65,7 +65,7 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(sequence ? info.param.seq : info.param.image) + variant_name(info.param);
     });
 
-// Under bf16 autocast (CPU autocast takes bf16 only): parameters cast to
+// Under bf16 autocast (f16 on CPU is checked by the CLI test): parameters cast to
 // bf16 in the forward and kept for backward, batch norm's fp32 statistics
 // beside bf16 activations, fp32 ops where autocast keeps fp32; with AdamW
 // too, whose states then set the peak.

@@ -114,7 +114,7 @@ expect 2 "cross_entropy:10 needs an output of shape \\[batch, 10\\] or \\[batch,
 expect 2 "--dtype is for zoo models" profile --model "$models/resnet18.pt" --input 2x3x64x64 --dtype bf16
 expect 2 "--input is for TorchScript models" profile --model mlp --input 2x3
 expect 1 "no meta kernel for aten::_unique2" profile --model "$models/unsupported_op.pt" --input 16
-expect 2 "--amp f16 needs --device cuda" profile --model mlp --batch 2 --device cpu --amp f16
+expect 0 "achieved peak \(real CPU\).*\(\+0 B\)" profile --model mlp --batch 2 --device cpu --amp f16 --achieved --optimizer adam
 expect 2 "--amp must be none\\|bf16\\|f16" profile --model mlp --batch 2 --amp f8
 expect 0 "autocast f16" profile --model mlp --batch 2 --device cuda --amp f16
 expect 0 "rank of 4 data-parallel, ZeRO stage 3" profile --model mlp --batch 2 --dp 4 --zero 3 --optimizer adam

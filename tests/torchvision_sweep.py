@@ -4,9 +4,9 @@ fake cpu against the real CPU run (`--achieved`), and a trace on a fake
 cuda. Segmentation models train on a class per pixel (their "out").
 
     .venv/bin/python tests/torchvision_sweep.py build/examples/metamem [--markdown]
-        [--models resnet18,vgg11] [--amp bf16] [--check]
+        [--models resnet18,vgg11] [--amp bf16|f16] [--check]
 
---amp bf16 runs every step under bf16 autocast (on both devices).
+--amp bf16 or f16 runs every step under that autocast (on both devices).
 
 --check exits 1 unless every model listed traces on both devices and
 predicts its CPU peak to the byte, or is a known gap (below) that still
@@ -22,8 +22,6 @@ import tempfile
 # fp32 models whose CPU parity torch 2.14 broke and metamem does not model
 # yet, with what differs (the README's torchvision table names them too).
 KNOWN_GAPS = {
-    "efficientnet_b0": "2.14's CPU kernels hold 21,120 B less than the model (fp32; exact under bf16 autocast)",
-    "lraspp_mobilenet_v3_large": "2.14's CPU upsampling backward (57,588 B over)",
     "vit_b_16": "2.14's attention runs SDPA's CPU flash kernel, which has no meta kernel",
 }
 
@@ -89,7 +87,7 @@ def main():
     parser.add_argument("--models",
                         help="comma-separated names (default: every classification and segmentation model)")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
-    parser.add_argument("--amp", choices=["none", "bf16"], default="none", help="autocast the steps")
+    parser.add_argument("--amp", choices=["none", "bf16", "f16"], default="none", help="autocast the steps")
     parser.add_argument("--check", action="store_true", help="exit 1 unless every model is exact")
     args = parser.parse_args()
     names = args.models.split(",") if args.models else CLASSIFICATION + SEGMENTATION

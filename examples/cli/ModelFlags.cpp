@@ -105,8 +105,6 @@ StepOptions ModelFlags::step_options() const {
   if (rank < -1 || rank >= dp) throw std::invalid_argument("--rank must be between 0 and --dp minus 1");
   options.data_parallel.rank = static_cast<int>(rank);
   if (amp != "none") {
-    if (amp == "f16" && device == "cpu")
-      throw std::invalid_argument("--amp f16 needs --device cuda: CPU autocast in libtorch 1.13 takes bf16 only");
     options.autocast = parse_dtype(amp);
     if (sequence_parallel || pp > 1)
       throw std::invalid_argument("--amp with --sequence-parallel or --pp is not modelled: Megatron trains with "

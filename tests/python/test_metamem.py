@@ -100,6 +100,46 @@ def test_python_only_model_is_exact_on_cpu(make, shape):
     assert traced == achieved
 
 
+@pytest.mark.parametrize("split", [
+    lambda y: (y[:3], y[3:]),
+    lambda y: torch.hsplit(y, [1, 3]),
+    lambda y: torch.vsplit(y, 2),
+], ids=["slices", "hsplit", "vsplit"])
+def test_gradients_of_parts_are_added_in_place_as_autograd_does(split):
+    # Autograd adds the second gradient of y into the first when nothing else
+    # holds the first's storage: a trace must count that storage's holders.
+    def step():
+        x = torch.randn(6, 4, requires_grad=True)
+        y = x * 2
+        sum(part.exp().sum() for part in split(y)).backward()
+    traced, achieved = trace_and_run(step)
+    assert traced == achieved
+
+
+def test_a_traced_tensor_has_a_storage_shared_by_its_views_and_no_data():
+    with metamem.trace(device="cuda"):
+        x = torch.ones(4, 8, device="cuda")
+        storage = x.untyped_storage()
+        assert storage.nbytes() == 128 and storage.device == x.device
+        assert x[1:].untyped_storage()._cdata == storage._cdata
+        assert torch.ones(4, 8, device="cuda").untyped_storage()._cdata != storage._cdata
+        with pytest.raises(RuntimeError, match="a traced tensor has no data"):
+            x.data_ptr()
+    with metamem.trace(device="cpu"):
+        with pytest.raises(RuntimeError, match="a traced tensor has no data"):
+            torch.ones(3).numpy()
+    assert torch.ones(3).numpy().sum() == 3
+
+
+def test_a_storage_held_by_python_keeps_its_memory():
+    def step():
+        kept = torch.ones(1024).untyped_storage()  # its tensor dies here
+        torch.ones(1024).exp()
+        assert kept.nbytes() == 4096
+    traced, achieved = trace_and_run(step)
+    assert traced == achieved == 3 * 4096
+
+
 def test_model_built_before_the_block_runs_on_the_fake_device_and_is_restored():
     model = torchvision.models.resnet18(num_classes=10)
     weight = model.conv1.weight
