@@ -5,6 +5,7 @@
 #include <ATen/TensorUtils.h>
 #include <ATen/core/Reduction.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/OpMathType.h>
 #include <ATen/native/TypeProperties.h>
 #include <c10/core/WrapDimMinimal.h>
 
@@ -821,6 +822,51 @@ std::int64_t baddbmm(Args args, Args returns) {
 }  // namespace
 
 // Elementwise families: every overload of the op and of its in-place form.
+// The CPU flash attention (FlashAttentionKernel.cpp) takes queries in
+// blocks of 32, 64 or 256 rows (by the query length) and keys in blocks of
+// 512, and gives each of at::get_num_threads() threads a buffer in the
+// accumulation type: forward, scores, row maxima and sums and an output
+// block; backward, scores and their gradient. Half and bfloat16 also keep
+// the scores in their own type. (Half on CPUs with AMX-FP16 packs its
+// operands into other blocks: not modelled.)
+struct FlashBlocks {
+  std::int64_t rows, keys, threads, accumulate_size, reduced_size;
+};
+
+FlashBlocks cpu_flash_blocks(const at::Tensor& query, std::int64_t query_length, std::int64_t key_length) {
+  const std::int64_t rows = query_length >= 768 ? 256 : query_length >= 192 ? 64 : 32;
+  const bool reduced = at::isReducedFloatingType(query.scalar_type());
+  return {std::min(rows, query_length), std::min<std::int64_t>(512, key_length), at::get_num_threads(),
+          static_cast<std::int64_t>(c10::elementSize(at::toOpMathType(query.scalar_type()))),
+          reduced ? element_size(query) : 0};
+}
+
+std::int64_t cpu_flash_attention(Args args, Args) {
+  const at::Tensor& query = args[0].toTensor();
+  const at::Tensor& value = args[2].toTensor();
+  const FlashBlocks b = cpu_flash_blocks(query, query.size(2), value.size(2));
+  const std::int64_t per_thread = b.rows * b.keys + 2 * b.rows + b.rows * value.size(3);
+  return b.threads * (per_thread * b.accumulate_size + b.rows * b.keys * b.reduced_size);
+}
+
+// The backward reads the output's gradient as [batch, seq, heads, dim],
+// contiguous, and each thread that takes a share of the batch x heads loop
+// (parallel_for, one at a time when there is one item or one thread) holds a
+// block's row sums.
+std::int64_t cpu_flash_attention_backward(Args args, Args) {
+  const at::Tensor& grad_out = args[0].toTensor();
+  if (!grad_out.defined()) return 0;
+  const at::Tensor& query = args[1].toTensor();
+  const FlashBlocks b = cpu_flash_blocks(query, query.size(2), args[3].toTensor().size(2));
+  const std::int64_t items = query.size(0) * query.size(1);
+  const std::int64_t threads = items > 1 && b.threads > 1 ? std::min(b.threads, items) : 1;
+  const std::int64_t share = (items + threads - 1) / threads;
+  const std::int64_t workers = (items + share - 1) / share;
+  return copy_unless_contiguous(grad_out.transpose(1, 2)) +
+         b.threads * 2 * b.rows * b.keys * (b.accumulate_size + b.reduced_size) +
+         workers * b.rows * b.accumulate_size;
+}
+
 ScratchModel elementwise_model(const std::string& op) {
   static const std::unordered_map<std::string, ScratchModel> families = {
       {"aten::add", &elementwise<0, 2, Promotion::Common>},
@@ -936,6 +982,8 @@ ScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::mse_loss", &reduced_pointwise_loss},
       {"aten::smooth_l1_loss", &reduced_pointwise_loss},
       {"aten::huber_loss", &reduced_pointwise_loss},
+      {"aten::_scaled_dot_product_flash_attention_for_cpu", &cpu_flash_attention},
+      {"aten::_scaled_dot_product_flash_attention_for_cpu_backward", &cpu_flash_attention_backward},
       {"aten::_softmax", &softmax},
       {"aten::_log_softmax", &softmax},
       {"aten::_softmax_backward_data", &softmax_backward},

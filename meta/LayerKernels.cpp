@@ -29,17 +29,22 @@ at::Tensor iterator_output(std::initializer_list<at::Tensor> operands) {
 
 at::Tensor unary(const at::Tensor& self) { return iterator_output({self}); }
 
-// where(condition, self, other) promotes self and other only.
-at::Tensor where(const at::Tensor& condition, const at::Tensor& self, const at::Tensor& other) {
-  at::Tensor result = at::empty({0}, self.options().dtype(at::result_type(self, other)));
-  return at::TensorIteratorConfig()
+// where(condition, self, other) promotes self and other only; its out=
+// form (which _safe_softmax calls) lays out a resized out the same way.
+at::Tensor& where_out(const at::Tensor& condition, const at::Tensor& self, const at::Tensor& other,
+                      at::Tensor& out) {
+  at::TensorIteratorConfig()
       .check_all_same_dtype(false)
-      .add_output(result)
+      .add_output(out)
       .add_owned_input(condition)
       .add_owned_input(self)
       .add_owned_input(other)
-      .build()
-      .output();
+      .build();
+  return out;
+}
+at::Tensor where(const at::Tensor& condition, const at::Tensor& self, const at::Tensor& other) {
+  at::Tensor result = at::empty({0}, self.options().dtype(at::result_type(self, other)));
+  return where_out(condition, self, other, result);
 }
 at::Tensor& in_place(at::Tensor& self) { return self; }
 at::Tensor binary(const at::Tensor& a, const at::Tensor& b) { return iterator_output({a, b}); }
@@ -294,6 +299,7 @@ std::vector<OwnKernelEntry> layer_kernels() {
   return {
       own("abs", TORCH_FN(unary)),
       own("where.self", TORCH_FN(where)),
+      own("where.self_out", TORCH_FN(where_out)),
       own("abs_", TORCH_FN(in_place)),
       own("hardtanh", TORCH_FN(hardtanh)),
       own("hardtanh_", TORCH_FN(hardtanh_)),

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/AccumulateType.h>
+#include <ATen/OpMathType.h>
 #include <ATen/core/Reduction.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
@@ -454,6 +455,30 @@ at::Tensor narrow_copy(const at::Tensor& self, std::int64_t dim, c10::SymInt, c1
   return at::empty_like(self).resize_(size);
 }
 
+// The CPU flash attention (SDPA's CPU backend; its only meta is Python's)
+// writes its output laid out as the query, and its log-sum-exp, in the
+// accumulation type, as [batch, seq, heads] seen transposed. Its gradients
+// are [batch, seq, heads, dim] seen transposed.
+std::tuple<at::Tensor, at::Tensor> cpu_flash_attention(const at::Tensor& query, const at::Tensor&,
+                                                       const at::Tensor&, double, bool,
+                                                       const c10::optional<at::Tensor>&, c10::optional<double>) {
+  const auto accumulate = at::toOpMathType(query.scalar_type());
+  at::Tensor logsumexp =
+      at::empty({query.size(0), query.size(2), query.size(1)}, query.options().dtype(accumulate));
+  return {at::empty_like(query), logsumexp.transpose(1, 2)};
+}
+
+at::Tensor heads_second(const at::Tensor& like) {
+  return at::empty({like.size(0), like.size(2), like.size(1), like.size(3)}, like.options()).transpose(1, 2);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_flash_attention_backward(
+    const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    const at::Tensor&, const at::Tensor&, double, bool, const c10::optional<at::Tensor>&, c10::optional<double>) {
+  if (!grad_out.defined()) return {};
+  return {heads_second(query), heads_second(key), heads_second(value)};
+}
+
 // Pixel (un)shuffle always writes a new tensor, laid out as the input.
 at::Tensor pixel_shuffle(const at::Tensor& self, std::int64_t factor) {
   auto size = self.sizes().vec();
@@ -506,6 +531,8 @@ const std::unordered_map<std::string, OwnKernel>& own_kernels() {
         own("nll_loss2d_forward", TORCH_FN(nll_loss2d_forward)),
         own("linalg_solve_triangular", TORCH_FN(linalg_solve_triangular)),
         own("huber_loss_backward", TORCH_FN(huber_loss_backward)),
+        own("_scaled_dot_product_flash_attention_for_cpu", TORCH_FN(cpu_flash_attention)),
+        own("_scaled_dot_product_flash_attention_for_cpu_backward", TORCH_FN(cpu_flash_attention_backward)),
         own("aminmax", TORCH_FN(aminmax)),
         own("im2col", TORCH_FN(im2col)),
         own("col2im", TORCH_FN(col2im)),

@@ -341,7 +341,8 @@ bool runs_as_one_op(const c10::OperatorHandle& op, const std::string& qualified)
       "aten::mv",              "aten::binary_cross_entropy_with_logits",
       "aten::_trilinear",      "aten::linalg_pinv.atol_rtol_tensor",
       "aten::soft_margin_loss", "aten::soft_margin_loss.out",
-      "aten::soft_margin_loss_backward", "aten::soft_margin_loss_backward.grad_input"};
+      "aten::soft_margin_loss_backward", "aten::soft_margin_loss_backward.grad_input",
+      "aten::_safe_softmax"};
   if (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))
     return op.hasKernelForDispatchKey(c10::DispatchKey::CPU);
   if (decomposed.count(qualified) != 0) return false;

@@ -58,10 +58,6 @@ inline const KnownGap* known_gap() {
        {"as embedding_bag_sum", "aten::_embedding_bag_backward"}},
       {"Resampling/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/embedding_bag_offsets",
        {"as embedding_bag_sum", "aten::_embedding_bag_backward"}},
-      {"Torchvision/ScriptedModel.PredictedPeakMatchesRealCpuRun/transformer",
-       {"2.14's masked attention runs _safe_softmax, which has no meta kernel", "aten::_safe_softmax"}},
-      {"Torchvision/ScriptedModel.TracesOnFakeCudaWithModuleScopes/transformer",
-       {"as the transformer's CPU parity", "aten::_safe_softmax"}},
   };
   const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
   const auto it = gaps.find(std::string(test->test_suite_name()) + "." + test->name());

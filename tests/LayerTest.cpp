@@ -316,6 +316,16 @@ LayerCase activation(std::string name, Options... options) {
                            [](Activation& m) { return m(input({4, 6, 10})).sum(); });
 }
 
+// SDPA on CPU runs its flash kernel, which takes queries in blocks of 32
+// rows below a length of 192 and of 64 from there. One batch of one head:
+// backward allocates a row-sum buffer in each OpenMP worker, and with more
+// than one (batch, head) pair the real peak depends on whether the workers
+// overlap (tests/python/test_metamem.py states that case).
+at::Tensor attention(std::int64_t length, bool causal) {
+  auto heads_second = [length] { return input({1, length, 1, 16}).transpose(1, 2); };
+  return at::scaled_dot_product_attention(heads_second(), heads_second(), heads_second(), {}, 0.0, causal).sum();
+}
+
 std::vector<LayerCase> activations() {
   return {
       activation<nn::ReLU>("relu"),
@@ -353,6 +363,8 @@ std::vector<LayerCase> activations() {
             const at::Tensor x = input({5, 3, 16});
             return std::get<0>(m(x, x, x)).sum();
           }),
+      function("sdpa", [] { return attention(48, false); }),
+      function("sdpa_causal_long", [] { return attention(200, true); }),
       layer<nn::TransformerEncoderLayer>(
           "transformer_encoder_layer",
           [] { return nn::TransformerEncoderLayer(nn::TransformerEncoderLayerOptions(16, 4).dim_feedforward(32)); },

@@ -21,9 +21,7 @@ import tempfile
 
 # fp32 models whose CPU parity torch 2.14 broke and metamem does not model
 # yet, with what differs (the README's torchvision table names them too).
-KNOWN_GAPS = {
-    "vit_b_16": "2.14's attention runs SDPA's CPU flash kernel, which has no meta kernel",
-}
+KNOWN_GAPS = {}
 
 import torch
 import torchvision

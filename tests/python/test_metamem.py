@@ -140,6 +140,34 @@ def test_a_storage_held_by_python_keeps_its_memory():
     assert traced == achieved == 3 * 4096
 
 
+@pytest.mark.parametrize("dtype, mask, causal, length", [
+    (torch.float32, None, False, 40),
+    (torch.float32, "bool", False, 40),
+    (torch.float32, "float", False, 40),
+    (torch.float32, None, True, 200),
+    (torch.bfloat16, None, False, 40),
+    (torch.float16, None, True, 40),
+], ids=["f32", "bool_mask", "float_mask", "causal_long", "bf16", "f16_causal"])
+def test_sdpa_on_cpu_is_its_flash_kernel(dtype, mask, causal, length):
+    # Backward allocates a row-sum buffer (one block of query rows in the
+    # accumulation type) inside each OpenMP worker. metamem takes the
+    # workers' buffers live at once, as on an idle machine; on a loaded one
+    # the real run may finish one worker before the next starts, and come
+    # in under by exactly the buffers that did not overlap.
+    workers = min(torch.get_num_threads(), 2 * 3)
+    row_sum = (32 if length < 192 else 64) * 4
+    def step():
+        q, k, v = (torch.randn(2, length, 3, 8, dtype=dtype, requires_grad=True) for _ in range(3))
+        attn_mask = {None: None,
+                     "bool": torch.ones(length, length, dtype=torch.bool).tril(),
+                     "float": torch.zeros(2, 1, length, length, dtype=dtype)}[mask]
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask, is_causal=causal)
+        out.transpose(1, 2).reshape(2, length, 24).pow(2).sum().backward()
+    traced, achieved = trace_and_run(step)
+    assert traced - achieved in [k * row_sum for k in range(workers)]
+
+
 def test_model_built_before_the_block_runs_on_the_fake_device_and_is_restored():
     model = torchvision.models.resnet18(num_classes=10)
     weight = model.conv1.weight
