@@ -10,6 +10,7 @@
 #include <c10/core/WrapDimMinimal.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <unordered_map>
 #include <vector>
@@ -143,17 +144,31 @@ std::int64_t convolution_backward(Args args, Args) {
   const std::int64_t columns = conv_columns_bytes(input, weight, grad_output.sizes(), stride, padding, dilation) +
                                (dilated && mask[2] ? weight.size(0) / groups * element_size(weight) : 0);
   const std::int64_t grad_output_copy = copy_unless_contiguous(grad_output, input.suggest_memory_format());
+  if (all_groups_at_once(input, dilation)) {
+    // slow_conv3d computes the input gradient first, through columns
+    // (input-sized for a pointwise kernel too), before the weight and bias
+    // gradients exist; then the weight gradient through the input's
+    // columns. Each pass copies the output gradient contiguous anew.
+    const std::int64_t later_gradients =
+        (mask[1] ? bytes_of(weight) : 0) + (mask[2] ? weight.size(0) * element_size(weight) : 0);
+    const std::int64_t input_pass =
+        mask[0] ? grad_output_copy + (columns != 0 ? columns : bytes_of(input)) - later_gradients : 0;
+    const std::int64_t weight_pass = mask[1] ? grad_output_copy + columns : 0;
+    return std::max({input_pass, weight_pass, std::int64_t{0}});
+  }
   if (groups == 1) return columns + grad_output_copy + channels_last_weight_copy(input, weight, dilation);
-  if (all_groups_at_once(input, dilation)) return columns + grad_output_copy;
   return std::max(columns + group_copy_bytes(input, groups) + group_copy_bytes(grad_output, groups),
                   gradients(weight.size(0)));
 }
 
 // In training, the kernel gathers each channel's mean and sum of squares
 // first, in the statistics' dtype.
-std::int64_t native_batch_norm(Args args, Args returns) {
-  return args[5].toBool() ? 2 * bytes_of(returns[1].toTensor()) : 0;
-}
+std::int64_t training_statistics(Args returns) { return 2 * bytes_of(returns[1].toTensor()); }
+
+std::int64_t native_batch_norm(Args args, Args returns) { return args[5].toBool() ? training_statistics(returns) : 0; }
+
+// 2.x's batch norm that updates running statistics always trains.
+std::int64_t batch_norm_with_update(Args, Args returns) { return training_statistics(returns); }
 
 // Dense in some memory format, as the batch norm kernels test it.
 bool dense(const at::Tensor& t) {
@@ -191,10 +206,19 @@ std::int64_t native_layer_norm_backward(Args args, Args) {
   return copies + at::get_num_threads() * 2 * numel(args[2].toIntVector()) * element_size(args[1].toTensor());
 }
 
+// Group norm's kernels read the input (and backward the gradient) dense in
+// the input's suggested memory format, copying them otherwise.
+std::int64_t group_norm_operand_copies(const at::Tensor& input, const at::Tensor& grad_out = {}) {
+  const auto format = input.suggest_memory_format();
+  return copy_unless_contiguous(input, format) + copy_unless_contiguous(grad_out, format);
+}
+
+std::int64_t native_group_norm(Args args, Args) { return group_norm_operand_copies(args[0].toTensor()); }
+
 // The backward kernel sums per (sample, channel) into two N x C buffers.
 std::int64_t native_group_norm_backward(Args args, Args) {
-  const at::Tensor& input = args[1].toTensor();
-  return 2 * args[5].toInt() * args[6].toInt() * element_size(input);
+  const at::Tensor &grad_out = args[0].toTensor(), &input = args[1].toTensor();
+  return group_norm_operand_copies(input, grad_out) + 2 * args[5].toInt() * args[6].toInt() * element_size(input);
 }
 
 // TensorIterator, building an elementwise op on CPU, copies each operand
@@ -293,8 +317,9 @@ std::int64_t gradient_in_input_layout(Args args, Args) {
   return copy_unless_contiguous(args[0].toTensor(), args[1].toTensor().suggest_memory_format());
 }
 
-// Upsampling gradients (the first argument) are computed contiguous.
-std::int64_t contiguous_gradient(Args args, Args) { return copy_unless_contiguous(args[0].toTensor()); }
+// Kernels that read their first argument contiguous: upsampling's
+// gradients, narrow_copy's input.
+std::int64_t contiguous_first(Args args, Args) { return copy_unless_contiguous(args[0].toTensor()); }
 
 // The generic upsampling kernel (NCHW input; channels-last ones have their
 // own) precomputes, for each output position along each resized dimension,
@@ -309,6 +334,33 @@ std::int64_t upsample(Args args, Args returns) {
   std::int64_t positions = 0;
   for (std::int64_t d = 2; d < output.dim(); ++d) positions += output.size(d);
   return kTaps * positions * (8 + element_size(input));
+}
+
+// Antialiased resampling (bilinear: 2 source taps, bicubic: 4, widened by
+// the downscaling factor) is separable: the width first, then the height,
+// each resized dimension in a pass of its own that computes four int64
+// index tensors and a weights tensor (output positions x taps) in the
+// input's dtype, freed after the pass. With both dimensions resized, the
+// width pass writes an intermediate [N, C, H_in, W_out] that lives through
+// both.
+template <int kInterp>
+std::int64_t antialiased_upsample(Args args, Args returns) {
+  const at::Tensor &input = args[0].toTensor(), &output = returns[0].toTensor();
+  const bool align_corners = args[2].toBool();
+  auto pass = [&](std::int64_t d, const c10::IValue& scale) -> std::int64_t {
+    const std::int64_t in = input.size(d), out = output.size(d);
+    if (in == out) return 0;
+    const double factor = align_corners ? (out > 1 ? static_cast<double>(in - 1) / static_cast<double>(out - 1) : 0.0)
+                          : scale.isDouble() && scale.toDouble() > 0 ? 1.0 / scale.toDouble()
+                                                                   : static_cast<double>(in) / static_cast<double>(out);
+    const double support = std::max(factor, 1.0) * kInterp / 2.0;
+    const auto taps = static_cast<std::int64_t>(std::ceil(support)) * 2 + 1;
+    return 4 * 8 * out + out * taps * element_size(input);
+  };
+  const std::int64_t width = pass(3, args[4]), height = pass(2, args[3]);
+  if (width == 0 || height == 0) return width + height;
+  const std::int64_t intermediate = input.size(0) * input.size(1) * input.size(2) * output.size(3) * element_size(input);
+  return intermediate + std::max(width, height);
 }
 
 // tril and triu copy an input whose matrices are not laid out one after
@@ -338,6 +390,78 @@ std::int64_t index_select(Args args, Args returns) {
   const std::int64_t dim = c10::maybe_wrap_dim(args[1].toInt(), std::max<std::int64_t>(self.dim(), 1));
   const bool dim1 = self.dim() > 1 && index.numel() > 0 && self.numel() > 0 && dim == 1 && result.is_contiguous();
   return copy_unless_contiguous(index) + (dim1 ? copy_unless_contiguous(self) : 0);
+}
+
+// The scatter/gather kernel reads an int64 index (a copy of any other) and,
+// for a half-precision result, accumulates in a float copy of it. The
+// result is gather's output, or the tensor scattered into.
+std::int64_t scatter_gather(Args args, Args returns) {
+  const at::Tensor &index = args[2].toTensor(), &result = returns[0].toTensor();
+  const std::int64_t long_index = index.scalar_type() == at::kLong ? 0 : index.numel() * 8;
+  const bool reduced = at::isReducedFloatingType(result.scalar_type());
+  return long_index + (reduced ? result.numel() * 4 : 0);
+}
+
+// _chunk_cat on CPU zero-pads each tensor whose length along dim is not a
+// multiple of num_chunks and concatenates the padded copies (CUDA has a
+// kernel of its own that pads as it writes).
+std::int64_t chunk_cat(Args args, Args) {
+  const auto tensors = args[0].toTensorVector();
+  if (tensors.empty()) return 0;
+  const std::int64_t dim = c10::maybe_wrap_dim(args[1].toInt(), tensors[0].dim());
+  const std::int64_t chunks = args[2].toInt();
+  std::int64_t bytes = 0;
+  for (const at::Tensor& t : tensors) {
+    const std::int64_t length = t.size(dim), padded = (length + chunks - 1) / chunks * chunks;
+    if (padded != length) bytes += t.numel() / std::max<std::int64_t>(length, 1) * padded * element_size(t);
+  }
+  return bytes;
+}
+
+// repeat (2.14) orders the dimensions of its unfolded result through int64
+// CPU tensors: arange(n) and arange(n) + n (a wrapped Scalar) over the n
+// repeats, then their interleaving cat, all live at once. A zero repeat
+// returns the empty result first.
+std::int64_t repeat(Args args, Args) {
+  const auto repeats = args[1].toIntVector();
+  if (std::find(repeats.begin(), repeats.end(), 0) != repeats.end()) return 0;
+  const auto n = static_cast<std::int64_t>(repeats.size());
+  return std::max(8 * n + 8 + 8 * n, 8 * n + 8 * n + 16 * n);
+}
+
+// unfold's backward copies straight into non-overlapping windows; with
+// overlapping ones (step < size) its kernel walks the input positions the
+// windows cover through an int64 arange of them.
+std::int64_t unfold_backward(Args args, Args) {
+  const auto input_sizes = args[1].toIntVector();
+  const std::int64_t size = args[3].toInt(), step = args[4].toInt();
+  if (step >= size) return 0;
+  const std::int64_t length =
+      input_sizes[c10::maybe_wrap_dim(args[2].toInt(), static_cast<std::int64_t>(input_sizes.size()))];
+  const std::int64_t windows = (length - size) / step + 1;
+  return 8 * ((windows - 1) * step + size);
+}
+
+// Channel shuffle reads its input dense in the layout it suggests.
+std::int64_t channel_shuffle(Args args, Args) {
+  const at::Tensor& self = args[0].toTensor();
+  return copy_unless_contiguous(self, self.suggest_memory_format());
+}
+
+// vector_norm first casts its input to a requested dtype. A 0-norm over
+// dims of length one is (x != 0) written into the result: a wrapped Scalar
+// and its cast to the result's dtype.
+std::int64_t linalg_vector_norm(Args args, Args returns) {
+  const at::Tensor &self = args[0].toTensor(), &result = returns[0].toTensor();
+  const bool cast = !args[4].isNone() && args[4].toScalarType() != self.scalar_type();
+  std::vector<std::int64_t> dims = args[2].isNone() ? std::vector<std::int64_t>{} : args[2].toIntVector();
+  // A 0-dim input takes this path only over all (no) dims.
+  const bool trivial = self.dim() == 0 ? dims.empty() : std::all_of(dims.begin(), dims.end(), [&](std::int64_t d) {
+    return self.size(c10::maybe_wrap_dim(d, self.dim())) == 1;
+  }) && (!dims.empty() || self.numel() == 1);
+  const bool elementwise_zero_norm = trivial && args[1].toScalar().toDouble() == 0.0;
+  return (cast ? self.numel() * static_cast<std::int64_t>(c10::elementSize(args[4].toScalarType())) : 0) +
+         (elementwise_zero_norm ? 8 + element_size(result) : 0);
 }
 
 // roll over no dims rolls the flattened input; over several dims it rolls
@@ -569,13 +693,14 @@ std::int64_t pixel_shuffle(Args args, Args) {
   return copy_unless_contiguous(self, self.suggest_memory_format());
 }
 
-// histc keeps bins + 1 edges and counts through a second bins-long
-// buffer; with min == max it first finds the input's range (two 0-dim).
+// histc keeps bins + 1 edges and counts through one bins-long buffer per
+// thread; with min == max it first finds the input's range (two 0-dim).
 std::int64_t histc(Args args, Args) {
   const at::Tensor& self = args[0].toTensor();
   const std::int64_t bins = args[1].toInt();
   const bool data_range = self.numel() > 0 && args[2].toScalar().toDouble() == args[3].toScalar().toDouble();
-  return (bins + 1) * element_size(self) + std::max(data_range ? 2 * element_size(self) : 0, bins * element_size(self));
+  return (bins + 1) * element_size(self) +
+         std::max(data_range ? 2 * element_size(self) : 0, at::get_num_threads() * bins * element_size(self));
 }
 
 // Determinants come from an LU factorisation (int32 infos per matrix) and
@@ -927,13 +1052,35 @@ ScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::convolution_backward", &convolution_backward},
       {"aten::native_batch_norm", &native_batch_norm},
       {"aten::native_batch_norm_backward", &native_batch_norm_backward},
+      {"aten::_native_batch_norm_legit", &native_batch_norm},
+      {"aten::_batch_norm_with_update", &batch_norm_with_update},
+      {"aten::batch_norm_backward", &native_batch_norm_backward},
       {"aten::native_layer_norm_backward", &native_layer_norm_backward},
       {"aten::native_layer_norm", &native_layer_norm},
+      {"aten::native_group_norm", &native_group_norm},
       {"aten::native_group_norm_backward", &native_group_norm_backward},
       {"aten::tril", &triangle},
       {"aten::triu", &triangle},
       {"aten::embedding_dense_backward", &embedding_dense_backward},
       {"aten::index_select", &index_select},
+      {"aten::gather", &scatter_gather},
+      {"aten::scatter.src", &scatter_gather},
+      {"aten::scatter.value", &scatter_gather},
+      {"aten::scatter.reduce", &scatter_gather},
+      {"aten::scatter.value_reduce", &scatter_gather},
+      {"aten::scatter_.src", &scatter_gather},
+      {"aten::scatter_.value", &scatter_gather},
+      {"aten::scatter_.reduce", &scatter_gather},
+      {"aten::scatter_.value_reduce", &scatter_gather},
+      {"aten::scatter_add", &scatter_gather},
+      {"aten::scatter_add_", &scatter_gather},
+      {"aten::_chunk_cat", &chunk_cat},
+      {"aten::repeat", &repeat},
+      {"aten::narrow_copy", &contiguous_first},
+      {"aten::unfold_backward", &unfold_backward},
+      {"aten::channel_shuffle", &channel_shuffle},
+      {"aten::native_channel_shuffle", &channel_shuffle},
+      {"aten::linalg_vector_norm", &linalg_vector_norm},
       {"aten::roll", &roll},
       {"aten::sort", &sort},
       {"aten::sort.stable", &sort},
@@ -956,7 +1103,7 @@ ScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::searchsorted.Tensor", &searchsorted},
       {"aten::bucketize.Tensor", &bucketize},
       {"aten::_cdist_backward", &cdist_backward},
-      {"aten::grid_sampler_2d_backward", &contiguous_gradient},
+      {"aten::grid_sampler_2d_backward", &contiguous_first},
       {"aten::linalg_solve_triangular", &linalg_solve_triangular},
       {"aten::max_pool2d_with_indices_backward", &max_pool_backward},
       {"aten::max_pool3d_with_indices_backward", &max_pool_backward},
@@ -1002,6 +1149,10 @@ ScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::replication_pad1d_backward", &gradient_in_input_layout},
       {"aten::replication_pad2d_backward", &gradient_in_input_layout},
       {"aten::replication_pad3d_backward", &gradient_in_input_layout},
+      {"aten::_upsample_bilinear2d_aa", &antialiased_upsample<2>},
+      {"aten::_upsample_bicubic2d_aa", &antialiased_upsample<4>},
+      {"aten::_upsample_bilinear2d_aa_backward", &contiguous_first},
+      {"aten::_upsample_bicubic2d_aa_backward", &contiguous_first},
       {"aten::upsample_nearest1d.vec", &upsample<1>},
       {"aten::upsample_nearest2d.vec", &upsample<1>},
       {"aten::upsample_nearest3d.vec", &upsample<1>},
@@ -1022,20 +1173,24 @@ ScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::upsample_bilinear2d", &upsample<2>},
       {"aten::upsample_trilinear3d", &upsample<2>},
       {"aten::upsample_bicubic2d", &upsample<4>},
-      {"aten::upsample_nearest1d_backward", &contiguous_gradient},
-      {"aten::upsample_nearest2d_backward", &contiguous_gradient},
-      {"aten::upsample_nearest3d_backward", &contiguous_gradient},
-      {"aten::upsample_linear1d_backward", &contiguous_gradient},
-      {"aten::upsample_bilinear2d_backward", &contiguous_gradient},
-      {"aten::upsample_trilinear3d_backward", &contiguous_gradient},
-      {"aten::upsample_bicubic2d_backward", &contiguous_gradient},
-      {"aten::_upsample_nearest_exact1d_backward", &contiguous_gradient},
-      {"aten::_upsample_nearest_exact2d_backward", &contiguous_gradient},
-      {"aten::_upsample_nearest_exact3d_backward", &contiguous_gradient},
+      {"aten::upsample_nearest1d_backward", &contiguous_first},
+      {"aten::upsample_nearest2d_backward", &contiguous_first},
+      {"aten::upsample_nearest3d_backward", &contiguous_first},
+      {"aten::upsample_linear1d_backward", &contiguous_first},
+      {"aten::upsample_bilinear2d_backward", &contiguous_first},
+      {"aten::upsample_trilinear3d_backward", &contiguous_first},
+      {"aten::upsample_bicubic2d_backward", &contiguous_first},
+      {"aten::_upsample_nearest_exact1d_backward", &contiguous_first},
+      {"aten::_upsample_nearest_exact2d_backward", &contiguous_first},
+      {"aten::_upsample_nearest_exact3d_backward", &contiguous_first},
       {"aten::_ctc_loss_backward", &ctc_loss_backward},
       {"aten::_embedding_bag_dense_backward", &embedding_bag_dense_backward},
       {"aten::multilabel_margin_loss_forward", &multilabel_margin_loss},
       {"aten::multilabel_margin_loss_backward", &multilabel_margin_loss},
+      // pow with a Scalar exponent captures it; a Scalar base is wrapped.
+      {"aten::pow.Scalar", &elementwise<0, 2, Promotion::Common>},
+      {"aten::pow.Tensor_Tensor", &elementwise<0, 2, Promotion::Common>},
+      {"aten::pow_.Tensor", &elementwise<0, 2, Promotion::Common>},
       {"aten::mm", &mm},
       {"aten::addmm", &addmm},
       {"aten::addmm_", &addmm},

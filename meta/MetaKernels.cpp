@@ -97,6 +97,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm(
   return {at::empty_like(input), at::empty({stats}, options), at::empty({stats}, options)};
 }
 
+// 2.x's functional batch norm with running statistics, as the CPU runs it:
+// native_batch_norm's kernel (no statistics out of training).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm_legit(
+    const at::Tensor& input, const c10::optional<at::Tensor>& weight, const c10::optional<at::Tensor>& bias,
+    at::Tensor& running_mean, at::Tensor& running_var, bool training, double momentum, double eps) {
+  return (native_batch_norm)(input, weight, bias, running_mean, running_var, training, momentum, eps);  // no ADL: at:: has one
+}
+
 // Mean and rstd keep the input's leading dimensions, with ones for the
 // normalized ones.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm(
@@ -378,13 +386,6 @@ at::Tensor pdist_backward(const at::Tensor&, const at::Tensor& self, double, con
   return at::empty_like(self, at::MemoryFormat::Contiguous);
 }
 
-// The CPU kernel gives a 0-dim input reduced with keepdim a length-1 result.
-std::tuple<at::Tensor, at::Tensor> aminmax(const at::Tensor& self, c10::optional<std::int64_t> dim, bool keepdim) {
-  std::vector<std::int64_t> size;
-  if (dim) size = self.dim() == 0 ? std::vector<std::int64_t>(keepdim ? 1 : 0, 1) : reduced_size(self, *dim, keepdim);
-  return {at::empty(size, self.options()), at::empty(size, self.options())};
-}
-
 std::tuple<at::Tensor, at::Tensor> mode(const at::Tensor& self, std::int64_t dim, bool keepdim) {
   return median_dim(self, dim, keepdim);
 }
@@ -447,12 +448,11 @@ at::Tensor flip(const at::Tensor& self, at::IntArrayRef) {
   return at::empty_like(self, at::MemoryFormat::Preserve);
 }
 
-// The native narrow_copy narrows a copy of the whole input: its storage
-// keeps the input's size.
+// narrow_copy writes a contiguous tensor of the narrowed size.
 at::Tensor narrow_copy(const at::Tensor& self, std::int64_t dim, c10::SymInt, c10::SymInt length) {
   auto size = self.sizes().vec();
   size[c10::maybe_wrap_dim(dim, self.dim())] = length.expect_int();
-  return at::empty_like(self).resize_(size);
+  return at::empty(size, self.options());
 }
 
 // The CPU flash attention (SDPA's CPU backend; its only meta is Python's)
@@ -513,6 +513,7 @@ const std::unordered_map<std::string, OwnKernel>& own_kernels() {
         own("convolution_backward", TORCH_FN(convolution_backward)),
         own("native_batch_norm", TORCH_FN(native_batch_norm)),
         own("native_batch_norm_backward", TORCH_FN(native_batch_norm_backward)),
+        own("_native_batch_norm_legit", TORCH_FN(native_batch_norm_legit)),
         own("native_layer_norm", TORCH_FN(native_layer_norm)),
         own("native_layer_norm_backward", TORCH_FN(native_layer_norm_backward)),
         own("_adaptive_avg_pool2d", TORCH_FN(adaptive_avg_pool2d)),
@@ -533,7 +534,6 @@ const std::unordered_map<std::string, OwnKernel>& own_kernels() {
         own("huber_loss_backward", TORCH_FN(huber_loss_backward)),
         own("_scaled_dot_product_flash_attention_for_cpu", TORCH_FN(cpu_flash_attention)),
         own("_scaled_dot_product_flash_attention_for_cpu_backward", TORCH_FN(cpu_flash_attention_backward)),
-        own("aminmax", TORCH_FN(aminmax)),
         own("im2col", TORCH_FN(im2col)),
         own("col2im", TORCH_FN(col2im)),
         own("binary_cross_entropy", TORCH_FN(binary_cross_entropy)),

@@ -41,8 +41,20 @@ std::atomic<BufferId> g_next_buffer{1};
 
 void release_tag(void* ctx) {
   auto* tag = static_cast<BufferTag*>(ctx);
-  if (auto* observer = g_mode.observer.load(std::memory_order_acquire)) observer->on_free(tag->id);
+  auto* observer = g_mode.observer.load(std::memory_order_acquire);
+  if (observer != nullptr && tag->id != 0) observer->on_free(tag->id);
   delete tag;
+}
+
+// An efficient zero tensor (autograd's gradient where a derivative is zero:
+// sgn's, a masked-out branch's) has the storage of its size and no memory:
+// its allocator hands out nothing. Its tag holds buffer 0, none.
+constexpr std::string_view kZeroTensor = "aten::_efficientzerotensor";
+
+void hold_no_memory(const at::Tensor& inner) {
+  c10::StorageImpl* impl = inner.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(
+      c10::DataPtr(nullptr, new BufferTag{0, impl->nbytes()}, &release_tag, c10::Device(c10::kMeta)));
 }
 
 // Tags a storage the first time it is seen and reports it as allocated; a
@@ -319,6 +331,7 @@ void meta_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   BufferList inputs, outputs;
   unwrap_arguments(schema, *stack, inputs);
   call_on_meta(op, *stack);
+  if (schema.name() == kZeroTensor) hold_no_memory(stack->back().toTensor());
   wrap_outputs(schema, *stack, original_args, outputs);
   auto* observer = g_mode.observer.load(std::memory_order_acquire);
   const std::size_t n_returns = schema.returns().size();
@@ -342,7 +355,8 @@ bool runs_as_one_op(const c10::OperatorHandle& op, const std::string& qualified)
       "aten::_trilinear",      "aten::linalg_pinv.atol_rtol_tensor",
       "aten::soft_margin_loss", "aten::soft_margin_loss.out",
       "aten::soft_margin_loss_backward", "aten::soft_margin_loss_backward.grad_input",
-      "aten::_safe_softmax"};
+      "aten::_safe_softmax",   "aten::_unsafe_masked_index",
+      "aten::_unsafe_masked_index_put_accumulate"};
   if (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))
     return op.hasKernelForDispatchKey(c10::DispatchKey::CPU);
   if (decomposed.count(qualified) != 0) return false;

@@ -124,10 +124,16 @@ def _check_sample(opinfo, sample):
     return MATCH, ""
 
 
+def _describe(sample):
+    """The sample with each tensor as its layout (values are noise here)."""
+    brief = lambda v: f"T{list(v.shape)}{list(v.stride())}:{str(v.dtype)[6:]}" if isinstance(v, torch.Tensor) else v
+    return tree_map(brief, (sample.input, sample.args, sample.kwargs))
+
+
 def explain(opinfo, sample):
     """Prints the allocations (op, bytes) one run makes and the other does not."""
     real = metamem._metamem.cpu_allocations(_step(opinfo, sample, []))
-    print(f"{full_name(opinfo)}: {sample}")
+    print(f"{full_name(opinfo)}: {_describe(sample)}")
     try:
         with metamem.trace(device="cpu") as t:
             _step(opinfo, sample, [])()

@@ -17,7 +17,8 @@ TRAINING_OPS = [
     "nn.functional.cross_entropy", "nn.functional.nll_loss", "nn.functional.mse_loss",
     "nn.functional.avg_pool2d", "nn.functional.max_pool2d", "nn.functional.adaptive_avg_pool2d",
     "nn.functional.interpolate.bilinear", "nn.functional.pad.constant", "nn.functional.conv_transpose2d",
-    "linalg.vector_norm", "nn.functional.normalize", "tril", "triu", "roll", "flip",
+    "linalg.vector_norm", "nn.functional.normalize", "tril", "triu", "roll", "flip", "repeat",
+    "nn.functional.scaled_dot_product_attention", "_chunk_cat",
 ]
 
 # Spectral layers (FNO, FNet, long convolutions): MKL's copies of inputs it
@@ -31,14 +32,7 @@ def test_the_subset_names_real_ops():
     assert not [name for name in TRAINING_OPS + SPECTRAL_OPS if name not in OPS]
 
 
-# Open on torch 2.14 (strict: mended ones must lose their mark): its CPU
-# kernels for these hold other temporaries than the CPU model says.
-OPEN_ON_2_14 = {"gather", "nn.functional.group_norm", "linalg.vector_norm"}
-
-
-@pytest.mark.parametrize("name", [
-    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason="torch 2.14's CPU kernel: not modelled yet"))
-    if name in OPEN_ON_2_14 else name for name in TRAINING_OPS + SPECTRAL_OPS])
+@pytest.mark.parametrize("name", TRAINING_OPS + SPECTRAL_OPS)
 def test_op_traces_exactly(name):
     outcome = sweep.check_op(OPS[name], max_samples=8)
     assert outcome.kind == sweep.MATCH, f"{outcome.kind}: {outcome.detail}"
