@@ -364,6 +364,17 @@ bool runs_as_one_op(const c10::OperatorHandle& op, const std::string& qualified)
          op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
 }
 
+// Ops whose CPU and CUDA kernels are one function written in at:: ops,
+// reading no data: a trace runs that function on MetaTensors, so that its
+// temporaries are traced as either device makes them.
+bool runs_shared_backend_code(const std::string& qualified) {
+  return qualified == "aten::_embedding_bag_backward";
+}
+
+void run_shared_backend_code(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+}
+
 // Registrations live as long as the process.
 void register_meta_kernel() {
   auto& dispatcher = c10::Dispatcher::singleton();
@@ -389,6 +400,12 @@ void register_meta_kernel() {
         handles->push_back(dispatcher.registerImpl(
             name, key, c10::KernelFunction::makeFromBoxedFunction<&run_for_real>(), c10::nullopt,
             nullptr, "metamem: runs for real"));
+      continue;
+    }
+    if (runs_shared_backend_code(qualified)) {
+      handles->push_back(dispatcher.registerImpl(
+          name, c10::DispatchKey::PrivateUse1, c10::KernelFunction::makeFromBoxedFunction<&run_shared_backend_code>(),
+          c10::nullopt, nullptr, "metamem: the backends' shared code"));
       continue;
     }
     if (!runs_as_one_op(*op, qualified)) continue;

@@ -40,21 +40,6 @@ inline const KnownGap* known_gap() {
        {"as upsample_nearest2d"}},
       {"Resampling/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/interpolate_nearest_exact",
        {"as upsample_nearest2d"}},
-      {"Resampling/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/embedding_bag_sum",
-       {"2.14 runs the embedding bag's backward as one CPU kernel, without a meta kernel",
-        "aten::_embedding_bag_backward"}},
-      {"Resampling/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/embedding_bag_sum_padding_idx",
-       {"as embedding_bag_sum", "aten::_embedding_bag_backward"}},
-      {"Resampling/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/embedding_bag_mean",
-       {"as embedding_bag_sum", "aten::_embedding_bag_backward"}},
-      {"Resampling/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/embedding_bag_max",
-       {"as embedding_bag_sum", "aten::_embedding_bag_backward"}},
-      {"Resampling/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/embedding_bag_max_padding_idx",
-       {"as embedding_bag_sum", "aten::_embedding_bag_backward"}},
-      {"Resampling/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/embedding_bag_mean_double",
-       {"as embedding_bag_sum", "aten::_embedding_bag_backward"}},
-      {"Resampling/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/embedding_bag_offsets",
-       {"as embedding_bag_sum", "aten::_embedding_bag_backward"}},
   };
   const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
   const auto it = gaps.find(std::string(test->test_suite_name()) + "." + test->name());
