@@ -321,16 +321,22 @@ std::int64_t gradient_in_input_layout(Args args, Args) {
 // gradients, narrow_copy's input.
 std::int64_t contiguous_first(Args args, Args) { return copy_unless_contiguous(args[0].toTensor()); }
 
-// The generic upsampling kernel (NCHW input; channels-last ones have their
-// own) precomputes, for each output position along each resized dimension,
-// `taps` source indices (int64) and weights (the input's dtype).
+// Nearest and (bi/tri)linear upsampling of a channels-last input of more
+// than three channels runs a channels-last kernel, in 2-d also for any
+// input with a small output (H + W <= 128): it reads a channels-last copy
+// of any other input and writes any other output through a channels-last
+// temporary. The generic kernel precomputes, for each output position along
+// each resized dimension, `taps` source indices (int64) and weights (the
+// input's dtype).
 template <int kTaps>
 std::int64_t upsample(Args args, Args returns) {
   const at::Tensor &input = args[0].toTensor(), &output = returns[0].toTensor();
   const std::int64_t spatial = input.dim() - 2;
-  if ((spatial == 2 && input.is_contiguous(at::MemoryFormat::ChannelsLast) && kTaps < 4) ||
-      (spatial == 3 && input.is_contiguous(at::MemoryFormat::ChannelsLast3d)))
-    return 0;
+  const auto format = spatial == 3 ? at::MemoryFormat::ChannelsLast3d : at::MemoryFormat::ChannelsLast;
+  const bool channels_last = spatial > 1 && kTaps < 4 && input.is_contiguous(format) && input.size(1) > 3;
+  const bool small_output = spatial == 2 && kTaps < 4 && output.size(-2) + output.size(-1) <= 128;
+  if (channels_last || small_output)
+    return copy_unless_contiguous(input, format) + copy_unless_contiguous(output, format);
   std::int64_t positions = 0;
   for (std::int64_t d = 2; d < output.dim(); ++d) positions += output.size(d);
   return kTaps * positions * (8 + element_size(input));

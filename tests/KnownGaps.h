@@ -33,13 +33,6 @@ inline const KnownGap* known_gap() {
        {"as lstm", "aten::mkldnn_rnn_layer"}},
       {"Recurrent/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/lstm_batch_first_dropout",
        {"as lstm", "aten::mkldnn_rnn_layer"}},
-      {"Resampling/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/upsample_nearest2d",
-       {"2.14's CPU upsampling backward no longer holds what 1.13's did"}},
-      {"Resampling/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/upsample_bilinear2d", {"as upsample_nearest2d"}},
-      {"Resampling/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/upsample_bilinear2d_align_corners",
-       {"as upsample_nearest2d"}},
-      {"Resampling/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/interpolate_nearest_exact",
-       {"as upsample_nearest2d"}},
   };
   const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
   const auto it = gaps.find(std::string(test->test_suite_name()) + "." + test->name());
