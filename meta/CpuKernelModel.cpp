@@ -162,13 +162,23 @@ std::int64_t convolution_backward(Args args, Args) {
 }
 
 // In training, the kernel gathers each channel's mean and sum of squares
-// first, in the statistics' dtype.
-std::int64_t training_statistics(Args returns) { return 2 * bytes_of(returns[1].toTensor()); }
+// first, in the statistics' dtype; over a channels-last input (a contiguous
+// one whose channels are adjacent, as in [N, C], counts) it sums them
+// through a zeroed threads x C buffer.
+std::int64_t training_statistics(const at::Tensor& input, Args returns) {
+  const at::Tensor& mean = returns[1].toTensor();
+  const bool channels_last = input.is_contiguous() ? input.stride(1) == 1
+                                                   : input.is_contiguous(at::MemoryFormat::ChannelsLast) ||
+                                                         input.is_contiguous(at::MemoryFormat::ChannelsLast3d);
+  return 2 * bytes_of(mean) + (channels_last ? at::get_num_threads() * bytes_of(mean) : 0);
+}
 
-std::int64_t native_batch_norm(Args args, Args returns) { return args[5].toBool() ? training_statistics(returns) : 0; }
+std::int64_t native_batch_norm(Args args, Args returns) {
+  return args[5].toBool() ? training_statistics(args[0].toTensor(), returns) : 0;
+}
 
 // 2.x's batch norm that updates running statistics always trains.
-std::int64_t batch_norm_with_update(Args, Args returns) { return training_statistics(returns); }
+std::int64_t batch_norm_with_update(Args args, Args returns) { return training_statistics(args[0].toTensor(), returns); }
 
 // Dense in some memory format, as the batch norm kernels test it.
 bool dense(const at::Tensor& t) {

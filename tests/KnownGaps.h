@@ -25,8 +25,6 @@ inline const KnownGap* known_gap() {
       {"Convolution/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/conv_transpose2d_groups", {"as conv_transpose2d"}},
       {"Convolution/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/conv_transpose2d_dilation",
        {"as conv_transpose2d"}},
-      {"Normalization/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/batch_norm1d_2d",
-       {"2.14's CPU batch norm over [N, C] statistics: 16 B under"}},
       {"Recurrent/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/lstm",
        {"2.14's CPU LSTM runs oneDNN's RNN layer, which has no meta kernel", "aten::mkldnn_rnn_layer"}},
       {"Recurrent/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/lstm_two_layers_bidirectional",
