@@ -375,6 +375,14 @@ void run_shared_backend_code(const c10::OperatorHandle& op, torch::jit::Stack* s
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
 }
 
+// A traced tensor counts as pinned: host tensors of a trace stand on its
+// fake device already, and pinned host memory is not the device's. So
+// pin_memory() (a DataLoader's, a script's) returns the tensor itself.
+void is_pinned(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  torch::jit::drop(*stack, 2);
+  stack->emplace_back(true);
+}
+
 // Registrations live as long as the process.
 void register_meta_kernel() {
   auto& dispatcher = c10::Dispatcher::singleton();
@@ -400,6 +408,12 @@ void register_meta_kernel() {
         handles->push_back(dispatcher.registerImpl(
             name, key, c10::KernelFunction::makeFromBoxedFunction<&run_for_real>(), c10::nullopt,
             nullptr, "metamem: runs for real"));
+      continue;
+    }
+    if (qualified == "aten::is_pinned") {
+      handles->push_back(dispatcher.registerImpl(name, c10::DispatchKey::PrivateUse1,
+                                                 c10::KernelFunction::makeFromBoxedFunction<&is_pinned>(),
+                                                 c10::nullopt, nullptr, "metamem: pinned"));
       continue;
     }
     if (runs_shared_backend_code(qualified)) {

@@ -214,6 +214,25 @@ def test_moving_a_model_to_cuda(move):
     assert traced == achieved
 
 
+def test_pinned_host_memory_is_not_the_gpus():
+    # A DataLoader's pinned batch and a script's pinned staging buffer hold
+    # host memory: pinning a traced tensor gives the tensor itself.
+    def step(pin):
+        batch = torch.randn(8, 64)
+        if pin:
+            pinned = batch.pin_memory()
+            assert pinned is batch and pinned.is_pinned()
+            assert torch.empty(8, 64, pin_memory=True).is_pinned()
+        mlp().cuda()(batch.cuda(non_blocking=True)).sum().backward()
+
+    peaks = []
+    for pin in (False, True):
+        with metamem.trace(device="cuda") as t:
+            step(pin)
+        peaks.append(t.peak_bytes)
+    assert peaks[0] == peaks[1] > 0
+
+
 def test_reading_a_value_is_a_named_error_unless_placeholders_are_asked():
     for read, op in [(lambda loss: loss.item(), "aten::_local_scalar_dense"),
                      (lambda loss: bool(torch.isnan(loss)), "aten::_local_scalar_dense")]:
