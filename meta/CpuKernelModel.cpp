@@ -640,11 +640,25 @@ std::int64_t kthvalue(Args args, Args) {
   return bytes_of(self) + self.numel() * 8;
 }
 
-// Binary searches read the sorted sequence and the values contiguous.
-std::int64_t searchsorted(Args args, Args) {
-  std::int64_t bytes = copy_unless_contiguous(args[0].toTensor()) + copy_unless_contiguous(args[1].toTensor());
-  if (args[5].isTensor()) bytes += copy_unless_contiguous(args[5].toTensor());
-  return bytes;
+// Binary searches read the sorted sequence and the values contiguous; a
+// Scalar value is wrapped in a 0-dim tensor and cast to the sequence's
+// dtype. A sorter is first checked in range through its aminmax (two
+// 0-dim), before the result exists.
+std::int64_t searchsorted(Args args, Args returns) {
+  const at::Tensor& sequence = args[0].toTensor();
+  std::int64_t values = 0;
+  if (args[1].isScalar()) {
+    const c10::ScalarType wrapped = wrapped_type(args[1].toScalar());
+    values = static_cast<std::int64_t>(c10::elementSize(wrapped)) +
+             (wrapped == sequence.scalar_type() ? 0 : element_size(sequence));
+  } else {
+    values = copy_unless_contiguous(args[1].toTensor());
+  }
+  const std::int64_t bytes = copy_unless_contiguous(sequence) + values;
+  if (!args[5].isTensor()) return bytes;
+  const at::Tensor& sorter = args[5].toTensor();
+  const std::int64_t range_check = sorter.numel() > 0 ? 2 * element_size(sorter) : 0;
+  return std::max(range_check - bytes_of(returns[0].toTensor()), bytes + copy_unless_contiguous(sorter));
 }
 
 std::int64_t bucketize(Args args, Args) {
@@ -1117,6 +1131,7 @@ ScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::_cdist_forward", &cdist_forward},
       {"aten::kthvalue", &kthvalue},
       {"aten::searchsorted.Tensor", &searchsorted},
+      {"aten::searchsorted.Scalar", &searchsorted},
       {"aten::bucketize.Tensor", &bucketize},
       {"aten::_cdist_backward", &cdist_backward},
       {"aten::grid_sampler_2d_backward", &contiguous_first},

@@ -1,6 +1,8 @@
 #include "meta/LapackWorkspace.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 // The LAPACK libtorch itself calls: the one linked into libtorch_cpu (MKL's in
 // the wheel), which exports these symbols.
@@ -26,10 +28,19 @@ namespace {
 
 constexpr int kQuery = -1;
 
-// libtorch takes max(1, the optimal size LAPACK reports); for QR at least
-// one element per column.
-std::int64_t at_least_one(double size) { return std::max<std::int64_t>(1, static_cast<std::int64_t>(size)); }
-std::int64_t at_least_n(double size, std::int64_t n) { return std::max(at_least_one(size), n); }
+// libtorch reads the optimal size LAPACK reports one ULP up, so that a size
+// the floating-point answer rounded down is not short (pytorch#145801):
+// max(1, ceil(nextafter(size))), one element more for an exact size. For
+// QR at least one element per column.
+template <class T>
+std::int64_t at_least_one(T size) {
+  const T up = std::nextafter(size, std::numeric_limits<T>::infinity());
+  return std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(up)));
+}
+template <class T>
+std::int64_t at_least_n(T size, std::int64_t n) { return std::max(at_least_one(size), n); }
+// LDL's factorization still takes the size as reported.
+std::int64_t as_reported(double size) { return std::max<std::int64_t>(1, static_cast<std::int64_t>(size)); }
 
 }  // namespace
 
@@ -72,12 +83,12 @@ std::int64_t sytrf_work(c10::ScalarType dtype, std::int64_t n) {
   if (dtype == c10::kFloat) {
     float size = 0;
     ssytrf_(&uplo, &n_, nullptr, &lda, nullptr, &size, &kQuery, &info);
-    return at_least_one(size);
+    return as_reported(size);
   }
   if (dtype == c10::kDouble) {
     double size = 0;
     dsytrf_(&uplo, &n_, nullptr, &lda, nullptr, &size, &kQuery, &info);
-    return at_least_one(size);
+    return as_reported(size);
   }
   return 0;
 }

@@ -356,7 +356,7 @@ bool runs_as_one_op(const c10::OperatorHandle& op, const std::string& qualified)
       "aten::soft_margin_loss", "aten::soft_margin_loss.out",
       "aten::soft_margin_loss_backward", "aten::soft_margin_loss_backward.grad_input",
       "aten::_safe_softmax",   "aten::_unsafe_masked_index",
-      "aten::_unsafe_masked_index_put_accumulate"};
+      "aten::_unsafe_masked_index_put_accumulate", "aten::allclose"};
   if (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))
     return op.hasKernelForDispatchKey(c10::DispatchKey::CPU);
   if (decomposed.count(qualified) != 0) return false;

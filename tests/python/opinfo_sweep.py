@@ -32,6 +32,12 @@ from torch.testing._internal.common_methods_invocations import op_db
 
 MATCH, UNSUPPORTED, MISMATCH, CRASH, SKIPPED = "match", "unsupported", "mismatch", "crash", "skipped"
 
+# The ops by which a sample stops on a tensor's value, as under FakeTensorMode:
+# a value read (item(), equal), an output sized by values, a kernel reading
+# data ("data").
+VALUE_READS = {"aten::_local_scalar_dense", "aten::equal", "aten::nonzero", "aten::masked_select", "aten::_unique",
+               "aten::_unique2", "aten::unique_consecutive", "data"}
+
 
 @dataclasses.dataclass
 class Outcome:
@@ -115,6 +121,10 @@ def _check_sample(opinfo, sample):
             _step(opinfo, sample, fake)()
     except metamem.UnsupportedOpError as error:
         return UNSUPPORTED, error.op
+    except RuntimeError as error:
+        if "a traced tensor has no data" in str(error):
+            return UNSUPPORTED, "data"
+        return MISMATCH, f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
     except Exception as error:
         return MISMATCH, f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"
     if fake != real:
@@ -205,6 +215,12 @@ def summary(outcomes):
     return counts, run
 
 
+def value_free_share(outcomes, counts, run):
+    """The share of exact ops among those that read no tensor value."""
+    reads = sum(1 for o in outcomes if o.kind == UNSUPPORTED and o.detail in VALUE_READS)
+    return reads, f"{counts[MATCH]} of the {run - reads} that read no value ({100 * counts[MATCH] / max(run - reads, 1):.1f}%)"
+
+
 def print_markdown(outcomes):
     counts, run = summary(outcomes)
     print("| ops (float32, CPU) | count | share of ops run |")
@@ -213,6 +229,8 @@ def print_markdown(outcomes):
         print(f"| {kind} | {counts[kind]} | {100 * counts[kind] / max(run, 1):.1f}% |")
     print(f"| run | {run} | |")
     print(f"| skipped (no float32 sample runs on CPU) | {counts[SKIPPED]} | |")
+    reads, share = value_free_share(outcomes, counts, run)
+    print(f"\n{reads} of the unsupported ops stop on a tensor's value; match: {share}.")
     unsupported = collections.Counter(o.detail for o in outcomes if o.kind == UNSUPPORTED)
     print("\nUnsupported, by the op named in the error: " +
           ", ".join(f"`{op}` ({n})" for op, n in unsupported.most_common()))
@@ -248,7 +266,8 @@ def main():
     counts, run = summary(outcomes)
     print(f"{len(outcomes)} ops in {time.perf_counter() - start:.0f} s: " +
           ", ".join(f"{counts[k]} {k}" for k in (MATCH, UNSUPPORTED, MISMATCH, CRASH, SKIPPED)) +
-          f"; {100 * counts[MATCH] / max(run, 1):.1f}% of ops run match", flush=True)
+          f"; {100 * counts[MATCH] / max(run, 1):.1f}% of ops run match, {value_free_share(outcomes, counts, run)[1]}",
+          flush=True)
     if args.markdown:
         print_markdown(outcomes)
     return 1 if counts[CRASH] else 0

@@ -41,3 +41,6 @@ def test_op_traces_exactly(name):
 def test_an_op_that_reads_values_fails_with_its_name():
     outcome = sweep.check_op(OPS["nonzero"], max_samples=2)
     assert outcome.kind == sweep.UNSUPPORTED and outcome.detail == "aten::nonzero"
+    # A kernel that reads the data of a tensor of indices.
+    outcome = sweep.check_op(OPS["tensor_split"])
+    assert outcome.kind == sweep.UNSUPPORTED and outcome.detail == "data" and "data" in sweep.VALUE_READS
