@@ -480,6 +480,11 @@ std::int64_t linalg_vector_norm(Args args, Args returns) {
          (elementwise_zero_norm ? 8 + element_size(result) : 0);
 }
 
+// Out of training, rrelu's slope is (lower + upper) / 2 computed in 0-dim
+// tensors: both (floating) bounds wrapped as doubles, their sum, a wrapped
+// 2 (int64) cast to double and the quotient, six of 8 bytes live at once.
+std::int64_t rrelu_with_noise(Args args, Args) { return args[4].toBool() ? 0 : 6 * 8; }
+
 // roll over no dims rolls the flattened input; over several dims it rolls
 // one at a time, keeping every intermediate.
 std::int64_t roll(Args args, Args returns) {
@@ -876,13 +881,29 @@ std::int64_t reduced_pointwise_loss(Args args, Args) {
 // them. Max gathers the nonempty bags' rows of max_indices and of the
 // gradient, each through the list of nonempty bags (taken to be every bag:
 // which are empty depends on the offsets' values), beside one column's
-// contiguous copy at a time.
+// contiguous copy at a time. Per-sample weights are gathered in the sorted
+// order too.
 std::int64_t embedding_bag_dense_backward(Args args, Args) {
   const at::Tensor &grad = args[0].toTensor(), &indices = args[1].toTensor();
   constexpr std::int64_t kMax = 2;
-  if (args[7].toInt() != kMax) return copy_unless_contiguous(grad) + 3 * indices.numel() * 8;
+  if (args[7].toInt() != kMax) {
+    const bool scaled = args[8].isTensor() && args[8].toTensor().defined();
+    const std::int64_t weights = scaled ? indices.numel() * element_size(args[8].toTensor()) : 0;
+    return copy_unless_contiguous(grad) + 3 * indices.numel() * 8 + weights;
+  }
   const std::int64_t bags = args[3].toTensor().numel(), dim = grad.size(1);
   return copy_unless_contiguous(grad) + bags * dim * (8 + element_size(grad)) + bags * 8;
+}
+
+// The per-sample-weights gradient rebuilds each index's bag when the
+// forward's fast path left offset2bag empty: zeros over the indices and one
+// more, an index_add_ of ones over the offsets, a wrapped 1 subtracted, and
+// their cumsum, the zeros live throughout.
+std::int64_t embedding_bag_per_sample_weights_backward(Args args, Args) {
+  const at::Tensor &indices = args[2].toTensor(), &offsets = args[3].toTensor();
+  if (args[4].toTensor().numel() != 0 || indices.numel() == 0) return 0;
+  const std::int64_t bags = (indices.numel() + 1) * element_size(offsets);
+  return bags + std::max({offsets.numel() * element_size(offsets), std::int64_t{8}, bags});
 }
 
 // CTC's backward computes log-beta beside the log-alpha its forward kept.
@@ -1111,6 +1132,7 @@ ScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::channel_shuffle", &channel_shuffle},
       {"aten::native_channel_shuffle", &channel_shuffle},
       {"aten::linalg_vector_norm", &linalg_vector_norm},
+      {"aten::rrelu_with_noise", &rrelu_with_noise},
       {"aten::roll", &roll},
       {"aten::sort", &sort},
       {"aten::sort.stable", &sort},
@@ -1216,6 +1238,7 @@ ScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::_upsample_nearest_exact3d_backward", &contiguous_first},
       {"aten::_ctc_loss_backward", &ctc_loss_backward},
       {"aten::_embedding_bag_dense_backward", &embedding_bag_dense_backward},
+      {"aten::_embedding_bag_per_sample_weights_backward", &embedding_bag_per_sample_weights_backward},
       {"aten::multilabel_margin_loss_forward", &multilabel_margin_loss},
       {"aten::multilabel_margin_loss_backward", &multilabel_margin_loss},
       // pow with a Scalar exponent captures it; a Scalar base is wrapped.

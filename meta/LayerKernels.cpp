@@ -184,7 +184,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_group_norm_backward(
 // Outputs (bags x dim), offset2bag, bag_size, max_indices. CPU's sum over
 // float rows with unit strides skips offset2bag; otherwise CPU builds it one
 // longer (a cumulative sum over offsets marked in it) and shrinks it, so its
-// storage keeps the extra element. CPU's max_indices is per bag unless the
+// storage keeps the extra element. bag_size has an element per offset
+// (include_last_offset's last too). CPU's max_indices is per bag unless the
 // mode is max. CUDA always fills offset2bag and keeps max_indices only for
 // max.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> embedding_bag(
@@ -206,7 +207,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> embedding_bag(
   const at::Tensor offset2bag =
       mode == kSum && fast_sum ? at::empty({0}, offsets.options())
                                : at::empty({indices.size(0) + 1}, offsets.options()).resize_({indices.size(0)});
-  return {output, offset2bag, at::empty({bags}, offsets.options()),
+  return {output, offset2bag, at::empty({offsets.size(0)}, offsets.options()),
           at::empty(mode == kMax ? std::vector<std::int64_t>{bags, dim} : std::vector<std::int64_t>{bags},
                     offsets.options())};
 }
