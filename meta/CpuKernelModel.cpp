@@ -74,10 +74,11 @@ std::int64_t group_copy_bytes(const at::Tensor& t, std::int64_t groups) {
 // output_padding, groups). With groups > 1 it runs group by group: each
 // group's input is made contiguous and unfolded, and the per-group outputs
 // live until the function returns (after their concatenation).
-// The slow transposed convolution scatters one batch item at a time
-// through columns of C_out x kernel x input pixels and adds a bias through
-// a plane of ones; the 3-d one allocates its output input-sized first and
-// resizes it. With groups > 1 it runs group by group like the direct one.
+// The slow transposed convolution scatters through columns of C_out x
+// kernel x input pixels: the 2-d one for the whole batch at once, the 3-d
+// one an item at a time, adding a bias through a plane of ones, and
+// allocating its output input-sized first and resizing it. With groups > 1
+// it runs group by group like the direct one.
 std::int64_t transposed_columns_bytes(const at::Tensor& input, const at::Tensor& weight) {
   std::int64_t columns = weight.size(1) * element_size(input);
   for (std::int64_t i = 2; i < weight.dim(); ++i) columns *= weight.size(i) * input.size(i);
@@ -91,6 +92,7 @@ std::int64_t transposed_convolution(Args args, const at::Tensor& output) {
   for (std::int64_t i = 2; i < output.dim(); ++i) ones *= output.size(i);
   const std::int64_t group_input = bytes_of(input) / groups;
   std::int64_t group = transposed_columns_bytes(input, weight) + ones;
+  if (input.dim() == 4) group = input.size(0) * transposed_columns_bytes(input, weight);
   if (input.dim() == 5) group = std::max(group, group_input);
   if (groups == 1) return group;
   return std::max(bytes_of(output), group_copy_bytes(input, groups) + group);

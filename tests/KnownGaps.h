@@ -20,11 +20,6 @@ struct KnownGap {
 
 inline const KnownGap* known_gap() {
   static const std::unordered_map<std::string, KnownGap> gaps = {
-      {"Convolution/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/conv_transpose2d",
-       {"2.14's transposed convolution on CPU (oneDNN) holds other buffers than the slow kernel"}},
-      {"Convolution/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/conv_transpose2d_groups", {"as conv_transpose2d"}},
-      {"Convolution/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/conv_transpose2d_dilation",
-       {"as conv_transpose2d"}},
       {"Recurrent/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/lstm",
        {"2.14's CPU LSTM runs oneDNN's RNN layer, which has no meta kernel", "aten::mkldnn_rnn_layer"}},
       {"Recurrent/Layer.TracedPeakIsTheRealCpuRunsAndFakeCudaTraces/lstm_two_layers_bidirectional",
