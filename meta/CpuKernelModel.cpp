@@ -783,6 +783,24 @@ std::int64_t linalg_inv_ex(Args args, Args returns) {
          std::max(8 + 4 + pivots, args[1].toBool() ? 1 + d.batch : 0);
 }
 
+// cholesky_solve solves in column-major copies of B (its result) and of A
+// broadcast to the common batch, with int32 infos and their check.
+std::int64_t cholesky_solve(Args args, Args returns) {
+  const at::Tensor &A = args[1].toTensor(), &X = returns[0].toTensor();
+  std::int64_t batch = 1;
+  for (std::int64_t i = 0; i < X.dim() - 2; ++i) batch *= X.size(i);
+  const std::int64_t n = A.size(-1);
+  return batch * n * n * element_size(A) + 4 * batch + 1 + batch;
+}
+
+// householder_product runs orgqr on each matrix of its result through one
+// workspace that LAPACK sizes.
+std::int64_t linalg_householder_product(Args args, Args returns) {
+  const at::Tensor &A = args[0].toTensor(), &tau = args[1].toTensor();
+  if (returns[0].toTensor().numel() == 0) return 0;
+  return lapack::orgqr_work(A.scalar_type(), A.size(-2), A.size(-1), tau.size(-1)) * element_size(A);
+}
+
 // linalg_qr: Householder scalars (batch x k), geqrf in Q or R when one has
 // A's shape (else in a column-major copy of A), then orgqr for a non-empty
 // Q; each asks LAPACK for its workspace, one at a time.
@@ -1169,6 +1187,8 @@ ScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::_linalg_check_errors", &linalg_check_errors},
       {"aten::_linalg_det", &linalg_det},
       {"aten::linalg_qr", &linalg_qr},
+      {"aten::cholesky_solve", &cholesky_solve},
+      {"aten::linalg_householder_product", &linalg_householder_product},
       {"aten::_linalg_eigh", &linalg_eigh},
       {"aten::_linalg_svd", &linalg_svd},
       {"aten::lu_unpack", &lu_unpack},
