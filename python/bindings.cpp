@@ -47,6 +47,47 @@ void raise_unsupported(const UnsupportedOpError& error) {
                       error.reads_value() ? g_value_read_error : g_unsupported_op_error);
 }
 
+// torch.cuda.memory_snapshot()'s segments (torch._C._cuda_memorySnapshot's
+// "segments"): each cudaMalloc'd segment with its blocks by address, as the
+// simulated allocator holds them. One stream, no stack frames.
+py::list segments_of(const CachingAllocatorSim& allocator) {
+  py::list segments;
+  const auto& blocks = allocator.blocks();
+  for (const auto& [base, total] : allocator.segments()) {
+    py::list segment_blocks;
+    std::int64_t allocated = 0, requested = 0;
+    bool small_pool = false;
+    for (auto it = blocks.lower_bound(base); it != blocks.end() && it->first < base + total; ++it) {
+      const auto& block = it->second;
+      py::dict b;
+      b["address"] = it->first;
+      b["size"] = block.size;
+      b["requested_size"] = block.allocated ? block.requested : 0;
+      b["state"] = block.allocated ? "active_allocated" : "inactive";
+      b["frames"] = py::list();
+      segment_blocks.append(b);
+      allocated += block.allocated ? block.size : 0;
+      requested += block.allocated ? block.requested : 0;
+      small_pool = block.small_pool;
+    }
+    py::dict segment;
+    segment["device"] = 0;
+    segment["address"] = base;
+    segment["total_size"] = total;
+    segment["stream"] = 0;
+    segment["segment_type"] = small_pool ? "small" : "large";
+    segment["segment_pool_id"] = py::make_tuple(0, 0);
+    segment["allocated_size"] = allocated;
+    segment["active_size"] = allocated;
+    segment["requested_size"] = requested;
+    segment["is_expandable"] = false;
+    segment["frames"] = py::list();
+    segment["blocks"] = segment_blocks;
+    segments.append(segment);
+  }
+  return segments;
+}
+
 // torch.cuda.memory_stats()'s nested form (torch._C._cuda_memoryStats).
 py::dict memory_stats_dict(const AllocatorStats& stats) {
   auto stat = [](const AllocatorStat& s) {
@@ -209,6 +250,7 @@ class Session {
 
   // The simulated CUDA caching allocator at this moment of the trace.
   py::dict memory_stats() const { return memory_stats_dict(allocator_.stats()); }
+  py::list memory_segments() const { return segments_of(allocator_); }
   void reset_peak_memory_stats() { allocator_.reset_peaks(); }
   void reset_accumulated_memory_stats() { allocator_.reset_accumulated(); }
   void empty_cache() { allocator_.empty_cache(); }
@@ -378,6 +420,7 @@ PYBIND11_MODULE(_metamem, m) {
       .def("push_scope", &Session::push_scope)
       .def("pop_scope", &Session::pop_scope)
       .def("memory_stats", &Session::memory_stats)
+      .def("memory_segments", &Session::memory_segments)
       .def("reset_peak_memory_stats", &Session::reset_peak_memory_stats)
       .def("reset_accumulated_memory_stats", &Session::reset_accumulated_memory_stats)
       .def("empty_cache", &Session::empty_cache)

@@ -216,6 +216,8 @@ class FakeCudaRuntime:
             set_(C, "_cuda_resetAccumulatedMemoryStats",
                  lambda device=0: session.reset_accumulated_memory_stats())
             set_(C, "_cuda_emptyCache", session.empty_cache)
+            set_(C, "_cuda_memorySnapshot", lambda *args: {"segments": session.memory_segments(),
+                                                            "device_traces": [[]], "allocator_settings": {}})
             set_(cuda, "cudart", lambda: _CudaRuntime(self))
             # GradScaler checks for inf and NaN gradients by reading a value:
             # in a trace it finds none and steps, as a healthy step does.

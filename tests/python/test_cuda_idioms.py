@@ -95,6 +95,22 @@ def test_memory_statistics_follow_the_simulated_caching_allocator():
         del x
 
 
+def test_memory_snapshot_lists_the_simulated_segments_and_blocks():
+    with metamem.trace(device="cuda"):
+        kept = torch.empty(1000, device="cuda")  # 4000 B: a 4 KiB block of a 2 MiB segment
+        big = torch.empty(3 * MiB, device="cuda")  # 12 MiB: a segment of its own
+        del kept
+        segments = torch.cuda.memory_snapshot()
+        layout = [(s["segment_type"], s["total_size"], [(b["size"], b["state"]) for b in s["blocks"]])
+                  for s in segments]
+        assert layout == [("small", 2 * MiB, [(2 * MiB, "inactive")]),
+                          ("large", 12 * MiB, [(12 * MiB, "active_allocated")])]
+        assert sum(s["total_size"] for s in segments) == torch.cuda.memory_reserved()
+        assert sum(s["allocated_size"] for s in segments) == torch.cuda.memory_allocated() == 12 * MiB
+        assert segments[1]["blocks"][0]["requested_size"] == big.numel() * 4
+        assert torch.cuda.memory._snapshot()["segments"] == segments
+
+
 def test_peaks_read_at_the_end_of_a_step_are_the_reports():
     with metamem.trace(device="cuda") as t:
         model = torch.nn.Linear(1024, 1024).cuda()
