@@ -837,16 +837,27 @@ std::int64_t linalg_svd(Args args, Args) {
   return d.infos() + std::max(bytes_of(A), 1 + d.batch);
 }
 
-// lu_unpack turns int32 pivots into an int64 permutation: an arange over
-// the rows, expanded over the batch contiguous, and contiguous pivots.
+// Pivots become an int64 permutation through an arange over the m rows,
+// expanded over the batch and made contiguous (a copy for more than one
+// matrix).
+std::int64_t permutation_bytes(std::int64_t m, std::int64_t batch) { return 8 * m + (batch > 1 ? 8 * m * batch : 0); }
+
+// lu_unpack reads contiguous pivots.
 std::int64_t lu_unpack(Args args, Args) {
   const at::Tensor &LU = args[0].toTensor(), &pivots = args[1].toTensor();
   if (!args[3].toBool()) return 0;
-  const std::int64_t m = LU.size(-2);
-  auto batch = pivots.sizes().vec();
-  batch.back() = m;
-  const at::Tensor arange = at::empty({m}, pivots.options().dtype(at::kLong));
-  return 8 * m + copy_unless_contiguous(arange.expand(batch)) + copy_unless_contiguous(pivots);
+  std::int64_t batch = 1;
+  for (std::int64_t i = 0; i < pivots.dim() - 1; ++i) batch *= pivots.size(i);
+  return permutation_bytes(LU.size(-2), batch) + copy_unless_contiguous(pivots);
+}
+
+// linalg_lu factors a copy of A beside int32 pivots and infos, then unpacks
+// the pivots.
+std::int64_t linalg_lu(Args args, Args) {
+  const at::Tensor& A = args[0].toTensor();
+  const Determinant d = determinant(A);
+  const std::int64_t m = A.size(-2), k = std::min(m, A.size(-1));
+  return 4 * k * d.batch + d.infos() + std::max(bytes_of(A), permutation_bytes(m, d.batch));
 }
 
 // The LDL factorisation asks sytrf for its workspace.
@@ -1192,6 +1203,7 @@ ScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::_linalg_eigh", &linalg_eigh},
       {"aten::_linalg_svd", &linalg_svd},
       {"aten::lu_unpack", &lu_unpack},
+      {"aten::linalg_lu", &linalg_lu},
       {"aten::linalg_ldl_factor_ex", &linalg_ldl_factor_ex},
       {"aten::linalg_inv_ex", &linalg_inv_ex},
       {"aten::_linalg_slogdet", &linalg_slogdet},
