@@ -801,6 +801,16 @@ std::int64_t linalg_householder_product(Args args, Args returns) {
   return lapack::orgqr_work(A.scalar_type(), A.size(-2), A.size(-1), tau.size(-1)) * element_size(A);
 }
 
+// ormqr multiplies a column-major copy of other (its result) by the
+// reflectors in a column-major copy of input, through one workspace that
+// LAPACK sizes.
+std::int64_t ormqr(Args args, Args returns) {
+  const at::Tensor &input = args[0].toTensor(), &tau = args[1].toTensor(), &C = returns[0].toTensor();
+  return bytes_of(input) + lapack::ormqr_work(input.scalar_type(), args[3].toBool(), args[4].toBool(), C.size(-2), C.size(-1),
+                            tau.size(-1)) *
+         element_size(input);
+}
+
 // linalg_qr: Householder scalars (batch x k), geqrf in Q or R when one has
 // A's shape (else in a column-major copy of A), then orgqr for a non-empty
 // Q; each asks LAPACK for its workspace, one at a time.
@@ -1198,6 +1208,7 @@ ScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::_linalg_check_errors", &linalg_check_errors},
       {"aten::_linalg_det", &linalg_det},
       {"aten::linalg_qr", &linalg_qr},
+      {"aten::ormqr", &ormqr},
       {"aten::cholesky_solve", &cholesky_solve},
       {"aten::linalg_householder_product", &linalg_householder_product},
       {"aten::_linalg_eigh", &linalg_eigh},

@@ -13,6 +13,10 @@ void sorgqr_(const int* m, const int* n, const int* k, float* a, const int* lda,
              const int* lwork, int* info);
 void dorgqr_(const int* m, const int* n, const int* k, double* a, const int* lda, const double* tau, double* work,
              const int* lwork, int* info);
+void sormqr_(const char* side, const char* trans, const int* m, const int* n, const int* k, const float* a,
+             const int* lda, const float* tau, float* c, const int* ldc, float* work, const int* lwork, int* info);
+void dormqr_(const char* side, const char* trans, const int* m, const int* n, const int* k, const double* a,
+             const int* lda, const double* tau, double* c, const int* ldc, double* work, const int* lwork, int* info);
 void ssytrf_(const char* uplo, const int* n, float* a, const int* lda, int* ipiv, float* work, const int* lwork,
              int* info);
 void dsytrf_(const char* uplo, const int* n, double* a, const int* lda, int* ipiv, double* work, const int* lwork,
@@ -39,7 +43,7 @@ std::int64_t at_least_one(T size) {
 }
 template <class T>
 std::int64_t at_least_n(T size, std::int64_t n) { return std::max(at_least_one(size), n); }
-// LDL's factorization still takes the size as reported.
+// LDL's factorization and ormqr still take the size as reported.
 std::int64_t as_reported(double size) { return std::max<std::int64_t>(1, static_cast<std::int64_t>(size)); }
 
 }  // namespace
@@ -88,6 +92,25 @@ std::int64_t sytrf_work(c10::ScalarType dtype, std::int64_t n) {
   if (dtype == c10::kDouble) {
     double size = 0;
     dsytrf_(&uplo, &n_, nullptr, &lda, nullptr, &size, &kQuery, &info);
+    return as_reported(size);
+  }
+  return 0;
+}
+
+std::int64_t ormqr_work(c10::ScalarType dtype, bool left, bool transpose, std::int64_t m, std::int64_t n,
+                        std::int64_t k) {
+  const int m_ = static_cast<int>(m), n_ = static_cast<int>(n), k_ = static_cast<int>(k);
+  const int lda = std::max(1, left ? m_ : n_), ldc = std::max(1, m_);
+  const char side = left ? 'L' : 'R', trans = transpose ? 'T' : 'N';
+  int info = 0;
+  if (dtype == c10::kFloat) {
+    float size = 0;
+    sormqr_(&side, &trans, &m_, &n_, &k_, nullptr, &lda, nullptr, nullptr, &ldc, &size, &kQuery, &info);
+    return as_reported(size);
+  }
+  if (dtype == c10::kDouble) {
+    double size = 0;
+    dormqr_(&side, &trans, &m_, &n_, &k_, nullptr, &lda, nullptr, nullptr, &ldc, &size, &kQuery, &info);
     return as_reported(size);
   }
   return 0;

@@ -12,6 +12,8 @@ namespace metamem::lapack {
 
 std::int64_t geqrf_work(c10::ScalarType dtype, std::int64_t m, std::int64_t n);
 std::int64_t orgqr_work(c10::ScalarType dtype, std::int64_t m, std::int64_t n, std::int64_t k);
+std::int64_t ormqr_work(c10::ScalarType dtype, bool left, bool transpose, std::int64_t m, std::int64_t n,
+                        std::int64_t k);
 std::int64_t sytrf_work(c10::ScalarType dtype, std::int64_t n);
 
 struct EighWork {
