@@ -487,6 +487,30 @@ std::int64_t linalg_vector_norm(Args args, Args returns) {
 // 2 (int64) cast to double and the quotient, six of 8 bytes live at once.
 std::int64_t rrelu_with_noise(Args args, Args) { return args[4].toBool() ? 0 : 6 * 8; }
 
+// segment_reduce checks lengths it may not trust before its result exists:
+// their min, then all(lengths.sum(-1) == data.size(axis)) through a
+// wrapped Scalar and a bool per segment list. Both directions read their
+// tensors contiguous.
+std::int64_t segment_reduce(Args args, Args returns) {
+  const at::Tensor& data = args[0].toTensor();
+  const bool lengths = args[2].isTensor() && args[2].toTensor().defined();
+  const bool unsafe = args[6].toBool();
+  std::int64_t checks = 0;
+  if (lengths && !unsafe) {
+    const at::Tensor& l = args[2].toTensor();
+    const std::int64_t lists = l.dim() > 0 && l.size(-1) > 0 ? l.numel() / l.size(-1) : 1;
+    checks = std::max<std::int64_t>(8, 8 * lists + 8 + lists) - bytes_of(returns[0].toTensor());
+  }
+  return std::max(checks, copy_unless_contiguous(data));
+}
+
+std::int64_t segment_reduce_backward(Args args, Args) {
+  std::int64_t bytes = 0;
+  for (std::size_t i : {0, 1, 2, 4, 5})
+    if (args[i].isTensor() && args[i].toTensor().defined()) bytes += copy_unless_contiguous(args[i].toTensor());
+  return bytes;
+}
+
 // roll over no dims rolls the flattened input; over several dims it rolls
 // one at a time, keeping every intermediate.
 std::int64_t roll(Args args, Args returns) {
@@ -1174,6 +1198,8 @@ ScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::native_channel_shuffle", &channel_shuffle},
       {"aten::linalg_vector_norm", &linalg_vector_norm},
       {"aten::rrelu_with_noise", &rrelu_with_noise},
+      {"aten::segment_reduce", &segment_reduce},
+      {"aten::_segment_reduce_backward", &segment_reduce_backward},
       {"aten::roll", &roll},
       {"aten::sort", &sort},
       {"aten::sort.stable", &sort},
