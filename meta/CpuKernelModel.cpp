@@ -817,6 +817,13 @@ std::int64_t cholesky_solve(Args args, Args returns) {
   return batch * n * n * element_size(A) + 4 * batch + 1 + batch;
 }
 
+// geqrf factors through one workspace that LAPACK sizes, asked for even
+// when there is nothing to factor.
+std::int64_t geqrf(Args args, Args) {
+  const at::Tensor& A = args[0].toTensor();
+  return lapack::geqrf_work(A.scalar_type(), A.size(-2), A.size(-1)) * element_size(A);
+}
+
 // householder_product runs orgqr on each matrix of its result through one
 // workspace that LAPACK sizes.
 std::int64_t linalg_householder_product(Args args, Args returns) {
@@ -1234,6 +1241,7 @@ ScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::_linalg_check_errors", &linalg_check_errors},
       {"aten::_linalg_det", &linalg_det},
       {"aten::linalg_qr", &linalg_qr},
+      {"aten::geqrf", &geqrf},
       {"aten::ormqr", &ormqr},
       {"aten::cholesky_solve", &cholesky_solve},
       {"aten::linalg_householder_product", &linalg_householder_product},

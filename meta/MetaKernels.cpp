@@ -479,6 +479,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cpu_flash_attention_backward(
   return {heads_second(query), heads_second(key), heads_second(value)};
 }
 
+// geqrf factors a column-major copy of each matrix in place, beside its
+// Householder scalars (min(m, n) per matrix).
+std::tuple<at::Tensor, at::Tensor> geqrf(const at::Tensor& self) {
+  auto batch = self.sizes().vec();
+  const std::int64_t m = self.size(-2), n = self.size(-1);
+  batch.resize(batch.size() - 2);
+  auto tau = batch;
+  tau.push_back(std::min(m, n));
+  return {at::empty_like(self).mT().contiguous().mT(), at::empty(tau, self.options())};
+}
+
 // Pixel (un)shuffle always writes a new tensor, laid out as the input.
 at::Tensor pixel_shuffle(const at::Tensor& self, std::int64_t factor) {
   auto size = self.sizes().vec();
@@ -569,6 +580,7 @@ const std::unordered_map<std::string, OwnKernel>& own_kernels() {
         own("_pdist_backward", TORCH_FN(pdist_backward)),
         own("flip", TORCH_FN(flip)),
         own("narrow_copy", TORCH_FN(narrow_copy)),
+        own("geqrf", TORCH_FN(geqrf)),
         own("pixel_shuffle", TORCH_FN(pixel_shuffle)),
         own("pixel_unshuffle", TORCH_FN(pixel_unshuffle)),
     };
