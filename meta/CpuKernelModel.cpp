@@ -824,6 +824,34 @@ std::int64_t geqrf(Args args, Args) {
   return lapack::geqrf_work(A.scalar_type(), A.size(-2), A.size(-1)) * element_size(A);
 }
 
+// linalg_eig of a real matrix checks isfinite(A).all() first ((abs(A) !=
+// inf) with a wrapped inf, A == A, their product), before its results
+// exist. Then int32 infos, the eigenvalues' real and imaginary parts, a
+// column-major copy of A, real eigenvectors when they are computed and
+// geev's workspace; after geev, (imaginary parts == 0).all() with a wrapped
+// 0.
+std::int64_t eig(const at::Tensor& A, bool vectors, std::int64_t results) {
+  if (A.is_complex()) return 0;
+  const Determinant d = determinant(A);
+  const std::int64_t matrices = d.batch * d.n * d.n, parts = 2 * d.n * d.batch * d.element;
+  const std::int64_t wrapped_inf = 8 + (d.element == 8 ? 0 : d.element), wrapped_zero = 8 + d.element;
+  const std::int64_t finite_check = bytes_of(A) + std::max(matrices + wrapped_inf, 3 * matrices) - results;
+  const std::int64_t real_vectors = vectors ? bytes_of(A) : 0;
+  const std::int64_t infos = 4 * std::max<std::int64_t>(d.batch, 1);  // one for an empty batch too
+  const std::int64_t geev = infos + parts + bytes_of(A) + real_vectors +
+                            lapack::geev_work(A.scalar_type(), vectors, d.n) * d.element;
+  const std::int64_t real_check = infos + parts + real_vectors + wrapped_zero + d.n * d.batch;
+  return std::max({finite_check, geev, real_check});
+}
+
+std::int64_t linalg_eig(Args args, Args returns) {
+  return eig(args[0].toTensor(), true, bytes_of(returns[0].toTensor()) + bytes_of(returns[1].toTensor()));
+}
+
+std::int64_t linalg_eigvals(Args args, Args returns) {
+  return eig(args[0].toTensor(), false, bytes_of(returns[0].toTensor()));
+}
+
 // householder_product runs orgqr on each matrix of its result through one
 // workspace that LAPACK sizes.
 std::int64_t linalg_householder_product(Args args, Args returns) {
@@ -1241,6 +1269,8 @@ ScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::_linalg_check_errors", &linalg_check_errors},
       {"aten::_linalg_det", &linalg_det},
       {"aten::linalg_qr", &linalg_qr},
+      {"aten::linalg_eig", &linalg_eig},
+      {"aten::_linalg_eigvals", &linalg_eigvals},
       {"aten::geqrf", &geqrf},
       {"aten::ormqr", &ormqr},
       {"aten::cholesky_solve", &cholesky_solve},

@@ -17,6 +17,10 @@ void sormqr_(const char* side, const char* trans, const int* m, const int* n, co
              const int* lda, const float* tau, float* c, const int* ldc, float* work, const int* lwork, int* info);
 void dormqr_(const char* side, const char* trans, const int* m, const int* n, const int* k, const double* a,
              const int* lda, const double* tau, double* c, const int* ldc, double* work, const int* lwork, int* info);
+void sgeev_(const char* jobvl, const char* jobvr, const int* n, float* a, const int* lda, float* wr, float* wi,
+            float* vl, const int* ldvl, float* vr, const int* ldvr, float* work, const int* lwork, int* info);
+void dgeev_(const char* jobvl, const char* jobvr, const int* n, double* a, const int* lda, double* wr, double* wi,
+            double* vl, const int* ldvl, double* vr, const int* ldvr, double* work, const int* lwork, int* info);
 void ssytrf_(const char* uplo, const int* n, float* a, const int* lda, int* ipiv, float* work, const int* lwork,
              int* info);
 void dsytrf_(const char* uplo, const int* n, double* a, const int* lda, int* ipiv, double* work, const int* lwork,
@@ -112,6 +116,25 @@ std::int64_t ormqr_work(c10::ScalarType dtype, bool left, bool transpose, std::i
     double size = 0;
     dormqr_(&side, &trans, &m_, &n_, &k_, nullptr, &lda, nullptr, nullptr, &ldc, &size, &kQuery, &info);
     return as_reported(size);
+  }
+  return 0;
+}
+
+std::int64_t geev_work(c10::ScalarType dtype, bool vectors, std::int64_t n) {
+  const int n_ = static_cast<int>(n), lda = std::max(1, n_), ldvl = 1, ldvr = vectors ? lda : 1;
+  const char jobvl = 'N', jobvr = vectors ? 'V' : 'N';
+  int info = 0;
+  if (dtype == c10::kFloat) {
+    float size = 0;
+    sgeev_(&jobvl, &jobvr, &n_, nullptr, &lda, nullptr, nullptr, nullptr, &ldvl, nullptr, &ldvr, &size, &kQuery,
+           &info);
+    return at_least_one(size);
+  }
+  if (dtype == c10::kDouble) {
+    double size = 0;
+    dgeev_(&jobvl, &jobvr, &n_, nullptr, &lda, nullptr, nullptr, nullptr, &ldvl, nullptr, &ldvr, &size, &kQuery,
+           &info);
+    return at_least_one(size);
   }
   return 0;
 }

@@ -15,6 +15,7 @@ std::int64_t orgqr_work(c10::ScalarType dtype, std::int64_t m, std::int64_t n, s
 std::int64_t ormqr_work(c10::ScalarType dtype, bool left, bool transpose, std::int64_t m, std::int64_t n,
                         std::int64_t k);
 std::int64_t sytrf_work(c10::ScalarType dtype, std::int64_t n);
+std::int64_t geev_work(c10::ScalarType dtype, bool vectors, std::int64_t n);
 
 struct EighWork {
   std::int64_t work = 0, iwork = 0;
