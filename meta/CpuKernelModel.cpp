@@ -218,19 +218,20 @@ std::int64_t native_layer_norm_backward(Args args, Args) {
   return copies + at::get_num_threads() * 2 * numel(args[2].toIntVector()) * element_size(args[1].toTensor());
 }
 
-// Group norm's kernels read the input (and backward the gradient) dense in
-// the input's suggested memory format, copying them otherwise.
-std::int64_t group_norm_operand_copies(const at::Tensor& input, const at::Tensor& grad_out = {}) {
-  const auto format = input.suggest_memory_format();
-  return copy_unless_contiguous(input, format) + copy_unless_contiguous(grad_out, format);
+// Kernels that read their first argument dense in the layout it suggests:
+// group norm's input, channel shuffle's.
+std::int64_t dense_first(Args args, Args) {
+  const at::Tensor& self = args[0].toTensor();
+  return copy_unless_contiguous(self, self.suggest_memory_format());
 }
 
-std::int64_t native_group_norm(Args args, Args) { return group_norm_operand_copies(args[0].toTensor()); }
-
-// The backward kernel sums per (sample, channel) into two N x C buffers.
+// Group norm's backward reads the gradient and the input dense in the
+// input's layout and sums per (sample, channel) into two N x C buffers.
 std::int64_t native_group_norm_backward(Args args, Args) {
   const at::Tensor &grad_out = args[0].toTensor(), &input = args[1].toTensor();
-  return group_norm_operand_copies(input, grad_out) + 2 * args[5].toInt() * args[6].toInt() * element_size(input);
+  const auto format = input.suggest_memory_format();
+  return copy_unless_contiguous(input, format) + copy_unless_contiguous(grad_out, format) +
+         2 * args[5].toInt() * args[6].toInt() * element_size(input);
 }
 
 // TensorIterator, building an elementwise op on CPU, copies each operand
@@ -458,12 +459,6 @@ std::int64_t unfold_backward(Args args, Args) {
       input_sizes[c10::maybe_wrap_dim(args[2].toInt(), static_cast<std::int64_t>(input_sizes.size()))];
   const std::int64_t windows = (length - size) / step + 1;
   return 8 * ((windows - 1) * step + size);
-}
-
-// Channel shuffle reads its input dense in the layout it suggests.
-std::int64_t channel_shuffle(Args args, Args) {
-  const at::Tensor& self = args[0].toTensor();
-  return copy_unless_contiguous(self, self.suggest_memory_format());
 }
 
 // vector_norm first casts its input to a requested dtype. A 0-norm over
@@ -1208,7 +1203,7 @@ ScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::batch_norm_backward", &native_batch_norm_backward},
       {"aten::native_layer_norm_backward", &native_layer_norm_backward},
       {"aten::native_layer_norm", &native_layer_norm},
-      {"aten::native_group_norm", &native_group_norm},
+      {"aten::native_group_norm", &dense_first},
       {"aten::native_group_norm_backward", &native_group_norm_backward},
       {"aten::tril", &triangle},
       {"aten::triu", &triangle},
@@ -1229,8 +1224,8 @@ ScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::repeat", &repeat},
       {"aten::narrow_copy", &contiguous_first},
       {"aten::unfold_backward", &unfold_backward},
-      {"aten::channel_shuffle", &channel_shuffle},
-      {"aten::native_channel_shuffle", &channel_shuffle},
+      {"aten::channel_shuffle", &dense_first},
+      {"aten::native_channel_shuffle", &dense_first},
       {"aten::linalg_vector_norm", &linalg_vector_norm},
       {"aten::rrelu_with_noise", &rrelu_with_noise},
       {"aten::segment_reduce", &segment_reduce},

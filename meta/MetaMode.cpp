@@ -48,8 +48,9 @@ void release_tag(void* ctx) {
 
 // An efficient zero tensor (autograd's gradient where a derivative is zero:
 // sgn's, a masked-out branch's) has the storage of its size and no memory:
-// its allocator hands out nothing. Its tag holds buffer 0, none.
-constexpr std::string_view kZeroTensor = "aten::_efficientzerotensor";
+// its allocator hands out nothing. Its tag holds buffer 0, none. The op is
+// found once, when the kernel is registered.
+const c10::OperatorName* g_zero_tensor = nullptr;
 
 void hold_no_memory(const at::Tensor& inner) {
   c10::StorageImpl* impl = inner.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
@@ -331,7 +332,7 @@ void meta_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   BufferList inputs, outputs;
   unwrap_arguments(schema, *stack, inputs);
   call_on_meta(op, *stack);
-  if (schema.name() == kZeroTensor) hold_no_memory(stack->back().toTensor());
+  if (&op.operator_name() == g_zero_tensor) hold_no_memory(stack->back().toTensor());
   wrap_outputs(schema, *stack, original_args, outputs);
   auto* observer = g_mode.observer.load(std::memory_order_acquire);
   const std::size_t n_returns = schema.returns().size();
@@ -401,6 +402,7 @@ void register_meta_kernel() {
       g_cpu_scratch.emplace(&op->operator_name(), model);
       g_cuda_scratch.emplace(&op->operator_name(), model);
     }
+    if (qualified == "aten::_efficientzerotensor") g_zero_tensor = &op->operator_name();
     if (const c10::KernelFunction* kernel = own_meta_kernel(qualified))
       g_own_kernels.emplace(&op->operator_name(), kernel);
     if (qualified.rfind("profiler::", 0) == 0) {
