@@ -1,8 +1,9 @@
 """The same Python GPT-2 124M training step (batch 8, sequence 1024) traced by
-metamem and by PyTorch's FakeTensorMode, side by side: the traced step is
-forward and backward of a model already built in each mode (FakeTensorMode
-in torch 1.13 runs neither CUDA nor an optimizer step; metamem runs both,
-timed separately below).
+metamem and by PyTorch's FakeTensorMode, side by side: the whole block (the
+model built inside it, forward, backward, an AdamW step, and for metamem the
+peak read after the block) and its parts. FakeTensorMode runs on CPU only:
+without a GPU, torch 2.x's fake CUDA tensors stop in backward (autograd asks
+the CUDA driver for a context).
 
     PYTHONPATH=build/python .venv/bin/python bench/python_gpt2_bench.py [--repeat 3]
 """
@@ -73,29 +74,37 @@ def forward_backward(model, device, batch, length):
     F.cross_entropy(logits.view(-1, logits.size(-1)), tokens.view(-1)).backward()
 
 
-def timed(run):
+def whole_step(times, device, batch, length):
+    """Builds the model, runs forward + backward and an AdamW step, noting
+    each part's seconds in `times`."""
     start = time.perf_counter()
-    run()
-    return time.perf_counter() - start
+    model = GPT2()
+    if device != "cpu":  # FakeTensorMode cannot swap a module's parameters for themselves
+        model = model.to(device)
+    built = time.perf_counter()
+    forward_backward(model, device, batch, length)
+    stepped = time.perf_counter()
+    torch.optim.AdamW(model.parameters()).step()
+    times.update(build=built - start, step=stepped - built, optimizer=time.perf_counter() - stepped)
 
 
-def metamem_step(device, batch, length):
-    """Seconds for forward + backward, for the whole block, and the trace."""
+def metamem_block(device, batch, length):
     times = {}
     start = time.perf_counter()
     with metamem.trace(device=device) as t:
-        model = GPT2().to(device)
-        times["step"] = timed(lambda: forward_backward(model, device, batch, length))
-        opt = torch.optim.AdamW(model.parameters())
-        times["optimizer"] = timed(opt.step)
+        whole_step(times, device, batch, length)
+    peak = t.peak_bytes
     times["block"] = time.perf_counter() - start
-    return times, t
+    return times, peak
 
 
-def fake_tensor_step(batch, length):
+def fake_tensor_block(batch, length):
+    times = {}
+    start = time.perf_counter()
     with FakeTensorMode():
-        model = GPT2()
-        return timed(lambda: forward_backward(model, "cpu", batch, length))
+        whole_step(times, "cpu", batch, length)
+    times["block"] = time.perf_counter() - start
+    return times, None
 
 
 def main():
@@ -105,16 +114,20 @@ def main():
     parser.add_argument("--seq", type=int, default=1024)
     args = parser.parse_args()
     torch.manual_seed(0)
-    best = lambda runs: min(runs, key=lambda r: r[0]["step"])
-    cpu, cpu_trace = best([metamem_step("cpu", args.batch, args.seq) for _ in range(args.repeat)])
-    cuda, cuda_trace = best([metamem_step("cuda", args.batch, args.seq) for _ in range(args.repeat)])
-    fake = min(fake_tensor_step(args.batch, args.seq) for _ in range(args.repeat))
-    print(f"GPT-2 124M, batch {args.batch}, sequence {args.seq}, forward + backward (best of {args.repeat})")
-    print(f"{'tracer':28} {'step ms':>9} {'speed-up':>9} {'optimizer ms':>13} {'whole block ms':>15} {'peak':>10}")
-    print(f"{'FakeTensorMode (cpu)':28} {1e3 * fake:9.1f} {1:8.1f}x {'-':>13} {'-':>15} {'-':>10}")
-    for name, times, t in (("metamem (fake cpu)", cpu, cpu_trace), ("metamem (fake cuda)", cuda, cuda_trace)):
-        print(f"{name:28} {1e3 * times['step']:9.1f} {fake / times['step']:8.1f}x {1e3 * times['optimizer']:13.1f} "
-              f"{1e3 * times['block']:15.1f} {t.peak_bytes / 2**30:7.2f} GiB")
+    best = lambda run: min((run() for _ in range(args.repeat)), key=lambda r: r[0]["block"])
+    rows = [("FakeTensorMode (cpu)", best(lambda: fake_tensor_block(args.batch, args.seq))),
+            ("metamem (fake cpu)", best(lambda: metamem_block("cpu", args.batch, args.seq))),
+            ("metamem (fake cuda)", best(lambda: metamem_block("cuda", args.batch, args.seq)))]
+    fake = rows[0][1][0]
+    print(f"GPT-2 124M, batch {args.batch}, sequence {args.seq}: model built, forward + backward, AdamW step "
+          f"(ms, best of {args.repeat} by whole block)")
+    print(f"{'tracer':22} {'build':>7} {'fwd+bwd':>8} {'AdamW':>7} {'block':>7} {'block x':>8} {'fwd+bwd x':>10} "
+          f"{'peak':>10}")
+    for name, (times, peak) in rows:
+        ms = {key: 1e3 * value for key, value in times.items()}
+        peak = "-" if peak is None else f"{peak / 2**30:.2f} GiB"
+        print(f"{name:22} {ms['build']:7.1f} {ms['step']:8.1f} {ms['optimizer']:7.1f} {ms['block']:7.1f} "
+              f"{fake['block'] / times['block']:7.1f}x {fake['step'] / times['step']:9.1f}x {peak:>10}")
 
 
 if __name__ == "__main__":

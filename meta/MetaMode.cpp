@@ -472,6 +472,69 @@ MetaMode::~MetaMode() {
   g_mode.active.store(false);
 }
 
+namespace {
+
+// Above an op's Python meta function: libtorch's C++ kernel for metamem's
+// meta calls, the Python function (torch's, as registered) for the rest. A
+// composite C++ kernel (zeros_like's, linspace's) may read a value on its
+// way (start.item()), which a meta tensor does not have: the Python
+// function, written for meta tensors, then runs instead, on the arguments
+// kept for it.
+class CppKernelInTraces final : public c10::OperatorKernel {
+ public:
+  CppKernelInTraces(c10::SafeKernelFunction cpp, bool composite, c10::SafeKernelFunction covered)
+      : cpp_(std::move(cpp)), composite_(composite), covered_(std::move(covered)) {}
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+    if (!in_meta_call()) return covered_.callBoxed(op, keys, stack);
+    if (!composite_) return cpp_.callBoxed(op, keys, stack);
+    const std::size_t base = stack->size() - op.schema().arguments().size();
+    const std::vector<c10::IValue> arguments(stack->begin() + base, stack->end());
+    try {
+      cpp_.callBoxed(op, keys, stack);
+    } catch (const std::exception&) {  // c10::Error, or a Python meta function's error
+      stack->resize(base);  // the failed call may have moved its arguments out
+      stack->insert(stack->end(), arguments.begin(), arguments.end());
+      covered_.callBoxed(op, keys, stack);
+    }
+  }
+
+ private:
+  c10::SafeKernelFunction cpp_;
+  bool composite_;
+  c10::SafeKernelFunction covered_;
+};
+
+c10::OperatorHandle operator_named(const std::string& qualified) {
+  const std::size_t dot = qualified.find('.');
+  return c10::Dispatcher::singleton().findSchemaOrThrow(
+      qualified.substr(0, dot).c_str(), dot == std::string::npos ? "" : qualified.substr(dot + 1).c_str());
+}
+
+}  // namespace
+
+void run_cpp_meta_kernels_in_traces(const std::vector<std::string>& ops,
+                                    const std::function<void()>& cover) {
+  std::vector<c10::OperatorHandle> handles;
+  std::vector<c10::SafeKernelFunction> cpp;
+  std::vector<bool> composite;
+  for (const std::string& name : ops) {
+    handles.push_back(operator_named(name));
+    cpp.push_back(handles.back().getComputedKernelForDispatchKey(c10::DispatchKey::Meta));
+    composite.push_back(!handles.back().hasKernelForDispatchKey(c10::DispatchKey::Meta));
+  }
+  cover();
+  static auto* registrations = new std::vector<c10::RegistrationHandleRAII>();
+  for (std::size_t i = 0; i < handles.size(); ++i) {
+    auto kernel = std::make_unique<CppKernelInTraces>(
+        std::move(cpp[i]), composite[i], handles[i].getComputedKernelForDispatchKey(c10::DispatchKey::Meta));
+    registrations->push_back(c10::Dispatcher::singleton().registerImpl(
+        handles[i].operator_name(), c10::DispatchKey::Meta,
+        c10::KernelFunction::makeFromBoxedFunctor(std::move(kernel)), c10::nullopt, nullptr,
+        "metamem: the C++ meta kernel in traces"));
+  }
+}
+
 void register_meta_kernels() {
   static std::once_flag registered;
   std::call_once(registered, [] {

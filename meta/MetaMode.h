@@ -17,9 +17,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace c10 {
 class OperatorHandle;
@@ -71,6 +73,20 @@ void set_unsupported_op_reporter(UnsupportedOpReporter reporter);
 // tenth of a second or more); the first MetaMode does it otherwise. A
 // process that forks tracing workers does it first, for all of them.
 void register_meta_kernels();
+
+// torch's Python package registers meta functions at the Meta key above
+// libtorch's C++ kernels of some 1,300 ops (meta kernels, or composites that
+// serve the meta backend), for symbolic shapes. A trace runs the C++ kernel,
+// as metamem's own programs do: a Python call per op made a traced step
+// many times slower. While the C++ kernels of `ops` ("aten::mm",
+// "aten::add.Tensor") are on top, this remembers them, calls `cover` (which
+// registers the Python functions back over them), and puts a kernel above
+// each that runs the C++ one inside metamem's meta calls (in_meta_call) and
+// the one it covers for every other caller: entering and leaving a trace
+// then changes no registration. A composite that reads a value on its way
+// (linspace's start.item()) gives way to the Python function.
+void run_cpp_meta_kernels_in_traces(const std::vector<std::string>& ops,
+                                    const std::function<void()>& cover);
 
 class MetaMode {
  public:

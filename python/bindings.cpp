@@ -6,6 +6,8 @@
 #include <ATen/record_function.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/utils/pybind.h>
+#include <pybind11/functional.h>
+#include <pybind11/stl.h>
 #include <nlohmann/json.hpp>
 
 #include <atomic>
@@ -425,6 +427,8 @@ PYBIND11_MODULE(_metamem, m) {
       .def("reset_accumulated_memory_stats", &Session::reset_accumulated_memory_stats)
       .def("empty_cache", &Session::empty_cache)
       .def("finish", &Session::finish);
+  m.def("run_cpp_meta_kernels_in_traces", &metamem::run_cpp_meta_kernels_in_traces, py::arg("ops"),
+        py::arg("cover"));
   m.def("achieved_cpu", &achieved_cpu, py::arg("step"));
   m.def("cpu_allocations", &cpu_allocations, py::arg("step"));
 }

@@ -172,18 +172,18 @@ class _CppMetaKernels:
     libtorch's C++ kernels for some 1,300 ops, for symbolic shapes; a trace
     runs every op at the Meta key and needs neither their symbols nor their
     Python calls (they made a traced step twenty times slower). The first
-    block splits torch's registrations in two: those with a C++ kernel below
-    go to a library of their own, lifted for the length of each block so
-    that the C++ kernel serves as in metamem's own programs; the rest (no
-    C++ kernel below) stay registered throughout, and name their op as
-    metamem does when they refuse inside a block (nonzero: its size depends
-    on values). Those that follow the device's kernel (FFTs lay out their
+    block puts, above each Python function that covers a C++ kernel (a meta
+    kernel, or a composite one that serves the meta backend), a kernel that
+    runs the C++ one inside metamem's meta calls and the Python one for
+    every other caller (FakeTensorMode, torch.compile): blocks change no
+    registration. The rest (no C++ kernel below) name their op as metamem
+    does when they refuse inside a block (nonzero: its size depends on
+    values). Those that follow the device's kernel (FFTs lay out their
     output as MKL or cuFFT does) ask torch._meta_registrations.device_hint,
     which takes a meta tensor for CUDA's: in a block it answers the fake
     device."""
 
-    lifted = None  # (op, Python meta function) pairs above a C++ meta kernel
-    library = None  # where they are registered between blocks
+    installed = False
     tracing = False
 
     def __init__(self, device):
@@ -205,7 +205,7 @@ class _CppMetaKernels:
         return meta
 
     @classmethod
-    def _split(cls):
+    def _install(cls):
         registrations = torch._meta_registrations
         kernels = []
         for key in registrations._meta_lib_dont_use_me_use_register_meta._op_impls:
@@ -214,32 +214,31 @@ class _CppMetaKernels:
             op = getattr(getattr(getattr(torch.ops, namespace), packet), overload or "default")
             kernels.append((op, op.py_kernels[torch._C.DispatchKey.Meta]))
         registrations._meta_lib_dont_use_me_use_register_meta._destroy()
-        kept = torch.library.Library("aten", "IMPL", "Meta")
-        cls.lifted = []
-        for op, kernel in kernels:
-            if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Meta"):
-                cls.lifted.append((op, kernel))
-            else:
-                kept.impl(op, cls._naming(op, kernel))
-        registrations._meta_lib_dont_use_me_use_register_meta = kept
+        below = ("Meta", "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional")
+        covering = [op.name() for op, _ in kernels
+                    if any(torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key) for key in below)]
+        covers = set(covering)
+        library = torch.library.Library("aten", "IMPL", "Meta")
+
+        def cover():
+            for op, kernel in kernels:
+                library.impl(op, kernel if op.name() in covers else cls._naming(op, kernel))
+
+        _metamem.run_cpp_meta_kernels_in_traces(covering, cover)
+        registrations._meta_lib_dont_use_me_use_register_meta = library
+        cls.installed = True
 
     def __enter__(self):
         cls = type(self)
-        if cls.lifted is None:
-            cls._split()
-        else:
-            cls.library._destroy()
+        if not cls.installed:
+            cls._install()
         cls.tracing = True
         self.patches.set(torch._meta_registrations, "device_hint", lambda tensor: self.device)
         return self
 
     def __exit__(self, *exc):
         self.patches.restore()
-        cls = type(self)
-        cls.tracing = False
-        cls.library = torch.library.Library("aten", "IMPL", "Meta")
-        for op, kernel in cls.lifted:
-            cls.library.impl(op, kernel)
+        type(self).tracing = False
 
 
 @contextlib.contextmanager

@@ -2,6 +2,7 @@
 
 import json
 import pickle
+import sys
 import resource
 
 import pytest
@@ -255,6 +256,42 @@ def test_device_dependent_python_metas_follow_the_fake_device():
         torch.fft.irfft(torch.fft.rfft(x, dim=1), n=6, dim=1).sum().backward()
     traced, achieved = trace_and_run(step)
     assert traced == achieved
+
+
+def python_meta_functions_run(code):
+    """The functions of torch._meta_registrations that `code` calls."""
+    called = set()
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename == torch._meta_registrations.__file__:
+            called.add(frame.f_code.co_name)
+    sys.setprofile(profile)
+    try:
+        code()
+    finally:
+        sys.setprofile(None)
+    return called
+
+
+def test_a_trace_runs_cpp_meta_kernels_and_leaves_torchs_python_ones_to_everyone_else():
+    def ops(device):
+        x = torch.empty(4, 8, device=device)
+        z = torch.zeros_like(x)  # a composite C++ kernel below the Python function
+        y = torch.mm(x, x.t())  # a C++ meta kernel below it
+        ends = torch.zeros(()), torch.ones(())
+        return x, z, y, torch.linspace(*ends, 5, device=device)  # a composite that reads start.item()
+
+    with metamem.trace(device="cpu"):
+        pass  # the first block puts metamem's kernels above torch's
+    dispatch = torch._C._dispatch_dump("aten::zeros_like")
+    outside = python_meta_functions_run(lambda: ops("meta"))
+    with metamem.trace(device="cpu") as t:
+        inside = python_meta_functions_run(lambda: ops("cpu"))
+        assert torch._C._dispatch_dump("aten::zeros_like") == dispatch
+    assert {"zeros_like", "meta_mm"} <= outside
+    assert "zeros_like" not in inside and "meta_mm" not in inside
+    assert t.peak_bytes == (32 + 32 + 16 + 1 + 1 + 5) * 4  # x.t() is a view
+    assert torch._C._dispatch_dump("aten::zeros_like") == dispatch
 
 
 def test_trace_is_read_after_its_block():
