@@ -5,6 +5,7 @@
 #include <ATen/OpMathType.h>
 #include <ATen/core/Reduction.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/native/GroupedMMUtils.h>
 #include <torch/library.h>
 
 #include <functional>
@@ -508,6 +509,21 @@ at::Tensor pixel_unshuffle(const at::Tensor& self, std::int64_t factor) {
   return at::empty(size, self.options().memory_format(self.suggest_memory_format()));
 }
 
+// torch's Python meta function for _grouped_mm (mixture-of-experts layers)
+// takes bfloat16 and float16 only, cuBLAS's grouped GEMM; the CPU kernel
+// takes float32 too. The output as both backends make it: the last
+// dimension's stride padded to 16 bytes.
+at::Tensor grouped_mm(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& offs,
+                      const std::optional<at::Tensor>& bias, std::optional<at::ScalarType> out_dtype) {
+  TORCH_CHECK(a.dim() == 2 || a.dim() == 3, "mat_a has to be 2 or 3d");
+  TORCH_CHECK(b.dim() == 2 || b.dim() == 3, "mat_b has to be 2 or 3d");
+  TORCH_CHECK(offs.has_value() == (a.dim() == 2 || b.dim() == 2),
+              "Have to provide offsets if there is a 2d matrix, or no offset if both matrices are 3d");
+  TORCH_CHECK(!bias.has_value(), "Bias not supported yet");
+  return at::native::create_grouped_gemm_output_tensor(a, b, offs,
+                                                       at::native::_resolve_grouped_mm_out_dtype(a, b, out_dtype));
+}
+
 // A fake device has one stream and runs nothing: a tensor used on another
 // stream (FSDP's, a data prefetcher's) is freed as if it were not.
 void record_stream(at::Tensor&, c10::Stream) {}
@@ -581,6 +597,7 @@ const std::unordered_map<std::string, OwnKernel>& own_kernels() {
         own("flip", TORCH_FN(flip)),
         own("narrow_copy", TORCH_FN(narrow_copy)),
         own("geqrf", TORCH_FN(geqrf)),
+        own("_grouped_mm", TORCH_FN(grouped_mm)),
         own("pixel_shuffle", TORCH_FN(pixel_shuffle)),
         own("pixel_unshuffle", TORCH_FN(pixel_unshuffle)),
     };

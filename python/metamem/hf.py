@@ -1,0 +1,172 @@
+"""Hugging Face transformers models in a trace: a model built from its
+config (no weights are downloaded), the head its task trains, synthetic
+inputs of the right shapes, and a training step.
+
+    import metamem.hf
+    cfg = metamem.hf.config("llama", num_hidden_layers=4)        # or "LlamaForCausalLM", "config.json"
+    t = metamem.hf.trace_step(cfg, batch=4, seq=2048, dtype="bf16", gpu="H100-80GB")
+    t.peak_bytes
+    step = metamem.hf.training_step(cfg, batch=2, seq=16, device="cpu")
+    metamem.achieved_cpu(step)                                   # the same step for real on CPU
+
+transformers is an optional dependency (`pip install .[models]`).
+"""
+
+import json
+import os
+
+import torch
+
+from . import trace
+
+__all__ = ["config", "training_step", "trace_step", "TASKS"]
+
+# The head a model trains with, the first its type has in this order:
+# encoder-decoders before the causal-LM head some of them also have,
+# masked-LM encoders (BERT) before their causal-LM variant, CLIP's
+# contrastive pair before a classifier on its vision tower.
+TASKS = {
+    "seq2seq": "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+    "speech": "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
+    "masked": "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
+    "causal": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+    "contrastive": "MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+    "image": "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+}
+
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError as error:
+        raise ImportError("metamem.hf needs transformers: pip install .[models]") from error
+    transformers.logging.set_verbosity_error()
+    return transformers
+
+
+def _mappings():
+    from transformers.models.auto import modeling_auto
+    return {task: getattr(modeling_auto, name) for task, name in TASKS.items()}
+
+
+def config(spec, **overrides):
+    """A transformers config from a model type ("llama"), an architecture
+    ("LlamaForCausalLM": its head is the one trained), a config.json path or a
+    config object, with `overrides` set on it (transformers' attribute names:
+    num_hidden_layers=2 works for GPT-2's n_layer too)."""
+    transformers = _transformers()
+    if isinstance(spec, transformers.PretrainedConfig):
+        cfg = spec.__class__.from_dict(spec.to_dict())
+    elif isinstance(spec, (str, os.PathLike)) and os.path.isfile(spec):
+        with open(spec) as f:
+            values = json.load(f)
+        if "model_type" not in values:
+            raise ValueError(f"{spec}: a config.json names its model_type")
+        cfg = transformers.AutoConfig.for_model(**values)
+    elif isinstance(spec, str) and spec in transformers.CONFIG_MAPPING:
+        cfg = transformers.AutoConfig.for_model(spec)
+    elif isinstance(spec, str):
+        model_type = next((model_type for mapping in _mappings().values() for model_type, names in mapping.items()
+                           if spec == names or spec in names and isinstance(names, (list, tuple))), None)
+        if model_type is None:
+            raise ValueError(f"unknown Hugging Face model type or architecture {spec!r} "
+                             "(a model type such as 'llama', an architecture such as 'LlamaForCausalLM', "
+                             "or a config.json path)")
+        cfg = transformers.AutoConfig.for_model(model_type)
+        cfg.architectures = [spec]
+    else:
+        raise TypeError(f"a config is a model type, an architecture, a path or a PretrainedConfig, not {spec!r}")
+    for key, value in overrides.items():
+        if not hasattr(cfg, key):
+            raise ValueError(f"{cfg.model_type}'s config has no attribute {key!r}")
+        setattr(cfg, key, value)
+    return cfg
+
+
+def task_of(cfg):
+    """The task whose head trains: the config's own architecture's, else the
+    first of TASKS its model type has."""
+    mappings = {task: {model_type: names if isinstance(names, (list, tuple)) else (names,)
+                       for model_type, names in mapping.items()} for task, mapping in _mappings().items()}
+    for architecture in cfg.architectures or ():
+        for task, mapping in mappings.items():
+            if architecture in mapping.get(cfg.model_type, ()):
+                return task, architecture
+    for task, mapping in mappings.items():
+        if cfg.model_type in mapping:
+            return task, mapping[cfg.model_type][0]
+    raise ValueError(f"metamem.hf trains {', '.join(TASKS)} heads; {cfg.model_type} has none of them")
+
+
+def _image_size(cfg):
+    size = cfg.image_size
+    return tuple(size) if isinstance(size, (list, tuple)) else (size, size)
+
+
+def _inputs(cfg, task, batch, seq, device, dtype):
+    """Synthetic inputs of the shapes the task's model takes, labels included."""
+    def tokens(config, length):
+        return torch.randint(0, config.vocab_size, (batch, length), device=device)
+
+    def pixels(config):
+        return torch.randn(batch, config.num_channels, *_image_size(config), device=device, dtype=dtype)
+
+    if task in ("causal", "masked", "seq2seq"):
+        ids = tokens(cfg, seq)
+        return {"input_ids": ids, "labels": ids}
+    if task == "speech":
+        features = torch.randn(batch, cfg.num_mel_bins, 2 * cfg.max_source_positions, device=device, dtype=dtype)
+        return {"input_features": features, "labels": tokens(cfg, min(seq, cfg.max_target_positions))}
+    if task == "image":
+        return {"pixel_values": pixels(cfg), "labels": torch.randint(0, cfg.num_labels, (batch,), device=device)}
+    text, vision = cfg.text_config, cfg.vision_config
+    return {"input_ids": tokens(text, min(seq, text.max_position_embeddings)), "pixel_values": pixels(vision),
+            "return_loss": True}
+
+
+def training_step(cfg, batch=1, seq=128, device="cuda", dtype="f32", optimizer="adamw", steps=2,
+                  attn_implementation=None):
+    """A function that builds the model on `device`, then runs `steps`
+    training steps: forward with labels, backward of the model's loss, an
+    optimizer step ("adamw", "sgd" or None) and zero_grad. Inputs are drawn
+    once, from a generator seeded inside the function."""
+    transformers = _transformers()
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if optimizer not in ("adamw", "sgd", None):
+        raise ValueError(f"optimizer must be 'adamw', 'sgd' or None, got {optimizer!r}")
+    task, architecture = task_of(cfg)
+    model_class = getattr(transformers, architecture)
+    built_with = {"dtype": DTYPES[dtype]}
+    if attn_implementation is not None:
+        built_with["attn_implementation"] = attn_implementation
+
+    def step():
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = model_class._from_config(cfg, **built_with)
+        model.train()
+        inputs = _inputs(cfg, task, batch, seq, device, DTYPES[dtype])
+        opt = None
+        if optimizer == "adamw":
+            opt = torch.optim.AdamW(model.parameters())
+        elif optimizer == "sgd":
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(steps):
+            model(**inputs).loss.backward()
+            if opt is not None:
+                opt.step()
+                opt.zero_grad()
+    return step
+
+
+def trace_step(cfg, batch=1, seq=128, device="cuda", dtype="f32", optimizer="adamw", steps=2, gpu="H100-80GB",
+               attn_implementation=None, values="error"):
+    """training_step(...) traced on a fake `device` for `gpu`: the Trace.
+    `values` as metamem.trace takes it."""
+    step = training_step(cfg, batch, seq, device, dtype, optimizer, steps, attn_implementation)
+    with trace(device=device, gpu=gpu, values=values) as t:
+        step()
+    return t

@@ -1,0 +1,66 @@
+"""Hugging Face transformers models (metamem.hf): built from configs, no
+weights; CI's subset of tests/python/hf_sweep.py."""
+
+import pytest
+
+import metamem
+import metamem.hf
+from hf_sweep import reduced, BATCH, SEQ
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "llama", "qwen2", "gemma2", "mixtral", "bert", "t5", "whisper", "swin",
+                                        "clip"])
+def test_two_adamw_steps_are_exact_on_cpu(model_type):
+    step = metamem.hf.training_step(reduced(model_type), batch=BATCH, seq=SEQ, device="cpu")
+    with metamem.trace(device="cpu") as t:
+        step()
+    assert len(t.step_peaks) == 2
+    assert max(t.step_peaks) == metamem.achieved_cpu(step)
+
+
+@pytest.mark.parametrize("model_type", ["bart", "deberta-v2", "vit"])
+def test_models_that_read_a_value_are_exact_with_placeholder_values(model_type):
+    # BART checks whether its padding mask is all ones, DeBERTa whether its
+    # input ids hold a padding token, ViT's trunc_normal_ init draws again
+    # while a value is out of bounds: the real run reads what zero answers
+    # (no padding, nothing out of bounds).
+    step = metamem.hf.training_step(reduced(model_type), batch=BATCH, seq=SEQ, device="cpu")
+    with pytest.raises(metamem.ValueReadError):
+        with metamem.trace(device="cpu"):
+            step()
+    with metamem.trace(device="cpu", values="placeholder") as t:
+        step()
+    assert max(t.step_peaks) == metamem.achieved_cpu(step)
+
+
+def test_a_published_size_traces_on_fake_cuda():
+    cfg = metamem.hf.config("gpt2")  # 124M
+    t = metamem.hf.trace_step(cfg, batch=2, seq=1024, steps=1)
+    states = t.json()["model_states"]
+    assert states["param_bytes"] == 124_439_808 * 4
+    # weights, gradients, AdamW's two moments, plus activations
+    assert t.peak_bytes > 4 * states["param_bytes"]
+
+
+def test_configs_from_a_type_an_architecture_a_file_or_an_object(tmp_path):
+    by_type = metamem.hf.config("llama", num_hidden_layers=3)
+    assert by_type.num_hidden_layers == 3
+    assert metamem.hf.task_of(by_type) == ("causal", "LlamaForCausalLM")
+    # BERT trains as a masked LM unless its architecture names another head
+    assert metamem.hf.task_of(metamem.hf.config("bert")) == ("masked", "BertForMaskedLM")
+    assert metamem.hf.task_of(metamem.hf.config("BertLMHeadModel")) == ("causal", "BertLMHeadModel")
+    path = tmp_path / "config.json"
+    path.write_text(by_type.to_json_string())
+    assert metamem.hf.config(str(path)).num_hidden_layers == 3
+    assert metamem.hf.config(by_type, hidden_size=128).hidden_size == 128
+    assert by_type.hidden_size != 128  # the object passed is not changed
+    assert metamem.hf.config("gpt2", num_hidden_layers=2).n_layer == 2  # transformers' alias
+
+
+def test_bad_input_is_a_named_error():
+    with pytest.raises(ValueError, match="unknown Hugging Face model type or architecture 'lama'"):
+        metamem.hf.config("lama")
+    with pytest.raises(ValueError, match="has no attribute 'num_hiden_layers'"):
+        metamem.hf.config("llama", num_hiden_layers=2)
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        metamem.hf.training_step(metamem.hf.config("gpt2"), dtype="fp8")
