@@ -99,7 +99,8 @@ std::int64_t transposed_convolution(Args args, const at::Tensor& output) {
 }
 
 // The undilated 2-d kernel runs channels last when the input is: the weight
-// is copied into that format first (for the forward and for the backward).
+// is copied into that format first (for the forward and for the backward),
+// and lives until every group is done.
 std::int64_t channels_last_weight_copy(const at::Tensor& input, const at::Tensor& weight,
                                        at::IntArrayRef dilation) {
   const bool dilated = std::any_of(dilation.begin(), dilation.end(), [](std::int64_t d) { return d != 1; });
@@ -115,9 +116,10 @@ std::int64_t convolution(Args args, Args returns) {
   const at::Tensor& output = returns[0].toTensor();
   const std::int64_t columns =
       conv_columns_bytes(input, weight, output.sizes(), stride, padding, args[5].toIntVector());
-  if (groups == 1) return columns + channels_last_weight_copy(input, weight, args[5].toIntVector());
+  const std::int64_t weight_copy = channels_last_weight_copy(input, weight, args[5].toIntVector());
+  if (groups == 1) return columns + weight_copy;
   if (all_groups_at_once(input, args[5].toIntVector())) return columns;
-  return std::max(bytes_of(output), group_copy_bytes(input, groups) + columns);
+  return weight_copy + std::max(bytes_of(output), group_copy_bytes(input, groups) + columns);
 }
 
 // convolution_backward(grad_output, input, weight, bias_sizes, stride,
@@ -158,9 +160,10 @@ std::int64_t convolution_backward(Args args, Args) {
     const std::int64_t weight_pass = mask[1] ? grad_output_copy + columns : 0;
     return std::max({input_pass, weight_pass, std::int64_t{0}});
   }
-  if (groups == 1) return columns + grad_output_copy + channels_last_weight_copy(input, weight, dilation);
-  return std::max(columns + group_copy_bytes(input, groups) + group_copy_bytes(grad_output, groups),
-                  gradients(weight.size(0)));
+  const std::int64_t weight_copy = channels_last_weight_copy(input, weight, dilation);
+  if (groups == 1) return columns + grad_output_copy + weight_copy;
+  return weight_copy + std::max(columns + group_copy_bytes(input, groups) + group_copy_bytes(grad_output, groups),
+                                gradients(weight.size(0)));
 }
 
 // In training, the kernel gathers each channel's mean and sum of squares

@@ -72,8 +72,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
     at::OptionalIntArrayRef bias_sizes, at::IntArrayRef stride, at::IntArrayRef padding,
     at::IntArrayRef, bool transposed, at::IntArrayRef, std::int64_t groups,
     std::array<bool, 3> output_mask) {
+  // Both backends compute a 2-d convolution channels last when its input or
+  // weight is: the weight's gradient comes out in that layout (and autograd
+  // copies it into the parameter's).
+  const bool channels_last = input.dim() == 4 && (input.suggest_memory_format() == at::MemoryFormat::ChannelsLast ||
+                                                  weight.suggest_memory_format() == at::MemoryFormat::ChannelsLast);
   return {output_mask[0] ? at::empty_like(input) : at::Tensor(),
-          output_mask[1] ? at::empty_like(weight) : at::Tensor(),
+          output_mask[1] ? at::empty_like(weight, channels_last ? at::MemoryFormat::ChannelsLast
+                                                                : at::MemoryFormat::Contiguous)
+                         : at::Tensor(),
           output_mask[2] ? at::empty(bias_sizes ? bias_sizes->vec() : std::vector<std::int64_t>{weight.size(0)},
                                      weight.options())
                          : at::Tensor()};
@@ -137,6 +144,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_layer_norm_backward(
   return {output_mask[0] ? at::empty_like(input, at::MemoryFormat::Contiguous) : at::Tensor(),
           output_mask[1] && weight ? at::empty_like(*weight) : at::Tensor(),
           output_mask[2] && bias ? at::empty_like(*bias) : at::Tensor()};
+}
+
+// Group norm's input gradient is laid out as the input on CPU (whose kernel
+// reads channels-last as it is) and contiguous on CUDA (whose kernel reads a
+// contiguous copy); torch's Python meta function makes it contiguous.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_group_norm_backward(
+    const at::Tensor&, const at::Tensor& input, const at::Tensor&, const at::Tensor&,
+    const c10::optional<at::Tensor>& weight, c10::SymInt, c10::SymInt channels, c10::SymInt, std::int64_t,
+    std::array<bool, 3> output_mask) {
+  const auto format = models_cpu() ? input.suggest_memory_format() : at::MemoryFormat::Contiguous;
+  const auto options = weight && weight->defined() ? weight->options() : input.options();
+  auto channel = [&] { return at::empty({channels.expect_int()}, options); };
+  return {output_mask[0] ? at::empty_like(input, format) : at::Tensor(),
+          output_mask[1] ? channel() : at::Tensor(), output_mask[2] ? channel() : at::Tensor()};
 }
 
 at::Tensor adaptive_avg_pool2d(const at::Tensor& self, at::IntArrayRef output_size) {
@@ -543,6 +564,7 @@ const std::unordered_map<std::string, OwnKernel>& own_kernels() {
         own("_native_batch_norm_legit", TORCH_FN(native_batch_norm_legit)),
         own("native_layer_norm", TORCH_FN(native_layer_norm)),
         own("native_layer_norm_backward", TORCH_FN(native_layer_norm_backward)),
+        own("native_group_norm_backward", TORCH_FN(native_group_norm_backward)),
         own("_adaptive_avg_pool2d", TORCH_FN(adaptive_avg_pool2d)),
         own("_adaptive_avg_pool2d_backward", TORCH_FN(adaptive_avg_pool2d_backward)),
         own("embedding", TORCH_FN(embedding)),

@@ -1,10 +1,14 @@
-"""Hugging Face transformers models (metamem.hf): built from configs, no
-weights; CI's subset of tests/python/hf_sweep.py."""
+"""Models no one here wrote, built from configs (no weights): CI's subset of
+the transformers, timm and diffusers sweeps beside this file."""
 
 import pytest
+import timm
+import torch
 
 import metamem
 import metamem.hf
+import diffusers_sweep
+import timm_sweep
 from hf_sweep import reduced, BATCH, SEQ
 
 
@@ -64,3 +68,24 @@ def test_bad_input_is_a_named_error():
         metamem.hf.config("llama", num_hiden_layers=2)
     with pytest.raises(ValueError, match="dtype must be one of"):
         metamem.hf.training_step(metamem.hf.config("gpt2"), dtype="fp8")
+
+
+@pytest.mark.parametrize("name", ["test_byobnet", "test_convnext", "test_vit", "test_efficientnet", "resnet10t",
+                                  "mobilenetv3_small_050", "poolformerv2_s12", "cpubone_nano",
+                                  "deit_tiny_distilled_patch16_224"])
+def test_timm_models_are_exact_on_cpu(name):
+    # poolformer's group norms and cpubone's grouped convolutions run channels
+    # last; DeiT's distilled head trains two outputs.
+    torch.manual_seed(0)
+    model = timm.create_model(name)
+    step = timm_sweep.training_step(model, "cpu")
+    with metamem.trace(device="cpu", modules=[model]) as t:
+        step()
+    assert max(t.step_peaks) == metamem.achieved_cpu(step, modules=[model])
+
+
+@pytest.mark.parametrize("name, make_step, reduced_config, full_config", diffusers_sweep.MODELS,
+                         ids=["unet", "dit"])
+def test_diffusers_denoisers_are_exact_on_cpu(name, make_step, reduced_config, full_config):
+    traced, achieved = diffusers_sweep.exact_on_cpu(make_step, reduced_config)
+    assert traced == achieved
