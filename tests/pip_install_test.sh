@@ -51,11 +51,15 @@ read -r built_peak built_file < <(PYTHONPATH=$built_python "$python" -c "$step")
 [[ $built_file == "$built_python/metamem/__init__.py" ]] || fail "imported $built_file, not the build tree's package"
 [[ $installed_peak == "$built_peak" ]] || fail "installed peak $installed_peak B, build tree's $built_peak B"
 
-# The wheel asks for exactly the torch it was built against.
+# The wheel asks for exactly the torch it was built against; the model
+# libraries come only with the `models` extra.
 "$venv_python" -c '
 import importlib.metadata, torch
 wanted = ["torch==" + torch.__version__.split("+")[0]]
 requires = importlib.metadata.requires("metamem")
-assert requires == wanted, f"metamem requires {requires}, built against {wanted}"
+plain = [r for r in requires if "extra ==" not in r]
+extra = sorted(r.split(";")[0].split("==")[0] for r in requires if r.endswith("extra == \"models\""))
+assert plain == wanted, f"metamem requires {plain}, built against {wanted}"
+assert extra == ["diffusers", "timm", "transformers"], f"the models extra holds {extra}"
 '
 echo "pip install: the installed metamem command and module answer as the build tree's (peak $installed_peak B)"
