@@ -16,6 +16,7 @@
 #include <unordered_set>
 
 #include "meta/CpuKernelModel.h"
+#include "meta/KnownValues.h"
 #include "meta/MetaKernels.h"
 #include "meta/MetaTensor.h"
 
@@ -43,6 +44,7 @@ void release_tag(void* ctx) {
   auto* tag = static_cast<BufferTag*>(ctx);
   auto* observer = g_mode.observer.load(std::memory_order_acquire);
   if (observer != nullptr && tag->id != 0) observer->on_free(tag->id);
+  if (tag->id != 0) forget_values(tag->id);
   delete tag;
 }
 
@@ -51,6 +53,10 @@ void release_tag(void* ctx) {
 // its allocator hands out nothing. Its tag holds buffer 0, none. The op is
 // found once, when the kernel is registered.
 const c10::OperatorName* g_zero_tensor = nullptr;
+
+// The op through which .item(), bool() and a branch read a tensor's value,
+// likewise found once.
+const c10::OperatorName* g_value_read = nullptr;
 
 void hold_no_memory(const at::Tensor& inner) {
   c10::StorageImpl* impl = inner.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
@@ -247,10 +253,7 @@ c10::Scalar placeholder_value(at::ScalarType dtype) {
 
 void call_on_meta(const c10::OperatorHandle& op, torch::jit::Stack& stack) {
   OutsideMetaMode outside;
-  struct Depth {
-    Depth() { ++t_meta_calls; }
-    ~Depth() { --t_meta_calls; }
-  } depth;
+  InsideMetaCall inside;
   const auto& schema = op.schema();
   if (schema.name() == kValueRead) {
     if (!g_placeholder_values.load())
@@ -325,6 +328,13 @@ void meta_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     run_for_real(op, stack);
     return;
   }
+  if (&op.operator_name() == g_value_read)
+    if (auto values = known_values(stack->back().toTensor())) {
+      OutsideMetaMode outside;
+      const c10::Scalar value = values->item();
+      stack->back() = value;
+      return;
+    }
   const std::size_t n_args = schema.arguments().size();
   // Written arguments must be returned as the caller's own MetaTensors.
   std::vector<c10::IValue> original_args(stack->end() - n_args, stack->end());
@@ -339,6 +349,7 @@ void meta_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::ArrayRef<c10::IValue> returns(stack->data() + stack->size() - n_returns, n_returns);
   report_scratch(op, original_args, returns, observer);
   if (observer != nullptr) observer->on_op(op, inputs, outputs, original_args, returns);
+  learn_values(op, original_args, returns);
 }
 
 // Whether an op gets the meta kernel as its own PrivateUse1 kernel, beside
@@ -403,6 +414,7 @@ void register_meta_kernel() {
       g_cuda_scratch.emplace(&op->operator_name(), model);
     }
     if (qualified == "aten::_efficientzerotensor") g_zero_tensor = &op->operator_name();
+    if (qualified == kValueRead) g_value_read = &op->operator_name();
     if (const c10::KernelFunction* kernel = own_meta_kernel(qualified))
       g_own_kernels.emplace(&op->operator_name(), kernel);
     if (qualified.rfind("profiler::", 0) == 0) {
@@ -561,6 +573,9 @@ void set_unsupported_op_reporter(UnsupportedOpReporter reporter) { g_reporter.st
 BufferId new_buffer_id() { return g_next_buffer.fetch_add(1); }
 
 bool in_meta_call() { return t_meta_calls > 0; }
+
+InsideMetaCall::InsideMetaCall() { ++t_meta_calls; }
+InsideMetaCall::~InsideMetaCall() { --t_meta_calls; }
 
 c10::Device fake_device() { return g_mode.device; }
 

@@ -117,6 +117,17 @@ class OutsideMetaMode {
   c10::impl::ForceDispatchKeyGuard keys_;
 };
 
+// While alive, this thread counts as inside a meta call (in_meta_call):
+// what it allocates on the CPU is a kernel's or the trace's own, not the
+// step's.
+class InsideMetaCall {
+ public:
+  InsideMetaCall();
+  ~InsideMetaCall();
+  InsideMetaCall(const InsideMetaCall&) = delete;
+  InsideMetaCall& operator=(const InsideMetaCall&) = delete;
+};
+
 // While alive, reading a MetaTensor's value (aten::_local_scalar_dense:
 // .item(), bool(), a branch on it) gives zero of its dtype (false, 0, 0.0)
 // instead of an UnsupportedOpError, so that code that logs a loss or checks

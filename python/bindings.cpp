@@ -21,6 +21,7 @@
 #include "estimator/Gpu.h"
 #include "estimator/Report.h"
 #include "estimator/Snapshot.h"
+#include "meta/KnownValues.h"
 #include "meta/MetaMode.h"
 #include "profiler/CpuMemoryCounter.h"
 #include "profiler/Tracer.h"
@@ -427,6 +428,8 @@ PYBIND11_MODULE(_metamem, m) {
       .def("reset_accumulated_memory_stats", &Session::reset_accumulated_memory_stats)
       .def("empty_cache", &Session::empty_cache)
       .def("finish", &Session::finish);
+  m.def("known_values", [](const at::Tensor& t) -> std::optional<at::Tensor> { return metamem::known_values(t); },
+        py::arg("tensor"), "A traced tensor's values as a real CPU tensor, if the trace knows them; else None.");
   m.def("run_cpp_meta_kernels_in_traces", &metamem::run_cpp_meta_kernels_in_traces, py::arg("ops"),
         py::arg("cover"));
   m.def("achieved_cpu", &achieved_cpu, py::arg("step"));

@@ -309,6 +309,25 @@ def gpus():
 
 
 @contextlib.contextmanager
+def _known_values_listed():
+    """Tensor.tolist() of a traced tensor whose values the trace knows (made
+    from Python numbers alone: torch.linspace(0, rate, depth).tolist() for
+    drop-path rates) lists them; .item() and branches read them in C++."""
+    patches = Patches()
+    tolist = torch.Tensor.tolist
+
+    def known_tolist(tensor):
+        values = _metamem.known_values(tensor)
+        return tolist(tensor if values is None else values)
+
+    patches.set(torch.Tensor, "tolist", known_tolist)
+    try:
+        yield
+    finally:
+        patches.restore()
+
+
+@contextlib.contextmanager
 def _real_rng_kept():
     """torch.manual_seed in the block seeds the real CPU generator too: the
     trace puts its state back, so that real runs after it draw as before."""
@@ -331,7 +350,10 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error"):
     fake cpu, code written for CUDA runs on the fake cpu, as achieved_cpu
     runs it on the CPU.
 
-    Reading a traced tensor's value (loss.item(), `if torch.isnan(loss)`)
+    A tensor made from Python numbers alone by deterministic ops (a mask of
+    ones, arange, linspace) and small has known values, computed for real
+    beside the trace: .item(), branches and .tolist() read them. Reading
+    any other traced tensor's value (loss.item(), `if torch.isnan(loss)`)
     raises ValueReadError; with values="placeholder" it reads zero (False,
     0, 0.0), so that a loop that logs its loss goes on: what it printed and
     every branch taken on it are zero's, not the run's.
@@ -348,6 +370,7 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error"):
             with contextlib.ExitStack() as stack:
                 stack.enter_context(FakeCudaRuntime(session, gpu_spec) if device == "cuda" else _CudaOnFakeCpu())
                 stack.enter_context(_CppMetaKernels(device))
+                stack.enter_context(_known_values_listed())
                 if values == "placeholder":
                     stack.enter_context(_metamem.PlaceholderValues())
                 scopes = stack.enter_context(_ModuleScopes(session))

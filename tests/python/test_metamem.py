@@ -294,6 +294,34 @@ def test_a_trace_runs_cpp_meta_kernels_and_leaves_torchs_python_ones_to_everyone
     assert torch._C._dispatch_dump("aten::zeros_like") == dispatch
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_values_made_from_python_numbers_are_known(device):
+    rates = torch.linspace(0, 0.1, 3).tolist()
+
+    def step():
+        mask = torch.ones(2, 8, device=device).bool()[:, torch.arange(8, device=device)]
+        assert bool(mask.sum() == mask.numel())  # transformers' fast_all(padding_mask)
+        assert torch.linspace(0, 0.1, 3, device=device).tolist() == rates  # timm's drop-path rates
+        counts = torch.zeros(3, device=device)
+        counts.add_(2)
+        assert counts.tolist() == [2.0, 2.0, 2.0]
+        return mask, counts
+
+    tolist = torch.Tensor.tolist
+    with metamem.trace(device=device) as t:
+        step()
+        partly = torch.ones(4, device=device)
+        partly[:2] = torch.randn(2, device=device)  # random values: unknown from here on
+        for unknown in (partly, torch.rand(3, device=device)):
+            with pytest.raises(metamem.ValueReadError):
+                unknown.sum().item()
+    assert torch.Tensor.tolist is tolist
+    if device == "cpu":  # the values are no memory of the step's
+        with metamem.trace(device="cpu") as t:
+            step()
+        assert t.peak_bytes == metamem.achieved_cpu(step)
+
+
 def test_trace_is_read_after_its_block():
     with metamem.trace(device="cpu") as t:
         with pytest.raises(RuntimeError):

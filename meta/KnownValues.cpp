@@ -1,0 +1,215 @@
+#include "meta/KnownValues.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/enum_tag.h>
+#include <ATen/core/stack.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/CPUAllocator.h>
+
+#include <atomic>
+#include <mutex>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "meta/MetaTensor.h"
+
+namespace metamem {
+namespace {
+
+// A buffer's values: a real CPU storage of its bytes.
+std::mutex g_mutex;
+std::unordered_map<BufferId, c10::Storage> g_values;
+std::atomic<bool> g_any{false};
+
+c10::Storage values_of(BufferId id) {
+  if (id == 0 || !g_any.load(std::memory_order_relaxed)) return {};
+  std::lock_guard<std::mutex> lock(g_mutex);
+  const auto it = g_values.find(id);
+  return it == g_values.end() ? c10::Storage() : it->second;
+}
+
+// A fresh storage for `t`'s buffer (its values unwritten yet).
+c10::Storage new_values(const at::Tensor& t) {
+  const std::size_t bytes = inner_tensor(t).unsafeGetTensorImpl()->unsafe_storage().nbytes();
+  c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, c10::GetCPUAllocator(), /*resizable=*/false);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_values[buffer_of(t)] = storage;
+  g_any.store(true, std::memory_order_relaxed);
+  return storage;
+}
+
+// A real CPU tensor over `storage` laid out as the MetaTensor `t`.
+at::Tensor view_of(const c10::Storage& storage, const at::Tensor& t) {
+  const at::Tensor& inner = inner_tensor(t);
+  at::Tensor view = at::empty({0}, at::TensorOptions().dtype(inner.dtype()).device(c10::kCPU));
+  view.set_(storage, inner.storage_offset(), inner.sizes(), inner.strides());
+  return view;
+}
+
+// Random ops' values are not the run's (the trace draws from no generator),
+// an uninitialised buffer's are whatever it held.
+bool makes_run_values(const c10::OperatorHandle& op) {
+  if (op.hasTag(at::Tag::nondeterministic_seeded)) return false;
+  const std::string& name = op.schema().name();
+  return name.find("empty") == std::string::npos && name.find("resize") == std::string::npos &&
+         name != "aten::set_";
+}
+
+// Ops that write an argument without reading what it held: out= variants,
+// fills and copies. Only these give a buffer of unknown values known ones.
+bool overwrites(const c10::FunctionSchema& schema, std::size_t argument) {
+  if (schema.arguments()[argument].is_out()) return true;
+  static const std::unordered_map<std::string_view, bool> fills = {
+      {"aten::fill_", true}, {"aten::zero_", true}, {"aten::copy_", true}};
+  return fills.count(schema.name()) != 0 && argument == 0;
+}
+
+bool is_written(const c10::FunctionSchema& schema, std::size_t argument) {
+  const c10::AliasInfo* alias = schema.arguments()[argument].alias_info();
+  return alias != nullptr && alias->isWrite();
+}
+
+std::int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * static_cast<std::int64_t>(t.element_size()) : 0; }
+
+bool covers_its_buffer(const at::Tensor& t) {
+  const at::Tensor& inner = inner_tensor(t);
+  return inner.storage_offset() == 0 && inner.is_non_overlapping_and_dense() &&
+         static_cast<std::size_t>(bytes_of(inner)) == inner.unsafeGetTensorImpl()->unsafe_storage().nbytes();
+}
+
+void forget_written(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> arguments) {
+  if (!g_any.load(std::memory_order_relaxed)) return;
+  auto forget = [](const at::Tensor& t) {
+    if (t.defined() && is_meta_tensor(t)) forget_values(buffer_of(t));
+  };
+  for (std::size_t i = 0; i < arguments.size(); ++i) {
+    if (!is_written(schema, i)) continue;
+    if (arguments[i].isTensor()) forget(arguments[i].toTensor());
+    if (arguments[i].isTensorList())  // a foreach op's
+      for (const at::Tensor& t : arguments[i].toTensorList()) forget(t);
+  }
+}
+
+// The argument as the real op takes it, or nullopt when its values are
+// unknown. `budget` counts the bytes the op may touch.
+std::optional<at::Tensor> real_tensor(const at::Tensor& t, bool overwritten, std::int64_t& budget) {
+  if (!t.defined() || !is_meta_tensor(t)) return t;
+  budget -= bytes_of(t);
+  if (budget < 0) return std::nullopt;
+  if (c10::Storage values = values_of(buffer_of(t)); values) return view_of(values, t);
+  if (overwritten && covers_its_buffer(t)) return view_of(new_values(t), t);
+  return std::nullopt;
+}
+
+std::optional<c10::IValue> real_argument(const c10::IValue& value, bool overwritten, std::int64_t& budget) {
+  if (value.isTensor()) {
+    auto t = real_tensor(value.toTensor(), overwritten, budget);
+    return t ? std::optional<c10::IValue>(*t) : std::nullopt;
+  }
+  if (value.isTensorList()) {
+    c10::List<at::Tensor> list;
+    for (const at::Tensor& element : value.toTensorList()) {
+      auto t = real_tensor(element, overwritten, budget);
+      if (!t) return std::nullopt;
+      list.push_back(*t);
+    }
+    return c10::IValue(std::move(list));
+  }
+  if (value.isList() && !value.toListRef().empty() && (value.toListRef()[0].isTensor() || value.toListRef()[0].isNone())) {
+    c10::List<std::optional<at::Tensor>> list;
+    for (const c10::IValue& element : value.toListRef()) {
+      if (element.isNone()) {
+        list.push_back(std::nullopt);
+        continue;
+      }
+      auto t = real_tensor(element.toTensor(), overwritten, budget);
+      if (!t) return std::nullopt;
+      list.push_back(*t);
+    }
+    return c10::IValue(std::move(list));
+  }
+  if (value.isDevice()) return c10::IValue(c10::Device(c10::kCPU));
+  return value;
+}
+
+bool holds_buffer_of(c10::ArrayRef<c10::IValue> arguments, BufferId id) {
+  for (const c10::IValue& value : arguments) {
+    if (value.isTensor() && is_meta_tensor(value.toTensor()) && buffer_of(value.toTensor()) == id) return true;
+    if (value.isTensorList())
+      for (const at::Tensor& t : value.toTensorList())
+        if (is_meta_tensor(t) && buffer_of(t) == id) return true;
+  }
+  return false;
+}
+
+// Keeps a new buffer's values: the real result's own storage when it is
+// laid out as the MetaTensor (the kernels agree) and no other tensor's, else
+// a copy in its layout.
+void keep(const at::Tensor& traced, const at::Tensor& real, c10::ArrayRef<c10::IValue> arguments) {
+  if (!traced.defined() || !is_meta_tensor(traced) || !real.defined()) return;
+  const BufferId id = buffer_of(traced);
+  if (id == 0 || holds_buffer_of(arguments, id)) return;  // a view, or an argument written in place
+  const at::Tensor& inner = inner_tensor(traced);
+  if (real.sizes() != inner.sizes() || real.dtype() != inner.dtype()) return;  // kernels that disagree: unknown
+  if (real.storage().use_count() == 1 &&
+      real.storage().nbytes() == inner.unsafeGetTensorImpl()->unsafe_storage().nbytes() &&
+      real.storage_offset() == inner.storage_offset() && real.sizes() == inner.sizes() &&
+      real.strides() == inner.strides()) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_values[id] = real.storage();
+    g_any.store(true, std::memory_order_relaxed);
+    return;
+  }
+  view_of(new_values(traced), traced).copy_(real);
+}
+
+}  // namespace
+
+void learn_values(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
+                  c10::ArrayRef<c10::IValue> returns) {
+  const c10::FunctionSchema& schema = op.schema();
+  std::int64_t budget = kKnownValuesLimit;
+  for (const c10::IValue& value : returns)
+    if (value.isTensor()) budget -= bytes_of(value.toTensor());
+  if (budget < 0 || !makes_run_values(op)) return forget_written(schema, arguments);
+
+  OutsideMetaMode outside;
+  InsideMetaCall inside;  // the values' buffers are not the step's
+  torch::jit::Stack stack;
+  for (std::size_t i = 0; i < arguments.size(); ++i) {
+    auto value = real_argument(arguments[i], overwrites(schema, i), budget);
+    if (!value) return forget_written(schema, arguments);
+    stack.push_back(std::move(*value));
+  }
+  try {
+    op.callBoxed(stack);
+  } catch (const std::exception&) {  // a kernel refusing what the meta kernel took
+    return forget_written(schema, arguments);
+  }
+  for (std::size_t r = 0; r < returns.size() && r < stack.size(); ++r) {
+    if (returns[r].isTensor() && stack[r].isTensor()) {
+      keep(returns[r].toTensor(), stack[r].toTensor(), arguments);
+    } else if (returns[r].isTensorList() && stack[r].isTensorList()) {
+      const auto traced = returns[r].toTensorList();
+      const auto real = stack[r].toTensorList();
+      for (std::size_t i = 0; i < traced.size() && i < real.size(); ++i) keep(traced[i], real[i], arguments);
+    }
+  }
+}
+
+std::optional<at::Tensor> known_values(const at::Tensor& t) {
+  if (!t.defined() || !is_meta_tensor(t)) return std::nullopt;
+  c10::Storage values = values_of(buffer_of(t));
+  if (!values) return std::nullopt;
+  OutsideMetaMode outside;
+  return view_of(values, t);
+}
+
+void forget_values(BufferId id) {
+  if (!g_any.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_values.erase(id);
+}
+
+}  // namespace metamem

@@ -1,0 +1,45 @@
+// KnownValues: the values a trace knows. A traced tensor has no data, but
+// some are made from Python numbers alone by deterministic ops (an
+// attention mask of ones, arange's positions, linspace's drop-path rates)
+// and are small: the trace computes those for real on CPU beside the
+// MetaTensors, so that code reading them (`if mask.all()`, `.tolist()`)
+// reads what the real run reads. Values never count as memory: they live
+// beside the trace, in the buffers' shadows, and die with the buffers.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+#include <c10/util/ArrayRef.h>
+
+#include <cstdint>
+#include <optional>
+
+#include "meta/MetaMode.h"
+
+namespace c10 {
+class OperatorHandle;
+}
+
+namespace metamem {
+
+// The largest op, inputs and outputs together, whose values a trace
+// computes (a padding mask of 4 x 2,048 tokens in float32 and its bool
+// copy): a model's larger constants (GPT-2's 1,024 x 1,024 causal mask
+// buffer) would cost the trace more than their values are worth.
+inline constexpr std::int64_t kKnownValuesLimit = std::int64_t{64} << 10;
+
+// After `op` ran on MetaTensors (`arguments` and `returns` as the caller
+// sees them): the values of its new buffers when every tensor it reads has
+// known values, none is random or uninitialised and all fit the limit; the
+// buffers it writes otherwise lose theirs.
+void learn_values(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
+                  c10::ArrayRef<c10::IValue> returns);
+
+// A MetaTensor's values as a real CPU tensor of its sizes and strides, if
+// the trace knows them.
+std::optional<at::Tensor> known_values(const at::Tensor& t);
+
+// The buffer is freed: its values go with it.
+void forget_values(BufferId id);
+
+}  // namespace metamem
