@@ -33,6 +33,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 import metamem
 import metamem.hf
 from hf_sweep import reduced
+from sweep_failure import why
 
 MODELS = ["gpt2", "llama", "mistral", "qwen2", "gemma2", "phi3", "mixtral", "bert", "roberta", "t5", "whisper",
           "swin", "clip"]
@@ -87,7 +88,7 @@ def anchors_of(model_type, batch, seq):
         try:
             results[name] = timed(run)
         except Exception as error:  # an anchor that cannot run this step says why
-            results[name] = (f"{type(error).__name__}: {str(error).strip().splitlines()[0][:80]}", 0.0)
+            results[name] = (why(error), 0.0)
     return truth, real_seconds, results
 
 

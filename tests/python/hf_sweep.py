@@ -14,12 +14,12 @@ at full size.
 import argparse
 import sys
 import time
-import traceback
 
 import torch
 
 import metamem
 import metamem.hf
+from sweep_failure import why
 
 # Every architecture swept, by transformers model type, with the head it
 # trains (metamem.hf.task_of picks it).
@@ -111,20 +111,6 @@ def traced_at_full_size(model_type, values):
     seconds = time.perf_counter() - start
     params = t.json()["model_states"]["param_bytes"] // 4
     return t.peak_bytes, seconds, params
-
-
-def why(error):
-    """The error's kind and where the model's code met it: the innermost
-    frame outside torch's internals (torch.nn.init counts as model code)."""
-    frames = [frame for frame in traceback.extract_tb(error.__traceback__)
-              if "/torch/" not in frame.filename or frame.filename.endswith("torch/nn/init.py")]
-    where = ""
-    if frames:
-        frame = frames[-1]
-        where = f" in {frame.name} ({frame.filename.split('site-packages/')[-1]}:{frame.lineno})"
-    if isinstance(error, metamem.ValueReadError):
-        return "reads a value" + where
-    return f"{type(error).__name__}{where}: {str(error).strip().splitlines()[0][:100]}"
 
 
 def bytes_or_dash(value):

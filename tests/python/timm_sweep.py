@@ -14,13 +14,13 @@ exact on CPU and traces on fake cuda.
 import argparse
 import sys
 import time
-import traceback
 
 import timm
 import torch
 import torch.nn.functional as F
 
 import metamem
+from sweep_failure import why
 
 MODELS = [
     "halonet_h1", "eca_botnext26ts_256", "test_byobnet", "mobileone_s1", "cait_xxs24_224", "cait_xxs24_384",
@@ -98,13 +98,6 @@ def training_step(model, device):
             opt.step()
             opt.zero_grad()
     return step
-
-
-def why(error):
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if "/torch/" not in f.filename]
-    where = f" in {frames[-1].name} ({frames[-1].filename.split('site-packages/')[-1]}:{frames[-1].lineno})" if frames else ""
-    kind = "reads a value" if isinstance(error, metamem.ValueReadError) else type(error).__name__
-    return f"{kind}{where}: {str(error).strip().splitlines()[0][:100]}" if str(error).strip() else kind + where
 
 
 def sweep_one(name):
