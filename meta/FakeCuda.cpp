@@ -8,6 +8,8 @@
 #include <cstring>
 #include <exception>
 
+#include "meta/CudaAttention.h"
+
 namespace metamem {
 namespace {
 
@@ -170,11 +172,13 @@ auto& cuda_guard_slot() {
 FakeCudaScope::FakeCudaScope()
     : previous_guard_(cuda_guard_slot().exchange(fake_guard())),
       previous_hooks_table_(install_fake_cuda_hooks()),
-      previous_multithreading_(c10::AutogradState::get_tls_state().get_multithreading_enabled()) {
+      previous_multithreading_(c10::AutogradState::get_tls_state().get_multithreading_enabled()),
+      previous_sdpa_choice_(install_sdpa_choice()) {
   c10::AutogradState::get_tls_state().set_multithreading_enabled(false);
 }
 
 FakeCudaScope::~FakeCudaScope() {
+  restore_sdpa_choice(previous_sdpa_choice_);
   c10::AutogradState::get_tls_state().set_multithreading_enabled(previous_multithreading_);
   exchange_cuda_hooks_table(previous_hooks_table_);
   cuda_guard_slot().store(previous_guard_);

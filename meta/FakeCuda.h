@@ -12,7 +12,8 @@ namespace metamem {
 // While alive, CUDA's device guard is a fake one (one device, one stream,
 // events that complete at once) instead of whatever was registered (the
 // real one asks the driver, which fails without a GPU), libtorch's CUDA
-// hooks say there is one CUDA device with its context, and the autograd
+// hooks say there is one CUDA device with its context, SDPA picks its
+// kernel as the traced GPU would (meta/CudaAttention.h), and the autograd
 // engine runs backward on the calling thread instead of a device thread (its
 // device threads are counted once, at the first backward of the process).
 // Both are put back as they were when it ends.
@@ -27,6 +28,7 @@ class FakeCudaScope {
   const c10::impl::DeviceGuardImplInterface* previous_guard_;
   void* previous_hooks_table_;
   bool previous_multithreading_;
+  void* previous_sdpa_choice_;
 };
 
 }  // namespace metamem

@@ -67,18 +67,25 @@ Outputs forward_outputs(const Dims& d, const at::Tensor& q) {
 
 // What mha_bwd holds beside dq, dk and dv: the fp32 dot products of each
 // output row with its gradient, the fp32 dq accumulator (rows rounded up to
-// the kernel's 128, head_dim to 32, or 256 above 192), and for grouped-query
-// heads dk and dv per query head, summed into dk and dv at the end.
+// the kernel's 128, head_dim to `width`), and for grouped-query heads dk and
+// dv per query head, summed into dk and dv at the end.
 struct BackwardScratch {
   std::vector<std::int64_t> row_dots, dq_accum, expanded;  // expanded: empty without grouping
 };
 
-BackwardScratch backward_scratch(const Dims& d) {
+BackwardScratch backward_scratch(const Dims& d, std::int64_t width) {
   const std::int64_t rows = round_up(d.seq_q, 128);
-  const std::int64_t width = d.head_dim <= 192 ? round_up(d.head_dim, 32) : 256;
   BackwardScratch s{{d.batch, d.heads, rows}, {d.batch, rows, d.heads, width}, {}};
   if (d.group() > 1) s.expanded = {d.batch, d.seq_k, d.heads, d.head_dim};
   return s;
+}
+
+// Dao's FlashAttention-2 (2.3) rounds head_dim to 32, or to 256 above 192.
+std::int64_t dao_width(std::int64_t head_dim) { return head_dim <= 192 ? round_up(head_dim, 32) : 256; }
+
+std::int64_t scratch_bytes(const BackwardScratch& s, std::int64_t element_size) {
+  const std::int64_t expanded = s.expanded.empty() ? 0 : c10::multiply_integers(s.expanded);
+  return (c10::multiply_integers(s.row_dots) + c10::multiply_integers(s.dq_accum)) * 4 + 2 * expanded * element_size;
 }
 
 // Keys a query row may see: all, or under a causal mask aligned to the
@@ -211,7 +218,7 @@ Outputs backward_cpu_kernel(const at::Tensor& grad_out, const at::Tensor& q, con
                             const at::Tensor& rng, double dropout_p, bool causal, double scale) {
   const Dims d = check_inputs(q, k, v);
   at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
-  const BackwardScratch shapes = backward_scratch(d);
+  const BackwardScratch shapes = backward_scratch(d, dao_width(d.head_dim));
   at::Tensor row_dots = at::empty(shapes.row_dots, q.options().dtype(at::kFloat));
   at::Tensor dq_accum = at::empty(shapes.dq_accum, q.options().dtype(at::kFloat));
   const bool grouped = !shapes.expanded.empty();
@@ -296,10 +303,7 @@ Outputs autograd_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tens
 std::int64_t backward_scratch_bytes(c10::ArrayRef<c10::IValue> arguments, c10::ArrayRef<c10::IValue>) {
   const at::Tensor& q = arguments[1].toTensor();
   const Dims d = check_inputs(q, arguments[2].toTensor(), arguments[3].toTensor());
-  const BackwardScratch s = backward_scratch(d);
-  const std::int64_t expanded = s.expanded.empty() ? 0 : c10::multiply_integers(s.expanded);
-  return (c10::multiply_integers(s.row_dots) + c10::multiply_integers(s.dq_accum)) * 4 +
-         2 * expanded * q.element_size();
+  return scratch_bytes(backward_scratch(d, dao_width(d.head_dim)), q.element_size());
 }
 
 }  // namespace
@@ -331,6 +335,13 @@ TORCH_LIBRARY_IMPL(metamem, Autograd, m) {
 
 ScratchModel device_scratch_model(const std::string& qualified_name) {
   return qualified_name == "metamem::flash_attention_backward" ? &backward_scratch_bytes : nullptr;
+}
+
+std::int64_t flash_attention_backward_scratch(std::int64_t batch, std::int64_t seq_q, std::int64_t seq_k,
+                                              std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim,
+                                              std::int64_t head_dim_rounded, std::int64_t element_size) {
+  return scratch_bytes(backward_scratch({batch, seq_q, seq_k, heads, kv_heads, head_dim}, head_dim_rounded),
+                       element_size);
 }
 
 std::int64_t flash_attention_scores(std::int64_t seq_q, std::int64_t seq_k, bool causal) {

@@ -624,6 +624,7 @@ const std::unordered_map<std::string, OwnKernel>& own_kernels() {
         own("pixel_unshuffle", TORCH_FN(pixel_unshuffle)),
     };
     for (auto& entry : layer_kernels()) all.insert(std::move(entry));
+    for (auto& entry : cuda_attention_kernels()) all.insert(std::move(entry));
     return all;
   }();
   return kernels;

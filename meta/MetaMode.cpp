@@ -16,6 +16,7 @@
 #include <unordered_set>
 
 #include "meta/CpuKernelModel.h"
+#include "meta/CudaAttention.h"
 #include "meta/KnownValues.h"
 #include "meta/MetaKernels.h"
 #include "meta/MetaTensor.h"
@@ -409,6 +410,7 @@ void register_meta_kernel() {
         name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
     if (ScratchModel model = cpu_scratch_model(qualified))
       g_cpu_scratch.emplace(&op->operator_name(), model);
+    if (ScratchModel model = cuda_scratch_model(qualified)) g_cuda_scratch.emplace(&op->operator_name(), model);
     if (ScratchModel model = device_scratch_model(qualified)) {
       g_cpu_scratch.emplace(&op->operator_name(), model);
       g_cuda_scratch.emplace(&op->operator_name(), model);

@@ -31,4 +31,8 @@ OwnKernelEntry own(const char* qualified, Fn fn) {
 // losses, padding, pooling, normalization, embedding bags, recurrent cells.
 std::vector<OwnKernelEntry> layer_kernels();
 
+// scaled_dot_product_attention's CUDA kernels (meta/CudaAttention.cpp):
+// FlashAttention, memory-efficient and cuDNN attention, forward and backward.
+std::vector<OwnKernelEntry> cuda_attention_kernels();
+
 }  // namespace metamem

@@ -21,6 +21,7 @@
 #include "estimator/Gpu.h"
 #include "estimator/Report.h"
 #include "estimator/Snapshot.h"
+#include "meta/CudaAttention.h"
 #include "meta/KnownValues.h"
 #include "meta/MetaMode.h"
 #include "profiler/CpuMemoryCounter.h"
@@ -195,6 +196,12 @@ class Result {
 
 struct PlaceholderScope {
   std::optional<PlaceholderValues> guard;
+};
+
+struct TracedGpu {
+  TracedGpu(int major, int minor) : gpu{major, minor} {}
+  metamem::ComputeCapability gpu;
+  std::optional<metamem::TracedGpuScope> guard;
 };
 
 class Session;
@@ -406,6 +413,12 @@ PYBIND11_MODULE(_metamem, m) {
       .def(py::init<>())
       .def("__enter__", [](PlaceholderScope& scope) { scope.guard.emplace(); })
       .def("__exit__", [](PlaceholderScope& scope, const py::args&) { scope.guard.reset(); });
+  // `with TracedGpu(major, minor):` fake-cuda kernels are chosen for a GPU
+  // of that compute capability.
+  py::class_<TracedGpu>(m, "TracedGpu")
+      .def(py::init<int, int>())
+      .def("__enter__", [](TracedGpu& scope) { scope.guard.emplace(scope.gpu); })
+      .def("__exit__", [](TracedGpu& scope, const py::args&) { scope.guard.reset(); });
   py::class_<Result>(m, "Result")
       .def_property_readonly("peak_bytes", &Result::peak_bytes)
       .def_property_readonly("step_peaks", &Result::step_peaks)

@@ -39,7 +39,9 @@ expect 2 "--achieved needs --device cpu and --dtype f32" profile --model mlp --d
 expect 2 "--depth must be at least 1" profile --model mlp --table modules --depth 0
 expect 2 "--memory expects a size" fit --model mlp --memory 80XB
 expect 2 "--memory expects a size" fit --model mlp --memory lots
-expect 2 "fit needs --memory" fit --model mlp
+expect 2 "fit --device cpu needs --memory" fit --model mlp --device cpu
+expect 2 "unknown GPU 'V100'; known: H100-80GB" profile --model mlp --gpu V100
+expect 0 "largest batch that fits" fit --model mlp --gpu T4 --max-batch 64
 expect 2 "roundup-power2-divisions must be between" profile --model mlp --roundup-power2-divisions -1
 expect 0 "largest batch that fits" fit --model resnet18 --image 64 --memory 1GiB
 expect 0 '"peak_phase": "(forward|backward|optimizer)"' profile --model mlp --batch 2 --optimizer adam --format json

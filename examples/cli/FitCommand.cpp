@@ -416,10 +416,12 @@ int fit_command(const std::vector<std::string>& args) {
   flags.add("--checkpoint", &checkpoint, checkpoint_solvers());
   if (const auto extra = flags.parse(args); !extra.empty())
     throw UsageError("unexpected argument '" + extra[0] + "'");
-  if (memory_text.empty()) throw UsageError("fit needs --memory");
   if (max_batch < 1) throw UsageError("--max-batch must be positive");
   if (m.is_script()) throw UsageError("fit varies the batch of a zoo model; a TorchScript model's batch is in its --input");
-  const std::int64_t memory = parse_memory(memory_text, "--memory");
+  const TracedGpuScope traced_for = m.gpu_scope();
+  if (memory_text.empty() && m.device != "cuda") throw UsageError("fit --device cpu needs --memory");
+  // On fake cuda without --memory, the --gpu's: all of it, as the caching allocator may reserve it.
+  const std::int64_t memory = memory_text.empty() ? m.gpu_spec().total_memory : parse_memory(memory_text, "--memory");
   if (search != (gpus != 0)) throw UsageError("--search and --gpus N go together");
   if (search) {
     if (jobs < 1 || jobs > 256) throw UsageError("--jobs must be between 1 and 256");

@@ -13,6 +13,7 @@ void ModelFlags::add_to(Flags& flags) {
         {"--rank", &rank}})
     flags.add(name, value);
   flags.add("--device", &device, {"cpu", "cuda"});
+  flags.add("--gpu", &gpu);
   flags.add("--optimizer", &optimizer);
   flags.add("--optimizer-impl", &optimizer_impl, {"libtorch", "for-loop"});
   flags.add("--dtype", &dtype);
@@ -55,6 +56,13 @@ StepBuilder ModelFlags::builder() const {
   for (const std::string& input : inputs) script.inputs.push_back(parse_input_spec(input));
   script.loss = parse_loss_spec(loss);
   return script_step(script);
+}
+
+const GpuSpec& ModelFlags::gpu_spec() const { return find_gpu(gpu); }
+
+TracedGpuScope ModelFlags::gpu_scope() const {
+  const GpuSpec& spec = gpu_spec();
+  return TracedGpuScope({spec.major, spec.minor});
 }
 
 int ModelFlags::allocator_divisions() const {

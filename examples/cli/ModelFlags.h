@@ -4,10 +4,12 @@
 
 #include <string>
 
+#include "estimator/Gpu.h"
 #include "estimator/Report.h"
 #include "examples/cli/Flags.h"
 #include "examples/zoo/ScriptModel.h"
 #include "examples/zoo/Zoo.h"
+#include "meta/CudaAttention.h"
 #include "profiler/Step.h"
 
 namespace metamem::cli {
@@ -15,6 +17,7 @@ namespace metamem::cli {
 struct ModelFlags {
   ZooConfig zoo;
   std::string device = "cuda";
+  std::string gpu = "H100-80GB";     // what a fake-cuda trace's kernel choices are for
   std::string optimizer = "none";
   std::string optimizer_impl = "libtorch";  // or for-loop: torch.optim's Python Adam and AdamW
   std::string dtype = "f32";
@@ -51,6 +54,10 @@ struct ModelFlags {
   std::int64_t batch() const;
   // The zoo model or the TorchScript file, as configured.
   StepBuilder builder() const;
+  // --gpu, checked.
+  const GpuSpec& gpu_spec() const;
+  // While alive, fake-cuda kernels (SDPA's backend) are chosen for --gpu.
+  TracedGpuScope gpu_scope() const;
   // --roundup-power2-divisions, checked.
   int allocator_divisions() const;
   // The run as the report names it.

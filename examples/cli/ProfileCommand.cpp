@@ -32,6 +32,7 @@ int profile_command(const std::vector<std::string>& args) {
     throw UsageError("unexpected argument '" + extra[0] + "'");
   if (depth < 1) throw UsageError("--depth must be at least 1");
   const RunInfo run = m.run_info();
+  const TracedGpuScope traced_for = m.gpu_scope();
   if (achieved && (m.device != "cpu" || m.config().dtype != c10::kFloat))
     throw UsageError("--achieved needs --device cpu and --dtype f32 (a real CPU run)");
 

@@ -12,7 +12,8 @@
 namespace {
 
 constexpr const char* kUsage =
-    "usage: metamem profile --model NAME|FILE.pt --batch N --device cpu|cuda [--seq L] [--image S]\n"
+    "usage: metamem profile --model NAME|FILE.pt --batch N --device cpu|cuda [--gpu H100-80GB|A100-80GB|L4|...]\n"
+    "                       [--seq L] [--image S]\n"
     "                       [--input 32x3x224x224[:f32|:i64] ...] [--loss sum|cross_entropy:C]\n"
     "                       [--layers N] [--width N] [--heads N] [--vocab N] [--kv-heads N] [--ffn N]\n"
     "                       [--optimizer none|sgd|momentum|adam|adamw] [--optimizer-impl libtorch|for-loop]\n"
@@ -26,7 +27,7 @@ constexpr const char* kUsage =
     "                       [--fsdp full|hybrid [--gpus-per-node N]] [--forward-prefetch]\n"
     "                       [--pp N [--stage S] [--microbatches M] [--schedule 1f1b|gpipe]]\n"
     "                       [--policy 0-3[1-2],5[;keep=aten::addmm]] [--html FILE.html]\n"
-    "       metamem fit --model NAME --memory 80GiB [--device cuda] [model flags as above]\n"
+    "       metamem fit --model NAME [--memory 80GiB (default: the --gpu's)] [model flags as above]\n"
     "                       [--max-batch N] [--checkpoint none|uniform|chen|rotor|selective|auto]\n"
     "                       [--search --gpus N]\n"
     "                       [--format table|json]\n"

@@ -170,6 +170,8 @@ class FakeCudaRuntime:
         self.gpu = gpu
         self.properties = DeviceProperties(gpu)
         self.patches = Patches()
+        # Kernel choices (SDPA's backend) follow the GPU's compute capability.
+        self.kernels_for = _metamem.TracedGpu(gpu["major"], gpu["minor"])
 
     def free_bytes(self):
         reserved = self.session.memory_stats()["reserved_bytes"]["all"]["current"]
@@ -223,12 +225,14 @@ class FakeCudaRuntime:
             # in a trace it finds none and steps, as a healthy step does.
             scaler = torch.amp.grad_scaler.GradScaler
             set_(scaler, "_maybe_opt_step", _placeholder_reads(scaler._maybe_opt_step))
+            self.kernels_for.__enter__()
         except BaseException:
             self.patches.restore()
             raise
         return self
 
     def __exit__(self, *exc):
+        self.kernels_for.__exit__(*exc)
         self.patches.restore()
 
 

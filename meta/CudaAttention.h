@@ -1,0 +1,49 @@
+// scaled_dot_product_attention on a fake CUDA device: which of torch's
+// attention kernels the traced GPU runs (FlashAttention-2, memory-efficient,
+// cuDNN or the math fallback), and what the fused kernels hold beside their
+// gradients in backward.
+#pragma once
+
+#include <string>
+
+#include "meta/CpuKernelModel.h"
+
+namespace metamem {
+
+// A GPU's compute capability: what torch's choice of kernels depends on.
+struct ComputeCapability {
+  int major = 9, minor = 0;
+};
+
+// The GPU fake-cuda traces are for: an H100 (9.0) unless a TracedGpuScope
+// names another.
+ComputeCapability traced_gpu();
+
+class TracedGpuScope {
+ public:
+  explicit TracedGpuScope(ComputeCapability gpu);
+  ~TracedGpuScope();
+  TracedGpuScope(const TracedGpuScope&) = delete;
+  TracedGpuScope& operator=(const TracedGpuScope&) = delete;
+
+ private:
+  ComputeCapability previous_;
+};
+
+// Puts metamem's choice of SDPA backend in torch's CUDA slot and returns
+// what was there (libtorch_cuda's, or nothing where only libtorch's CPU
+// library is loaded). With it, SDPA on fake cuda tensors picks the kernel
+// torch 2.14's CUDA build picks on traced_gpu(), following sdp_utils.cpp's
+// select_sdp_backend: the priority order, the user's torch.backends.cuda
+// flags, each backend's constraints on dtype, head size, mask, dropout,
+// layout and architecture. The real choice asks the CUDA runtime, which has
+// no device here, and falls back to math. FakeCudaScope installs it.
+void* install_sdpa_choice();
+void restore_sdpa_choice(void* previous);
+
+// Bytes a fused SDPA backward kernel holds beside its gradients on CUDA
+// (`qualified_name` as "aten::_scaled_dot_product_flash_attention_backward"),
+// or nullptr.
+ScratchModel cuda_scratch_model(const std::string& qualified_name);
+
+}  // namespace metamem

@@ -1,0 +1,118 @@
+"""scaled_dot_product_attention on fake cuda runs the kernel the traced GPU
+runs: cuDNN attention first on Hopper (torch 2.14 with cuDNN 9.24),
+FlashAttention-2 on Ampere and Ada, the memory-efficient kernel on Turing
+and for f32, math where the user turns the fused ones off; each with the
+outputs it saves and, for flash and cuDNN, what its backward holds beside
+the gradients. Byte counts are the simulated allocator's (512-byte blocks)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import metamem
+
+B, H, S, D = 2, 4, 256, 64
+
+
+class AttentionOps(TorchDispatchMode):
+    """The attention kernels a block runs, by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if "attention" in func.__name__:
+            self.names.add(func.__name__.split(".")[0])
+        return func(*args, **(kwargs or {}))
+
+
+def attention_step(gpu, dtype, heads_kv=H, mask=False, layout="bhsd"):
+    """Forward and backward of one SDPA call on leaf q, k, v: the kernels
+    run, the bytes forward leaves allocated and backward's peak above that."""
+    with metamem.trace(device="cuda", gpu=gpu):
+        def operand(heads):
+            if layout == "bshd":  # as transformers makes them: (B, S, H, D) viewed as (B, H, S, D)
+                return torch.randn(B, S, heads, D, device="cuda", dtype=dtype).transpose(1, 2)
+            return torch.randn(B, heads, S, D, device="cuda", dtype=dtype)
+        q, k, v = (operand(heads).requires_grad_() for heads in (H, heads_kv, heads_kv))
+        grad = operand(H)
+        attn_mask = torch.zeros(S, S, device="cuda", dtype=dtype) if mask else None
+        before = torch.cuda.memory_allocated()
+        with AttentionOps() as ops:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=not mask,
+                                                 enable_gqa=heads_kv != H)
+            forward = torch.cuda.memory_allocated() - before
+            torch.cuda.reset_peak_memory_stats()
+            out.backward(grad)
+            backward = torch.cuda.max_memory_allocated() - before
+    return ops.names, forward, backward
+
+
+def blocks(nbytes):
+    return -(-nbytes // 512) * 512
+
+
+ELEMENTS = B * H * S * D
+
+
+@pytest.mark.parametrize("gpu,dtype,kernel", [
+    ("H100-80GB", torch.bfloat16, "_scaled_dot_product_cudnn_attention"),
+    ("A100-80GB", torch.bfloat16, "_scaled_dot_product_flash_attention"),
+    ("L4", torch.float16, "_scaled_dot_product_flash_attention"),
+    ("T4", torch.float16, "_scaled_dot_product_efficient_attention"),
+    ("H100-80GB", torch.float32, "_scaled_dot_product_efficient_attention"),
+])
+def test_each_gpu_runs_the_kernel_torch_picks_for_it(gpu, dtype, kernel):
+    names, _, _ = attention_step(gpu, dtype)
+    assert names == {kernel, kernel + "_backward"}
+
+
+def test_the_users_backend_flags_and_masks_decide_as_on_a_gpu():
+    with sdpa_kernel(SDPBackend.MATH):
+        names, _, _ = attention_step("H100-80GB", torch.bfloat16)
+    assert not any("_scaled_dot_product" in name for name in names)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]):
+        names, _, _ = attention_step("H100-80GB", torch.bfloat16)
+    assert "_scaled_dot_product_flash_attention" in names
+    # FlashAttention takes no mask: on an A100 a masked call runs the memory-efficient kernel
+    names, _, _ = attention_step("A100-80GB", torch.bfloat16, mask=True)
+    assert "_scaled_dot_product_efficient_attention" in names
+    torch.backends.cuda.enable_flash_sdp(True)  # sdpa_kernel put every flag back; so did the traces
+    assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.cudnn_sdp_enabled()
+
+
+def test_flash_saves_its_output_log_sum_exp_and_rng_state_and_holds_fp32_accumulators_in_backward():
+    _, forward, backward = attention_step("A100-80GB", torch.bfloat16)
+    out, lse = 2 * ELEMENTS, 4 * B * H * S
+    assert forward == out + lse + 512 + 512  # rng_state (2 uint64) and an unused uint64, each a block
+    gradients = 3 * 2 * ELEMENTS
+    # mha_bwd: fp32 row dot products and dq accumulator (rows to 128, head_dim to 32)
+    scratch = 4 * B * H * S + 4 * B * S * H * D
+    # q, k, v and the gradient are (B, H, S, D): the output and its gradient are copied into (B, S, H, D)
+    copies = 2 * 2 * ELEMENTS
+    assert backward == forward + gradients + scratch + copies
+
+
+def test_flash_reads_transformers_layout_without_copies_and_expands_grouped_heads():
+    _, forward, backward = attention_step("A100-80GB", torch.bfloat16, heads_kv=1, layout="bshd")
+    kv_gradients = 2 * 2 * ELEMENTS // H
+    scratch = 4 * B * H * S + 4 * B * S * H * D + 2 * (2 * ELEMENTS)  # dk and dv per query head
+    assert backward == forward + 2 * ELEMENTS + kv_gradients + blocks(scratch)
+
+
+def test_cudnn_holds_its_softmax_sum_and_dq_accumulator_in_backward():
+    _, forward, backward = attention_step("H100-80GB", torch.bfloat16)
+    assert forward == 2 * ELEMENTS + 4 * B * H * S + 512 + 512
+    workspace = 4 * B * H * S + 4 * ELEMENTS  # cudnn-frontend's softmax sum and fp32 dq accumulator
+    assert backward == forward + 3 * 2 * ELEMENTS + workspace
+
+
+def test_a_gpu_that_runs_no_enabled_backend_is_a_named_error():
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        with pytest.raises(RuntimeError, match="no backend enabled"):
+            attention_step("T4", torch.float16)  # flash needs sm80
+    x = torch.ones(2)  # real tensors work after the failed block
+    assert (x + 1).tolist() == [2.0, 2.0]
