@@ -1,11 +1,14 @@
 #include "meta/KnownValues.h"
 
+#include <algorithm>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/enum_tag.h>
 #include <ATen/core/stack.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/util/SmallVector.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <string_view>
@@ -91,18 +94,41 @@ void forget_written(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue
   }
 }
 
+// The bytes an op may touch, at most twice kKnownValuesLimit: its outputs
+// and its inputs' buffers, each buffer once (torch.diff's two views of one
+// buffer) and no more than the buffer holds (position ids expanded over the
+// batch read one row).
+class Budget {
+ public:
+  void spend(std::int64_t bytes) { left_ -= bytes; }
+  bool within() const { return left_ >= 0; }
+  // Spends what `t` reads, unless its buffer was counted; whether still within.
+  bool spend_on(const at::Tensor& t) {
+    const BufferId id = buffer_of(t);
+    if (std::find(counted_.begin(), counted_.end(), id) == counted_.end()) {
+      counted_.push_back(id);
+      const auto buffer = static_cast<std::int64_t>(inner_tensor(t).unsafeGetTensorImpl()->unsafe_storage().nbytes());
+      spend(std::min(bytes_of(t), buffer));
+    }
+    return within();
+  }
+
+ private:
+  std::int64_t left_ = 2 * kKnownValuesLimit;
+  c10::SmallVector<BufferId, 4> counted_;
+};
+
 // The argument as the real op takes it, or nullopt when its values are
-// unknown. `budget` counts the bytes the op may touch.
-std::optional<at::Tensor> real_tensor(const at::Tensor& t, bool overwritten, std::int64_t& budget) {
+// unknown or the op would touch more than its budget.
+std::optional<at::Tensor> real_tensor(const at::Tensor& t, bool overwritten, Budget& budget) {
   if (!t.defined() || !is_meta_tensor(t)) return t;
-  budget -= bytes_of(t);
-  if (budget < 0) return std::nullopt;
+  if (!budget.spend_on(t)) return std::nullopt;
   if (c10::Storage values = values_of(buffer_of(t)); values) return view_of(values, t);
   if (overwritten && covers_its_buffer(t)) return view_of(new_values(t), t);
   return std::nullopt;
 }
 
-std::optional<c10::IValue> real_argument(const c10::IValue& value, bool overwritten, std::int64_t& budget) {
+std::optional<c10::IValue> real_argument(const c10::IValue& value, bool overwritten, Budget& budget) {
   if (value.isTensor()) {
     auto t = real_tensor(value.toTensor(), overwritten, budget);
     return t ? std::optional<c10::IValue>(*t) : std::nullopt;
@@ -169,10 +195,12 @@ void keep(const at::Tensor& traced, const at::Tensor& real, c10::ArrayRef<c10::I
 void learn_values(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
                   c10::ArrayRef<c10::IValue> returns) {
   const c10::FunctionSchema& schema = op.schema();
-  std::int64_t budget = kKnownValuesLimit;
+  std::int64_t made = 0;
   for (const c10::IValue& value : returns)
-    if (value.isTensor()) budget -= bytes_of(value.toTensor());
-  if (budget < 0 || !makes_run_values(op)) return forget_written(schema, arguments);
+    if (value.isTensor()) made += bytes_of(value.toTensor());
+  if (made > kKnownValuesLimit || !makes_run_values(op)) return forget_written(schema, arguments);
+  Budget budget;
+  budget.spend(made);
 
   OutsideMetaMode outside;
   InsideMetaCall inside;  // the values' buffers are not the step's

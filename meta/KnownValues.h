@@ -22,11 +22,14 @@ class OperatorHandle;
 
 namespace metamem {
 
-// The largest op, inputs and outputs together, whose values a trace
-// computes (a padding mask of 4 x 2,048 tokens in float32 and its bool
-// copy): a model's larger constants (GPT-2's 1,024 x 1,024 causal mask
-// buffer) would cost the trace more than their values are worth.
-inline constexpr std::int64_t kKnownValuesLimit = std::int64_t{64} << 10;
+// The most an op's outputs may hold for the trace to compute their values
+// (its inputs' buffers and outputs together, twice that): the int64 position
+// ids of 65,536 tokens (a batch of 8 at 8,192, 512 KiB) and their
+// difference, which transformers reads to find packed sequences. A model's
+// square constants (GPT-2's 1,024 x 1,024 causal mask, 1 MiB) would cost the
+// trace more than their values are worth: computing that mask's ones made
+// the Python GPT-2 block 3 ms slower to build (bench/python_gpt2_bench.py).
+inline constexpr std::int64_t kKnownValuesLimit = std::int64_t{768} << 10;
 
 // After `op` ran on MetaTensors (`arguments` and `returns` as the caller
 // sees them): the values of its new buffers when every tensor it reads has

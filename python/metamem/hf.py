@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from . import trace
+from . import ValueReadError, _metamem, trace
 
 __all__ = ["config", "training_step", "trace_step", "TASKS"]
 
@@ -68,8 +68,11 @@ def config(spec, **overrides):
     elif isinstance(spec, str) and spec in transformers.CONFIG_MAPPING:
         cfg = transformers.AutoConfig.for_model(spec)
     elif isinstance(spec, str):
-        model_type = next((model_type for mapping in _mappings().values() for model_type, names in mapping.items()
-                           if spec == names or spec in names and isinstance(names, (list, tuple))), None)
+        # The architecture's own config class names its model type (several
+        # model types share some architectures: EXAONE's is LlamaForCausalLM).
+        model_class = getattr(transformers, spec, None)
+        config_class = getattr(model_class, "config_class", None)
+        model_type = getattr(config_class, "model_type", None) or None
         if model_type is None:
             raise ValueError(f"unknown Hugging Face model type or architecture {spec!r} "
                              "(a model type such as 'llama', an architecture such as 'LlamaForCausalLM', "
@@ -127,11 +130,13 @@ def _inputs(cfg, task, batch, seq, device, dtype):
 
 
 def training_step(cfg, batch=1, seq=128, device="cuda", dtype="f32", optimizer="adamw", steps=2,
-                  attn_implementation=None):
+                  attn_implementation=None, checkpointing=False):
     """A function that builds the model on `device`, then runs `steps`
     training steps: forward with labels, backward of the model's loss, an
     optimizer step ("adamw", "sgd" or None) and zero_grad. Inputs are drawn
-    once, from a generator seeded inside the function."""
+    once, from a generator seeded inside the function. `checkpointing`
+    recomputes each layer in backward (transformers'
+    gradient_checkpointing_enable, non-reentrant)."""
     transformers = _transformers()
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -148,6 +153,8 @@ def training_step(cfg, batch=1, seq=128, device="cuda", dtype="f32", optimizer="
         with torch.device(device):
             model = model_class._from_config(cfg, **built_with)
         model.train()
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         inputs = _inputs(cfg, task, batch, seq, device, DTYPES[dtype])
         opt = None
         if optimizer == "adamw":
@@ -163,10 +170,46 @@ def training_step(cfg, batch=1, seq=128, device="cuda", dtype="f32", optimizer="
 
 
 def trace_step(cfg, batch=1, seq=128, device="cuda", dtype="f32", optimizer="adamw", steps=2, gpu="H100-80GB",
-               attn_implementation=None, values="error"):
+               attn_implementation=None, values="error", checkpointing=False):
     """training_step(...) traced on a fake `device` for `gpu`: the Trace.
     `values` as metamem.trace takes it."""
-    step = training_step(cfg, batch, seq, device, dtype, optimizer, steps, attn_implementation)
+    step = training_step(cfg, batch, seq, device, dtype, optimizer, steps, attn_implementation, checkpointing)
     with trace(device=device, gpu=gpu, values=values) as t:
         step()
     return t
+
+
+def reserved_peak(cfg, batch=1, seq=128, gpu="H100-80GB", **options):
+    """The bytes PyTorch's caching allocator reserves at most over
+    training_step(cfg, batch, seq, device="cuda", **options) on `gpu`: what
+    must fit in the GPU's memory beside the CUDA context and libraries."""
+    step = training_step(cfg, batch, seq, device="cuda", **options)
+    with trace(device="cuda", gpu=gpu):
+        step()
+        return torch.cuda.max_memory_reserved()
+
+
+def largest_batch(cfg, seq=128, gpu="H100-80GB", memory=None, most=1 << 16, **options):
+    """The largest batch size (up to `most`) whose reserved_peak fits in
+    `memory` bytes (the GPU's memory by default), 0 when batch 1 does not:
+    doubling, then bisection, one trace per size tried."""
+    capacity = _metamem.gpu(gpu)["total_memory"] if memory is None else memory
+
+    def batch_fits(batch):
+        try:
+            return reserved_peak(cfg, batch, seq, gpu, **options) <= capacity
+        except ValueReadError as error:
+            raise ValueReadError(f"largest_batch: batch {batch} at sequence {seq} reads a value the trace does not "
+                                 f"know ({error}); batch {fits} fits") from error
+
+    fits = 0
+    if not batch_fits(1):
+        return 0
+    fits, fails = 1, 2
+    while fails <= most and batch_fits(fails):
+        fits, fails = fails, 2 * fails
+    fails = min(fails, most + 1)
+    while fails - fits > 1:
+        middle = (fits + fails) // 2
+        fits, fails = (middle, fails) if batch_fits(middle) else (fits, middle)
+    return fits

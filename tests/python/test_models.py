@@ -55,6 +55,8 @@ def test_configs_from_a_type_an_architecture_a_file_or_an_object(tmp_path):
     # BERT trains as a masked LM unless its architecture names another head
     assert metamem.hf.task_of(metamem.hf.config("bert")) == ("masked", "BertForMaskedLM")
     assert metamem.hf.task_of(metamem.hf.config("BertLMHeadModel")) == ("causal", "BertLMHeadModel")
+    # an architecture other model types reuse (EXAONE's is LlamaForCausalLM) is its own type's
+    assert metamem.hf.config("LlamaForCausalLM").model_type == "llama"
     path = tmp_path / "config.json"
     path.write_text(by_type.to_json_string())
     assert metamem.hf.config(str(path)).num_hidden_layers == 3
