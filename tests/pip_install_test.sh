@@ -37,6 +37,10 @@ profile=(profile --model gpt2 --layers 2 --batch 2 --seq 64 --device cuda --form
 cmp <("$installed_cli" "${profile[@]}") <("$built_cli" "${profile[@]}") ||
   fail "the installed metamem's report differs from the build tree's"
 "$installed_cli" profile --model nope 2>/dev/null && fail "an unknown model exits with 0"
+# --hf runs the Python engine with the environment's own Python, beside the command.
+"$installed_cli" profile --hf gpt2 --hf-set n_layer=2 --hf-set n_embd=64 --hf-set n_head=2 --hf-set vocab_size=256 \
+  --batch 2 --seq 16 --device cpu --achieved | grep -q "predicted - achieved +0 B" ||
+  fail "the installed metamem --hf is not exact on cpu"
 
 step='
 import torch, metamem

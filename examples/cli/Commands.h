@@ -12,4 +12,14 @@ int plan_command(const std::vector<std::string>& args);
 int fit_command(const std::vector<std::string>& args);
 int checkpoint_command(const std::vector<std::string>& args);
 
+// Whether the arguments name a transformers or timm model (--hf, --timm),
+// which the Python engine builds and traces.
+bool names_python_model(const std::vector<std::string>& args);
+
+// Runs `python -m metamem ARGS` in this process's place (metamem/cli.py):
+// the interpreter $METAMEM_PYTHON, else the python3 beside this program (a
+// virtual environment's bin/), else python3 on the PATH. Throws
+// std::runtime_error when none starts.
+[[noreturn]] void run_python_engine(const std::vector<std::string>& args);
+
 }  // namespace metamem::cli

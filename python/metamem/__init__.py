@@ -23,7 +23,7 @@ from torch.overrides import TorchFunctionMode
 from . import _metamem
 from ._cuda import FakeCudaRuntime, Patches
 
-__all__ = ["trace", "achieved_cpu", "gpus", "Trace", "UnsupportedOpError", "ValueReadError"]
+__all__ = ["trace", "achieved_cpu", "gpus", "largest_batch", "Trace", "UnsupportedOpError", "ValueReadError"]
 
 
 class UnsupportedOpError(NotImplementedError):
@@ -403,3 +403,32 @@ def achieved_cpu(step, modules=()):
                 states += storage.nbytes()
     with _CudaOnCpu():
         return states + _metamem.achieved_cpu(step)
+
+
+def largest_batch(fits, most=1 << 16):
+    """The largest batch size up to `most` for which fits(batch) is true, 0
+    when fits(1) is not: doubling, then bisection, each size asked once. A
+    size whose trace reads a value it does not know stops the search with
+    ValueReadError, naming that size and the largest that fit."""
+    best = 0
+
+    def asked(batch):
+        try:
+            return fits(batch)
+        except ValueReadError as error:
+            raise ValueReadError(f"at batch {batch} the step reads a value the trace does not know, "
+                                 f"batch {best} fits: {error.args[0]}") from error
+
+    if not asked(1):
+        return 0
+    best, fails = 1, 2
+    while fails <= most and asked(fails):
+        best, fails = fails, 2 * fails
+    fails = min(fails, most + 1)
+    while fails - best > 1:
+        middle = (best + fails) // 2
+        if asked(middle):
+            best = middle
+        else:
+            fails = middle
+    return best

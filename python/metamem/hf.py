@@ -17,7 +17,8 @@ import os
 
 import torch
 
-from . import ValueReadError, _metamem, trace
+from . import _metamem, trace
+from . import largest_batch as search_largest_batch
 
 __all__ = ["config", "training_step", "trace_step", "TASKS"]
 
@@ -136,7 +137,7 @@ def training_step(cfg, batch=1, seq=128, device="cuda", dtype="f32", optimizer="
     optimizer step ("adamw", "sgd" or None) and zero_grad. Inputs are drawn
     once, from a generator seeded inside the function. `checkpointing`
     recomputes each layer in backward (transformers'
-    gradient_checkpointing_enable, non-reentrant)."""
+    activation_checkpointing_enable, non-reentrant)."""
     transformers = _transformers()
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -154,7 +155,7 @@ def training_step(cfg, batch=1, seq=128, device="cuda", dtype="f32", optimizer="
             model = model_class._from_config(cfg, **built_with)
         model.train()
         if checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         inputs = _inputs(cfg, task, batch, seq, device, DTYPES[dtype])
         opt = None
         if optimizer == "adamw":
@@ -192,24 +193,6 @@ def reserved_peak(cfg, batch=1, seq=128, gpu="H100-80GB", **options):
 def largest_batch(cfg, seq=128, gpu="H100-80GB", memory=None, most=1 << 16, **options):
     """The largest batch size (up to `most`) whose reserved_peak fits in
     `memory` bytes (the GPU's memory by default), 0 when batch 1 does not:
-    doubling, then bisection, one trace per size tried."""
+    doubling, then bisection, one trace per size tried (metamem.largest_batch)."""
     capacity = _metamem.gpu(gpu)["total_memory"] if memory is None else memory
-
-    def batch_fits(batch):
-        try:
-            return reserved_peak(cfg, batch, seq, gpu, **options) <= capacity
-        except ValueReadError as error:
-            raise ValueReadError(f"largest_batch: batch {batch} at sequence {seq} reads a value the trace does not "
-                                 f"know ({error}); batch {fits} fits") from error
-
-    fits = 0
-    if not batch_fits(1):
-        return 0
-    fits, fails = 1, 2
-    while fails <= most and batch_fits(fails):
-        fits, fails = fails, 2 * fails
-    fails = min(fails, most + 1)
-    while fails - fits > 1:
-        middle = (fits + fails) // 2
-        fits, fails = (middle, fails) if batch_fits(middle) else (fits, middle)
-    return fits
+    return search_largest_batch(lambda batch: reserved_peak(cfg, batch, seq, gpu, **options) <= capacity, most)

@@ -1,12 +1,15 @@
 """Models no one here wrote, built from configs (no weights): CI's subset of
 the transformers, timm and diffusers sweeps beside this file."""
 
+import json
+
 import pytest
-import timm
 import torch
 
 import metamem
+import metamem.cli
 import metamem.hf
+import metamem.timm
 import diffusers_sweep
 import timm_sweep
 from hf_sweep import reduced, BATCH, SEQ
@@ -72,6 +75,44 @@ def test_bad_input_is_a_named_error():
         metamem.hf.config("llama", num_hiden_layers=2)
     with pytest.raises(ValueError, match="dtype must be one of"):
         metamem.hf.training_step(metamem.hf.config("gpt2"), dtype="fp8")
+    with pytest.raises(ValueError, match="unknown timm model 'resnet_9000'"):
+        metamem.timm.create("resnet_9000")
+
+
+REDUCED_GPT2 = ["--hf", "gpt2", "--hf-set", "num_hidden_layers=2", "--hf-set", "n_embd=64", "--hf-set", "n_head=2",
+                "--hf-set", "vocab_size=256", "--batch", "2", "--seq", "16"]
+
+
+def test_the_command_line_profiles_a_hub_config_exactly_on_cpu(capsys):
+    assert metamem.cli.main(["profile", *REDUCED_GPT2, "--device", "cpu", "--achieved", "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["achieved"]["peak_bytes"] == max(report["predicted"]["step_peaks"])
+    assert metamem.cli.main(["profile", *REDUCED_GPT2, "--dtype", "bf16", "--gpu", "A100-80GB"]) == 0
+    assert "predicted peak" in capsys.readouterr().out
+
+
+def test_the_command_line_fits_a_timm_model_on_a_gpu(capsys):
+    memory = 64 << 20
+    assert metamem.cli.main(["fit", "--timm", "test_vit", "--memory", "64MiB", "--gpu", "T4", "--format", "json"]) == 0
+    fit = json.loads(capsys.readouterr().out)
+    reserved = {int(batch): size for batch, size in fit["reserved_bytes"].items()}
+    best = fit["largest_batch"]
+    assert best >= 1 and reserved[best] <= memory
+    assert best + 1 in reserved and reserved[best + 1] > memory  # the bisection's last step: one more fails
+
+
+@pytest.mark.parametrize("args, message", [
+    (["profile", "--hf", "lama"], "unknown Hugging Face model type"),
+    (["profile", "--timm", "resnet_9000"], "unknown timm model"),
+    (["profile", "--hf", "gpt2", "--hf-set", "n_layer"], "--hf-set expects KEY=VALUE"),
+    (["profile", "--hf", "gpt2", "--achieved"], "--achieved is for profile --device cpu"),
+    (["profile", "--hf", "gpt2", "--gpu", "V100"], "unknown GPU 'V100'"),
+    (["fit", "--hf", "gpt2", "--memory", "lots"], "--memory expects a size"),
+    (["profile", "--timm", "test_vit", "--hf-set", "x=1"], "are for --hf models"),
+])
+def test_the_command_line_names_bad_input(args, message, capsys):
+    assert metamem.cli.main(args) == 2
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", ["test_byobnet", "test_convnext", "test_vit", "test_efficientnet", "resnet10t",
@@ -80,9 +121,8 @@ def test_bad_input_is_a_named_error():
 def test_timm_models_are_exact_on_cpu(name):
     # poolformer's group norms and cpubone's grouped convolutions run channels
     # last; DeiT's distilled head trains two outputs.
-    torch.manual_seed(0)
-    model = timm.create_model(name)
-    step = timm_sweep.training_step(model, "cpu")
+    model = metamem.timm.create(name)
+    step = metamem.timm.training_step(model, timm_sweep.BATCH, "cpu")
     with metamem.trace(device="cpu", modules=[model]) as t:
         step()
     assert max(t.step_peaks) == metamem.achieved_cpu(step, modules=[model])

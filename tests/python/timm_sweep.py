@@ -17,9 +17,9 @@ import time
 
 import timm
 import torch
-import torch.nn.functional as F
 
 import metamem
+import metamem.timm
 from sweep_failure import why
 
 MODELS = [
@@ -74,36 +74,10 @@ def pick(per_module=2, max_params=60e6):
     return picked
 
 
-def training_step(model, device):
-    """Two AdamW steps on a model built before the step (timm's constructors
-    read values, such as torch.linspace(...).tolist() for drop-path rates,
-    which a traced tensor does not have)."""
-    input_size = model.pretrained_cfg["input_size"]
-
-    def loss(out, y):
-        if model.num_classes == 0:  # a backbone without a classifier: its features' sum
-            return out.sum()
-        return F.cross_entropy(out, y)
-
-    def step():
-        torch.manual_seed(0)
-        model.train()
-        opt = torch.optim.AdamW(model.parameters())
-        x = torch.randn(BATCH, *input_size, device=device)
-        y = torch.randint(0, max(model.num_classes, 1), (BATCH,), device=device)
-        for _ in range(2):
-            out = model(x)
-            outs = out if isinstance(out, (tuple, list)) else (out,)  # distilled models train two heads
-            sum(loss(o, y) for o in outs).backward()
-            opt.step()
-            opt.zero_grad()
-    return step
-
-
 def sweep_one(name):
     torch.manual_seed(0)
     model = timm.create_model(name)
-    step = training_step(model, "cpu")
+    step = metamem.timm.training_step(model, BATCH, "cpu")
     try:
         with metamem.trace(device="cpu", modules=[model]) as t:
             step()
@@ -114,7 +88,7 @@ def sweep_one(name):
     try:
         start = time.perf_counter()
         with metamem.trace(device="cuda", modules=[model]) as t:
-            training_step(model, "cuda")()
+            metamem.timm.training_step(model, BATCH, "cuda")()
         cuda = f"{t.peak_bytes / 2**20:,.0f} MiB, {(time.perf_counter() - start) * 1e3:.0f} ms"
     except Exception as error:
         cuda = why(error)

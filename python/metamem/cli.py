@@ -1,0 +1,159 @@
+"""`metamem profile|fit --hf ...|--timm ...`: the command line for models
+that transformers or timm build, on the Python engine. The `metamem`
+command runs this module (`python -m metamem`) when it sees --hf or --timm;
+the zoo's and TorchScript models stay in C++.
+
+    metamem profile --hf LlamaForCausalLM --hf-set num_hidden_layers=8 --batch 4 --seq 2048 --dtype bf16
+    metamem profile --timm convnext_tiny --batch 64 --gpu A100-80GB --format json
+    metamem fit --hf path/to/config.json --seq 4096 --dtype bf16 --checkpointing --gpu H200
+"""
+
+import argparse
+import json
+import re
+import sys
+
+from . import UnsupportedOpError, _metamem, largest_batch
+
+UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+         "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+class UsageError(Exception):
+    pass
+
+
+def parse_memory(text):
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    if not match or match.group(2).upper() not in UNITS:
+        raise UsageError(f"--memory expects a size such as 80GiB, got {text!r}")
+    return int(float(match.group(1)) * UNITS[match.group(2).upper()])
+
+
+def parse_setting(text):
+    """KEY=VALUE with VALUE read as JSON where it is (8, 1e-5, true, [1, 2]), else a string."""
+    key, equals, value = text.partition("=")
+    if not equals or not key:
+        raise UsageError(f"--hf-set expects KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def parser():
+    p = argparse.ArgumentParser(prog="metamem", description="metamem for transformers and timm models",
+                                epilog=__doc__.split("\n\n")[1])
+    p.add_argument("command", choices=["profile", "fit"])
+    model = p.add_mutually_exclusive_group(required=True)
+    model.add_argument("--hf", metavar="TYPE|ARCHITECTURE|CONFIG.json",
+                       help="a transformers model type, architecture or config.json")
+    model.add_argument("--timm", metavar="NAME", help="a model of timm's registry")
+    p.add_argument("--hf-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config attribute to set (repeat for more)")
+    p.add_argument("--attn-implementation", choices=["sdpa", "eager"], help="transformers' attention")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--seq", type=int, default=128, help="tokens per sequence (transformers)")
+    p.add_argument("--dtype", choices=["f32", "bf16", "f16"], default="f32")
+    p.add_argument("--optimizer", choices=["adamw", "sgd", "none"], default="adamw")
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--checkpointing", action="store_true", help="recompute every layer or block in backward")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    p.add_argument("--gpu", default="H100-80GB", help="the GPU a cuda trace is for: " + ", ".join(_metamem.gpu_keys()))
+    p.add_argument("--values", choices=["error", "placeholder"], default="error",
+                   help="what reading a traced value does (see metamem.trace)")
+    p.add_argument("--format", choices=["table", "json"], default="table")
+    p.add_argument("--achieved", action="store_true", help="profile: also run the step for real (--device cpu)")
+    p.add_argument("--memory", help="fit: the memory to fit (default: the --gpu's)")
+    p.add_argument("--max-batch", type=int, default=1 << 16, help="fit: the largest batch tried")
+    return p
+
+
+def check(args):
+    if args.batch < 1 or args.seq < 1 or args.max_batch < 1:
+        raise UsageError("--batch, --seq and --max-batch must be positive")
+    if not 1 <= args.steps <= 1000:
+        raise UsageError("--steps must be between 1 and 1000")
+    if args.timm and (args.hf_set or args.attn_implementation):
+        raise UsageError("--hf-set and --attn-implementation are for --hf models")
+    if args.achieved and (args.device != "cpu" or args.command != "profile"):
+        raise UsageError("--achieved is for profile --device cpu (a real CPU run)")
+    if args.command == "fit" and args.device != "cuda":
+        raise UsageError("fit compares the CUDA allocator's reserved bytes: --device cuda")
+    _metamem.gpu(args.gpu)  # ValueError naming the known GPUs
+
+
+def step_of(args, batch):
+    """The training step and the modules built before it."""
+    optimizer = None if args.optimizer == "none" else args.optimizer
+    if args.hf:
+        from . import hf
+        cfg = hf.config(args.hf, **dict(parse_setting(s) for s in args.hf_set))
+        step = hf.training_step(cfg, batch, args.seq, args.device, args.dtype, optimizer, args.steps,
+                                args.attn_implementation, args.checkpointing)
+        return step, ()
+    from . import timm
+    model = timm.create(args.timm)
+    step = timm.training_step(model, batch, args.device, args.dtype, optimizer, args.steps, args.checkpointing)
+    return step, (model,)
+
+
+def traced(args, batch):
+    from . import trace
+    import torch
+    step, modules = step_of(args, batch)
+    with trace(device=args.device, modules=modules, gpu=args.gpu, values=args.values) as t:
+        step()
+        reserved = torch.cuda.max_memory_reserved() if args.device == "cuda" else None
+    return t, reserved, step, modules
+
+
+def profile(args):
+    t, _, step, modules = traced(args, args.batch)
+    if args.format == "json":
+        report = t.json()
+        if args.achieved:
+            from . import achieved_cpu
+            report["achieved"] = {"peak_bytes": achieved_cpu(step, modules=modules)}
+        print(json.dumps(report, indent=2))
+    else:
+        print(t.report(), end="")
+        if args.achieved:
+            from . import achieved_cpu
+            achieved = achieved_cpu(step, modules=modules)
+            print(f"  {'achieved peak (real CPU)':<39}{achieved:,} B   "
+                  f"predicted - achieved {max(t.step_peaks) - achieved:+,} B")
+    return 0
+
+
+def fit(args):
+    memory = parse_memory(args.memory) if args.memory else _metamem.gpu(args.gpu)["total_memory"]
+    tried = {}
+
+    def fits(batch):
+        tried[batch] = traced(args, batch)[1]
+        return tried[batch] <= memory
+
+    best = largest_batch(fits, args.max_batch)
+    if args.format == "json":
+        print(json.dumps({"gpu": args.gpu, "memory_bytes": memory, "largest_batch": best,
+                          "reserved_bytes": {str(b): r for b, r in sorted(tried.items())}}, indent=2))
+    else:
+        print(f"{args.gpu}, {memory / 2**30:.2f} GiB: largest batch that fits: {best}")
+        for batch, reserved in sorted(tried.items()):
+            print(f"  batch {batch:>6}   reserved {reserved / 2**30:10.2f} GiB   "
+                  f"{'fits' if reserved <= memory else 'does not fit'}")
+    return 0
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    try:
+        check(args)
+        return profile(args) if args.command == "profile" else fit(args)
+    except (UsageError, ValueError, ImportError) as error:
+        print(f"metamem: {error}", file=sys.stderr)
+        return 2
+    except UnsupportedOpError as error:  # ValueReadError too; its message names metamem
+        print(error, file=sys.stderr)
+        return 1
