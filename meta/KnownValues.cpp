@@ -94,12 +94,13 @@ void forget_written(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue
   }
 }
 
-// The bytes an op may touch, at most twice kKnownValuesLimit: its outputs
-// and its inputs' buffers, each buffer once (torch.diff's two views of one
-// buffer) and no more than the buffer holds (position ids expanded over the
-// batch read one row).
+// The bytes an op may touch, at most twice its limit: its outputs and its
+// inputs' buffers, each buffer once (torch.diff's two views of one buffer)
+// and no more than the buffer holds (position ids expanded over the batch
+// read one row).
 class Budget {
  public:
+  explicit Budget(std::int64_t limit) : left_(2 * limit) {}
   void spend(std::int64_t bytes) { left_ -= bytes; }
   bool within() const { return left_ >= 0; }
   // Spends what `t` reads, unless its buffer was counted; whether still within.
@@ -114,7 +115,7 @@ class Budget {
   }
 
  private:
-  std::int64_t left_ = 2 * kKnownValuesLimit;
+  std::int64_t left_;
   c10::SmallVector<BufferId, 4> counted_;
 };
 
@@ -190,16 +191,36 @@ void keep(const at::Tensor& traced, const at::Tensor& real, c10::ArrayRef<c10::I
   view_of(new_values(traced), traced).copy_(real);
 }
 
+bool is_integer(const at::Tensor& t) { return c10::isIntegralType(t.scalar_type(), /*includeBool=*/false); }
+
+// Index arithmetic: a comparison of integer tensors (`position_diff != 1`).
+bool compares_integers(c10::ArrayRef<c10::IValue> arguments) {
+  bool any = false;
+  for (const c10::IValue& value : arguments)
+    if (value.isTensor()) {
+      if (!is_integer(value.toTensor())) return false;
+      any = true;
+    }
+  return any;
+}
+
 }  // namespace
 
 void learn_values(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
                   c10::ArrayRef<c10::IValue> returns) {
   const c10::FunctionSchema& schema = op.schema();
   std::int64_t made = 0;
+  bool integers = true, bools = true;
   for (const c10::IValue& value : returns)
-    if (value.isTensor()) made += bytes_of(value.toTensor());
-  if (made > kKnownValuesLimit || !makes_run_values(op)) return forget_written(schema, arguments);
-  Budget budget;
+    if (value.isTensor()) {
+      made += bytes_of(value.toTensor());
+      integers = integers && is_integer(value.toTensor());
+      bools = bools && value.toTensor().scalar_type() == at::kBool;
+    }
+  const std::int64_t limit = integers || (bools && compares_integers(arguments)) ? kKnownIndicesLimit
+                                                                                : kKnownValuesLimit;
+  if (made > limit || !makes_run_values(op)) return forget_written(schema, arguments);
+  Budget budget(limit);
   budget.spend(made);
 
   OutsideMetaMode outside;

@@ -23,13 +23,18 @@ class OperatorHandle;
 namespace metamem {
 
 // The most an op's outputs may hold for the trace to compute their values
-// (its inputs' buffers and outputs together, twice that): the int64 position
-// ids of 65,536 tokens (a batch of 8 at 8,192, 512 KiB) and their
-// difference, which transformers reads to find packed sequences. A model's
-// square constants (GPT-2's 1,024 x 1,024 causal mask, 1 MiB) would cost the
-// trace more than their values are worth: computing that mask's ones made
-// the Python GPT-2 block 3 ms slower to build (bench/python_gpt2_bench.py).
+// (its inputs' buffers and outputs together: twice that). A model's square
+// constants (GPT-2's 1,024 x 1,024 bool causal mask in each of its 12
+// layers, 1 MiB) would cost the trace more than their values are worth:
+// computing those masks' ones made the Python GPT-2 block 3 ms slower to
+// build (bench/python_gpt2_bench.py).
 inline constexpr std::int64_t kKnownValuesLimit = std::int64_t{768} << 10;
+
+// The same for a step's index arithmetic, ops whose outputs are integers or
+// that compare integers: transformers reads the position ids of every token
+// of a step to find packed sequences (their difference, where it is not 1
+// and its running sum; int64: 8 MiB at 1,048,576 tokens).
+inline constexpr std::int64_t kKnownIndicesLimit = std::int64_t{8} << 20;
 
 // After `op` ran on MetaTensors (`arguments` and `returns` as the caller
 // sees them): the values of its new buffers when every tensor it reads has
