@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "meta/CudaAttention.h"
 #include "tests/SmallModels.h"
 #include "tests/FunctionStep.h"
 
@@ -45,6 +46,38 @@ TEST(FakeCuda, WeightReusedTwice) {
       [](Tensors& t) { return torch::mm(torch::relu(torch::mm(t[1], t[0])), t[0]).sum(); });
   const Trace cuda = trace_step(build, kCuda);
   EXPECT_EQ(cuda.measured().peak_bytes, trace_step(build, c10::Device(c10::kCPU)).measured().peak_bytes);
+}
+
+// scaled_dot_product_attention takes the kernel the traced GPU takes, in
+// metamem's own programs too (libtorch's CPU library has no CUDA choice).
+TEST(FakeCuda, AttentionRunsTheTracedGpusKernel) {
+  using testing::Tensors;
+  auto attention = [](c10::ScalarType dtype) {
+    return testing::function_step(
+        [dtype] {
+          auto qkv = [dtype] { return torch::randn({2, 4, 128, 64}, torch::dtype(dtype)).requires_grad_(); };
+          return Tensors{qkv(), qkv(), qkv()};
+        },
+        [](Tensors& t) { return at::scaled_dot_product_attention(t[0], t[1], t[2], {}, 0.0, true).sum(); });
+  };
+  struct Case {
+    ComputeCapability gpu;
+    c10::ScalarType dtype;
+    const char* kernel;
+  };
+  for (const Case& c : {Case{{9, 0}, c10::kBFloat16, "aten::_scaled_dot_product_cudnn_attention"},
+                        Case{{8, 0}, c10::kBFloat16, "aten::_scaled_dot_product_flash_attention"},
+                        Case{{7, 5}, c10::kHalf, "aten::_scaled_dot_product_efficient_attention"},
+                        Case{{9, 0}, c10::kFloat, "aten::_scaled_dot_product_efficient_attention"}}) {
+    SCOPED_TRACE(c.kernel);
+    const TracedGpuScope gpu(c.gpu);
+    const Trace trace = trace_step(attention(c.dtype), kCuda);
+    EXPECT_TRUE(traced(trace, c.kernel));
+    EXPECT_TRUE(traced(trace, std::string(c.kernel) + "_backward"));
+  }
+  // Without a GPU of its own, a traced cpu runs PyTorch's CPU flash kernel.
+  const Trace cpu = trace_step(attention(c10::kFloat), c10::Device(c10::kCPU));
+  EXPECT_TRUE(traced(cpu, "aten::_scaled_dot_product_flash_attention_for_cpu"));
 }
 
 }  // namespace
