@@ -32,9 +32,18 @@ std::string format(const std::vector<Segment>& segments) {
   std::string out;
   for (const Segment& s : segments) {
     if (!out.empty()) out += ",";
+    // Appended piece by piece: GCC 12 takes `"-" + std::to_string(...)` for
+    // an overlapping copy (-Wrestrict).
     out += std::to_string(s.first);
-    if (s.last != s.first) out += "-" + std::to_string(s.last);
-    if (!s.inner.empty()) out += "[" + format(s.inner) + "]";
+    if (s.last != s.first) {
+      out += '-';
+      out += std::to_string(s.last);
+    }
+    if (!s.inner.empty()) {
+      out += '[';
+      out += format(s.inner);
+      out += ']';
+    }
   }
   return out;
 }
