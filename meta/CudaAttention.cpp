@@ -183,7 +183,7 @@ at::native::DispatchStubImpl& choice_table() {
   return *reinterpret_cast<at::native::DispatchStubImpl*>(&at::native::_fused_sdp_choice_stub);
 }
 
-std::int64_t element_bytes(const at::Tensor& t) { return t.numel() * static_cast<std::int64_t>(t.element_size()); }
+std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
 
 // PyTorch's flash backward (_flash_attention_backward, mha_bwd) on (batch,
 // heads, seq, head_dim) operands: the output and its gradient made
@@ -194,12 +194,11 @@ std::int64_t flash_backward_bytes(c10::ArrayRef<c10::IValue> arguments, c10::Arr
   const at::Tensor& k = arguments[2].toTensor();
   std::int64_t copies = 0;
   for (const at::Tensor& t : {arguments[0].toTensor(), arguments[4].toTensor()})
-    if (!t.transpose(1, 2).is_contiguous()) copies += element_bytes(t);
+    if (!t.transpose(1, 2).is_contiguous()) copies += static_cast<std::int64_t>(t.nbytes());
   const std::int64_t head_dim = q.size(3);
-  const std::int64_t padded = (head_dim + 7) / 8 * 8;
-  const std::int64_t step = padded <= 128 ? 32 : 64;
+  const std::int64_t padded = round_up(head_dim, 8);
   return copies + flash_attention_backward_scratch(q.size(0), q.size(2), k.size(2), q.size(1), k.size(1), head_dim,
-                                                   (padded + step - 1) / step * step, q.element_size());
+                                                   round_up(padded, padded <= 128 ? 32 : 64), q.element_size());
 }
 
 // cuDNN's SDPA backward (cudnn-frontend's CompositeSDPABackwardNode): in its
@@ -216,7 +215,7 @@ std::int64_t cudnn_backward_bytes(c10::ArrayRef<c10::IValue> arguments, c10::Arr
   std::int64_t bytes = b * h_q * s_q * 4 + b * h_q * s_q * q.size(3) * 4;
   if (k.size(1) != h_q) bytes += b * h_q * s_kv * k.size(3) * k.element_size();
   if (v.size(1) != h_q) bytes += b * h_q * s_kv * v.size(3) * v.element_size();
-  if (grad_out.strides() != out.strides()) bytes += element_bytes(grad_out);
+  if (grad_out.strides() != out.strides()) bytes += static_cast<std::int64_t>(grad_out.nbytes());
   return bytes;
 }
 
@@ -246,7 +245,8 @@ FusedOutputs flash_forward(const Tensor& q, const Tensor& k, const Tensor&, doub
   const std::int64_t b = q.size(0), h = q.size(1), s_q = q.size(2), s_k = k.size(2);
   Tensor debug_mask = at::empty({0}, q.options());
   if (return_debug_mask) {
-    std::int64_t columns = (s_q + (q.size(3) > 64 ? 128 : 256) - 1) / (q.size(3) > 64 ? 128 : 256);
+    const std::int64_t block = q.size(3) > 64 ? 128 : 256;
+    std::int64_t columns = (s_q + block - 1) / block;
     if (s_k <= 128) columns = 128; else if (s_k <= 256) columns = 256;
     debug_mask = at::empty({b, h, s_q, columns}, q.options());
   }
@@ -269,7 +269,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> efficient_forward(const Tensor& q, co
                                                              double, bool, std::optional<double>) {
   const std::int64_t b = q.size(0), h = q.size(1), s_q = q.size(2);
   return {at::empty({b, s_q, h, v.size(3)}, q.options()).transpose(1, 2),
-          at::empty({b, h, compute_log_sumexp ? (s_q + 31) / 32 * 32 : 0}, q.options().dtype(at::kFloat)),
+          at::empty({b, h, compute_log_sumexp ? round_up(s_q, 32) : 0}, q.options().dtype(at::kFloat)),
           at::empty({}, q.options().dtype(at::kLong)), at::empty({}, q.options().dtype(at::kLong))};
 }
 
@@ -283,7 +283,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> efficient_backward(const Tensor&, con
   if (attn_bias.defined() && grad_input[3]) {
     std::vector<std::int64_t> sizes = attn_bias.sizes().vec();
     const std::int64_t last = sizes.back();
-    sizes.back() = (last + 15) / 16 * 16;
+    sizes.back() = round_up(last, 16);
     grad_bias = at::empty(sizes, attn_bias.options()).narrow(-1, 0, last);
   }
   return {gradient(q), gradient(k), gradient(v), grad_bias};
@@ -306,8 +306,6 @@ Gradients cudnn_backward(const Tensor&, const Tensor& q, const Tensor& k, const 
 }
 
 }  // namespace
-
-ComputeCapability traced_gpu() { return g_traced_gpu; }
 
 TracedGpuScope::TracedGpuScope(ComputeCapability gpu) : previous_(g_traced_gpu) { g_traced_gpu = gpu; }
 

@@ -15,10 +15,8 @@ struct ComputeCapability {
   int major = 9, minor = 0;
 };
 
-// The GPU fake-cuda traces are for: an H100 (9.0) unless a TracedGpuScope
-// names another.
-ComputeCapability traced_gpu();
-
+// While alive, fake-cuda traces are for a GPU of compute capability `gpu`;
+// otherwise for an H100 (9.0).
 class TracedGpuScope {
  public:
   explicit TracedGpuScope(ComputeCapability gpu);
@@ -33,7 +31,7 @@ class TracedGpuScope {
 // Puts metamem's choice of SDPA backend in torch's CUDA slot and returns
 // what was there (libtorch_cuda's, or nothing where only libtorch's CPU
 // library is loaded). With it, SDPA on fake cuda tensors picks the kernel
-// torch 2.14's CUDA build picks on traced_gpu(), following sdp_utils.cpp's
+// torch 2.14's CUDA build picks on the traced GPU, following sdp_utils.cpp's
 // select_sdp_backend: the priority order, the user's torch.backends.cuda
 // flags, each backend's constraints on dtype, head size, mask, dropout,
 // layout and architecture. The real choice asks the CUDA runtime, which has

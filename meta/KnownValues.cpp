@@ -1,6 +1,5 @@
 #include "meta/KnownValues.h"
 
-#include <algorithm>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/enum_tag.h>
 #include <ATen/core/stack.h>
