@@ -21,6 +21,7 @@
 #include "estimator/Gpu.h"
 #include "estimator/Report.h"
 #include "estimator/Snapshot.h"
+#include "estimator/Units.h"
 #include "meta/CudaAttention.h"
 #include "meta/KnownValues.h"
 #include "meta/MetaMode.h"
@@ -396,6 +397,8 @@ PYBIND11_MODULE(_metamem, m) {
     g_unsupported_op_error = unsupported_op.inc_ref().ptr();
     g_value_read_error = value_read.inc_ref().ptr();
   });
+  // "80GiB" -> bytes, as the command line reads sizes; ValueError naming `what` otherwise.
+  m.def("parse_memory", &metamem::parse_memory, py::arg("text"), py::arg("what"));
   m.def("gpu", [](const std::string& key) {
     try {
       return gpu_dict(metamem::find_gpu(key));

@@ -55,6 +55,7 @@ class Trace:
     def __init__(self, device):
         self.device = device
         self._result = None
+        self._reserved_peak = None
 
     def _done(self):
         if self._result is None:
@@ -65,6 +66,14 @@ class Trace:
     def peak_bytes(self):
         """Peak live bytes of the last step (the steady state when several ran)."""
         return self._done().peak_bytes
+
+    @property
+    def reserved_peak_bytes(self):
+        """On fake cuda, the most bytes the caching allocator reserved over the
+        block (torch.cuda.max_memory_reserved() as the block ends): what must
+        fit in the GPU beside the CUDA context and libraries. None on a fake cpu."""
+        self._done()
+        return self._reserved_peak
 
     @property
     def step_peaks(self):
@@ -380,6 +389,8 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error"):
                 stack.enter_context(_backward_marked(session, scopes))
                 yield result
                 roots = scopes.roots
+                if device == "cuda":
+                    result._reserved_peak = session.memory_stats()["reserved_bytes"]["all"]["peak"]
             model = "+".join(type(m).__name__ for m in roots) or "python"
             result._result = session.finish(model, _dtype_name(roots))
             finished = True

@@ -10,24 +10,12 @@ the zoo's and TorchScript models stay in C++.
 
 import argparse
 import json
-import re
 import sys
 
-from . import UnsupportedOpError, _metamem, largest_batch
-
-UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-         "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
+from . import UnsupportedOpError, _metamem, achieved_cpu, largest_batch, trace
 
 class UsageError(Exception):
     pass
-
-
-def parse_memory(text):
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
-    if not match or match.group(2).upper() not in UNITS:
-        raise UsageError(f"--memory expects a size such as 80GiB, got {text!r}")
-    return int(float(match.group(1)) * UNITS[match.group(2).upper()])
 
 
 def parse_setting(text):
@@ -99,27 +87,23 @@ def step_of(args, batch):
 
 
 def traced(args, batch):
-    from . import trace
-    import torch
+    """The Trace of the step at `batch`, the step and the modules built before it."""
     step, modules = step_of(args, batch)
     with trace(device=args.device, modules=modules, gpu=args.gpu, values=args.values) as t:
         step()
-        reserved = torch.cuda.max_memory_reserved() if args.device == "cuda" else None
-    return t, reserved, step, modules
+    return t, step, modules
 
 
 def profile(args):
-    t, _, step, modules = traced(args, args.batch)
+    t, step, modules = traced(args, args.batch)
     if args.format == "json":
         report = t.json()
         if args.achieved:
-            from . import achieved_cpu
             report["achieved"] = {"peak_bytes": achieved_cpu(step, modules=modules)}
         print(json.dumps(report, indent=2))
     else:
         print(t.report(), end="")
         if args.achieved:
-            from . import achieved_cpu
             achieved = achieved_cpu(step, modules=modules)
             print(f"  {'achieved peak (real CPU)':<39}{achieved:,} B   "
                   f"predicted - achieved {max(t.step_peaks) - achieved:+,} B")
@@ -127,11 +111,11 @@ def profile(args):
 
 
 def fit(args):
-    memory = parse_memory(args.memory) if args.memory else _metamem.gpu(args.gpu)["total_memory"]
+    memory = _metamem.parse_memory(args.memory, "--memory") if args.memory else _metamem.gpu(args.gpu)["total_memory"]
     tried = {}
 
     def fits(batch):
-        tried[batch] = traced(args, batch)[1]
+        tried[batch] = traced(args, batch)[0].reserved_peak_bytes
         return tried[batch] <= memory
 
     best = largest_batch(fits, args.max_batch)

@@ -18,6 +18,7 @@ import os
 import torch
 
 from . import _metamem, trace
+from ._step import checked, train
 from . import largest_batch as search_largest_batch
 
 __all__ = ["config", "training_step", "trace_step", "TASKS"]
@@ -35,7 +36,6 @@ TASKS = {
     "image": "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
 }
 
-DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
 
 def _transformers():
@@ -139,13 +139,10 @@ def training_step(cfg, batch=1, seq=128, device="cuda", dtype="f32", optimizer="
     recomputes each layer in backward (transformers'
     activation_checkpointing_enable, non-reentrant)."""
     transformers = _transformers()
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if optimizer not in ("adamw", "sgd", None):
-        raise ValueError(f"optimizer must be 'adamw', 'sgd' or None, got {optimizer!r}")
+    torch_dtype = checked(dtype, optimizer)
     task, architecture = task_of(cfg)
     model_class = getattr(transformers, architecture)
-    built_with = {"dtype": DTYPES[dtype]}
+    built_with = {"dtype": torch_dtype}
     if attn_implementation is not None:
         built_with["attn_implementation"] = attn_implementation
 
@@ -156,17 +153,8 @@ def training_step(cfg, batch=1, seq=128, device="cuda", dtype="f32", optimizer="
         model.train()
         if checkpointing:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        inputs = _inputs(cfg, task, batch, seq, device, DTYPES[dtype])
-        opt = None
-        if optimizer == "adamw":
-            opt = torch.optim.AdamW(model.parameters())
-        elif optimizer == "sgd":
-            opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        for _ in range(steps):
-            model(**inputs).loss.backward()
-            if opt is not None:
-                opt.step()
-                opt.zero_grad()
+        inputs = _inputs(cfg, task, batch, seq, device, torch_dtype)
+        train(model, lambda: model(**inputs).loss.backward(), optimizer, steps)
     return step
 
 
@@ -184,10 +172,7 @@ def reserved_peak(cfg, batch=1, seq=128, gpu="H100-80GB", **options):
     """The bytes PyTorch's caching allocator reserves at most over
     training_step(cfg, batch, seq, device="cuda", **options) on `gpu`: what
     must fit in the GPU's memory beside the CUDA context and libraries."""
-    step = training_step(cfg, batch, seq, device="cuda", **options)
-    with trace(device="cuda", gpu=gpu):
-        step()
-        return torch.cuda.max_memory_reserved()
+    return trace_step(cfg, batch, seq, device="cuda", gpu=gpu, **options).reserved_peak_bytes
 
 
 def largest_batch(cfg, seq=128, gpu="H100-80GB", memory=None, most=1 << 16, **options):

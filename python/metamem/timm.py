@@ -18,8 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from . import trace
-
-DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+from ._step import checked, train
 
 
 def create(name, **kwargs):
@@ -42,13 +41,10 @@ def training_step(model, batch=2, device="cuda", dtype="f32", optimizer="adamw",
     its features' sum; distilled models train both heads), backward, an
     optimizer step ("adamw", "sgd" or None) and zero_grad. `checkpointing`
     recomputes its blocks in backward (timm's set_grad_checkpointing)."""
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if optimizer not in ("adamw", "sgd", None):
-        raise ValueError(f"optimizer must be 'adamw', 'sgd' or None, got {optimizer!r}")
+    torch_dtype = checked(dtype, optimizer)
     input_size = model.pretrained_cfg["input_size"]
 
-    def loss(out, y):
+    def head_loss(out, y):
         if model.num_classes == 0:
             return out.float().sum()
         return F.cross_entropy(out.float(), y)
@@ -57,25 +53,20 @@ def training_step(model, batch=2, device="cuda", dtype="f32", optimizer="adamw",
         torch.manual_seed(0)
         # Only where it changes something: moving an LSTM re-flattens its
         # weights, which reads their addresses (sequencer2d).
-        if any(p.device.type != torch.device(device).type or p.dtype != DTYPES[dtype] for p in model.parameters()):
-            model.to(device=device, dtype=DTYPES[dtype])
+        if any(p.device.type != torch.device(device).type or p.dtype != torch_dtype for p in model.parameters()):
+            model.to(device=device, dtype=torch_dtype)
         model.train()
         if checkpointing:
             model.set_grad_checkpointing(True)
-        opt = None
-        if optimizer == "adamw":
-            opt = torch.optim.AdamW(model.parameters())
-        elif optimizer == "sgd":
-            opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        x = torch.randn(batch, *input_size, device=device, dtype=DTYPES[dtype])
+        x = torch.randn(batch, *input_size, device=device, dtype=torch_dtype)
         y = torch.randint(0, max(model.num_classes, 1), (batch,), device=device)
-        for _ in range(steps):
-            out = model(x)
+
+        def forward_backward():
+            out = model(x)  # alive through backward, as in a training loop
             outs = out if isinstance(out, (tuple, list)) else (out,)
-            sum(loss(o, y) for o in outs).backward()
-            if opt is not None:
-                opt.step()
-                opt.zero_grad()
+            sum(head_loss(o, y) for o in outs).backward()
+
+        train(model, forward_backward, optimizer, steps)
     return step
 
 

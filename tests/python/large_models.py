@@ -11,10 +11,11 @@ import argparse
 import time
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+import transformers
 
 import metamem
 import metamem.hf as hf
+from attention_kernels import AttentionKernels
 
 GiB = 1024 ** 3
 
@@ -31,17 +32,6 @@ MODELS = {
 }
 
 
-class AttentionKernels(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.names = set()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if "attention" in func.__name__ and "backward" not in func.__name__:
-            self.names.add(func.__name__.split(".")[0])
-        return func(*args, **(kwargs or {}))
-
-
 def measure(cfg, seq, gpu, checkpointing):
     step = hf.training_step(cfg, 1, seq, device="cuda", dtype="bf16", optimizer="adamw", steps=2,
                             checkpointing=checkpointing)
@@ -49,9 +39,8 @@ def measure(cfg, seq, gpu, checkpointing):
     with metamem.trace(device="cuda", gpu=gpu) as t:
         with AttentionKernels() as kernels:
             step()
-        reserved = torch.cuda.max_memory_reserved()
     seconds = time.perf_counter() - started
-    return seconds, t.peak_bytes, reserved, kernels.names
+    return seconds, t.peak_bytes, t.reserved_peak_bytes, {name for name in kernels.names if "backward" not in name}
 
 
 def main():
@@ -67,8 +56,7 @@ def main():
     for name, (architecture, shape) in MODELS.items():
         cfg = hf.config(architecture, **shape)
         with torch.device("meta"):
-            parameters = sum(p.numel() for p in getattr(__import__("transformers"), architecture)
-                             ._from_config(cfg).parameters())
+            parameters = sum(p.numel() for p in getattr(transformers, architecture)._from_config(cfg).parameters())
         for checkpointing in (False, True):
             seconds, peak, reserved, kernels = measure(cfg, args.seq, args.gpu, checkpointing)
             started = time.perf_counter()

@@ -9,24 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import metamem
+from attention_kernels import AttentionKernels
 
 B, H, S, D = 2, 4, 256, 64
-
-
-class AttentionOps(TorchDispatchMode):
-    """The attention kernels a block runs, by name."""
-
-    def __init__(self):
-        super().__init__()
-        self.names = set()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if "attention" in func.__name__:
-            self.names.add(func.__name__.split(".")[0])
-        return func(*args, **(kwargs or {}))
 
 
 def attention_step(gpu, dtype, heads_kv=H, mask=False, layout="bhsd"):
@@ -41,7 +28,7 @@ def attention_step(gpu, dtype, heads_kv=H, mask=False, layout="bhsd"):
         grad = operand(H)
         attn_mask = torch.zeros(S, S, device="cuda", dtype=dtype) if mask else None
         before = torch.cuda.memory_allocated()
-        with AttentionOps() as ops:
+        with AttentionKernels() as ops:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=not mask,
                                                  enable_gqa=heads_kv != H)
             forward = torch.cuda.memory_allocated() - before

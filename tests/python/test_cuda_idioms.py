@@ -93,6 +93,10 @@ def test_memory_statistics_follow_the_simulated_caching_allocator():
         assert torch.cuda.memory_stats()["num_device_free"] == 1
         assert "Allocated memory" in torch.cuda.memory_summary()
         del x
+    assert t.reserved_peak_bytes == 32 * MiB  # the block's, as torch.cuda.max_memory_reserved() ended it
+    with metamem.trace(device="cpu") as cpu:
+        torch.empty(1024)
+    assert cpu.reserved_peak_bytes is None  # a CPU has no caching allocator
 
 
 def test_memory_snapshot_lists_the_simulated_segments_and_blocks():
