@@ -6,10 +6,14 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
+#include <optional>
 #include <set>
+#include <string>
 #include <vector>
 
+#include "estimator/AllocatorConfig.h"
 #include "profiler/AllocationObserver.h"
 #include "profiler/Trace.h"
 
@@ -29,13 +33,37 @@ struct AllocatorStat {
 using AllocatorStatArray = std::array<AllocatorStat, 3>;
 inline constexpr std::array<const char*, 3> kStatPoolNames = {"all", "small_pool", "large_pool"};
 
-// c10::CachingDeviceAllocator::DeviceStats, less what one stream and no
-// max_split_size leave at zero (oversize blocks, retries, OOMs).
+// c10::CachingDeviceAllocator::DeviceStats, less private pools (CUDA graphs).
 struct AllocatorStats {
   AllocatorStatArray allocation, segment, active, inactive_split;
   AllocatorStatArray allocated_bytes, reserved_bytes, active_bytes, inactive_split_bytes, requested_bytes;
+  AllocatorStat oversize_allocations, oversize_segments;
+  std::int64_t num_alloc_retries = 0, num_ooms = 0;
   std::int64_t num_device_alloc = 0, num_device_free = 0, num_sync_all_streams = 0;
+  std::int64_t max_split_size = 0;
+
+  // Calls fn(name, stat) for every statistic, named as torch.cuda.memory_stats()
+  // names it ("allocated_bytes.all.peak" is the peak of allocated_bytes[0]).
+  template <typename Stats, typename Fn>
+  static void for_each(Stats& stats, Fn&& fn);
 };
+
+// The first statistic in which `a` and `b` differ, as "name: a vs b"; empty
+// when they agree.
+std::string first_difference(const AllocatorStats& a, const AllocatorStats& b);
+
+template <typename Stats, typename Fn>
+void AllocatorStats::for_each(Stats& stats, Fn&& fn) {
+  auto arrays = {std::pair{"allocation", &stats.allocation}, {"segment", &stats.segment}, {"active", &stats.active},
+                 {"inactive_split", &stats.inactive_split}, {"allocated_bytes", &stats.allocated_bytes},
+                 {"reserved_bytes", &stats.reserved_bytes}, {"active_bytes", &stats.active_bytes},
+                 {"inactive_split_bytes", &stats.inactive_split_bytes}, {"requested_bytes", &stats.requested_bytes}};
+  for (auto [name, array] : arrays)
+    for (std::size_t pool = 0; pool < kStatPoolNames.size(); ++pool)
+      fn(std::string(name) + "." + kStatPoolNames[pool], (*array)[pool]);
+  fn(std::string("oversize_allocations"), stats.oversize_allocations);
+  fn(std::string("oversize_segments"), stats.oversize_segments);
+}
 
 // Seen by a tracer, it holds the allocator's state at each moment of the
 // trace (what torch.cuda.memory_allocated() says there).
@@ -49,13 +77,17 @@ class CachingAllocatorSim final : public AllocationObserver {
   static constexpr std::int64_t kRoundLarge = 2 << 20;
   static constexpr std::int64_t kUnallocated = -1;
 
+  // `device_memory`: what cudaMalloc can hand out in all (the GPU's memory
+  // less what others hold); per_process_memory_fraction is of it.
+  explicit CachingAllocatorSim(const AllocatorConfig& config = {},
+                               std::int64_t device_memory = std::numeric_limits<std::int64_t>::max());
   // PYTORCH_CUDA_ALLOC_CONF=roundup_power2_divisions:N (0: off): requests
   // above 512·N bytes round up to one of N equal steps between powers of two.
-  explicit CachingAllocatorSim(int roundup_power2_divisions = 0)
-      : divisions_(roundup_power2_divisions) {}
+  explicit CachingAllocatorSim(int roundup_power2_divisions)
+      : CachingAllocatorSim(AllocatorConfig::with_divisions(roundup_power2_divisions)) {}
 
   std::int64_t round_size(std::int64_t bytes) const;
-  static std::int64_t segment_size(std::int64_t rounded);
+  std::int64_t segment_size(std::int64_t rounded) const;
 
   // What a memory-viz trace records: segment_alloc, alloc, free_completed.
   struct Action {
@@ -67,6 +99,8 @@ class CachingAllocatorSim final : public AllocationObserver {
 
   // `id` names the allocation for free(): a trace's buffer index (small
   // and dense: addresses are kept by it). Zero bytes allocate nothing.
+  // Where the device has no room left after freeing what c10 frees before
+  // giving up, throws MemoryExceeded (torch.cuda.OutOfMemoryError).
   void malloc(std::uint32_t id, std::int64_t bytes);
   void free(std::uint32_t id);
   // As torch.cuda.reset_peak_memory_stats(): peaks restart from now.
@@ -91,15 +125,28 @@ class CachingAllocatorSim final : public AllocationObserver {
     bool allocated;
     bool small_pool;  // from a small-pool (2 MiB) segment
     std::int64_t requested = 0;  // the bytes asked for, while allocated
+    std::int64_t gc_count_base = 0;  // the pool's get_free_block calls when it was last put back
   };
   // Blocks by address; segments by base address and size.
   const std::map<std::int64_t, Block>& blocks() const { return blocks_; }
   const std::map<std::int64_t, std::int64_t>& segments() const { return segments_; }
 
  private:
-  std::set<std::pair<std::int64_t, std::int64_t>>& pool(bool small_pool) {
-    return small_pool ? free_small_ : free_large_;
-  }
+  using FreeBlocks = std::set<std::pair<std::int64_t, std::int64_t>>;  // (size, address)
+  FreeBlocks& pool(bool small_pool) { return small_pool ? free_small_ : free_large_; }
+  // Puts a free block back in its pool (c10's insert_into_blocks).
+  void insert_free(std::int64_t address, Block& block);
+  // c10's get_free_block: a cached block for `rounded` bytes, or none.
+  std::optional<std::int64_t> get_free_block(bool small_pool, std::int64_t rounded);
+  // c10's alloc_block: a new segment, or none where the device is full.
+  std::optional<std::int64_t> alloc_block(bool small_pool, std::int64_t size, bool retry);
+  // c10's release_available_cached_blocks, release_cached_blocks and
+  // garbage_collect_cached_blocks: segments back to the device.
+  bool release_available_cached_blocks(bool small_pool, std::int64_t rounded);
+  void release_cached_blocks();
+  void garbage_collect_cached_blocks();
+  void release_block(std::int64_t address);
+  bool garbage_collecting() const { return config_.garbage_collection_threshold > 0 && allowed_maximum_; }
   void notify(const char* action, std::int64_t address, std::int64_t size) const {
     if (listener_) listener_({action, address, size});
   }
@@ -110,9 +157,12 @@ class CachingAllocatorSim final : public AllocationObserver {
 
   std::map<std::int64_t, Block> blocks_;
   std::map<std::int64_t, std::int64_t> segments_;
-  std::set<std::pair<std::int64_t, std::int64_t>> free_small_, free_large_;  // (size, address)
+  FreeBlocks free_small_, free_large_;
+  std::array<std::int64_t, 2> get_free_block_calls_{};  // per pool (large, small): the blocks' gc clock
   std::vector<std::int64_t> address_of_;  // by id; kUnallocated where it holds no block
-  int divisions_;
+  AllocatorConfig config_;
+  std::int64_t device_memory_;
+  std::optional<std::int64_t> allowed_maximum_;  // per_process_memory_fraction of device_memory_
   std::int64_t next_segment_address_ = 0;
   AllocatorStats stats_;
   Listener listener_;

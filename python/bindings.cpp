@@ -16,6 +16,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include "estimator/AllocatorEvents.h"
 #include "estimator/CachingAllocator.h"
 #include "estimator/Estimate.h"
 #include "estimator/Gpu.h"
@@ -180,6 +181,11 @@ class Result {
   void snapshot(const std::string& path) const {
     std::ofstream out(path, std::ios::binary);
     out << memory_snapshot_pickle(trace());
+    if (!out) throw py::value_error("cannot write '" + path + "'");
+  }
+  void save_allocator_events(const std::string& path) const {
+    std::ofstream out(path);
+    write_allocator_events(out, allocator_events(trace()));
     if (!out) throw py::value_error("cannot write '" + path + "'");
   }
 
@@ -429,7 +435,8 @@ PYBIND11_MODULE(_metamem, m) {
       .def("table", &Result::table, py::arg("kind"), py::arg("depth"), py::arg("csv"))
       .def("allocations", &Result::allocations)
       .def("to_json", &Result::to_json, py::arg("depth"))
-      .def("snapshot", &Result::snapshot, py::arg("path"));
+      .def("snapshot", &Result::snapshot, py::arg("path"))
+      .def("save_allocator_events", &Result::save_allocator_events, py::arg("path"));
   py::class_<Session>(m, "Session")
       .def(py::init<const std::string&>())
       .def("forward", &Session::forward)

@@ -1,6 +1,11 @@
 // CachingAllocatorSim against cases worked out by hand from PyTorch's rules.
 #include <gtest/gtest.h>
 
+#include <sstream>
+#include <stdexcept>
+
+#include "estimator/AllocatorConfig.h"
+#include "estimator/AllocatorEvents.h"
 #include "estimator/CachingAllocator.h"
 
 namespace metamem {
@@ -28,7 +33,7 @@ TEST(CachingAllocator, RoundupPower2Divisions) {
   EXPECT_EQ(four.round_size(1 * MiB + 1), 1 * MiB + 256 * KiB);
   const CachingAllocatorSim eight(8);
   EXPECT_EQ(eight.round_size(5 * MiB + 1), 5 * MiB + 512 * KiB);
-  EXPECT_EQ(CachingAllocatorSim(1).round_size(5000), 5000);  // as PyTorch: one division rounds nothing
+  EXPECT_EQ(CachingAllocatorSim(1).round_size(5000), 5120);  // one division: 512-byte rounding (torch 2.x)
 }
 
 TEST(CachingAllocator, SmallAndLargePoolsGetTheirOwnSegments) {
@@ -174,6 +179,107 @@ TEST(CachingAllocator, ZeroBytesAllocateNothing) {
   sim.malloc(1, 0);
   sim.free(1);
   EXPECT_EQ(sim.reserved_bytes(), 0);
+}
+
+// max_split_size_mb:40: a 50 MiB block is never split, serves a 45 MiB
+// request (within 20 MiB of it), and no request under 40 MiB.
+TEST(CachingAllocator, BlocksOfMaxSplitSizeAreNotSplit) {
+  CachingAllocatorSim sim(parse_allocator_config("max_split_size_mb:40"));
+  EXPECT_EQ(sim.stats().max_split_size, 40 * MiB);
+  sim.malloc(1, 50 * MiB);
+  EXPECT_EQ(sim.stats().oversize_allocations.current, 1);
+  EXPECT_EQ(sim.stats().oversize_segments.current, 1);
+  sim.free(1);
+  sim.malloc(2, 45 * MiB);
+  EXPECT_EQ(sim.reserved_bytes(), 50 * MiB);  // the cached block, whole
+  EXPECT_EQ(sim.allocated_bytes(), 50 * MiB);
+  sim.free(2);
+  sim.malloc(3, 30 * MiB);
+  EXPECT_EQ(sim.reserved_bytes(), 80 * MiB);  // a new segment: the oversize block serves no smaller request
+}
+
+// Out of device memory, c10 frees cached whole segments and retries once
+// before it gives up.
+TEST(CachingAllocator, OutOfMemoryFreesTheCacheThenFails) {
+  CachingAllocatorSim sim(AllocatorConfig{}, 100 * MiB);
+  sim.malloc(1, 60 * MiB);
+  sim.free(1);
+  sim.malloc(2, 80 * MiB);  // 60 MiB cached and 80 more would pass 100: the cache goes
+  EXPECT_EQ(sim.reserved_bytes(), 80 * MiB);
+  EXPECT_EQ(sim.stats().num_alloc_retries, 1);
+  EXPECT_EQ(sim.stats().num_device_free, 1);
+  EXPECT_THROW(sim.malloc(3, 30 * MiB), MemoryExceeded);
+  EXPECT_EQ(sim.stats().num_ooms, 1);
+  EXPECT_EQ(sim.allocated_bytes(), 80 * MiB);
+}
+
+// per_process_memory_fraction limits what the allocator reserves, below the
+// device's memory.
+TEST(CachingAllocator, MemoryFractionLimitsReserved) {
+  CachingAllocatorSim sim(parse_allocator_config("per_process_memory_fraction:0.5"), 100 * MiB);
+  sim.malloc(1, 40 * MiB);
+  EXPECT_THROW(sim.malloc(2, 20 * MiB), MemoryExceeded);
+}
+
+TEST(AllocatorConfig, ParsesAsTorchDoes) {
+  const AllocatorConfig intervals = parse_allocator_config("roundup_power2_divisions:[256:1,512:2,1024:4,>:8]");
+  EXPECT_EQ(intervals.divisions_for(1 * MiB), 1);      // before the first interval named: its value
+  EXPECT_EQ(intervals.divisions_for(300 * MiB), 1);    // [256 MiB, 512 MiB)
+  EXPECT_EQ(intervals.divisions_for(600 * MiB), 2);
+  EXPECT_EQ(intervals.divisions_for(1536 * MiB), 8);   // '>' fills from the last interval named on
+  EXPECT_EQ(intervals.divisions_for(64 * 1024 * MiB), 8);
+  const AllocatorConfig several = parse_allocator_config(
+      " max_split_size_mb:64, garbage_collection_threshold:0.5,per_process_memory_fraction:1,"
+      "large_segment_size_mb:40,expandable_segments:False");
+  EXPECT_EQ(several.max_split_size, 64 * MiB);
+  EXPECT_EQ(several.garbage_collection_threshold, 0.5);
+  EXPECT_EQ(several.per_process_memory_fraction, 1);
+  EXPECT_EQ(several.large_segment_size, 40 * MiB);
+  EXPECT_FALSE(several.expandable_segments);
+}
+
+TEST(AllocatorConfig, RefusesWhatTorchRefuses) {
+  for (const char* bad : {"max_split_size_mb:19", "roundup_power2_divisions:3", "garbage_collection_threshold:1",
+                          "expandable_segments:yes", "max_split_size_mb", "nonsense:1",
+                          "backend:cudaMallocAsync", "roundup_power2_divisions:[300:2]"})
+    EXPECT_THROW(parse_allocator_config(bad), std::invalid_argument) << bad;
+  // Parsed, but the simulator does not model it: an error, not a wrong number.
+  EXPECT_THROW(CachingAllocatorSim(parse_allocator_config("expandable_segments:True")), std::invalid_argument);
+}
+
+TEST(AllocatorEvents, WrittenListsReadBack) {
+  const std::vector<AllocatorEvent> events = {{AllocatorEvent::Kind::Alloc, 0, 4096},
+                                              {AllocatorEvent::Kind::ResetPeaks},
+                                              {AllocatorEvent::Kind::Free, 0},
+                                              {AllocatorEvent::Kind::EmptyCache}};
+  std::stringstream text;
+  write_allocator_events(text, events);
+  const std::vector<AllocatorEvent> read = read_allocator_events(text, "list");
+  ASSERT_EQ(read.size(), events.size());
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    EXPECT_EQ(read[i].kind, events[i].kind);
+    EXPECT_EQ(read[i].id, events[i].id);
+    EXPECT_EQ(read[i].bytes, events[i].bytes);
+  }
+}
+
+TEST(AllocatorEvents, BadListsNameTheLine) {
+  auto error_of = [](const std::string& text) {
+    std::istringstream in(text);
+    try {
+      read_allocator_events(in, "f.txt");
+    } catch (const std::invalid_argument& error) {
+      return std::string(error.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error_of("alloc 1 2\n"), "f.txt: not a metamem allocator event list (its first line is not "
+                                     "'metamem allocator events 1')");
+  EXPECT_EQ(error_of("metamem allocator events 1\nalloc 1 2\nfree 2\n"), "f.txt:3: allocation 2 is not live");
+  EXPECT_EQ(error_of("metamem allocator events 1\nalloc 1 2\nalloc 1 2\n"), "f.txt:3: allocation 1 is live");
+  EXPECT_EQ(error_of("metamem allocator events 1\nalloc 1\n"), "f.txt:2: 'alloc' needs an ID and a size in bytes");
+  EXPECT_EQ(error_of("metamem allocator events 1\nmalloc 1 2\n"), "f.txt:2: unknown event 'malloc'");
+  EXPECT_EQ(error_of("metamem allocator events 1\nfree 1 2\n"), "f.txt:2: allocation 1 is not live");
 }
 
 }  // namespace

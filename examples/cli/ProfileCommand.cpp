@@ -4,7 +4,9 @@
 #include <nlohmann/json.hpp>
 
 #include <iostream>
+#include <sstream>
 
+#include "estimator/AllocatorEvents.h"
 #include "estimator/HtmlReport.h"
 #include "estimator/Report.h"
 #include "estimator/Snapshot.h"
@@ -17,7 +19,7 @@ namespace metamem::cli {
 
 int profile_command(const std::vector<std::string>& args) {
   ModelFlags m;
-  std::string format = "table", table = "summary", snapshot, html;
+  std::string format = "table", table = "summary", snapshot, html, allocator_events;
   std::int64_t depth = 2;
   bool achieved = false;
   Flags flags;
@@ -27,6 +29,7 @@ int profile_command(const std::vector<std::string>& args) {
   flags.add("--depth", &depth);
   flags.add("--snapshot", &snapshot);
   flags.add("--html", &html);
+  flags.add("--allocator-events", &allocator_events);
   flags.add_switch("--achieved", &achieved);
   if (const auto extra = flags.parse(args); !extra.empty())
     throw UsageError("unexpected argument '" + extra[0] + "'");
@@ -41,6 +44,11 @@ int profile_command(const std::vector<std::string>& args) {
   const Estimate est = estimate(trace_step(build, c10::Device(m.device), *run.options), divisions);
   const StepPeaks achieved_peaks = achieved ? achieved_cpu_step_peaks(build, *run.options) : StepPeaks{};
   if (!snapshot.empty()) write_file(snapshot, memory_snapshot_pickle(est.trace, divisions));
+  if (!allocator_events.empty()) {
+    std::ostringstream events;
+    write_allocator_events(events, metamem::allocator_events(est.trace));
+    write_file(allocator_events, events.str());
+  }
   const nlohmann::json report = format == "json" || !html.empty()
                                     ? report_json(run, est, static_cast<int>(depth), achieved_peaks)
                                     : nlohmann::json();

@@ -20,6 +20,7 @@ constexpr const char* kUsage =
     "                       [--dtype f32|f16|bf16]\n"
     "                       [--table summary|nodes|modules] [--depth N]\n"
     "                       [--format table|csv|json] [--snapshot FILE.pickle] [--achieved]\n"
+    "                       [--allocator-events FILE.txt]\n"
     "                       [--roundup-power2-divisions N] [--steps N] [--grad-accum K]\n"
     "                       [--zero-grad set_to_none|zero|none] [--main-grads param|fp32] [--amp bf16|f16]\n"
     "                       [--attention math|flash] [--selective-recompute]\n"

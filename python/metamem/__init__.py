@@ -100,6 +100,11 @@ class Trace:
         """Writes a memory snapshot for PyTorch's memory_viz page."""
         self._done().snapshot(os.fspath(path))
 
+    def save_allocator_events(self, path):
+        """Writes the block's allocations and frees for metamem-allocator-oracle,
+        which replays them through PyTorch's own CUDA caching allocator."""
+        self._done().save_allocator_events(os.fspath(path))
+
 
 class _ModuleScopes:
     """Module paths from nn.Module names, via global forward hooks."""

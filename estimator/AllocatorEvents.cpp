@@ -1,0 +1,97 @@
+#include "estimator/AllocatorEvents.h"
+
+#include <istream>
+#include <ostream>
+#include <sstream>
+#include <stdexcept>
+#include <unordered_set>
+
+#include "estimator/CachingAllocator.h"
+
+namespace metamem {
+namespace {
+
+constexpr const char* kHeader = "metamem allocator events 1";
+
+}  // namespace
+
+std::vector<AllocatorEvent> allocator_events(const Trace& trace) {
+  std::vector<AllocatorEvent> events;
+  events.reserve(trace.buffers.size() * 2 + 1);
+  const std::size_t measured = trace.steps.empty() ? trace.events.size() : trace.steps.back().begin;
+  for (std::size_t e = 0; e < trace.events.size(); ++e) {
+    if (e == measured) events.push_back({AllocatorEvent::Kind::ResetPeaks});
+    const Event& event = trace.events[e];
+    if (event.kind == EventKind::Alloc)
+      events.push_back({AllocatorEvent::Kind::Alloc, event.index, trace.buffers[event.index].bytes});
+    else if (event.kind == EventKind::Free)
+      events.push_back({AllocatorEvent::Kind::Free, event.index});
+  }
+  if (measured >= trace.events.size()) events.push_back({AllocatorEvent::Kind::ResetPeaks});
+  return events;
+}
+
+void write_allocator_events(std::ostream& out, const std::vector<AllocatorEvent>& events) {
+  out << kHeader << "\n";
+  for (const AllocatorEvent& event : events) {
+    switch (event.kind) {
+      case AllocatorEvent::Kind::Alloc: out << "alloc " << event.id << " " << event.bytes << "\n"; break;
+      case AllocatorEvent::Kind::Free: out << "free " << event.id << "\n"; break;
+      case AllocatorEvent::Kind::ResetPeaks: out << "reset_peaks\n"; break;
+      case AllocatorEvent::Kind::EmptyCache: out << "empty_cache\n"; break;
+    }
+  }
+}
+
+std::vector<AllocatorEvent> read_allocator_events(std::istream& in, const std::string& source) {
+  std::vector<AllocatorEvent> events;
+  std::unordered_set<std::uint32_t> live;
+  std::string line;
+  std::size_t number = 0;
+  auto error = [&](const std::string& what) {
+    return std::invalid_argument(source + ":" + std::to_string(number) + ": " + what);
+  };
+  if (!std::getline(in, line) || line != kHeader)
+    throw std::invalid_argument(source + ": not a metamem allocator event list (its first line is not '" +
+                                kHeader + "')");
+  number = 1;
+  while (std::getline(in, line)) {
+    ++number;
+    if (line.empty()) continue;
+    std::istringstream fields(line);
+    std::string kind;
+    fields >> kind;
+    AllocatorEvent event;
+    if (kind == "alloc") {
+      event.kind = AllocatorEvent::Kind::Alloc;
+      if (!(fields >> event.id >> event.bytes) || event.bytes < 0)
+        throw error("'alloc' needs an ID and a size in bytes");
+      if (!live.insert(event.id).second) throw error("allocation " + std::to_string(event.id) + " is live");
+    } else if (kind == "free") {
+      event.kind = AllocatorEvent::Kind::Free;
+      if (!(fields >> event.id)) throw error("'free' needs an ID");
+      if (live.erase(event.id) == 0) throw error("allocation " + std::to_string(event.id) + " is not live");
+    } else if (kind == "reset_peaks") {
+      event.kind = AllocatorEvent::Kind::ResetPeaks;
+    } else if (kind == "empty_cache") {
+      event.kind = AllocatorEvent::Kind::EmptyCache;
+    } else {
+      throw error("unknown event '" + kind + "'");
+    }
+    std::string extra;
+    if (fields >> extra) throw error("unexpected '" + extra + "'");
+    events.push_back(event);
+  }
+  return events;
+}
+
+void apply(CachingAllocatorSim& sim, const AllocatorEvent& event) {
+  switch (event.kind) {
+    case AllocatorEvent::Kind::Alloc: sim.malloc(event.id, event.bytes); break;
+    case AllocatorEvent::Kind::Free: sim.free(event.id); break;
+    case AllocatorEvent::Kind::ResetPeaks: sim.reset_peaks(); break;
+    case AllocatorEvent::Kind::EmptyCache: sim.empty_cache(); break;
+  }
+}
+
+}  // namespace metamem

@@ -1,0 +1,43 @@
+// What a CUDA caching allocator is asked during a trace, as a list anyone
+// can replay: the simulator here, or PyTorch's own allocator under the fake
+// CUDA runtime (oracle/). Written and read as text, one event a line:
+//
+//   metamem allocator events 1
+//   alloc ID BYTES        a request of BYTES for the allocation named ID
+//   free ID               the allocation named ID goes back
+//   reset_peaks           torch.cuda.reset_peak_memory_stats()
+//   empty_cache           torch.cuda.empty_cache()
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "profiler/Trace.h"
+
+namespace metamem {
+
+class CachingAllocatorSim;
+
+struct AllocatorEvent {
+  enum class Kind : std::uint8_t { Alloc, Free, ResetPeaks, EmptyCache };
+  Kind kind = Kind::Alloc;
+  std::uint32_t id = 0;    // Alloc, Free
+  std::int64_t bytes = 0;  // Alloc
+};
+
+// The trace's allocations and frees in order, with a reset of the peaks
+// where its last (measured) step begins: the peaks at the end are that
+// step's, as the estimate reports them.
+std::vector<AllocatorEvent> allocator_events(const Trace& trace);
+
+void write_allocator_events(std::ostream& out, const std::vector<AllocatorEvent>& events);
+// Throws std::invalid_argument naming `source` and the line of what it
+// cannot read (an unknown event, a free of an ID not allocated, ...).
+std::vector<AllocatorEvent> read_allocator_events(std::istream& in, const std::string& source);
+
+// Does to the simulator what the event asks.
+void apply(CachingAllocatorSim& sim, const AllocatorEvent& event);
+
+}  // namespace metamem

@@ -1,0 +1,395 @@
+// A fake CUDA runtime (libcudart.so.13) for the calls PyTorch's caching
+// allocator (libc10_cuda.so) and libtorch_cpu.so make, so that the real allocator runs on a
+// machine without a GPU. Memory is address space only: cudaMalloc and the
+// driver's virtual-memory calls hand out addresses from a range reserved
+// with no access (a stray dereference faults), bump-allocated and never
+// reused, and count against the device's capacity, so cudaMalloc fails as
+// a full GPU does. Streams and events complete at once; nothing captures a
+// graph. What the allocator never needs (peer access, IPC, stream-ordered
+// pools, copies) answers cudaErrorNotSupported.
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <sys/mman.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "oracle/FakeCudaRuntime.h"
+
+namespace {
+
+constexpr std::uintptr_t kPage = 2 << 20;  // the GPU's allocation granularity
+
+struct Device {
+  std::string name = "NVIDIA H100 80GB HBM3";
+  std::size_t total_memory = std::size_t{80} << 30;
+  int major = 9, minor = 0;
+};
+
+// The device and its memory; one lock: c10 calls from several threads.
+class FakeGpu {
+ public:
+  static FakeGpu& get() {
+    static FakeGpu gpu;
+    return gpu;
+  }
+  std::mutex mutex;
+  Device device;
+  std::size_t used = 0;                        // bytes of physical memory held
+  std::map<std::uintptr_t, std::size_t> mallocs;  // cudaMalloc'd: address -> bytes
+  std::map<CUmemGenericAllocationHandle, std::size_t> handles;  // cuMemCreate'd
+  CUmemGenericAllocationHandle next_handle = 1;
+  cudaError_t last_error = cudaSuccess;
+
+  // Address space for the device: a range no host code may touch, handed
+  // out in pages from its start.
+  std::uintptr_t reserve(std::size_t bytes) {
+    const std::uintptr_t rounded = (bytes + kPage - 1) / kPage * kPage;
+    if (next_ + rounded > end_) return 0;
+    const std::uintptr_t address = next_;
+    next_ += rounded + kPage;  // a gap: neighbouring segments are not contiguous
+    return address;
+  }
+
+ private:
+  FakeGpu() {
+    // 64 TiB: room for every expandable segment's whole-GPU reservation.
+    const std::size_t range = std::size_t{64} << 40;
+    void* base = mmap(nullptr, range, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base == MAP_FAILED) {
+      std::fprintf(stderr, "fake CUDA runtime: cannot reserve %zu bytes of address space\n", range);
+      std::abort();
+    }
+    next_ = (reinterpret_cast<std::uintptr_t>(base) + kPage - 1) / kPage * kPage;
+    end_ = reinterpret_cast<std::uintptr_t>(base) + range;
+  }
+  std::uintptr_t next_ = 0, end_ = 0;
+};
+
+cudaError_t fail(cudaError_t error) {
+  FakeGpu::get().last_error = error;
+  return error;
+}
+
+// Opaque handles the allocator only compares and passes back.
+template <typename Handle>
+Handle new_handle() {
+  static std::uintptr_t next = 0x1000;
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  return reinterpret_cast<Handle>(next += 0x10);
+}
+
+// ---- the driver calls of expandable segments, reached by entry point
+
+CUresult fake_cuDeviceGet(CUdevice* device, int ordinal) {
+  if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
+  *device = 0;
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuDeviceGetAttribute(int* value, CUdevice_attribute attribute, CUdevice) {
+  switch (attribute) {
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
+      *value = 1;
+      return CUDA_SUCCESS;
+    default:
+      *value = 0;
+      return CUDA_SUCCESS;
+  }
+}
+
+CUresult fake_cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocationProp*,
+                                            CUmemAllocationGranularity_flags) {
+  *granularity = kPage;
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t, CUdeviceptr, unsigned long long) {
+  FakeGpu& gpu = FakeGpu::get();
+  std::lock_guard<std::mutex> lock(gpu.mutex);
+  const std::uintptr_t address = gpu.reserve(size);
+  if (address == 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  *ptr = address;
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuMemAddressFree(CUdeviceptr, size_t) { return CUDA_SUCCESS; }
+
+CUresult fake_cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp*,
+                          unsigned long long) {
+  FakeGpu& gpu = FakeGpu::get();
+  std::lock_guard<std::mutex> lock(gpu.mutex);
+  if (size > gpu.device.total_memory - gpu.used) return CUDA_ERROR_OUT_OF_MEMORY;
+  gpu.used += size;
+  *handle = gpu.next_handle++;
+  gpu.handles[*handle] = size;
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuMemRelease(CUmemGenericAllocationHandle handle) {
+  FakeGpu& gpu = FakeGpu::get();
+  std::lock_guard<std::mutex> lock(gpu.mutex);
+  const auto it = gpu.handles.find(handle);
+  if (it == gpu.handles.end()) return CUDA_ERROR_INVALID_VALUE;
+  gpu.used -= it->second;
+  gpu.handles.erase(it);
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_cuMemMap(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long) {
+  return CUDA_SUCCESS;
+}
+CUresult fake_cuMemUnmap(CUdeviceptr, size_t) { return CUDA_SUCCESS; }
+CUresult fake_cuMemSetAccess(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) { return CUDA_SUCCESS; }
+
+CUresult fake_cuGetErrorString(CUresult error, const char** text) {
+  switch (error) {
+    case CUDA_SUCCESS: *text = "no error"; break;
+    case CUDA_ERROR_OUT_OF_MEMORY: *text = "out of memory"; break;
+    case CUDA_ERROR_NOT_SUPPORTED: *text = "operation not supported (fake CUDA runtime)"; break;
+    default: *text = "error (fake CUDA runtime)"; break;
+  }
+  return CUDA_SUCCESS;
+}
+
+// Every other driver entry point c10 asks for: there, and refusing.
+CUresult fake_cuNotSupported() { return CUDA_ERROR_NOT_SUPPORTED; }
+
+struct EntryPoint {
+  const char* name;
+  void* function;
+};
+const EntryPoint kEntryPoints[] = {
+    {"cuDeviceGet", reinterpret_cast<void*>(&fake_cuDeviceGet)},
+    {"cuDeviceGetAttribute", reinterpret_cast<void*>(&fake_cuDeviceGetAttribute)},
+    {"cuMemGetAllocationGranularity", reinterpret_cast<void*>(&fake_cuMemGetAllocationGranularity)},
+    {"cuMemAddressReserve", reinterpret_cast<void*>(&fake_cuMemAddressReserve)},
+    {"cuMemAddressFree", reinterpret_cast<void*>(&fake_cuMemAddressFree)},
+    {"cuMemCreate", reinterpret_cast<void*>(&fake_cuMemCreate)},
+    {"cuMemRelease", reinterpret_cast<void*>(&fake_cuMemRelease)},
+    {"cuMemMap", reinterpret_cast<void*>(&fake_cuMemMap)},
+    {"cuMemUnmap", reinterpret_cast<void*>(&fake_cuMemUnmap)},
+    {"cuMemSetAccess", reinterpret_cast<void*>(&fake_cuMemSetAccess)},
+    {"cuGetErrorString", reinterpret_cast<void*>(&fake_cuGetErrorString)},
+};
+
+}  // namespace
+
+extern "C" {
+
+void metamem_fake_cuda_set_device(const char* name, std::size_t total_memory, int major, int minor) {
+  FakeGpu& gpu = FakeGpu::get();
+  std::lock_guard<std::mutex> lock(gpu.mutex);
+  gpu.device = {name, total_memory, major, minor};
+}
+
+std::size_t metamem_fake_cuda_used_memory() {
+  FakeGpu& gpu = FakeGpu::get();
+  std::lock_guard<std::mutex> lock(gpu.mutex);
+  return gpu.used;
+}
+
+// ---- devices
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : fail(cudaErrorInvalidDevice); }
+cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaDriverGetVersion(int* version) {
+  *version = CUDART_VERSION;
+  return cudaSuccess;
+}
+cudaError_t cudaRuntimeGetVersion(int* version) {
+  *version = CUDART_VERSION;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (device != 0) return fail(cudaErrorInvalidDevice);
+  FakeGpu& gpu = FakeGpu::get();
+  std::lock_guard<std::mutex> lock(gpu.mutex);
+  std::memset(prop, 0, sizeof(*prop));
+  std::snprintf(prop->name, sizeof(prop->name), "%s", gpu.device.name.c_str());
+  prop->totalGlobalMem = gpu.device.total_memory;
+  prop->major = gpu.device.major;
+  prop->minor = gpu.device.minor;
+  prop->warpSize = 32;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
+  *least = 0;
+  *greatest = -5;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceCanAccessPeer(int* can, int, int) {
+  *can = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceEnablePeerAccess(int, unsigned int) { return fail(cudaErrorNotSupported); }
+
+// ---- memory
+
+cudaError_t cudaMalloc(void** ptr, size_t size) {
+  FakeGpu& gpu = FakeGpu::get();
+  std::lock_guard<std::mutex> lock(gpu.mutex);
+  *ptr = nullptr;
+  if (size > gpu.device.total_memory - gpu.used) {
+    gpu.last_error = cudaErrorMemoryAllocation;
+    return cudaErrorMemoryAllocation;
+  }
+  const std::uintptr_t address = gpu.reserve(size);
+  if (address == 0) {
+    gpu.last_error = cudaErrorMemoryAllocation;
+    return cudaErrorMemoryAllocation;
+  }
+  gpu.used += size;
+  gpu.mallocs[address] = size;
+  *ptr = reinterpret_cast<void*>(address);
+  return cudaSuccess;
+}
+
+cudaError_t cudaFree(void* ptr) {
+  if (ptr == nullptr) return cudaSuccess;
+  FakeGpu& gpu = FakeGpu::get();
+  std::lock_guard<std::mutex> lock(gpu.mutex);
+  const auto it = gpu.mallocs.find(reinterpret_cast<std::uintptr_t>(ptr));
+  if (it == gpu.mallocs.end()) {
+    gpu.last_error = cudaErrorInvalidValue;
+    return cudaErrorInvalidValue;
+  }
+  gpu.used -= it->second;
+  gpu.mallocs.erase(it);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
+  FakeGpu& gpu = FakeGpu::get();
+  std::lock_guard<std::mutex> lock(gpu.mutex);
+  *total = gpu.device.total_memory;
+  *free = gpu.device.total_memory - gpu.used;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMallocAsync(void**, size_t, cudaStream_t) { return fail(cudaErrorNotSupported); }
+cudaError_t cudaFreeAsync(void*, cudaStream_t) { return fail(cudaErrorNotSupported); }
+cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t*, int) { return fail(cudaErrorNotSupported); }
+cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t, cudaMemPoolAttr, void*) { return fail(cudaErrorNotSupported); }
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t, cudaMemPoolAttr, void*) { return fail(cudaErrorNotSupported); }
+cudaError_t cudaMemPoolSetAccess(cudaMemPool_t, const cudaMemAccessDesc*, size_t) {
+  return fail(cudaErrorNotSupported);
+}
+cudaError_t cudaMemPoolTrimTo(cudaMemPool_t, size_t) { return fail(cudaErrorNotSupported); }
+cudaError_t cudaMemcpy(void*, const void*, size_t, cudaMemcpyKind) { return fail(cudaErrorNotSupported); }
+cudaError_t cudaMemcpyAsync(void*, const void*, size_t, cudaMemcpyKind, cudaStream_t) {
+  return fail(cudaErrorNotSupported);
+}
+cudaError_t cudaMemcpyPeerAsync(void*, int, const void*, int, size_t, cudaStream_t) {
+  return fail(cudaErrorNotSupported);
+}
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t*, void*) { return fail(cudaErrorNotSupported); }
+cudaError_t cudaIpcOpenMemHandle(void**, cudaIpcMemHandle_t, unsigned int) { return fail(cudaErrorNotSupported); }
+cudaError_t cudaIpcCloseMemHandle(void*) { return fail(cudaErrorNotSupported); }
+cudaError_t cudaDeviceGetGraphMemAttribute(int, cudaGraphMemAttributeType, void*) {
+  return fail(cudaErrorNotSupported);
+}
+cudaError_t cudaDeviceSetGraphMemAttribute(int, cudaGraphMemAttributeType, void*) {
+  return fail(cudaErrorNotSupported);
+}
+cudaError_t cudaGraphNodeGetDependencies(cudaGraphNode_t, cudaGraphNode_t*, cudaGraphEdgeData*, size_t*) {
+  return fail(cudaErrorNotSupported);
+}
+
+// ---- streams and events: everything has already completed
+
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int, int) {
+  *stream = new_handle<cudaStream_t>();
+  return cudaSuccess;
+}
+cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaSuccess; }
+cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus* status) {
+  *status = cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamGetCaptureInfo(cudaStream_t, cudaStreamCaptureStatus* status, unsigned long long* id,
+                                     cudaGraph_t* graph, const cudaGraphNode_t** dependencies,
+                                     const cudaGraphEdgeData** edges, size_t* n_dependencies) {
+  *status = cudaStreamCaptureStatusNone;
+  if (id) *id = 0;
+  if (graph) *graph = nullptr;
+  if (dependencies) *dependencies = nullptr;
+  if (edges) *edges = nullptr;
+  if (n_dependencies) *n_dependencies = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode*) { return cudaSuccess; }
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
+  *event = new_handle<cudaEvent_t>();
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
+  *ms = 0;
+  return cudaSuccess;
+}
+
+// ---- errors and the driver's entry points
+
+cudaError_t cudaGetLastError() {
+  FakeGpu& gpu = FakeGpu::get();
+  std::lock_guard<std::mutex> lock(gpu.mutex);
+  const cudaError_t error = gpu.last_error;
+  gpu.last_error = cudaSuccess;
+  return error;
+}
+
+const char* cudaGetErrorName(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorNotSupported: return "cudaErrorNotSupported";
+    default: return "cudaErrorUnknown";
+  }
+}
+
+const char* cudaGetErrorString(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess: return "no error";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorNotSupported: return "operation not supported (fake CUDA runtime)";
+    default: return cudaGetErrorName(error);
+  }
+}
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** function, unsigned int, unsigned long long,
+                                             cudaDriverEntryPointQueryResult* status) {
+  *function = reinterpret_cast<void*>(&fake_cuNotSupported);
+  for (const EntryPoint& entry : kEntryPoints)
+    if (std::strcmp(entry.name, symbol) == 0) *function = entry.function;
+  if (status) *status = cudaDriverEntryPointSuccess;
+  return cudaSuccess;
+}
+
+}  // extern "C"

@@ -1,0 +1,16 @@
+// The fake CUDA runtime's own calls (oracle/FakeCudaRuntime.cpp): which GPU
+// it pretends to be. A program that links it in place of libcudart sets the
+// GPU before anything asks the runtime.
+#pragma once
+
+#include <cstddef>
+
+extern "C" {
+
+// The one device: its name, memory in bytes and compute capability. Before
+// the first call of the runtime; the default is an H100 (80 GiB, sm90).
+void metamem_fake_cuda_set_device(const char* name, std::size_t total_memory, int major, int minor);
+// Device memory in use now: cudaMalloc'd and cuMemCreate'd bytes.
+std::size_t metamem_fake_cuda_used_memory();
+
+}

@@ -1,0 +1,92 @@
+#include "oracle/RealCachingAllocator.h"
+
+#include <c10/core/AllocatorConfig.h>
+#include <c10/cuda/CUDAAllocatorConfig.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/PeerToPeerAccess.h>
+
+#include "oracle/FakeCudaRuntime.h"
+
+namespace metamem {
+namespace {
+
+namespace c10_allocator = c10::cuda::CUDACachingAllocator;
+
+void copy(const c10::CachingDeviceAllocator::Stat& from, AllocatorStat& to) {
+  to = {from.current, from.peak, from.allocated, from.freed};
+}
+
+void copy(const c10::CachingDeviceAllocator::StatArray& from, AllocatorStatArray& to) {
+  for (std::size_t pool = 0; pool < to.size(); ++pool) copy(from[pool], to[pool]);
+}
+
+}  // namespace
+
+RealCachingAllocator::RealCachingAllocator(const GpuSpec& gpu, const std::string& alloc_conf) {
+  const std::string name(gpu.name);
+  metamem_fake_cuda_set_device(name.c_str(), static_cast<std::size_t>(gpu.total_memory), gpu.major, gpu.minor);
+  c10::CachingAllocator::setAllocatorSettings(alloc_conf);
+  c10_allocator::init(1);
+  // torch.cuda's lazy initialisation does this; expandable segments ask it.
+  c10::cuda::detail::init_p2p_access_cache(1);
+  // Expandable segments share by file descriptor: left unspecified, c10
+  // asks NVML whether the GPU has fabric handles, and there is no NVML.
+  c10_allocator::CUDAAllocatorConfig::set_expandable_segments_handle_type(
+      c10_allocator::Expandable_Segments_Handle_Type::POSIX_FD);
+}
+
+RealCachingAllocator::~RealCachingAllocator() { reset(); }
+
+void RealCachingAllocator::apply(const AllocatorEvent& event) {
+  switch (event.kind) {
+    case AllocatorEvent::Kind::Alloc:
+      if (event.id >= pointers_.size()) pointers_.resize(std::max<std::size_t>(event.id + 1, 2 * pointers_.size()));
+      // Zero bytes: c10 hands out no memory (nullptr), as the simulator.
+      pointers_[event.id] = event.bytes == 0 ? nullptr : c10_allocator::raw_alloc(event.bytes);
+      break;
+    case AllocatorEvent::Kind::Free:
+      if (event.id < pointers_.size() && pointers_[event.id]) {
+        c10_allocator::raw_delete(pointers_[event.id]);
+        pointers_[event.id] = nullptr;
+      }
+      break;
+    case AllocatorEvent::Kind::ResetPeaks: c10_allocator::resetPeakStats(0); break;
+    case AllocatorEvent::Kind::EmptyCache: c10_allocator::emptyCache(); break;
+  }
+}
+
+AllocatorStats RealCachingAllocator::stats() const {
+  const auto real = c10_allocator::getDeviceStats(0);
+  AllocatorStats stats;
+  copy(real.allocation, stats.allocation);
+  copy(real.segment, stats.segment);
+  copy(real.active, stats.active);
+  copy(real.inactive_split, stats.inactive_split);
+  copy(real.allocated_bytes, stats.allocated_bytes);
+  copy(real.reserved_bytes, stats.reserved_bytes);
+  copy(real.active_bytes, stats.active_bytes);
+  copy(real.inactive_split_bytes, stats.inactive_split_bytes);
+  copy(real.requested_bytes, stats.requested_bytes);
+  copy(real.oversize_allocations, stats.oversize_allocations);
+  copy(real.oversize_segments, stats.oversize_segments);
+  stats.num_alloc_retries = real.num_alloc_retries;
+  stats.num_ooms = real.num_ooms;
+  stats.num_device_alloc = real.num_device_alloc;
+  stats.num_device_free = real.num_device_free;
+  stats.num_sync_all_streams = real.num_sync_all_streams;
+  stats.max_split_size = real.max_split_size;
+  return stats;
+}
+
+void RealCachingAllocator::reset() {
+  for (void*& pointer : pointers_)
+    if (pointer) {
+      c10_allocator::raw_delete(pointer);
+      pointer = nullptr;
+    }
+  c10_allocator::emptyCache();
+  c10_allocator::resetPeakStats(0);
+  c10_allocator::resetAccumulatedStats(0);
+}
+
+}  // namespace metamem

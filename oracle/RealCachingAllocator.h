@@ -1,0 +1,37 @@
+// PyTorch's own CUDA caching allocator (c10::cuda::CUDACachingAllocator in
+// the pinned wheel's libc10_cuda.so), driven by metamem's allocator events.
+// Only a program linked to the fake CUDA runtime (FakeCudaRuntime.cpp) may
+// use it: on a machine without a GPU the real runtime has no device.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "estimator/AllocatorEvents.h"
+#include "estimator/CachingAllocator.h"
+#include "estimator/Gpu.h"
+
+namespace metamem {
+
+class RealCachingAllocator {
+ public:
+  // `alloc_conf` as PYTORCH_CUDA_ALLOC_CONF takes it; the fake GPU is `gpu`.
+  // One per process: c10's allocator is global.
+  RealCachingAllocator(const GpuSpec& gpu, const std::string& alloc_conf);
+  ~RealCachingAllocator();
+  RealCachingAllocator(const RealCachingAllocator&) = delete;
+  RealCachingAllocator& operator=(const RealCachingAllocator&) = delete;
+
+  // Throws c10::OutOfMemoryError where the real allocator does.
+  void apply(const AllocatorEvent& event);
+  AllocatorStats stats() const;
+  // Frees what is live, gives every segment back and restarts the
+  // statistics: ready for another event list.
+  void reset();
+
+ private:
+  std::vector<void*> pointers_;  // by allocation ID; nullptr where none is live
+};
+
+}  // namespace metamem

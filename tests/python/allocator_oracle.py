@@ -1,0 +1,112 @@
+"""PyTorch's own CUDA caching allocator against metamem's simulator.
+
+Traces the zoo's models (cpu- and cuda-traced, two steps, without and with
+Adam) with the metamem command and Hugging Face models (published sizes,
+fake cuda, two AdamW steps) with metamem.hf, writes their allocator event
+lists, and has metamem-allocator-oracle replay each through the wheel's
+libc10_cuda.so on the fake CUDA runtime and through the simulator, for
+every PYTORCH_CUDA_ALLOC_CONF below: every statistic of
+torch.cuda.memory_stats() must agree after every event, out-of-memory
+errors included (an 80 GiB H100 holds neither Llama-7B's nor Mixtral's
+float32 AdamW step).
+
+    PYTHONPATH=build/python .venv/bin/python tests/python/allocator_oracle.py \\
+        build/examples/metamem build/oracle/metamem-allocator-oracle [--hf llama,t5,...] [--markdown]
+
+Exits 77 (ctest's skip) naming why where the oracle was not built (a torch
+wheel without libc10_cuda.so), 1 where any replay differs.
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+ZOO = ["mlp", "resnet18", "resnet50", "gpt2", "llama"]
+HF = ["gpt2", "llama", "mistral", "qwen2", "mixtral", "bert", "roberta", "albert", "opt", "bart", "whisper", "vit",
+      "swin", "clip"]
+CONFIGS = [
+    "",
+    "roundup_power2_divisions:4",
+    "roundup_power2_divisions:[256:1,512:2,1024:4,>:8]",
+    "max_split_size_mb:64",
+    "max_split_size_mb:200,max_non_split_rounding_mb:100",
+    "large_segment_size_mb:40",
+    "per_process_memory_fraction:0.05",
+    "per_process_memory_fraction:0.011,garbage_collection_threshold:0.3",
+    "per_process_memory_fraction:0.2,garbage_collection_threshold:0.7,roundup_power2_divisions:8",
+]
+LINE = re.compile(r"^(?P<file>\S+): (?P<events>\d+) events, equal after every one, (?P<ending>[^;]+); "
+                  r"peaks allocated (?P<allocated>\d+) B, reserved (?P<reserved>\d+) B; "
+                  r"(?P<real>[\d.]+) M events/s real, (?P<sim>[\d.]+) M simulated$")
+
+
+def zoo_events(metamem, folder):
+    files = []
+    for model in ZOO:
+        for device in ("cpu", "cuda"):
+            for optimizer in ("none", "adam"):
+                path = os.path.join(folder, f"{model}-{device}-{optimizer}.txt")
+                subprocess.run([metamem, "profile", "--model", model, "--batch", "4", "--device", device,
+                                "--optimizer", optimizer, "--allocator-events", path],
+                               check=True, stdout=subprocess.DEVNULL)
+                files.append(path)
+    return files
+
+
+def hf_events(models, folder):
+    import metamem.hf
+    files = []
+    for model_type in models:
+        cfg = metamem.hf.config(model_type)
+        t = metamem.hf.trace_step(cfg, batch=1, seq=512, device="cuda", values="placeholder")
+        path = os.path.join(folder, f"hf-{model_type}.txt")
+        t.save_allocator_events(path)
+        files.append(path)
+    return files
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("metamem")
+    parser.add_argument("oracle")
+    parser.add_argument("--hf", default=",".join(HF))
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args()
+    if not os.path.exists(args.oracle):
+        print(f"skipped: {args.oracle} was not built (the torch wheel has no libc10_cuda.so, whose allocator "
+              "it runs)")
+        return 77
+
+    failures, rows = 0, []
+    with tempfile.TemporaryDirectory() as folder:
+        files = zoo_events(args.metamem, folder) + hf_events([m for m in args.hf.split(",") if m], folder)
+        for conf in CONFIGS:
+            run = subprocess.run([args.oracle, "--alloc-conf", conf, *files], capture_output=True, text=True)
+            lines = run.stdout.splitlines()
+            agreed = [LINE.match(line) for line in lines]
+            if run.returncode != 0 or not all(agreed) or len(agreed) != len(files):
+                failures += 1
+                print(f"'{conf}': exit {run.returncode}\n{run.stdout}{run.stderr}")
+                continue
+            rows += [(conf or "(default)", m) for m in agreed]
+
+    if args.markdown:
+        print("| PYTORCH_CUDA_ALLOC_CONF | events | ending | allocated peak | reserved peak | M events/s real | "
+              "simulated |\n|---|---|---|--:|--:|--:|--:|")
+    for conf, m in rows:
+        name = os.path.basename(m["file"])[:-4]
+        if args.markdown:
+            print(f"| `{conf}` {name} | {m['events']} | {m['ending']} | {int(m['allocated']):,} | "
+                  f"{int(m['reserved']):,} | {m['real']} | {m['sim']} |")
+        else:
+            print(f"{conf:<70} {name:<22} {m['events']:>6} events  {m['ending']:<40} "
+                  f"reserved {int(m['reserved']):>15,} B  {m['real']:>6} / {m['sim']:>6} M events/s")
+    total = len(rows)
+    print(f"{total} replays agree event for event ({len(CONFIGS)} allocator settings); {failures} settings differ")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
