@@ -124,9 +124,11 @@ void parse_divisions(Parser& p, AllocatorConfig& config) {
   p.expect("]");
 }
 
-std::int64_t megabytes_at_least(Parser& p, const char* key) {
+// A size in MiB of at least `least` (c10's bounds: 20 for the split limits,
+// 11 for large segments, which must exceed the 10 MiB requests they serve).
+std::int64_t megabytes_at_least(Parser& p, const char* key, std::int64_t least) {
   const std::int64_t mb = p.integer(key);
-  if (mb < 20) p.fail(std::string(key) + " must be at least 20, not " + std::to_string(mb));
+  if (mb < least) p.fail(std::string(key) + " must be at least " + std::to_string(least) + ", not " + std::to_string(mb));
   return std::min(mb, std::numeric_limits<std::int64_t>::max() / kMiB) * kMiB;
 }
 
@@ -147,13 +149,13 @@ AllocatorConfig parse_allocator_config(const std::string& text) {
     const std::string key = p.next("an option");
     p.expect(":");
     if (key == "max_split_size_mb") {
-      config.max_split_size = megabytes_at_least(p, "max_split_size_mb");
+      config.max_split_size = megabytes_at_least(p, "max_split_size_mb", 20);
     } else if (key == "max_non_split_rounding_mb") {
-      config.max_non_split_rounding_size = megabytes_at_least(p, "max_non_split_rounding_mb");
+      config.max_non_split_rounding_size = megabytes_at_least(p, "max_non_split_rounding_mb", 20);
     } else if (key == "roundup_power2_divisions") {
       parse_divisions(p, config);
     } else if (key == "large_segment_size_mb") {
-      config.large_segment_size = megabytes_at_least(p, "large_segment_size_mb");
+      config.large_segment_size = megabytes_at_least(p, "large_segment_size_mb", 11);
     } else if (key == "garbage_collection_threshold") {
       config.garbage_collection_threshold = p.fraction("garbage_collection_threshold", false);
     } else if (key == "per_process_memory_fraction") {

@@ -108,8 +108,9 @@ Comparison compare(const std::string& path, const std::vector<AllocatorEvent>& e
 
 int run(const Options& options) {
   const GpuSpec& gpu = find_gpu(options.gpu);
-  const AllocatorConfig config = parse_allocator_config(options.alloc_conf);
+  // PyTorch's parser first: what it refuses is refused as it says.
   RealCachingAllocator real(gpu, options.alloc_conf);
+  const AllocatorConfig config = parse_allocator_config(options.alloc_conf);
   bool all_agree = true;
   for (const std::string& path : options.files) {
     const std::vector<AllocatorEvent> events = read(path);

@@ -239,7 +239,8 @@ TEST(AllocatorConfig, ParsesAsTorchDoes) {
 }
 
 TEST(AllocatorConfig, RefusesWhatTorchRefuses) {
-  for (const char* bad : {"max_split_size_mb:19", "roundup_power2_divisions:3", "garbage_collection_threshold:1",
+  EXPECT_EQ(parse_allocator_config("large_segment_size_mb:11").large_segment_size, 11 * MiB);
+  for (const char* bad : {"max_split_size_mb:19", "large_segment_size_mb:10", "roundup_power2_divisions:3", "garbage_collection_threshold:1",
                           "expandable_segments:yes", "max_split_size_mb", "nonsense:1",
                           "backend:cudaMallocAsync", "roundup_power2_divisions:[300:2]"})
     EXPECT_THROW(parse_allocator_config(bad), std::invalid_argument) << bad;
