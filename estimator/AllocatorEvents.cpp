@@ -18,7 +18,7 @@ constexpr const char* kHeader = "metamem allocator events 1";
 std::vector<AllocatorEvent> allocator_events(const Trace& trace) {
   std::vector<AllocatorEvent> events;
   events.reserve(trace.buffers.size() * 2 + 1);
-  const std::size_t measured = trace.steps.empty() ? trace.events.size() : trace.steps.back().begin;
+  const std::size_t measured = trace.measured().begin;
   for (std::size_t e = 0; e < trace.events.size(); ++e) {
     if (e == measured) events.push_back({AllocatorEvent::Kind::ResetPeaks});
     const Event& event = trace.events[e];

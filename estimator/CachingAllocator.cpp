@@ -282,36 +282,38 @@ void CachingAllocatorSim::free(std::uint32_t id) {
 }
 
 std::string first_difference(const AllocatorStats& a, const AllocatorStats& b) {
-  std::string difference;
-  auto compare = [&](const std::string& name, std::int64_t x, std::int64_t y) {
-    if (difference.empty() && x != y) difference = name + ": " + std::to_string(x) + " vs " + std::to_string(y);
+  auto differ = [](const AllocatorStat& x, const AllocatorStat& y, const std::string& name) -> std::string {
+    for (auto [field, member] : {std::pair{".current", &AllocatorStat::current}, {".peak", &AllocatorStat::peak},
+                                 {".allocated", &AllocatorStat::allocated}, {".freed", &AllocatorStat::freed}})
+      if (x.*member != y.*member)
+        return name + field + ": " + std::to_string(x.*member) + " vs " + std::to_string(y.*member);
+    return "";
   };
-  // Both walk their statistics in the same order.
-  std::vector<const AllocatorStat*> b_stats;
-  AllocatorStats::for_each(b, [&](const std::string&, const AllocatorStat& stat) { b_stats.push_back(&stat); });
-  std::size_t i = 0;
-  AllocatorStats::for_each(a, [&](const std::string& name, const AllocatorStat& stat) {
-    const AllocatorStat& other = *b_stats[i++];
-    compare(name + ".current", stat.current, other.current);
-    compare(name + ".peak", stat.peak, other.peak);
-    compare(name + ".allocated", stat.allocated, other.allocated);
-    compare(name + ".freed", stat.freed, other.freed);
-  });
-  compare("num_alloc_retries", a.num_alloc_retries, b.num_alloc_retries);
-  compare("num_ooms", a.num_ooms, b.num_ooms);
-  compare("num_device_alloc", a.num_device_alloc, b.num_device_alloc);
-  compare("num_device_free", a.num_device_free, b.num_device_free);
-  compare("num_sync_all_streams", a.num_sync_all_streams, b.num_sync_all_streams);
-  compare("max_split_size", a.max_split_size, b.max_split_size);
-  return difference;
+  for (const auto& [name, array] : kStatArrays)
+    for (std::size_t pool = 0; pool < kStatPoolNames.size(); ++pool)
+      if ((a.*array)[pool] != (b.*array)[pool])
+        return differ((a.*array)[pool], (b.*array)[pool], std::string(name) + "." + kStatPoolNames[pool]);
+  if (a.oversize_allocations != b.oversize_allocations)
+    return differ(a.oversize_allocations, b.oversize_allocations, "oversize_allocations");
+  if (a.oversize_segments != b.oversize_segments)
+    return differ(a.oversize_segments, b.oversize_segments, "oversize_segments");
+  for (auto [name, member] : {std::pair{"num_alloc_retries", &AllocatorStats::num_alloc_retries},
+                              {"num_ooms", &AllocatorStats::num_ooms},
+                              {"num_device_alloc", &AllocatorStats::num_device_alloc},
+                              {"num_device_free", &AllocatorStats::num_device_free},
+                              {"num_sync_all_streams", &AllocatorStats::num_sync_all_streams},
+                              {"max_split_size", &AllocatorStats::max_split_size}})
+    if (a.*member != b.*member)
+      return std::string(name) + ": " + std::to_string(a.*member) + " vs " + std::to_string(b.*member);
+  return "";
 }
 
 void CachingAllocatorSim::reset_peaks() {
-  AllocatorStats::for_each(stats_, [](const std::string&, AllocatorStat& stat) { stat.peak = stat.current; });
+  AllocatorStats::for_each(stats_, [](AllocatorStat& stat) { stat.peak = stat.current; });
 }
 
 void CachingAllocatorSim::reset_accumulated() {
-  AllocatorStats::for_each(stats_, [](const std::string&, AllocatorStat& stat) { stat.allocated = stat.freed = 0; });
+  AllocatorStats::for_each(stats_, [](AllocatorStat& stat) { stat.allocated = stat.freed = 0; });
   stats_.num_alloc_retries = stats_.num_ooms = 0;
   stats_.num_device_alloc = stats_.num_device_free = stats_.num_sync_all_streams = 0;
 }

@@ -26,6 +26,7 @@ struct AllocatorStat {
 
   void increase(std::int64_t amount);
   void decrease(std::int64_t amount);
+  bool operator==(const AllocatorStat&) const = default;
 };
 
 // A statistic for all blocks, for the small pool's and for the large pool's,
@@ -42,28 +43,35 @@ struct AllocatorStats {
   std::int64_t num_device_alloc = 0, num_device_free = 0, num_sync_all_streams = 0;
   std::int64_t max_split_size = 0;
 
-  // Calls fn(name, stat) for every statistic, named as torch.cuda.memory_stats()
-  // names it ("allocated_bytes.all.peak" is the peak of allocated_bytes[0]).
+  // Calls fn(stat) for every AllocatorStat above.
   template <typename Stats, typename Fn>
   static void for_each(Stats& stats, Fn&& fn);
 };
 
-// The first statistic in which `a` and `b` differ, as "name: a vs b"; empty
-// when they agree.
-std::string first_difference(const AllocatorStats& a, const AllocatorStats& b);
+// The statistic arrays, as torch.cuda.memory_stats() names them.
+inline constexpr std::array<std::pair<const char*, AllocatorStatArray AllocatorStats::*>, 9> kStatArrays = {{
+    {"allocation", &AllocatorStats::allocation},
+    {"segment", &AllocatorStats::segment},
+    {"active", &AllocatorStats::active},
+    {"inactive_split", &AllocatorStats::inactive_split},
+    {"allocated_bytes", &AllocatorStats::allocated_bytes},
+    {"reserved_bytes", &AllocatorStats::reserved_bytes},
+    {"active_bytes", &AllocatorStats::active_bytes},
+    {"inactive_split_bytes", &AllocatorStats::inactive_split_bytes},
+    {"requested_bytes", &AllocatorStats::requested_bytes},
+}};
 
 template <typename Stats, typename Fn>
 void AllocatorStats::for_each(Stats& stats, Fn&& fn) {
-  auto arrays = {std::pair{"allocation", &stats.allocation}, {"segment", &stats.segment}, {"active", &stats.active},
-                 {"inactive_split", &stats.inactive_split}, {"allocated_bytes", &stats.allocated_bytes},
-                 {"reserved_bytes", &stats.reserved_bytes}, {"active_bytes", &stats.active_bytes},
-                 {"inactive_split_bytes", &stats.inactive_split_bytes}, {"requested_bytes", &stats.requested_bytes}};
-  for (auto [name, array] : arrays)
-    for (std::size_t pool = 0; pool < kStatPoolNames.size(); ++pool)
-      fn(std::string(name) + "." + kStatPoolNames[pool], (*array)[pool]);
-  fn(std::string("oversize_allocations"), stats.oversize_allocations);
-  fn(std::string("oversize_segments"), stats.oversize_segments);
+  for (const auto& [name, array] : kStatArrays)
+    for (auto& stat : stats.*array) fn(stat);
+  fn(stats.oversize_allocations);
+  fn(stats.oversize_segments);
 }
+
+// The first statistic in which `a` and `b` differ, as torch names it:
+// "reserved_bytes.large_pool.peak: A vs B"; empty when they agree.
+std::string first_difference(const AllocatorStats& a, const AllocatorStats& b);
 
 // Seen by a tracer, it holds the allocator's state at each moment of the
 // trace (what torch.cuda.memory_allocated() says there).

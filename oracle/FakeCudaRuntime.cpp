@@ -18,6 +18,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "oracle/FakeCudaRuntime.h"
 
@@ -44,7 +45,6 @@ class FakeGpu {
   std::map<std::uintptr_t, std::size_t> mallocs;  // cudaMalloc'd: address -> bytes
   std::map<CUmemGenericAllocationHandle, std::size_t> handles;  // cuMemCreate'd
   CUmemGenericAllocationHandle next_handle = 1;
-  cudaError_t last_error = cudaSuccess;
 
   // Address space for the device: a range no host code may touch, handed
   // out in pages from its start.
@@ -71,8 +71,11 @@ class FakeGpu {
   std::uintptr_t next_ = 0, end_ = 0;
 };
 
+// As CUDA's: the last error of each host thread, until cudaGetLastError.
+thread_local cudaError_t last_error = cudaSuccess;
+
 cudaError_t fail(cudaError_t error) {
-  FakeGpu::get().last_error = error;
+  last_error = error;
   return error;
 }
 
@@ -248,15 +251,9 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
   FakeGpu& gpu = FakeGpu::get();
   std::lock_guard<std::mutex> lock(gpu.mutex);
   *ptr = nullptr;
-  if (size > gpu.device.total_memory - gpu.used) {
-    gpu.last_error = cudaErrorMemoryAllocation;
-    return cudaErrorMemoryAllocation;
-  }
+  if (size > gpu.device.total_memory - gpu.used) return fail(cudaErrorMemoryAllocation);
   const std::uintptr_t address = gpu.reserve(size);
-  if (address == 0) {
-    gpu.last_error = cudaErrorMemoryAllocation;
-    return cudaErrorMemoryAllocation;
-  }
+  if (address == 0) return fail(cudaErrorMemoryAllocation);
   gpu.used += size;
   gpu.mallocs[address] = size;
   *ptr = reinterpret_cast<void*>(address);
@@ -268,10 +265,7 @@ cudaError_t cudaFree(void* ptr) {
   FakeGpu& gpu = FakeGpu::get();
   std::lock_guard<std::mutex> lock(gpu.mutex);
   const auto it = gpu.mallocs.find(reinterpret_cast<std::uintptr_t>(ptr));
-  if (it == gpu.mallocs.end()) {
-    gpu.last_error = cudaErrorInvalidValue;
-    return cudaErrorInvalidValue;
-  }
+  if (it == gpu.mallocs.end()) return fail(cudaErrorInvalidValue);
   gpu.used -= it->second;
   gpu.mallocs.erase(it);
   return cudaSuccess;
@@ -355,13 +349,7 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
 
 // ---- errors and the driver's entry points
 
-cudaError_t cudaGetLastError() {
-  FakeGpu& gpu = FakeGpu::get();
-  std::lock_guard<std::mutex> lock(gpu.mutex);
-  const cudaError_t error = gpu.last_error;
-  gpu.last_error = cudaSuccess;
-  return error;
-}
+cudaError_t cudaGetLastError() { return std::exchange(last_error, cudaSuccess); }
 
 const char* cudaGetErrorName(cudaError_t error) {
   switch (error) {

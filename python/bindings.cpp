@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <fstream>
+#include <sstream>
 #include <memory>
 #include <optional>
 #include <unordered_map>
@@ -94,6 +95,12 @@ py::list segments_of(const CachingAllocatorSim& allocator) {
   return segments;
 }
 
+void save(const std::string& path, const std::string& contents) {
+  std::ofstream out(path, std::ios::binary);
+  out << contents;
+  if (!out) throw py::value_error("cannot write '" + path + "'");
+}
+
 // torch.cuda.memory_stats()'s nested form (torch._C._cuda_memoryStats).
 py::dict memory_stats_dict(const AllocatorStats& stats) {
   auto stat = [](const AllocatorStat& s) {
@@ -110,23 +117,15 @@ py::dict memory_stats_dict(const AllocatorStats& stats) {
     return d;
   };
   py::dict d;
-  d["num_alloc_retries"] = 0;
-  d["num_ooms"] = 0;
-  d["max_split_size"] = -1;  // no max_split_size_mb: c10's SIZE_MAX as an int64
+  d["num_alloc_retries"] = stats.num_alloc_retries;
+  d["num_ooms"] = stats.num_ooms;
+  d["max_split_size"] = stats.max_split_size;
   d["num_sync_all_streams"] = stats.num_sync_all_streams;
   d["num_device_alloc"] = stats.num_device_alloc;
   d["num_device_free"] = stats.num_device_free;
-  d["allocation"] = pools(stats.allocation);
-  d["segment"] = pools(stats.segment);
-  d["active"] = pools(stats.active);
-  d["inactive_split"] = pools(stats.inactive_split);
-  d["allocated_bytes"] = pools(stats.allocated_bytes);
-  d["reserved_bytes"] = pools(stats.reserved_bytes);
-  d["active_bytes"] = pools(stats.active_bytes);
-  d["inactive_split_bytes"] = pools(stats.inactive_split_bytes);
-  d["requested_bytes"] = pools(stats.requested_bytes);
-  d["oversize_allocations"] = stat(AllocatorStat{});
-  d["oversize_segments"] = stat(AllocatorStat{});
+  for (const auto& [name, array] : kStatArrays) d[name] = pools(stats.*array);
+  d["oversize_allocations"] = stat(stats.oversize_allocations);
+  d["oversize_segments"] = stat(stats.oversize_segments);
   return d;
 }
 
@@ -178,15 +177,11 @@ class Result {
     return out;
   }
   std::string to_json(int depth) const { return report_json(run_, estimated(), depth).dump(2); }
-  void snapshot(const std::string& path) const {
-    std::ofstream out(path, std::ios::binary);
-    out << memory_snapshot_pickle(trace());
-    if (!out) throw py::value_error("cannot write '" + path + "'");
-  }
+  void snapshot(const std::string& path) const { save(path, memory_snapshot_pickle(trace())); }
   void save_allocator_events(const std::string& path) const {
-    std::ofstream out(path);
-    write_allocator_events(out, allocator_events(trace()));
-    if (!out) throw py::value_error("cannot write '" + path + "'");
+    std::ostringstream events;
+    write_allocator_events(events, allocator_events(trace()));
+    save(path, events.str());
   }
 
  private:

@@ -221,6 +221,15 @@ TEST(CachingAllocator, MemoryFractionLimitsReserved) {
   EXPECT_THROW(sim.malloc(2, 20 * MiB), MemoryExceeded);
 }
 
+TEST(CachingAllocator, FirstDifferenceNamesTheStatisticAsTorchDoes) {
+  AllocatorStats a, b;
+  EXPECT_EQ(first_difference(a, b), "");
+  b.num_ooms = 1;
+  EXPECT_EQ(first_difference(a, b), "num_ooms: 0 vs 1");
+  b.reserved_bytes[2].peak = 4096;
+  EXPECT_EQ(first_difference(a, b), "reserved_bytes.large_pool.peak: 0 vs 4096");
+}
+
 TEST(AllocatorConfig, ParsesAsTorchDoes) {
   const AllocatorConfig intervals = parse_allocator_config("roundup_power2_divisions:[256:1,512:2,1024:4,>:8]");
   EXPECT_EQ(intervals.divisions_for(1 * MiB), 1);      // before the first interval named: its value
