@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdlib>
 #include <stdexcept>
 #include <vector>
 
@@ -69,7 +70,7 @@ class Parser {
     return value;
   }
   [[noreturn]] void fail(const std::string& what) const {
-    throw std::invalid_argument("PYTORCH_CUDA_ALLOC_CONF: " + what);
+    throw std::invalid_argument("PYTORCH_ALLOC_CONF: " + what);
   }
 
  private:
@@ -179,6 +180,12 @@ AllocatorConfig parse_allocator_config(const std::string& text) {
     if (!p.done()) p.expect(",");
   }
   return config;
+}
+
+std::string allocator_config_from_environment() {
+  for (const char* name : {"PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"})
+    if (const char* value = std::getenv(name)) return value;
+  return "";
 }
 
 }  // namespace metamem

@@ -1,4 +1,4 @@
-// PYTORCH_CUDA_ALLOC_CONF, as torch 2.x's caching allocator reads it
+// PYTORCH_ALLOC_CONF (PYTORCH_CUDA_ALLOC_CONF before torch 2.9), as torch 2.x's caching allocator reads it
 // (c10/core/AllocatorConfig.cpp): the options the simulator follows.
 #pragma once
 
@@ -36,9 +36,13 @@ struct AllocatorConfig {
   std::int64_t divisions_for(std::int64_t bytes) const;
 };
 
-// Parses a PYTORCH_CUDA_ALLOC_CONF string ("" is the default); throws
+// Parses a PYTORCH_ALLOC_CONF string ("" is the default); throws
 // std::invalid_argument for what torch would refuse and for options metamem
 // does not simulate (backend:cudaMallocAsync).
 AllocatorConfig parse_allocator_config(const std::string& text);
+
+// The setting a torch process started here would read: PYTORCH_ALLOC_CONF,
+// else PYTORCH_CUDA_ALLOC_CONF (its older name), else "".
+std::string allocator_config_from_environment();
 
 }  // namespace metamem

@@ -29,14 +29,22 @@ void CachingAllocatorSim::add(AllocatorStatArray& stat, bool small_pool, std::in
   }
 }
 
-CachingAllocatorSim::CachingAllocatorSim(const AllocatorConfig& config, std::int64_t device_memory)
-    : config_(config), device_memory_(device_memory) {
-  if (config.expandable_segments)
-    throw std::invalid_argument("PYTORCH_CUDA_ALLOC_CONF: expandable_segments:True is not simulated yet");
+CachingAllocatorSim::CachingAllocatorSim(const AllocatorSetup& setup)
+    : config_(setup.config), device_memory_(setup.device_memory) {
+  const AllocatorConfig& config = setup.config;
   // c10 reports its size_t setting as int64_t: no limit reads -1.
   stats_.max_split_size = config.max_split_size == std::numeric_limits<std::int64_t>::max() ? -1 : config.max_split_size;
-  if (config.per_process_memory_fraction > 0)
-    allowed_maximum_ = static_cast<std::int64_t>(config.per_process_memory_fraction * static_cast<double>(device_memory));
+  const std::int64_t total = setup.device_total > 0 ? setup.device_total : setup.device_memory;
+  const bool unlimited = total == std::numeric_limits<std::int64_t>::max();
+  if (config.per_process_memory_fraction > 0) {
+    if (unlimited)
+      throw std::invalid_argument("per_process_memory_fraction is a share of the GPU's memory, which is not given");
+    allowed_maximum_ = static_cast<std::int64_t>(config.per_process_memory_fraction * static_cast<double>(total));
+  }
+  // c10 reserves the GPU's memory and an eighth per expandable segment; a
+  // device of unlimited memory gets 1 PiB, which no trace maps.
+  const std::int64_t memory = unlimited ? std::int64_t{1} << 50 : total;
+  address_space_ = memory + memory / 8;
 }
 
 std::int64_t CachingAllocatorSim::round_size(std::int64_t bytes) const {
@@ -68,8 +76,20 @@ std::optional<std::int64_t> CachingAllocatorSim::get_free_block(bool small_pool,
   if (garbage_collecting()) ++get_free_block_calls_[small_pool];
   auto& free_blocks = pool(small_pool);
   // Best fit: the smallest free block that holds the request, lowest address first.
-  const auto fit = free_blocks.lower_bound({rounded, std::numeric_limits<std::int64_t>::min()});
+  auto fit = free_blocks.lower_bound({rounded, std::numeric_limits<std::int64_t>::min()});
   if (fit == free_blocks.end()) return std::nullopt;
+  if (config_.expandable_segments) {
+    // A block that unmapped address space follows counts as large as it
+    // could grow: the search moves on while the next block grows less.
+    auto expandable_size = [&](FreeBlocks::iterator free) {
+      const auto next = std::next(blocks_.find(free->second));
+      const bool grows = next != blocks_.end() && next->second.segment == blocks_.at(free->second).segment &&
+                         !next->second.mapped;
+      return free->first + (grows ? next->second.size : 0);
+    };
+    for (auto next = std::next(fit); next != free_blocks.end() && expandable_size(next) < expandable_size(fit);)
+      fit = next++;
+  }
   const std::int64_t size = fit->first, max_split = config_.max_split_size;
   // Blocks of max_split_size or more serve only requests as large, and
   // only if they are less than max_non_split_rounding_size larger.
@@ -80,14 +100,22 @@ std::optional<std::int64_t> CachingAllocatorSim::get_free_block(bool small_pool,
   return address;
 }
 
-std::optional<std::int64_t> CachingAllocatorSim::alloc_block(bool small_pool, std::int64_t size, bool retry) {
+bool CachingAllocatorSim::should_split(const Block& block, std::int64_t rounded) const {
+  const std::int64_t remaining = block.size - rounded;
+  if (block.small_pool || config_.expandable_segments) return remaining >= kMinBlockSize;
+  return rounded < config_.max_split_size && remaining > kSmallSize;
+}
+
+std::optional<std::int64_t> CachingAllocatorSim::alloc_block(bool small_pool, std::int64_t size, std::int64_t rounded,
+                                                             bool retry) {
   if (retry) ++stats_.num_alloc_retries;
   const std::int64_t reserved = reserved_bytes();
   if (allowed_maximum_ && reserved + size > *allowed_maximum_) return std::nullopt;
+  if (config_.expandable_segments) return try_allocate_expandable_block(small_pool, rounded);
   if (size > device_memory_ - reserved) return std::nullopt;
   const std::int64_t base = next_segment_address_;
   next_segment_address_ += size + kSmallBuffer;  // a gap: segments never merge
-  segments_[base] = size;
+  segments_[base] = {size, false};
   blocks_[base] = {base, size, false, small_pool};
   add(stats_.segment, small_pool, 1);
   add(stats_.reserved_bytes, small_pool, size);
@@ -97,8 +125,136 @@ std::optional<std::int64_t> CachingAllocatorSim::alloc_block(bool small_pool, st
   return base;
 }
 
+CachingAllocatorSim::Merged CachingAllocatorSim::merge_neighbours(Blocks::iterator it) {
+  Merged merged{it};
+  auto absorbable = [&](Blocks::iterator other) {
+    const Block& block = merged.block->second;
+    return !other->second.allocated && other->second.segment == block.segment && other->second.mapped == block.mapped;
+  };
+  auto forget = [&](Blocks::iterator other) {
+    if (other->second.mapped)
+      pool(other->second.small_pool).erase({other->second.size, other->first});
+    else
+      unmapped(other->second.small_pool).erase(other->first);
+    ++merged.blocks;
+    merged.bytes += other->second.size;
+  };
+  if (merged.block != blocks_.begin()) {
+    const auto prev = std::prev(merged.block);
+    if (absorbable(prev)) {
+      forget(prev);
+      prev->second.size += merged.block->second.size;
+      blocks_.erase(merged.block);
+      merged.block = prev;
+    }
+  }
+  const auto next = std::next(merged.block);
+  if (next != blocks_.end() && absorbable(next)) {
+    forget(next);
+    merged.block->second.size += next->second.size;
+    blocks_.erase(next);
+  }
+  return merged;
+}
+
+std::int64_t CachingAllocatorSim::find_expandable_block(bool small_pool, std::int64_t rounded) {
+  // The lowest address where free and unmapped blocks together hold the
+  // request: an unmapped block, or the free block before it.
+  for (const std::int64_t address : unmapped(small_pool)) {
+    auto candidate = blocks_.find(address);
+    const std::int64_t segment = candidate->second.segment;
+    auto allocatable = [&](Blocks::iterator it) {
+      return it != blocks_.end() && it->second.segment == segment && !it->second.allocated;
+    };
+    if (candidate != blocks_.begin() && allocatable(std::prev(candidate))) --candidate;
+    std::int64_t room = 0;
+    for (auto it = candidate; room < rounded && allocatable(it); ++it) room += it->second.size;
+    if (room >= rounded) return candidate->first;
+  }
+  const std::int64_t page = page_size(small_pool);
+  const std::int64_t size = (address_space_ + page - 1) / page * page;
+  const std::int64_t base = next_segment_address_;
+  next_segment_address_ += size + kSmallBuffer;
+  segments_[base] = {size, true};
+  Block& space = blocks_[base] = {base, size, false, small_pool};
+  space.mapped = false;
+  unmapped(small_pool).insert(base);
+  return base;
+}
+
+std::optional<std::int64_t> CachingAllocatorSim::try_allocate_expandable_block(bool small_pool, std::int64_t rounded) {
+  std::int64_t address = find_expandable_block(small_pool, rounded);
+  if (!blocks_.at(address).mapped) {
+    const auto mapped = map_block(address, std::min(blocks_.at(address).size, rounded));
+    if (!mapped) return std::nullopt;
+    address = *mapped;
+  }
+  // A free block followed by unmapped space: map what it lacks.
+  while (blocks_.at(address).size < rounded) {
+    const auto next = std::next(blocks_.find(address));
+    const auto mapped = map_block(next->first, std::min(rounded - blocks_.at(address).size, next->second.size));
+    if (!mapped) return std::nullopt;  // what was mapped stays mapped, as in c10
+    address = *mapped;
+  }
+  pool(small_pool).erase({blocks_.at(address).size, address});
+  return address;
+}
+
+std::optional<std::int64_t> CachingAllocatorSim::map_block(std::int64_t address, std::int64_t bytes) {
+  Block& block = blocks_.at(address);
+  const std::int64_t page = page_size(block.small_pool);
+  const std::int64_t offset = address - block.segment;
+  const std::int64_t mapped = ((offset + bytes + page - 1) / page) * page - offset;
+  // Physical pages come one by one; where one does not, c10 gives back the
+  // others and fails.
+  if (mapped > device_memory_ - reserved_bytes()) return std::nullopt;
+  const bool small_pool = block.small_pool;
+  unmapped(small_pool).erase(address);
+  block.mapped = true;
+  if (mapped < block.size) {
+    Block& rest = blocks_[address + mapped] = {block.segment, block.size - mapped, false, small_pool};
+    rest.mapped = false;
+    unmapped(small_pool).insert(address + mapped);
+    block.size = mapped;
+  }
+  const Merged merged = merge_neighbours(blocks_.find(address));
+  insert_free(merged.block->first, merged.block->second);
+  add(stats_.reserved_bytes, small_pool, mapped);
+  ++stats_.num_device_alloc;
+  notify("segment_map", address, mapped);
+  return merged.block->first;
+}
+
+std::optional<std::int64_t> CachingAllocatorSim::unmap_block(std::int64_t address) {
+  Block& block = blocks_.at(address);
+  const std::int64_t page = page_size(block.small_pool), base = block.segment;
+  // The whole pages inside the free block.
+  const std::int64_t begin = base + (address - base + page - 1) / page * page;
+  const std::int64_t end = base + (address + block.size - base) / page * page;
+  if (begin >= end) return std::nullopt;
+  const bool small_pool = block.small_pool;
+  const std::int64_t block_end = address + block.size;
+  pool(small_pool).erase({block.size, address});
+  if (begin > address) {  // the part before stays a free block
+    block.size = begin - address;
+    insert_free(address, block);
+  }
+  if (block_end > end) {
+    Block& after = blocks_[end] = {base, block_end - end, false, small_pool};
+    insert_free(end, after);
+  }
+  Block& space = blocks_[begin] = {base, end - begin, false, small_pool};
+  space.mapped = false;
+  const Merged merged = merge_neighbours(blocks_.find(begin));
+  unmapped(small_pool).insert(merged.block->first);
+  add(stats_.reserved_bytes, small_pool, -(end - begin));
+  ++stats_.num_device_free;
+  notify("segment_unmap", begin, end - begin);
+  return merged.block->first;
+}
+
 void CachingAllocatorSim::release_block(std::int64_t address) {
-  const std::int64_t size = segments_.at(address);
+  const std::int64_t size = segments_.at(address).size;
   const bool small_pool = blocks_.at(address).small_pool;
   notify("segment_free", address, size);
   add(stats_.segment, small_pool, -1);
@@ -112,7 +268,9 @@ void CachingAllocatorSim::release_block(std::int64_t address) {
 
 bool CachingAllocatorSim::release_available_cached_blocks(bool small_pool, std::int64_t rounded) {
   const std::int64_t max_split = config_.max_split_size;
-  if (max_split == std::numeric_limits<std::int64_t>::max()) return false;
+  // With expandable segments every cached block is in one, and c10 frees
+  // none of those here (only release_cached_blocks unmaps their pages).
+  if (max_split == std::numeric_limits<std::int64_t>::max() || config_.expandable_segments) return false;
   auto& free_blocks = pool(small_pool);
   const std::int64_t wanted = std::max(rounded, max_split);
   auto it = free_blocks.lower_bound({wanted, std::numeric_limits<std::int64_t>::min()});
@@ -135,6 +293,21 @@ void CachingAllocatorSim::release_cached_blocks() {
   ++stats_.num_sync_all_streams;  // it waits for every stream first
   for (bool small_pool : {false, true}) {
     auto& free_blocks = pool(small_pool);
+    if (config_.expandable_segments) {
+      // Unmap the whole pages of every free block; an address space left
+      // with nothing mapped goes back too.
+      std::vector<std::int64_t> to_unmap;
+      for (const auto& [size, address] : free_blocks) to_unmap.push_back(address);
+      for (const std::int64_t address : to_unmap) {
+        const auto space = unmap_block(address);
+        if (space && !is_split(blocks_.at(*space))) {
+          unmapped(small_pool).erase(*space);
+          blocks_.erase(*space);
+          segments_.erase(*space);
+        }
+      }
+      continue;
+    }
     for (auto it = free_blocks.begin(); it != free_blocks.end();) {
       const auto [size, address] = *it++;
       if (!is_split(blocks_.at(address))) release_block(address);
@@ -180,11 +353,12 @@ void CachingAllocatorSim::malloc(std::uint32_t id, std::int64_t bytes) {
     const std::int64_t size = segment_size(rounded);
     // As c10: a new segment; else free cached oversize blocks and retry;
     // else free every cached whole segment and retry.
-    found = alloc_block(small_pool, size, false);
-    if (!found && release_available_cached_blocks(small_pool, rounded)) found = alloc_block(small_pool, size, false);
+    found = alloc_block(small_pool, size, rounded, false);
+    if (!found && release_available_cached_blocks(small_pool, rounded))
+      found = alloc_block(small_pool, size, rounded, false);
     if (!found) {
       release_cached_blocks();
-      found = alloc_block(small_pool, size, true);
+      found = alloc_block(small_pool, size, rounded, true);
     }
     if (!found) {
       ++stats_.num_ooms;
@@ -199,20 +373,20 @@ void CachingAllocatorSim::malloc(std::uint32_t id, std::int64_t bytes) {
   const std::int64_t remaining = block.size - rounded;
   // Splitting leaves a free remainder; otherwise the whole block is handed
   // out and counts as allocated. A free block of a split segment is an
-  // inactive split block (c10's fragmentation statistic).
-  const bool split = small_pool ? remaining >= kMinBlockSize
-                                : rounded < config_.max_split_size && remaining > kSmallSize;
-  if (split) {
+  // inactive split block (c10's fragmentation statistic, which leaves out
+  // expandable segments: their free pages can always be unmapped).
+  const bool counts_split = !config_.expandable_segments;
+  if (should_split(block, rounded)) {
     block.size = rounded;
     Block& rest = blocks_[address + rounded] = {block.segment, remaining, false, small_pool};
     insert_free(address + rounded, rest);
-    if (already_split) {
+    if (counts_split && already_split) {
       add(stats_.inactive_split_bytes, small_pool, -rounded);
-    } else {
+    } else if (counts_split) {
       add(stats_.inactive_split_bytes, small_pool, remaining);
       add(stats_.inactive_split, small_pool, 1);
     }
-  } else if (already_split) {
+  } else if (already_split && counts_split) {
     add(stats_.inactive_split_bytes, small_pool, -block.size);
     add(stats_.inactive_split, small_pool, -1);
   }
@@ -245,37 +419,16 @@ void CachingAllocatorSim::free(std::uint32_t id) {
   notify("free_completed", address, size);
   block.allocated = false;
   block.requested = 0;
-  auto& free_blocks = pool(small_pool);
 
   // Merge with free neighbours in the same segment: each was an inactive
   // split block, and the merged block is one if its segment stays split.
-  std::int64_t split_blocks = 0, split_bytes = 0;
-  auto next = std::next(it);
-  if (next != blocks_.end() && !next->second.allocated && next->second.segment == block.segment) {
-    free_blocks.erase({next->second.size, next->first});
-    block.size += next->second.size;
-    --split_blocks;
-    split_bytes -= next->second.size;
-    blocks_.erase(next);
+  const Merged merged = merge_neighbours(it);
+  insert_free(merged.block->first, merged.block->second);
+  if (!config_.expandable_segments) {
+    const bool still_split = is_split(merged.block->second);
+    add(stats_.inactive_split, small_pool, (still_split ? 1 : 0) - merged.blocks);
+    add(stats_.inactive_split_bytes, small_pool, (still_split ? merged.block->second.size : 0) - merged.bytes);
   }
-  if (it != blocks_.begin()) {
-    auto prev = std::prev(it);
-    if (!prev->second.allocated && prev->second.segment == block.segment) {
-      free_blocks.erase({prev->second.size, prev->first});
-      --split_blocks;
-      split_bytes -= prev->second.size;
-      prev->second.size += block.size;
-      blocks_.erase(it);
-      it = prev;
-    }
-  }
-  insert_free(it->first, it->second);
-  if (is_split(it->second)) {
-    ++split_blocks;
-    split_bytes += it->second.size;
-  }
-  add(stats_.inactive_split, small_pool, split_blocks);
-  add(stats_.inactive_split_bytes, small_pool, split_bytes);
   add(stats_.active, small_pool, -1);
   add(stats_.active_bytes, small_pool, -size);
   add(stats_.requested_bytes, small_pool, -requested);
@@ -308,6 +461,23 @@ std::string first_difference(const AllocatorStats& a, const AllocatorStats& b) {
   return "";
 }
 
+std::vector<CachingAllocatorSim::SnapshotSegment> CachingAllocatorSim::snapshot_segments() const {
+  std::vector<SnapshotSegment> segments;
+  for (const auto& [base, segment] : segments_) {
+    const auto end = blocks_.lower_bound(base + segment.size);
+    for (auto it = blocks_.find(base); it != end;) {
+      if (!it->second.mapped) {
+        ++it;
+        continue;
+      }
+      SnapshotSegment range{it->first, 0, it->second.small_pool, segment.expandable};
+      for (; it != end && it->second.mapped; ++it) range.size += it->second.size;
+      segments.push_back(range);
+    }
+  }
+  return segments;
+}
+
 void CachingAllocatorSim::reset_peaks() {
   AllocatorStats::for_each(stats_, [](AllocatorStat& stat) { stat.peak = stat.current; });
 }
@@ -319,12 +489,6 @@ void CachingAllocatorSim::reset_accumulated() {
 }
 
 void CachingAllocatorSim::empty_cache() { release_cached_blocks(); }
-
-void ReservedBytesLimit::on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t) {
-  sim_.malloc(buffer, bytes);
-  if (sim_.reserved_bytes() > limit_)
-    throw MemoryExceeded("the CUDA allocator reserves more than " + std::to_string(limit_) + " bytes");
-}
 
 void replay_trace(const Trace& trace, CachingAllocatorSim& sim,
                   const std::function<void(std::size_t)>& before) {

@@ -1,6 +1,8 @@
 // A simulation of PyTorch's CUDA caching allocator (one device, one stream),
-// after c10/cuda/CUDACachingAllocator.cpp: what torch.cuda's
-// memory_stats() (max_memory_allocated, max_memory_reserved, ...) would report.
+// after c10/cuda/CUDACachingAllocator.cpp and c10/core/CachingDeviceAllocator.h:
+// what torch.cuda's memory_stats() (max_memory_allocated,
+// max_memory_reserved, ...) would report. Checked against the real one,
+// event by event, by oracle/ (docs/allocator-oracle.md).
 #pragma once
 
 #include <array>
@@ -73,6 +75,16 @@ void AllocatorStats::for_each(Stats& stats, Fn&& fn) {
 // "reserved_bytes.large_pool.peak: A vs B"; empty when they agree.
 std::string first_difference(const AllocatorStats& a, const AllocatorStats& b);
 
+// What the simulated allocator runs with.
+struct AllocatorSetup {
+  AllocatorConfig config;  // PYTORCH_ALLOC_CONF
+  // What cudaMalloc can hand out in all (the GPU's memory less what others hold).
+  std::int64_t device_memory = std::numeric_limits<std::int64_t>::max();
+  // The GPU's memory (cudaMemGetInfo's total), which per_process_memory_fraction
+  // and expandable segments' address space are of; 0: device_memory.
+  std::int64_t device_total = 0;
+};
+
 // Seen by a tracer, it holds the allocator's state at each moment of the
 // trace (what torch.cuda.memory_allocated() says there).
 class CachingAllocatorSim final : public AllocationObserver {
@@ -85,11 +97,14 @@ class CachingAllocatorSim final : public AllocationObserver {
   static constexpr std::int64_t kRoundLarge = 2 << 20;
   static constexpr std::int64_t kUnallocated = -1;
 
-  // `device_memory`: what cudaMalloc can hand out in all (the GPU's memory
-  // less what others hold); per_process_memory_fraction is of it.
+  // Throws std::invalid_argument for a memory fraction of a device whose
+  // memory is not given.
+  explicit CachingAllocatorSim(const AllocatorSetup& setup);
+  // A GPU of `device_memory` bytes, all of which cudaMalloc can hand out.
   explicit CachingAllocatorSim(const AllocatorConfig& config = {},
-                               std::int64_t device_memory = std::numeric_limits<std::int64_t>::max());
-  // PYTORCH_CUDA_ALLOC_CONF=roundup_power2_divisions:N (0: off): requests
+                               std::int64_t device_memory = std::numeric_limits<std::int64_t>::max())
+      : CachingAllocatorSim(AllocatorSetup{config, device_memory}) {}
+  // PYTORCH_ALLOC_CONF=roundup_power2_divisions:N (0: off): requests
   // above 512·N bytes round up to one of N equal steps between powers of two.
   explicit CachingAllocatorSim(int roundup_power2_divisions)
       : CachingAllocatorSim(AllocatorConfig::with_divisions(roundup_power2_divisions)) {}
@@ -134,20 +149,61 @@ class CachingAllocatorSim final : public AllocationObserver {
     bool small_pool;  // from a small-pool (2 MiB) segment
     std::int64_t requested = 0;  // the bytes asked for, while allocated
     std::int64_t gc_count_base = 0;  // the pool's get_free_block calls when it was last put back
+    // False for address space of an expandable segment with no memory
+    // mapped behind it (never allocated; counts in no statistic).
+    bool mapped = true;
   };
-  // Blocks by address; segments by base address and size.
+  // A cudaMalloc'd segment, or the address space an expandable segment
+  // reserves (its blocks cover it: mapped ones and unmapped ones).
+  struct Segment {
+    std::int64_t size;
+    bool expandable;
+  };
+  // torch.cuda.memory_snapshot()'s segments: each cudaMalloc'd segment, and
+  // each contiguous mapped range of an expandable one.
+  struct SnapshotSegment {
+    std::int64_t address, size;
+    bool small_pool, expandable;
+  };
+  // Blocks by address; segments by base address.
   const std::map<std::int64_t, Block>& blocks() const { return blocks_; }
-  const std::map<std::int64_t, std::int64_t>& segments() const { return segments_; }
+  const std::map<std::int64_t, Segment>& segments() const { return segments_; }
+  std::vector<SnapshotSegment> snapshot_segments() const;
 
  private:
+  using Blocks = std::map<std::int64_t, Block>;
   using FreeBlocks = std::set<std::pair<std::int64_t, std::int64_t>>;  // (size, address)
   FreeBlocks& pool(bool small_pool) { return small_pool ? free_small_ : free_large_; }
+  std::set<std::int64_t>& unmapped(bool small_pool) { return small_pool ? unmapped_small_ : unmapped_large_; }
   // Puts a free block back in its pool (c10's insert_into_blocks).
   void insert_free(std::int64_t address, Block& block);
   // c10's get_free_block: a cached block for `rounded` bytes, or none.
   std::optional<std::int64_t> get_free_block(bool small_pool, std::int64_t rounded);
-  // c10's alloc_block: a new segment, or none where the device is full.
-  std::optional<std::int64_t> alloc_block(bool small_pool, std::int64_t size, bool retry);
+  // c10's should_split: whether a block handed out for `rounded` bytes
+  // leaves its remainder as a free block.
+  bool should_split(const Block& block, std::int64_t rounded) const;
+  // c10's alloc_block: a new segment of `size` bytes for a request of
+  // `rounded` (with expandable segments: `rounded` bytes mapped), or none
+  // where the device is full.
+  std::optional<std::int64_t> alloc_block(bool small_pool, std::int64_t size, std::int64_t rounded, bool retry);
+  // c10's try_merge_blocks on both sides: `it` absorbs its free neighbours
+  // in the segment that are mapped as it is. Returns the merged block and
+  // how many blocks and bytes it absorbed.
+  struct Merged {
+    Blocks::iterator block;
+    std::int64_t blocks = 0, bytes = 0;
+  };
+  Merged merge_neighbours(Blocks::iterator it);
+  // Expandable segments (c10's find_expandable_block,
+  // try_allocate_expandable_block, map_block, unmap_block): one address
+  // space per pool, as large as the device's memory and an eighth, with
+  // memory mapped into it in pages as needed: 2 MiB in the small pool,
+  // large_segment_size_mb (20 MiB) in the large.
+  std::int64_t page_size(bool small_pool) const { return small_pool ? kSmallBuffer : config_.large_segment_size; }
+  std::int64_t find_expandable_block(bool small_pool, std::int64_t rounded);
+  std::optional<std::int64_t> try_allocate_expandable_block(bool small_pool, std::int64_t rounded);
+  std::optional<std::int64_t> map_block(std::int64_t address, std::int64_t bytes);
+  std::optional<std::int64_t> unmap_block(std::int64_t address);
   // c10's release_available_cached_blocks, release_cached_blocks and
   // garbage_collect_cached_blocks: segments back to the device.
   bool release_available_cached_blocks(bool small_pool, std::int64_t rounded);
@@ -159,37 +215,37 @@ class CachingAllocatorSim final : public AllocationObserver {
     if (listener_) listener_({action, address, size});
   }
   // A block is split while it is not its whole segment.
-  bool is_split(const Block& block) const { return block.size != segments_.at(block.segment); }
+  bool is_split(const Block& block) const { return block.size != segments_.at(block.segment).size; }
   // Adds `amount` to `stat` for all blocks and for the block's pool.
   static void add(AllocatorStatArray& stat, bool small_pool, std::int64_t amount);
 
-  std::map<std::int64_t, Block> blocks_;
-  std::map<std::int64_t, std::int64_t> segments_;
+  Blocks blocks_;
+  std::map<std::int64_t, Segment> segments_;
   FreeBlocks free_small_, free_large_;
+  std::set<std::int64_t> unmapped_small_, unmapped_large_;  // unmapped blocks of expandable segments
   std::array<std::int64_t, 2> get_free_block_calls_{};  // per pool (large, small): the blocks' gc clock
   std::vector<std::int64_t> address_of_;  // by id; kUnallocated where it holds no block
   AllocatorConfig config_;
   std::int64_t device_memory_;
   std::optional<std::int64_t> allowed_maximum_;  // per_process_memory_fraction of device_memory_
+  std::int64_t address_space_;  // an expandable segment's, before rounding to its pages
   std::int64_t next_segment_address_ = 0;
   AllocatorStats stats_;
   Listener listener_;
 };
 
-// Runs the allocator on a trace as it is recorded and stops it once the
-// allocator reserves more than `limit`: it never gives a segment back, so
-// the step would reserve at least that.
+// Runs the allocator on a trace as it is recorded and stops the trace
+// (MemoryExceeded) where the allocator runs out of the setup's device
+// memory after freeing its cache, as torch.cuda would raise.
 class ReservedBytesLimit final : public AllocationObserver {
  public:
-  ReservedBytesLimit(std::int64_t limit, int roundup_power2_divisions)
-      : limit_(limit), sim_(roundup_power2_divisions) {}
-  void on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t live_bytes) override;
+  explicit ReservedBytesLimit(const AllocatorSetup& setup) : sim_(setup) {}
+  void on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t) override { sim_.malloc(buffer, bytes); }
   void on_free(std::uint32_t buffer) noexcept override { sim_.free(buffer); }
   // The most the trace's allocator reserved (its measured step's peak too).
-  std::int64_t reserved_bytes() const { return sim_.reserved_bytes(); }
+  std::int64_t reserved_bytes() const { return sim_.peak_reserved_bytes(); }
 
  private:
-  std::int64_t limit_;
   CachingAllocatorSim sim_;
 };
 

@@ -22,9 +22,9 @@ ModelStates model_states(const Trace& trace) {
   return {of(Category::Parameter), of(Category::Gradient), of(Category::OptimizerState)};
 }
 
-AllocatorPeaks simulate_allocator(const Trace& trace, int roundup_power2_divisions,
+AllocatorPeaks simulate_allocator(const Trace& trace, const AllocatorSetup& allocator,
                                   std::vector<std::int64_t>* reserved_after) {
-  CachingAllocatorSim sim(roundup_power2_divisions);
+  CachingAllocatorSim sim(allocator);
   const std::size_t begin = trace.measured().begin, end = trace.events.size();
   if (reserved_after) reserved_after->assign(end, 0);
   replay_trace(trace, sim, [&](std::size_t e) {  // before event e
@@ -36,13 +36,13 @@ AllocatorPeaks simulate_allocator(const Trace& trace, int roundup_power2_divisio
   return {sim.peak_allocated_bytes(), sim.peak_reserved_bytes()};
 }
 
-Estimate estimate(Trace trace, int roundup_power2_divisions) {
+Estimate estimate(Trace trace, const AllocatorSetup& allocator) {
   Estimate result;
   result.nodes = node_table(trace);
   result.states = model_states(trace);
   result.live_at_peak = trace.live_by_category(trace.measured().peak_event);
   std::vector<std::int64_t> reserved_after;
-  result.allocator = simulate_allocator(trace, roundup_power2_divisions, &reserved_after);
+  result.allocator = simulate_allocator(trace, allocator, &reserved_after);
   result.plan = plan_trace(trace);
   result.timeline = memory_timeline(trace, reserved_after);
   result.trace = std::move(trace);

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "estimator/CachingAllocator.h"
 #include "estimator/MemoryTimeline.h"
 #include "estimator/NodeTable.h"
 #include "estimator/TracePlan.h"
@@ -29,7 +30,7 @@ struct AllocatorPeaks {
 // measured step starts from the blocks and segments the steps before left;
 // peaks are reset at its start. With `reserved_after`, also what it holds
 // reserved after each event (for the report's timeline).
-AllocatorPeaks simulate_allocator(const Trace& trace, int roundup_power2_divisions = 0,
+AllocatorPeaks simulate_allocator(const Trace& trace, const AllocatorSetup& allocator = {},
                                   std::vector<std::int64_t>* reserved_after = nullptr);
 
 struct Estimate {
@@ -42,6 +43,6 @@ struct Estimate {
   std::vector<TimelinePoint> timeline;  // the measured step, sampled for drawing
 };
 
-Estimate estimate(Trace trace, int roundup_power2_divisions = 0);
+Estimate estimate(Trace trace, const AllocatorSetup& allocator = {});
 
 }  // namespace metamem

@@ -5,7 +5,7 @@ namespace {
 
 constexpr char kProto = '\x80', kMark = '(', kEmptyDict = '}', kSetItems = 'u',
                kEmptyList = ']', kAppends = 'e', kBinInt = 'J', kLong1 = '\x8a',
-               kBinUnicode = 'X', kStop = '.';
+               kBinUnicode = 'X', kNewTrue = '\x88', kNewFalse = '\x89', kStop = '.';
 
 void little_endian(std::string& out, std::uint64_t value, int bytes) {
   for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
@@ -36,6 +36,8 @@ void PickleWriter::integer(std::int64_t value) {
   out_ += '\x08';
   little_endian(out_, static_cast<std::uint64_t>(value), 8);
 }
+
+void PickleWriter::boolean(bool value) { out_ += value ? kNewTrue : kNewFalse; }
 
 std::string PickleWriter::finish() {
   out_ += kStop;

@@ -1,5 +1,5 @@
-// Writes Python pickles (protocol 2) of plain dicts, lists, strings and
-// ints: no GLOBAL or REDUCE opcodes, so any unpickler can read them.
+// Writes Python pickles (protocol 2) of plain dicts, lists, strings, ints
+// and booleans: no GLOBAL or REDUCE opcodes, so any unpickler can read them.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +16,7 @@ class PickleWriter {
   void end_list();
   void string(const std::string& s);
   void integer(std::int64_t value);
+  void boolean(bool value);
   // The finished pickle; the writer is spent.
   std::string finish();
 

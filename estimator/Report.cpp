@@ -108,6 +108,7 @@ nlohmann::json report_json(const RunInfo& run, const Estimate& est, int depth,
       {"dtype", run.dtype},
       {"amp", amp_name(run)},
       {"optimizer", run.optimizer},
+      {"alloc_conf", run.alloc_conf},
       {"steps", trace.steps.size()},
       {"predicted",
        {{"peak_bytes", trace.measured().peak_bytes},
@@ -221,7 +222,7 @@ std::string summary_text(const RunInfo& run, const Estimate& est, const StepPeak
     if (est.live_at_peak[c] > 0)
       line(fmt::format("  {}", category_name(static_cast<Category>(c))), est.live_at_peak[c]);
   line("CUDA allocator: max allocated", est.allocator.allocated);
-  line("CUDA allocator: max reserved", est.allocator.reserved);
+  line("CUDA allocator: max reserved", est.allocator.reserved, run.alloc_conf);
   line("memonger plan", est.plan.stats.planned_bytes,
        fmt::format("{} · lower bound {} · planned/lower bound {:.4f}", est.plan.plan.algorithm,
                    human_bytes(est.plan.stats.lower_bound_bytes), est.plan.stats.ratio()));

@@ -25,6 +25,7 @@ struct RunInfo {
   std::int64_t tensor_parallel = 1;    // the model is one rank's shard of this many
   bool sequence_parallel = false;
   PipelineStage pipeline;  // the model is this stage of a pipeline
+  std::string alloc_conf;  // the simulated CUDA allocator's PYTORCH_ALLOC_CONF ("": the default)
 };
 
 // Peak bytes of each step of a real CPU run; empty when there was none.

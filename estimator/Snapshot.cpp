@@ -31,8 +31,8 @@ void write_frames(PickleWriter& w, const Trace& trace, std::int32_t op) {
 
 }  // namespace
 
-std::string memory_snapshot_pickle(const Trace& trace, int roundup_power2_divisions) {
-  CachingAllocatorSim sim(roundup_power2_divisions);
+std::string memory_snapshot_pickle(const Trace& trace, const AllocatorSetup& allocator) {
+  CachingAllocatorSim sim(allocator);
   std::vector<TraceEntry> entries;
   std::int64_t now = 0;
   std::int32_t op = -1;
@@ -47,11 +47,11 @@ std::string memory_snapshot_pickle(const Trace& trace, int roundup_power2_divisi
   w.begin_dict();
   w.string("segments");
   w.begin_list();
-  for (const auto& [base, size] : sim.segments()) {
+  for (const auto& segment : sim.snapshot_segments()) {
+    const std::int64_t base = segment.address, size = segment.size;
     std::int64_t allocated = 0;
     for (auto it = sim.blocks().lower_bound(base); it != sim.blocks().end() && it->first < base + size; ++it)
       allocated += it->second.allocated ? it->second.size : 0;
-    const bool small_pool = sim.blocks().at(base).small_pool;  // a segment starts with a block
     w.begin_dict();
     for (auto [key, value] : {std::pair<const char*, std::int64_t>{"device", 0}, {"address", base},
                               {"total_size", size}, {"allocated_size", allocated},
@@ -60,8 +60,10 @@ std::string memory_snapshot_pickle(const Trace& trace, int roundup_power2_divisi
       w.string(key);
       w.integer(value);
     }
+    w.string("is_expandable");
+    w.boolean(segment.expandable);
     w.string("segment_type");
-    w.string(small_pool ? "small" : "large");
+    w.string(segment.small_pool ? "small" : "large");
     w.string("blocks");
     w.begin_list();
     for (auto it = sim.blocks().lower_bound(base); it != sim.blocks().end() && it->first < base + size; ++it) {

@@ -4,13 +4,14 @@
 
 #include <string>
 
+#include "estimator/CachingAllocator.h"
 #include "profiler/Trace.h"
 
 namespace metamem {
 
 // {"segments": [...], "device_traces": [[...]]} as a pickle. Trace entries
 // are stamped with the event index as time_us and the producing op and
-// module as their frame. The allocator rounds as in simulate_allocator.
-std::string memory_snapshot_pickle(const Trace& trace, int roundup_power2_divisions = 0);
+// module as their frame. The allocator runs as in simulate_allocator.
+std::string memory_snapshot_pickle(const Trace& trace, const AllocatorSetup& allocator = {});
 
 }  // namespace metamem

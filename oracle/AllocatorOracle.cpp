@@ -23,7 +23,7 @@ namespace metamem {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: metamem-allocator-oracle [--gpu H100-80GB|A100-80GB|...] [--alloc-conf PYTORCH_CUDA_ALLOC_CONF]\n"
+    "usage: metamem-allocator-oracle [--gpu H100-80GB|A100-80GB|...] [--alloc-conf PYTORCH_ALLOC_CONF]\n"
     "                                EVENTS.txt ...\n";
 
 struct Options {

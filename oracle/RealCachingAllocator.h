@@ -16,7 +16,7 @@ namespace metamem {
 
 class RealCachingAllocator {
  public:
-  // `alloc_conf` as PYTORCH_CUDA_ALLOC_CONF takes it; the fake GPU is `gpu`.
+  // `alloc_conf` as PYTORCH_ALLOC_CONF takes it; the fake GPU is `gpu`.
   // One per process: c10's allocator is global.
   RealCachingAllocator(const GpuSpec& gpu, const std::string& alloc_conf);
   ~RealCachingAllocator();

@@ -55,16 +55,17 @@ void raise_unsupported(const UnsupportedOpError& error) {
 }
 
 // torch.cuda.memory_snapshot()'s segments (torch._C._cuda_memorySnapshot's
-// "segments"): each cudaMalloc'd segment with its blocks by address, as the
-// simulated allocator holds them. One stream, no stack frames.
+// "segments"): each cudaMalloc'd segment, or mapped range of an expandable
+// one, with its blocks by address, as the simulated allocator holds them.
+// One stream, no stack frames.
 py::list segments_of(const CachingAllocatorSim& allocator) {
   py::list segments;
   const auto& blocks = allocator.blocks();
-  for (const auto& [base, total] : allocator.segments()) {
+  for (const auto& range : allocator.snapshot_segments()) {
     py::list segment_blocks;
     std::int64_t allocated = 0, requested = 0;
-    bool small_pool = false;
-    for (auto it = blocks.lower_bound(base); it != blocks.end() && it->first < base + total; ++it) {
+    for (auto it = blocks.lower_bound(range.address); it != blocks.end() && it->first < range.address + range.size;
+         ++it) {
       const auto& block = it->second;
       py::dict b;
       b["address"] = it->first;
@@ -75,19 +76,18 @@ py::list segments_of(const CachingAllocatorSim& allocator) {
       segment_blocks.append(b);
       allocated += block.allocated ? block.size : 0;
       requested += block.allocated ? block.requested : 0;
-      small_pool = block.small_pool;
     }
     py::dict segment;
     segment["device"] = 0;
-    segment["address"] = base;
-    segment["total_size"] = total;
+    segment["address"] = range.address;
+    segment["total_size"] = range.size;
     segment["stream"] = 0;
-    segment["segment_type"] = small_pool ? "small" : "large";
+    segment["segment_type"] = range.small_pool ? "small" : "large";
     segment["segment_pool_id"] = py::make_tuple(0, 0);
     segment["allocated_size"] = allocated;
     segment["active_size"] = allocated;
     segment["requested_size"] = requested;
-    segment["is_expandable"] = false;
+    segment["is_expandable"] = range.expandable;
     segment["frames"] = py::list();
     segment["blocks"] = segment_blocks;
     segments.append(segment);
@@ -146,7 +146,8 @@ py::dict gpu_dict(const GpuSpec& gpu) {
 // something first asks for it, so that a block costs its trace alone.
 class Result {
  public:
-  Result(Trace trace, RunInfo run) : trace_(std::move(trace)), run_(std::move(run)) {}
+  Result(Trace trace, RunInfo run, AllocatorSetup allocator)
+      : trace_(std::move(trace)), run_(std::move(run)), allocator_(std::move(allocator)) {}
 
   std::int64_t peak_bytes() const { return trace().measured().peak_bytes; }
   std::vector<std::int64_t> step_peaks() const {
@@ -177,7 +178,7 @@ class Result {
     return out;
   }
   std::string to_json(int depth) const { return report_json(run_, estimated(), depth).dump(2); }
-  void snapshot(const std::string& path) const { save(path, memory_snapshot_pickle(trace())); }
+  void snapshot(const std::string& path) const { save(path, memory_snapshot_pickle(trace(), allocator_)); }
   void save_allocator_events(const std::string& path) const {
     std::ostringstream events;
     write_allocator_events(events, allocator_events(trace()));
@@ -187,13 +188,14 @@ class Result {
  private:
   const Trace& trace() const { return est_ ? est_->trace : trace_; }
   const Estimate& estimated() const {
-    if (!est_) est_ = estimate(std::move(trace_));
+    if (!est_) est_ = estimate(std::move(trace_), allocator_);
     return *est_;
   }
 
   mutable Trace trace_;  // until the estimate takes it
   mutable std::optional<Estimate> est_;
   RunInfo run_;
+  AllocatorSetup allocator_;  // the session's
 };
 
 struct PlaceholderScope {
@@ -206,6 +208,23 @@ struct TracedGpu {
   std::optional<metamem::TracedGpuScope> guard;
 };
 
+// The simulated allocator as torch.cuda's: out of memory, it raises
+// torch.cuda.OutOfMemoryError, which scripts catch to try a smaller batch.
+class TorchCudaAllocator final : public AllocationObserver {
+ public:
+  explicit TorchCudaAllocator(const AllocatorSetup& setup) : sim(setup) {}
+  void on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t) override {
+    try {
+      sim.malloc(buffer, bytes);
+    } catch (const MemoryExceeded& e) {
+      TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
+    }
+  }
+  void on_free(std::uint32_t buffer) noexcept override { sim.free(buffer); }
+
+  CachingAllocatorSim sim;
+};
+
 class Session;
 std::atomic<Session*> g_session{nullptr};
 
@@ -214,9 +233,13 @@ std::atomic<Session*> g_session{nullptr};
 // a forward pass begins with the first module call after a backward.
 class Session {
  public:
-  explicit Session(const std::string& device) {
+  // `alloc_conf`: PYTORCH_ALLOC_CONF's text (None: as torch reads the
+  // environment); fractions of `gpu_memory`, the simulated device's.
+  Session(const std::string& device, const std::optional<std::string>& alloc_conf, std::int64_t gpu_memory)
+      : allocator_setup_(allocator_setup(alloc_conf, gpu_memory)), allocator_(allocator_setup_) {
     if (device != "cpu" && device != "cuda")
       throw py::value_error("device must be 'cpu' or 'cuda', got '" + device + "'");
+    run_.alloc_conf = alloc_conf.value_or(allocator_config_from_environment());
     run_.device = device;
     tracer_ = std::make_unique<Tracer>(c10::Device(device));
     // The simulated allocator answers torch.cuda's memory statistics: a fake cpu has none.
@@ -261,11 +284,11 @@ class Session {
   }
 
   // The simulated CUDA caching allocator at this moment of the trace.
-  py::dict memory_stats() const { return memory_stats_dict(allocator_.stats()); }
-  py::list memory_segments() const { return segments_of(allocator_); }
-  void reset_peak_memory_stats() { allocator_.reset_peaks(); }
-  void reset_accumulated_memory_stats() { allocator_.reset_accumulated(); }
-  void empty_cache() { allocator_.empty_cache(); }
+  py::dict memory_stats() const { return memory_stats_dict(allocator_.sim.stats()); }
+  py::list memory_segments() const { return segments_of(allocator_.sim); }
+  void reset_peak_memory_stats() { allocator_.sim.reset_peaks(); }
+  void reset_accumulated_memory_stats() { allocator_.sim.reset_accumulated(); }
+  void empty_cache() { allocator_.sim.empty_cache(); }
 
   void push_scope(const std::string& path) { scopes_.emplace_back(std::make_unique<ScopePath>(path)); }
   void pop_scope() {
@@ -279,10 +302,22 @@ class Session {
     trace.parameter_count = parameter_count_;
     run_.model = model;
     run_.dtype = dtype;
-    return Result(std::move(trace), run_);
+    return Result(std::move(trace), run_, allocator_setup_);
   }
 
  private:
+  // As torch.cuda's allocator on the GPU, of unlimited memory: a step
+  // larger than the GPU still gets its figures (the fit command answers
+  // whether it fits).
+  static AllocatorSetup allocator_setup(const std::optional<std::string>& alloc_conf, std::int64_t gpu_memory) {
+    try {
+      return {parse_allocator_config(alloc_conf.value_or(allocator_config_from_environment())),
+              std::numeric_limits<std::int64_t>::max(), gpu_memory};
+    } catch (const std::invalid_argument& e) {
+      throw py::value_error(e.what());
+    }
+  }
+
   static std::unique_ptr<at::ObserverContext> enter_scope(const at::RecordFunction& fn) {
     Session* session = g_session.load();
     const std::string name = fn.name();
@@ -312,7 +347,8 @@ class Session {
     return trace;
   }
 
-  CachingAllocatorSim allocator_;  // declared first: the tracer sees it to the end
+  AllocatorSetup allocator_setup_;
+  TorchCudaAllocator allocator_;  // declared before the tracer: the tracer sees it to the end
   std::unique_ptr<Tracer> tracer_;
   at::CallbackHandle callback_ = 0;
   std::vector<std::unique_ptr<ScopePath>> scopes_;
@@ -433,7 +469,8 @@ PYBIND11_MODULE(_metamem, m) {
       .def("snapshot", &Result::snapshot, py::arg("path"))
       .def("save_allocator_events", &Result::save_allocator_events, py::arg("path"));
   py::class_<Session>(m, "Session")
-      .def(py::init<const std::string&>())
+      .def(py::init<const std::string&, const std::optional<std::string>&, std::int64_t>(), py::arg("device"),
+           py::arg("alloc_conf"), py::arg("gpu_memory"))
       .def("forward", &Session::forward)
       .def("backward", &Session::backward)
       .def("backward_done", &Session::backward_done)

@@ -189,20 +189,21 @@ TEST(SteadyState, ATraceStopsAboveTheLiveBytesItIsGiven) {
   }
 }
 
-// The same with the CUDA allocator run alongside: it stops once the
-// allocator reserves more than it is given, and otherwise reserves what
-// the allocator replayed over the whole trace reserves.
-TEST(SteadyState, ATraceStopsAboveTheReservedBytesItIsGiven) {
+// The same with the CUDA allocator run alongside, on a device of given
+// memory: it runs in the memory the allocator replayed over the whole trace
+// reserves, and a byte less leaves it out of memory, its cache freed.
+TEST(SteadyState, ATraceStopsWhereTheAllocatorRunsOutOfMemory) {
   const auto build = zoo_step(activation_heavy_gpt2());
-  for (const int divisions : {0, 4}) {
+  for (const char* conf : {"", "roundup_power2_divisions:4", "expandable_segments:True"}) {
+    const AllocatorConfig config = parse_allocator_config(conf);
     const Trace whole = trace_step(build, kCuda, adam(ZeroGrad::SetToNone));
-    const std::int64_t reserved = simulate_allocator(whole, divisions).reserved;
+    const std::int64_t reserved = simulate_allocator(whole, {config}).reserved;
     ASSERT_GT(reserved, whole.measured().peak_bytes);
-    ReservedBytesLimit enough(reserved, divisions);
+    ReservedBytesLimit enough({config, reserved});
     EXPECT_EQ(trace_step(build, kCuda, adam(ZeroGrad::SetToNone), &enough).events.size(), whole.events.size());
-    EXPECT_EQ(enough.reserved_bytes(), reserved) << divisions;
-    ReservedBytesLimit short_by_one(reserved - 1, divisions);
-    EXPECT_THROW(trace_step(build, kCuda, adam(ZeroGrad::SetToNone), &short_by_one), MemoryExceeded) << divisions;
+    EXPECT_EQ(enough.reserved_bytes(), reserved) << conf;
+    ReservedBytesLimit short_by_one({config, reserved - 1});
+    EXPECT_THROW(trace_step(build, kCuda, adam(ZeroGrad::SetToNone), &short_by_one), MemoryExceeded) << conf;
   }
 }
 

@@ -42,7 +42,14 @@ expect 2 "--memory expects a size" fit --model mlp --memory lots
 expect 2 "fit --device cpu needs --memory" fit --model mlp --device cpu
 expect 2 "unknown GPU 'V100'; known: H100-80GB" profile --model mlp --gpu V100
 expect 0 "largest batch that fits" fit --model mlp --gpu T4 --max-batch 64
-expect 2 "roundup-power2-divisions must be between" profile --model mlp --roundup-power2-divisions -1
+expect 2 "PYTORCH_ALLOC_CONF: roundup_power2_divisions must be a power of 2" profile --model mlp \
+  --alloc-conf roundup_power2_divisions:3
+expect 2 "PYTORCH_ALLOC_CONF: backend:cudaMallocAsync is CUDA.s own pool" profile --model mlp \
+  --alloc-conf backend:cudaMallocAsync
+expect 1 "CUDA out of memory" profile --model mlp --alloc-conf per_process_memory_fraction:0.000001
+expect 0 "max reserved .* expandable_segments:True" profile --model mlp --alloc-conf expandable_segments:True
+PYTORCH_ALLOC_CONF=max_split_size_mb:64 expect 0 "max reserved .* max_split_size_mb:64" profile --model mlp
+PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:2 expect 2 "garbage_collection_threshold" profile --model mlp
 expect 0 "largest batch that fits" fit --model resnet18 --image 64 --memory 1GiB
 expect 0 '"peak_phase": "(forward|backward|optimizer)"' profile --model mlp --batch 2 --optimizer adam --format json
 expect 0 "^name,op,module,phase,fwd_flops" profile --model resnet18 --batch 2 --image 32 --table modules --format csv
@@ -103,6 +110,16 @@ assert snap["segments"] and snap["device_traces"][0], "empty snapshot"
 assert {"action", "addr", "size", "stream", "time_us", "frames"} <= set(snap["device_traces"][0][0])
 PY
 then echo "FAIL: snapshot does not load as a plain pickle"; failures=$((failures + 1)); fi
+# With expandable segments, torch's snapshot has a segment per mapped range of the growing address space.
+"$metamem" profile --model resnet18 --batch 2 --image 32 --alloc-conf expandable_segments:True \
+  --snapshot "$dir/r18-expandable.pickle" >/dev/null
+if ! python3 - "$dir/r18-expandable.pickle" <<'PY'
+import pickle, sys
+segments = pickle.load(open(sys.argv[1], "rb"))["segments"]
+assert segments and all(s["is_expandable"] for s in segments), segments
+assert sum(b["size"] for s in segments for b in s["blocks"]) == sum(s["total_size"] for s in segments)
+PY
+then echo "FAIL: expandable snapshot"; failures=$((failures + 1)); fi
 
 # TorchScript models.
 expect 0 "ResNet.layer1" profile --model "$models/resnet18.pt" --input 2x3x64x64 --loss cross_entropy:1000 --table modules --depth 2

@@ -111,7 +111,7 @@ int checkpoint_command(const std::vector<std::string>& args) {
     report.achieved_peak_bytes = achieved_cpu_step_peaks(zoo_step(c), *run.options).back();
   }
   if (!html.empty()) {
-    const Estimate est = estimate(std::move(retraced), m.allocator_divisions());
+    const Estimate est = estimate(std::move(retraced), m.allocator());
     write_file(html, report_html(report_json(run, est, 2), checkpoint_json(report)));
   }
   if (format == "json")

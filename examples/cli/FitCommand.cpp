@@ -7,6 +7,7 @@
 #include <chrono>
 #include <functional>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <optional>
 
@@ -37,10 +38,15 @@ struct Trial {
 // The plans one batch's trial makes at most (plan_within).
 constexpr int kReplans = 4;
 
-// The bytes a trace needs: on CUDA the allocator's segments, on CPU the live bytes.
+// The bytes a trace needs: on CUDA the allocator's segments, on CPU the
+// live bytes. A step that a memory fraction stops needs more than any.
 std::int64_t needed_bytes(const ModelFlags& m, const Trace& trace) {
-  return m.device == "cuda" ? simulate_allocator(trace, m.allocator_divisions()).reserved
-                            : trace.measured().peak_bytes;
+  if (m.device != "cuda") return trace.measured().peak_bytes;
+  try {
+    return simulate_allocator(trace, m.allocator()).reserved;
+  } catch (const MemoryExceeded&) {
+    return std::numeric_limits<std::int64_t>::max();
+  }
 }
 
 // The measured step's live peak over its forward and backward passes: it
@@ -72,7 +78,7 @@ std::optional<LineTrials::Traced> trace_within(const ModelFlags& m, const StepBu
                                                const StepOptions& options, std::int64_t memory) {
   const bool cuda = m.device == "cuda";
   LiveBytesLimit live(memory);
-  ReservedBytesLimit reserved(memory, m.allocator_divisions());
+  ReservedBytesLimit reserved(m.allocator(memory));
   try {
     Trace trace = trace_step(step, c10::Device(m.device), options,
                              cuda ? static_cast<AllocationObserver*>(&reserved) : &live);
@@ -479,6 +485,7 @@ int fit_command(const std::vector<std::string>& args) {
     nlohmann::json out{{"model", m.zoo.model},
                        {"device", m.device},
                        {"memory_bytes", memory},
+                       {"alloc_conf", m.alloc_conf},
                        {"batch", batch},
                        {"predicted_bytes", best ? best->measured.bytes : 0},
                        {"checkpoint", checkpoint},
@@ -496,7 +503,10 @@ int fit_command(const std::vector<std::string>& args) {
   } else {
     fmt::print("largest batch that fits in {}: {} ({} predicted{}; {} traces, {} batches read off their line)\n",
                human_bytes(memory), batch, human_bytes(best->measured.bytes),
-               m.device == "cuda" ? " reserved by the CUDA allocator" : "", traces, plain_trials.line_reads());
+               m.device != "cuda"       ? ""
+               : m.alloc_conf.empty() ? " reserved by the CUDA allocator"
+                                        : " reserved by the CUDA allocator with " + m.alloc_conf,
+               traces, plain_trials.line_reads());
     if (plan)
       fmt::print("  with checkpointing ({}): units {}, recomputing {} ({:.1f}% of the step)\n", plan->solver,
                  to_string(plan->policy), human_flops(best->measured.recompute_flops),

@@ -7,13 +7,14 @@ void ModelFlags::add_to(Flags& flags) {
   for (auto [name, value] :
        {std::pair{"--batch", &zoo.batch}, {"--seq", &zoo.seq}, {"--image", &zoo.image}, {"--layers", &zoo.layers},
         {"--width", &zoo.width}, {"--heads", &zoo.heads}, {"--vocab", &zoo.vocab}, {"--kv-heads", &zoo.kv_heads},
-        {"--ffn", &zoo.ffn}, {"--roundup-power2-divisions", &roundup_power2_divisions}, {"--steps", &steps},
+        {"--ffn", &zoo.ffn}, {"--steps", &steps},
         {"--grad-accum", &grad_accum}, {"--tp", &tp}, {"--pp", &pp}, {"--stage", &stage},
         {"--microbatches", &microbatches}, {"--dp", &dp}, {"--zero", &zero}, {"--gpus-per-node", &gpus_per_node},
         {"--rank", &rank}})
     flags.add(name, value);
   flags.add("--device", &device, {"cpu", "cuda"});
   flags.add("--gpu", &gpu);
+  flags.add("--alloc-conf", &alloc_conf);
   flags.add("--optimizer", &optimizer);
   flags.add("--optimizer-impl", &optimizer_impl, {"libtorch", "for-loop"});
   flags.add("--dtype", &dtype);
@@ -65,10 +66,8 @@ TracedGpuScope ModelFlags::gpu_scope() const {
   return TracedGpuScope({spec.major, spec.minor});
 }
 
-int ModelFlags::allocator_divisions() const {
-  if (roundup_power2_divisions < 0 || roundup_power2_divisions > 64)
-    throw std::invalid_argument("--roundup-power2-divisions must be between 0 and 64");
-  return static_cast<int>(roundup_power2_divisions);
+AllocatorSetup ModelFlags::allocator(std::int64_t memory) const {
+  return {parse_allocator_config(alloc_conf), memory, gpu_spec().total_memory};
 }
 
 StepOptions ModelFlags::step_options() const {
@@ -146,6 +145,7 @@ RunInfo ModelFlags::run_info() const {
   run.tensor_parallel = tp;
   run.sequence_parallel = sequence_parallel;
   run.pipeline = config().pipeline;
+  run.alloc_conf = alloc_conf;
   return run;
 }
 

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "estimator/CachingAllocator.h"
 #include "estimator/Gpu.h"
 #include "estimator/Report.h"
 #include "examples/cli/Flags.h"
@@ -23,7 +24,7 @@ struct ModelFlags {
   std::string dtype = "f32";
   std::vector<std::string> inputs;  // TorchScript models: one --input per forward argument
   std::string loss = "sum";
-  std::int64_t roundup_power2_divisions = 0;  // the simulated CUDA allocator's setting
+  std::string alloc_conf = allocator_config_from_environment();  // the simulated CUDA allocator's PYTORCH_ALLOC_CONF
   std::int64_t steps = 2;
   std::int64_t grad_accum = 1;
   std::string zero_grad = "set_to_none";
@@ -58,8 +59,10 @@ struct ModelFlags {
   const GpuSpec& gpu_spec() const;
   // While alive, fake-cuda kernels (SDPA's backend) are chosen for --gpu.
   TracedGpuScope gpu_scope() const;
-  // --roundup-power2-divisions, checked.
-  int allocator_divisions() const;
+  // The simulated CUDA allocator on the --gpu, with --alloc-conf: on a
+  // device of `memory` bytes, or of unlimited memory (the bytes a step
+  // needs, however many).
+  AllocatorSetup allocator(std::int64_t memory = std::numeric_limits<std::int64_t>::max()) const;
   // The run as the report names it.
   RunInfo run_info() const;
 };

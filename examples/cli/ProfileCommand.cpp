@@ -40,10 +40,10 @@ int profile_command(const std::vector<std::string>& args) {
     throw UsageError("--achieved needs --device cpu and --dtype f32 (a real CPU run)");
 
   const StepBuilder build = m.builder();
-  const int divisions = m.allocator_divisions();
-  const Estimate est = estimate(trace_step(build, c10::Device(m.device), *run.options), divisions);
+  const AllocatorSetup allocator = m.allocator();
+  const Estimate est = estimate(trace_step(build, c10::Device(m.device), *run.options), allocator);
   const StepPeaks achieved_peaks = achieved ? achieved_cpu_step_peaks(build, *run.options) : StepPeaks{};
-  if (!snapshot.empty()) write_file(snapshot, memory_snapshot_pickle(est.trace, divisions));
+  if (!snapshot.empty()) write_file(snapshot, memory_snapshot_pickle(est.trace, allocator));
   if (!allocator_events.empty()) {
     std::ostringstream events;
     write_allocator_events(events, metamem::allocator_events(est.trace));

@@ -21,7 +21,7 @@ constexpr const char* kUsage =
     "                       [--table summary|nodes|modules] [--depth N]\n"
     "                       [--format table|csv|json] [--snapshot FILE.pickle] [--achieved]\n"
     "                       [--allocator-events FILE.txt]\n"
-    "                       [--roundup-power2-divisions N] [--steps N] [--grad-accum K]\n"
+    "                       [--alloc-conf PYTORCH_ALLOC_CONF] [--steps N] [--grad-accum K]\n"
     "                       [--zero-grad set_to_none|zero|none] [--main-grads param|fp32] [--amp bf16|f16]\n"
     "                       [--attention math|flash] [--selective-recompute]\n"
     "                       [--tp N [--sequence-parallel]] [--dp N [--zero 0|1|2|3] [--rank R]]\n"

@@ -353,7 +353,7 @@ def _real_rng_kept():
 
 
 @contextlib.contextmanager
-def trace(device="cuda", modules=(), gpu="H100-80GB", values="error"):
+def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf=None):
     """Traces the block on a fake `device` ("cpu" or "cuda") and yields a
     Trace, readable once the block ends. `modules` built before the block
     run in it on the fake device, their states put back afterwards.
@@ -362,7 +362,10 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error"):
     them): its properties, memory statistics from the simulated caching
     allocator at that moment, streams and events, seeds and RNG state. On a
     fake cpu, code written for CUDA runs on the fake cpu, as achieved_cpu
-    runs it on the CPU.
+    runs it on the CPU. The simulated allocator takes `alloc_conf` as torch
+    takes PYTORCH_ALLOC_CONF (None: that variable, else
+    PYTORCH_CUDA_ALLOC_CONF, as torch reads them); a memory fraction is of
+    the `gpu`'s memory.
 
     A tensor made from Python numbers alone by deterministic ops (a mask of
     ones, arange, linspace) and small has known values, computed for real
@@ -378,7 +381,7 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error"):
     gpu_spec = _metamem.gpu(gpu)  # ValueError for an unknown GPU, before anything changes
     result = Trace(device)
     with _real_rng_kept():
-        session = _metamem.Session(device)
+        session = _metamem.Session(device, alloc_conf, gpu_spec["total_memory"])
         finished = False
         try:
             with contextlib.ExitStack() as stack:

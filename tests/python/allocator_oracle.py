@@ -5,7 +5,7 @@ Adam) with the metamem command and Hugging Face models (published sizes,
 fake cuda, two AdamW steps) with metamem.hf, writes their allocator event
 lists, and has metamem-allocator-oracle replay each through the wheel's
 libc10_cuda.so on the fake CUDA runtime and through the simulator, for
-every PYTORCH_CUDA_ALLOC_CONF below: every statistic of
+every PYTORCH_ALLOC_CONF below: every statistic of
 torch.cuda.memory_stats() must agree after every event, out-of-memory
 errors included (an 80 GiB H100 holds neither Llama-7B's nor Mixtral's
 float32 AdamW step).
@@ -36,6 +36,12 @@ CONFIGS = [
     "per_process_memory_fraction:0.05",
     "per_process_memory_fraction:0.011,garbage_collection_threshold:0.3",
     "per_process_memory_fraction:0.2,garbage_collection_threshold:0.7,roundup_power2_divisions:8",
+    "expandable_segments:True",
+    "expandable_segments:True,roundup_power2_divisions:4",
+    "expandable_segments:True,max_split_size_mb:64",
+    "expandable_segments:True,large_segment_size_mb:40",
+    "expandable_segments:True,per_process_memory_fraction:0.05",
+    "expandable_segments:True,per_process_memory_fraction:0.011,garbage_collection_threshold:0.3",
 ]
 LINE = re.compile(r"^(?P<file>\S+): (?P<events>\d+) events, equal after every one, (?P<ending>[^;]+); "
                   r"peaks allocated (?P<allocated>\d+) B, reserved (?P<reserved>\d+) B; "
@@ -93,7 +99,7 @@ def main():
             rows += [(conf or "(default)", m) for m in agreed]
 
     if args.markdown:
-        print("| PYTORCH_CUDA_ALLOC_CONF | events | ending | allocated peak | reserved peak | M events/s real | "
+        print("| PYTORCH_ALLOC_CONF | events | ending | allocated peak | reserved peak | M events/s real | "
               "simulated |\n|---|---|---|--:|--:|--:|--:|")
     for conf, m in rows:
         name = os.path.basename(m["file"])[:-4]

@@ -115,6 +115,47 @@ def test_memory_snapshot_lists_the_simulated_segments_and_blocks():
         assert torch.cuda.memory._snapshot()["segments"] == segments
 
 
+def test_the_allocator_takes_pytorch_alloc_conf():
+    with metamem.trace(device="cuda", alloc_conf="expandable_segments:True") as t:
+        x = torch.empty(1024, device="cuda")  # the small pool's address space maps a 2 MiB page
+        y = torch.empty(30 * MiB // 4, device="cuda")  # the large pool's maps two pages of 20 MiB
+        assert torch.cuda.memory_reserved() == 2 * MiB + 40 * MiB
+        assert torch.cuda.memory_stats()["segment.all.current"] == 0  # mapped pages are no segments
+        layout = [(s["segment_type"], s["total_size"], s["is_expandable"], [(b["size"], b["state"]) for b in s["blocks"]])
+                  for s in torch.cuda.memory_snapshot()]
+        assert layout == [("small", 2 * MiB, True, [(4096, "active_allocated"), (2 * MiB - 4096, "inactive")]),
+                          ("large", 40 * MiB, True, [(30 * MiB, "active_allocated"), (10 * MiB, "inactive")])]
+        del x, y
+    assert t.json()["alloc_conf"] == "expandable_segments:True"
+    assert t.reserved_peak_bytes == 42 * MiB
+
+
+def test_the_allocator_reads_the_environment_as_torch_does(monkeypatch):
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:40")
+    with metamem.trace(device="cuda"):
+        assert torch.cuda.memory_stats()["max_split_size"] == 40 * MiB
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:60")  # the newer name wins
+    with metamem.trace(device="cuda"):
+        assert torch.cuda.memory_stats()["max_split_size"] == 60 * MiB
+    with pytest.raises(ValueError, match="PYTORCH_ALLOC_CONF: unknown option 'bogus'"):
+        with metamem.trace(device="cuda", alloc_conf="bogus:1"):
+            pass
+
+
+def test_out_of_memory_raises_what_torch_raises():
+    # 5% of an 80 GB H100: 4 GB. A batch-size search catches the error and goes on.
+    batches = []
+    with metamem.trace(device="cuda", alloc_conf="per_process_memory_fraction:0.05"):
+        for batch in (2048, 1536, 512):  # 8 GiB and 6 GiB do not fit, 2 GiB does
+            try:
+                torch.empty(batch, MiB, device="cuda")
+                batches.append(batch)
+            except torch.cuda.OutOfMemoryError:
+                torch.cuda.empty_cache()
+        assert torch.cuda.memory_stats()["num_ooms"] == 2
+    assert batches == [512]
+
+
 def test_peaks_read_at_the_end_of_a_step_are_the_reports():
     with metamem.trace(device="cuda") as t:
         model = torch.nn.Linear(1024, 1024).cuda()
