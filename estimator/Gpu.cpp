@@ -37,6 +37,10 @@ bool same_key(std::string_view a, std::string_view b) {
 
 std::span<const GpuSpec> known_gpus() { return kGpus; }
 
+std::int64_t cublas_workspace_bytes(const GpuSpec& gpu) {
+  return gpu.major == 9 && gpu.minor == 0 ? 4096 * 8 * 1024 : 4096 * 1024 * 2 + 16 * 1024 * 8;
+}
+
 const GpuSpec& find_gpu(std::string_view key) {
   for (const GpuSpec& gpu : kGpus)
     if (same_key(gpu.key, key)) return gpu;

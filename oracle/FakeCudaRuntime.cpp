@@ -1,12 +1,15 @@
-// A fake CUDA runtime (libcudart.so.13) for the calls PyTorch's caching
-// allocator (libc10_cuda.so) and libtorch_cpu.so make, so that the real allocator runs on a
-// machine without a GPU. Memory is address space only: cudaMalloc and the
-// driver's virtual-memory calls hand out addresses from a range reserved
-// with no access (a stray dereference faults), bump-allocated and never
-// reused, and count against the device's capacity, so cudaMalloc fails as
-// a full GPU does. Streams and events complete at once; nothing captures a
-// graph. What the allocator never needs (peer access, IPC, stream-ordered
-// pools, copies) answers cudaErrorNotSupported.
+// A fake CUDA runtime for the calls PyTorch's caching allocator
+// (libc10_cuda.so) and libtorch_cpu.so make, so that the real allocator
+// runs on a machine without a GPU: built as libcudart.so.13 for the
+// allocator oracle, and as a library that real torch preloads
+// (docs/allocator-oracle.md), where kernel launches and copies succeed and
+// do nothing. Memory is address space only: cudaMalloc and the driver's
+// virtual-memory calls hand out addresses from a range reserved with no
+// access (a stray dereference faults), bump-allocated and never reused,
+// and count against the device's capacity, so cudaMalloc fails as a full
+// GPU does. Streams and events complete at once; nothing captures a graph.
+// What neither needs (peer access, IPC, stream-ordered pools) answers
+// cudaErrorNotSupported.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <sys/mman.h>
@@ -30,6 +33,8 @@ struct Device {
   std::string name = "NVIDIA H100 80GB HBM3";
   std::size_t total_memory = std::size_t{80} << 30;
   int major = 9, minor = 0;
+  int multi_processor_count = 132;  // torch sizes kernels' grids, and some scratch, by it
+  int l2_cache_size = 50 << 20;
 };
 
 // The device and its memory; one lock: c10 calls from several threads.
@@ -187,10 +192,11 @@ const EntryPoint kEntryPoints[] = {
 
 extern "C" {
 
-void metamem_fake_cuda_set_device(const char* name, std::size_t total_memory, int major, int minor) {
+void metamem_fake_cuda_set_device(const char* name, std::size_t total_memory, int major, int minor,
+                                  int multi_processor_count, int l2_cache_size) {
   FakeGpu& gpu = FakeGpu::get();
   std::lock_guard<std::mutex> lock(gpu.mutex);
-  gpu.device = {name, total_memory, major, minor};
+  gpu.device = {name, total_memory, major, minor, multi_processor_count, l2_cache_size};
 }
 
 std::size_t metamem_fake_cuda_used_memory() {
@@ -229,7 +235,38 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   prop->totalGlobalMem = gpu.device.total_memory;
   prop->major = gpu.device.major;
   prop->minor = gpu.device.minor;
+  prop->multiProcessorCount = gpu.device.multi_processor_count;
+  prop->l2CacheSize = gpu.device.l2_cache_size;
+  // What every GPU since Volta has, and threads per SM by architecture:
+  // kernels' launch bounds, which torch reads to size grids.
   prop->warpSize = 32;
+  prop->maxThreadsPerBlock = 1024;
+  prop->maxThreadsDim[0] = prop->maxThreadsDim[1] = 1024;
+  prop->maxThreadsDim[2] = 64;
+  prop->maxGridSize[0] = 0x7fffffff;
+  prop->maxGridSize[1] = prop->maxGridSize[2] = 65535;
+  const int arch = gpu.device.major * 10 + gpu.device.minor;
+  prop->maxThreadsPerMultiProcessor = arch == 75 ? 1024 : arch == 86 || arch == 89 ? 1536 : 2048;
+  prop->maxBlocksPerMultiProcessor = 32;
+  prop->sharedMemPerBlock = 48 << 10;
+  prop->regsPerBlock = prop->regsPerMultiprocessor = 65536;
+  prop->concurrentKernels = prop->unifiedAddressing = prop->managedMemory = 1;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int device) {
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) return cudaErrorInvalidDevice;
+  switch (attribute) {
+    case cudaDevAttrMultiProcessorCount: *value = prop.multiProcessorCount; break;
+    case cudaDevAttrComputeCapabilityMajor: *value = prop.major; break;
+    case cudaDevAttrComputeCapabilityMinor: *value = prop.minor; break;
+    case cudaDevAttrMaxThreadsPerBlock: *value = prop.maxThreadsPerBlock; break;
+    case cudaDevAttrMaxThreadsPerMultiProcessor: *value = prop.maxThreadsPerMultiProcessor; break;
+    case cudaDevAttrWarpSize: *value = prop.warpSize; break;
+    case cudaDevAttrL2CacheSize: *value = prop.l2CacheSize; break;
+    default: *value = 0;
+  }
   return cudaSuccess;
 }
 
@@ -288,9 +325,28 @@ cudaError_t cudaMemPoolSetAccess(cudaMemPool_t, const cudaMemAccessDesc*, size_t
   return fail(cudaErrorNotSupported);
 }
 cudaError_t cudaMemPoolTrimTo(cudaMemPool_t, size_t) { return fail(cudaErrorNotSupported); }
-cudaError_t cudaMemcpy(void*, const void*, size_t, cudaMemcpyKind) { return fail(cudaErrorNotSupported); }
-cudaError_t cudaMemcpyAsync(void*, const void*, size_t, cudaMemcpyKind, cudaStream_t) {
-  return fail(cudaErrorNotSupported);
+// ---- kernels and copies: done at once, doing nothing (a host destination
+// reads zeros, as no kernel wrote anything)
+
+cudaError_t cudaLaunchKernel(const void*, dim3, dim3, void**, size_t, cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaPeekAtLastError() { return last_error; }
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, const void*) {
+  std::memset(attributes, 0, sizeof(*attributes));
+  attributes->maxThreadsPerBlock = 1024;
+  return cudaSuccess;
+}
+cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) { return cudaSuccess; }
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, const void*, int, size_t) {
+  *blocks = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void*, int, size_t, cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaMemcpy(void* to, const void*, size_t bytes, cudaMemcpyKind kind) {
+  if (kind == cudaMemcpyDeviceToHost) std::memset(to, 0, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* to, const void* from, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
+  return cudaMemcpy(to, from, bytes, kind);
 }
 cudaError_t cudaMemcpyPeerAsync(void*, int, const void*, int, size_t, cudaStream_t) {
   return fail(cudaErrorNotSupported);

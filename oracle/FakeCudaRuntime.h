@@ -7,9 +7,10 @@
 
 extern "C" {
 
-// The one device: its name, memory in bytes and compute capability. Before
-// the first call of the runtime; the default is an H100 (80 GiB, sm90).
-void metamem_fake_cuda_set_device(const char* name, std::size_t total_memory, int major, int minor);
+// The one device: its name, memory in bytes, compute capability, SMs and L2
+// cache. Before the first call of the runtime; the default is an H100.
+void metamem_fake_cuda_set_device(const char* name, std::size_t total_memory, int major, int minor,
+                                  int multi_processor_count, int l2_cache_size);
 // Device memory in use now: cudaMalloc'd and cuMemCreate'd bytes.
 std::size_t metamem_fake_cuda_used_memory();
 

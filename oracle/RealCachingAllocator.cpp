@@ -24,7 +24,8 @@ void copy(const c10::CachingDeviceAllocator::StatArray& from, AllocatorStatArray
 
 RealCachingAllocator::RealCachingAllocator(const GpuSpec& gpu, const std::string& alloc_conf) {
   const std::string name(gpu.name);
-  metamem_fake_cuda_set_device(name.c_str(), static_cast<std::size_t>(gpu.total_memory), gpu.major, gpu.minor);
+  metamem_fake_cuda_set_device(name.c_str(), static_cast<std::size_t>(gpu.total_memory), gpu.major, gpu.minor,
+                               gpu.multi_processor_count, static_cast<int>(gpu.l2_cache_size));
   c10::CachingAllocator::setAllocatorSettings(alloc_conf);
   c10_allocator::init(1);
   // torch.cuda's lazy initialisation does this; expandable segments ask it.

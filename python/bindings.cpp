@@ -138,6 +138,7 @@ py::dict gpu_dict(const GpuSpec& gpu) {
   d["multi_processor_count"] = gpu.multi_processor_count;
   d["total_memory"] = gpu.total_memory;
   d["L2_cache_size"] = gpu.l2_cache_size;
+  d["cublas_workspace_bytes"] = cublas_workspace_bytes(gpu);
   return d;
 }
 
