@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "meta/CublasWorkspace.h"
+
 namespace metamem {
 namespace {
 
@@ -38,7 +40,7 @@ bool same_key(std::string_view a, std::string_view b) {
 std::span<const GpuSpec> known_gpus() { return kGpus; }
 
 std::int64_t cublas_workspace_bytes(const GpuSpec& gpu) {
-  return gpu.major == 9 && gpu.minor == 0 ? 4096 * 8 * 1024 : 4096 * 1024 * 2 + 16 * 1024 * 8;
+  return cublas_workspace_bytes(gpu.major, gpu.minor);
 }
 
 const GpuSpec& find_gpu(std::string_view key) {

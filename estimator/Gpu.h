@@ -24,11 +24,7 @@ std::span<const GpuSpec> known_gpus();
 // keys otherwise.
 const GpuSpec& find_gpu(std::string_view key);
 
-// The cuBLAS workspace torch 2.x allocates through the caching allocator at
-// a stream's first cuBLAS call and keeps (CublasHandlePool.cpp's default,
-// CUBLAS_WORKSPACE_CONFIG unset): 32 MiB on sm90, 8 MiB + 128 KiB
-// elsewhere. cuBLASLt shares it. Measured from the pinned wheel on the fake
-// GPU by tests/python/real_torch_on_fake_gpu.py.
+// The cuBLAS workspace torch 2.x keeps on `gpu` (meta/CublasWorkspace.h).
 std::int64_t cublas_workspace_bytes(const GpuSpec& gpu);
 
 }  // namespace metamem

@@ -307,6 +307,8 @@ Gradients cudnn_backward(const Tensor&, const Tensor& q, const Tensor& k, const 
 
 }  // namespace
 
+ComputeCapability traced_gpu() { return g_traced_gpu; }
+
 TracedGpuScope::TracedGpuScope(ComputeCapability gpu) : previous_(g_traced_gpu) { g_traced_gpu = gpu; }
 
 TracedGpuScope::~TracedGpuScope() { g_traced_gpu = previous_; }

@@ -15,6 +15,9 @@ struct ComputeCapability {
   int major = 9, minor = 0;
 };
 
+// The GPU fake-cuda traces are for now.
+ComputeCapability traced_gpu();
+
 // While alive, fake-cuda traces are for a GPU of compute capability `gpu`;
 // otherwise for an H100 (9.0).
 class TracedGpuScope {

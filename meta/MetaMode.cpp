@@ -16,6 +16,7 @@
 #include <unordered_set>
 
 #include "meta/CpuKernelModel.h"
+#include "meta/CublasWorkspace.h"
 #include "meta/CudaAttention.h"
 #include "meta/KnownValues.h"
 #include "meta/MetaKernels.h"
@@ -35,6 +36,8 @@ struct ModeState {
   std::atomic<bool> active{false};
   std::atomic<MetaObserver*> observer{nullptr};
   c10::Device device{c10::kCPU};
+  // One stream, so one cuBLAS workspace: made by the first product.
+  std::atomic<bool> cublas_workspace_made{false};
 };
 
 ModeState g_mode;
@@ -96,6 +99,9 @@ using BufferList = c10::SmallVector<BufferId, 8>;
 // registered and only read afterwards.
 std::unordered_map<const c10::OperatorName*, ScratchModel> g_cpu_scratch, g_cuda_scratch;
 
+// The ops that call cuBLAS on CUDA, likewise.
+std::unordered_set<const c10::OperatorName*> g_cublas_ops;
+
 // metamem's own meta kernels by op, likewise.
 std::unordered_map<const c10::OperatorName*, const c10::KernelFunction*> g_own_kernels;
 
@@ -112,6 +118,20 @@ void report_scratch(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> ar
   const BufferId id = g_next_buffer.fetch_add(1);
   observer->on_alloc(id, static_cast<std::size_t>(bytes));
   observer->on_free(id);
+}
+
+// A fake CUDA device's first cuBLAS call makes the workspace torch keeps,
+// after the op's outputs exist, as the kernel asks for its handle then. An
+// empty product calls no cuBLAS.
+void report_cublas_workspace(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> returns,
+                             MetaObserver* observer) {
+  if (observer == nullptr || !g_mode.device.is_cuda() || g_mode.cublas_workspace_made.load() ||
+      g_cublas_ops.count(&op.operator_name()) == 0)
+    return;
+  for (const c10::IValue& value : returns)
+    if (value.isTensor() && value.toTensor().numel() == 0) return;
+  if (g_mode.cublas_workspace_made.exchange(true)) return;
+  observer->on_workspace(g_next_buffer.fetch_add(1), static_cast<std::size_t>(cublas_workspace_bytes(traced_gpu().major, traced_gpu().minor)));
 }
 
 // The thread's keys as they were outside MetaMode, and without metamem's
@@ -348,6 +368,7 @@ void meta_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto* observer = g_mode.observer.load(std::memory_order_acquire);
   const std::size_t n_returns = schema.returns().size();
   const c10::ArrayRef<c10::IValue> returns(stack->data() + stack->size() - n_returns, n_returns);
+  report_cublas_workspace(op, returns, observer);
   report_scratch(op, original_args, returns, observer);
   if (observer != nullptr) observer->on_op(op, inputs, outputs, original_args, returns);
   learn_values(op, original_args, returns);
@@ -415,6 +436,7 @@ void register_meta_kernel() {
       g_cpu_scratch.emplace(&op->operator_name(), model);
       g_cuda_scratch.emplace(&op->operator_name(), model);
     }
+    if (calls_cublas(name.name)) g_cublas_ops.insert(&op->operator_name());
     if (qualified == "aten::_efficientzerotensor") g_zero_tensor = &op->operator_name();
     if (qualified == kValueRead) g_value_read = &op->operator_name();
     if (const c10::KernelFunction* kernel = own_meta_kernel(qualified))
@@ -477,6 +499,7 @@ MetaMode::MetaMode(c10::Device fake_device, MetaObserver* observer) : keys_(meta
                       ? c10::Device(c10::kCUDA, 0)
                       : fake_device;
   g_mode.observer.store(observer, std::memory_order_release);
+  g_mode.cublas_workspace_made.store(false);
   if (g_mode.device.is_cuda()) fake_cuda_.emplace();
 }
 

@@ -330,9 +330,13 @@ cudaError_t cudaMemPoolTrimTo(cudaMemPool_t, size_t) { return fail(cudaErrorNotS
 
 cudaError_t cudaLaunchKernel(const void*, dim3, dim3, void**, size_t, cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaPeekAtLastError() { return last_error; }
+// Every kernel was built for the device (torch's CUTLASS kernels check).
 cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, const void*) {
   std::memset(attributes, 0, sizeof(*attributes));
   attributes->maxThreadsPerBlock = 1024;
+  FakeGpu& gpu = FakeGpu::get();
+  std::lock_guard<std::mutex> lock(gpu.mutex);
+  attributes->binaryVersion = attributes->ptxVersion = gpu.device.major * 10 + gpu.device.minor;
   return cudaSuccess;
 }
 cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) { return cudaSuccess; }

@@ -10,7 +10,8 @@ namespace {
 // The first step's buffers that a later step finds made: those it left
 // alive, each an optimizer state or a parallel wrapper's communication
 // buffer (kept by design, as DDP's buckets are) made by an op of its own
-// from nothing the step made. One made from the step's results (SGD's
+// from nothing the step made, or a library's workspace (made by the step's
+// first call into it, whose op stays). One made from the step's results (SGD's
 // momentum, a copy of the first gradient) is updated by other ops later.
 // `repeatable` is false when a later step would differ.
 struct MadeOnce {
@@ -28,14 +29,14 @@ MadeOnce made_once(const Trace& trace) {
     if (b.alloc_event < begin) {
       once.repeatable &= alive || b.free_event < begin;
     } else if (alive) {
-      once.repeatable &= kept && b.producer_op >= 0;
+      once.repeatable &= b.category == Category::Workspace || (kept && b.producer_op >= 0);
       once.buffers[i] = true;
     } else {
       once.repeatable &= !kept;  // one replaced within the step: a later step may keep the last
     }
   }
   for (std::size_t i = 0; i < trace.buffers.size() && once.repeatable; ++i) {
-    if (!once.buffers[i]) continue;
+    if (!once.buffers[i] || trace.buffers[i].category == Category::Workspace) continue;
     const OpEvent& op = trace.ops[static_cast<std::size_t>(trace.buffers[i].producer_op)];
     for (std::uint32_t output : trace.outputs(op)) once.repeatable &= once.buffers[output];
     for (std::uint32_t input : trace.inputs(op)) once.repeatable &= trace.buffers[input].alloc_event < begin;

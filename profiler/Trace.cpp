@@ -20,6 +20,7 @@ const char* category_name(Category category) {
     case Category::Gradient: return "gradients";
     case Category::OptimizerState: return "optimizer states";
     case Category::Communication: return "communication buffers";
+    case Category::Workspace: return "library workspaces";
     case Category::Activation: return "saved for backward";
     case Category::Temporary: return "temporaries";
   }

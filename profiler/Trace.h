@@ -33,10 +33,11 @@ enum class Category : std::uint8_t {
   Gradient,        // parameter gradients, fp32 master and main gradients
   OptimizerState,  // momentum, Adam moments, fp32 master weights
   Communication,   // buffers of collectives kept by the data-parallel wrapper (DDP's gradient buckets)
+  Workspace,       // what a library makes at its first call and keeps (cuBLAS's workspace on CUDA)
   Activation,      // made in forward and kept by autograd for backward
   Temporary,       // everything else: freed within the step
 };
-constexpr std::size_t kCategories = 7;
+constexpr std::size_t kCategories = 8;
 const char* category_name(Category category);
 using CategoryBytes = std::array<std::int64_t, kCategories>;
 

@@ -95,6 +95,12 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
     record_free(id);
   }
 
+  void on_workspace(BufferId id, std::size_t bytes) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    record_alloc(id, bytes);
+    trace_.buffers.back().category = Category::Workspace;
+  }
+
   void record_alloc(BufferId id, std::size_t bytes) {
     if (trace_.buffers.empty()) first_id_ = id;
     Buffer buffer;

@@ -3,7 +3,10 @@
 #include <torch/types.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <vector>
 
+#include "meta/CublasWorkspace.h"
 #include "meta/CudaAttention.h"
 #include "tests/SmallModels.h"
 #include "tests/FunctionStep.h"
@@ -45,7 +48,37 @@ TEST(FakeCuda, WeightReusedTwice) {
       [] { return Tensors{torch::randn({64, 64}).requires_grad_(), torch::randn({32, 64})}; },
       [](Tensors& t) { return torch::mm(torch::relu(torch::mm(t[1], t[0])), t[0]).sum(); });
   const Trace cuda = trace_step(build, kCuda);
-  EXPECT_EQ(cuda.measured().peak_bytes, trace_step(build, c10::Device(c10::kCPU)).measured().peak_bytes);
+  EXPECT_EQ(cuda.measured().peak_bytes,
+            trace_step(build, c10::Device(c10::kCPU)).measured().peak_bytes + cublas_workspace_bytes(9, 0));
+}
+
+// The first product on fake cuda makes cuBLAS's workspace, kept to the end
+// and made once; the traced GPU sizes it, as does CUBLAS_WORKSPACE_CONFIG.
+TEST(FakeCuda, TheFirstProductMakesCublassWorkspace) {
+  using testing::Tensors;
+  const StepBuilder build = testing::function_step(
+      [] { return Tensors{torch::randn({64, 64}).requires_grad_(), torch::randn({32, 64})}; },
+      [](Tensors& t) { return torch::mm(torch::mm(t[1], t[0]), t[0]).sum(); });
+  auto workspaces = [](const Trace& trace) {
+    std::vector<std::int64_t> bytes;
+    for (const Buffer& buffer : trace.buffers)
+      if (buffer.category == Category::Workspace) {
+        bytes.push_back(buffer.bytes);
+        EXPECT_EQ(buffer.free_event, Buffer::kAlive);
+      }
+    return bytes;
+  };
+  EXPECT_EQ(workspaces(trace_step(build, kCuda)), std::vector<std::int64_t>{32 << 20});  // an H100 by default
+  {
+    const TracedGpuScope a100({8, 0});
+    EXPECT_EQ(workspaces(trace_step(build, kCuda)), std::vector<std::int64_t>{(8 << 20) + (128 << 10)});
+  }
+  EXPECT_TRUE(workspaces(trace_step(build, c10::Device(c10::kCPU))).empty());
+  setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:2:16:8", 1);
+  EXPECT_EQ(cublas_workspace_bytes(9, 0), (8 << 20) + (128 << 10));
+  setenv("CUBLAS_WORKSPACE_CONFIG", "nonsense", 1);  // torch warns and takes its default
+  EXPECT_EQ(cublas_workspace_bytes(9, 0), 32 << 20);
+  unsetenv("CUBLAS_WORKSPACE_CONFIG");
 }
 
 // scaled_dot_product_attention takes the kernel the traced GPU takes, in

@@ -1,5 +1,6 @@
 """Real PyTorch on a fake GPU: what torch 2.x holds in its caching allocator
-beside tensors, measured from the pinned wheel itself.
+beside tensors, and whole training steps, measured from the pinned wheel
+itself against metamem.
 
 Each GPU of metamem's table runs a child Python in which the wheel's own
 torch runs CUDA code on metamem's fake CUDA runtime (preloaded, with fake
@@ -13,6 +14,11 @@ model (estimator/Gpu.h, cublas_workspace_bytes):
 - another stream gets one of its own;
 - cuBLASLt (a bf16 product with bias) shares it.
 
+And whole training steps (an MLP; GPT-2 with matmul attention, from
+transformers; two AdamW steps) on an H100, an A100 and a T4:
+torch.cuda.max_memory_allocated() of each step, real torch's against
+metamem's fake-cuda trace of the same code.
+
     PYTHONPATH=build/python .venv/bin/python tests/python/real_torch_on_fake_gpu.py build/oracle
 
 Exits 77 (ctest's skip) naming why where the fake libraries were not built,
@@ -23,6 +29,43 @@ import os
 import subprocess
 import sys
 import textwrap
+
+# Run in the child and, for the steps, under metamem.trace in this process.
+STEPS = textwrap.dedent("""
+    import torch
+
+    def mlp():
+        return torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024),
+                                   torch.nn.LayerNorm(1024), torch.nn.Linear(1024, 10)).cuda()
+
+    def gpt2():
+        import transformers
+        config = transformers.GPT2Config(n_layer=2, n_embd=256, n_head=4, vocab_size=1000, n_positions=256,
+                                         bos_token_id=0, eos_token_id=0, loss_type="ForCausalLM")
+        config._attn_implementation = "eager"
+        return transformers.GPT2LMHeadModel(config).cuda()
+
+    def loss(name, model):
+        if name == "mlp":
+            x = torch.randn(256, 1024, device="cuda")
+            return torch.nn.functional.cross_entropy(model(x), torch.zeros(256, dtype=torch.long, device="cuda"))
+        ids = torch.zeros(4, 128, dtype=torch.long, device="cuda")
+        return model(ids, labels=ids).loss
+
+    def step_peaks(name, steps=2):
+        model = {"mlp": mlp, "gpt2": gpt2}[name]()
+        opt = torch.optim.AdamW(model.parameters())
+        peaks = []
+        for _ in range(steps):
+            torch.cuda.reset_peak_memory_stats()
+            loss(name, model).backward()
+            opt.step()
+            opt.zero_grad()
+            peaks.append(torch.cuda.max_memory_allocated())
+        return peaks
+""")
+MODELS = ("mlp", "gpt2")
+STEP_GPUS = ("H100-80GB", "A100-80GB", "T4")  # each workspace size and a few architectures
 
 CHILD = textwrap.dedent("""
     import ctypes, json, sys, threading
@@ -54,14 +97,25 @@ CHILD = textwrap.dedent("""
     print(json.dumps(seen))
 """)
 
+# A fresh process per model, as a trace is: the first product makes the workspace.
+CHILD_STEPS = textwrap.dedent("""
+    import ctypes, json, sys
+    gpu = json.loads(sys.argv[2])
+    ctypes.CDLL(sys.argv[1]).metamem_fake_cuda_set_device(
+        gpu["name"].encode(), ctypes.c_size_t(gpu["total_memory"]), gpu["major"], gpu["minor"],
+        gpu["multi_processor_count"], gpu["L2_cache_size"])
+    exec(sys.argv[3])
+    print(json.dumps(step_peaks(sys.argv[4])))
+""")
 
-def measure(oracle, gpu):
+
+def measure(oracle, gpu, program, *args):
     env = dict(os.environ)
     env["LD_PRELOAD"] = " ".join(os.path.join(oracle, lib) for lib in
                                  ("libmetamem_fake_cuda_preload.so", "libmetamem_fake_cublas.so"))
     env["LD_LIBRARY_PATH"] = os.path.join(oracle, "driver") + ":" + env.get("LD_LIBRARY_PATH", "")
-    run = subprocess.run([sys.executable, "-c", CHILD, os.path.join(oracle, "libmetamem_fake_cuda_preload.so"),
-                          json.dumps(gpu)], env=env, capture_output=True, text=True, timeout=300)
+    run = subprocess.run([sys.executable, "-c", program, os.path.join(oracle, "libmetamem_fake_cuda_preload.so"),
+                          json.dumps(gpu), *args], env=env, capture_output=True, text=True, timeout=600)
     if run.returncode != 0:
         raise RuntimeError(f"{gpu['key']}: the child exited {run.returncode}:\n{run.stderr[-3000:]}")
     return json.loads(run.stdout.splitlines()[-1])
@@ -76,19 +130,30 @@ def main():
         print(f"skipped: {oracle} holds no fake CUDA libraries (the CUDA Toolkit's headers or the torch wheel's "
               "libc10_cuda.so were missing when it was built)")
         return 77
+    import metamem
     import metamem._metamem as native
+    steps = {}
+    exec(STEPS, steps)
     failures = 0
     for key in native.gpu_keys():
         gpu = native.gpu(key)
         workspace = gpu["cublas_workspace_bytes"]
         expected = {"first product": workspace, "second product": 0, "backward": 0, "another thread": 0,
                     "another stream": workspace, "cuBLASLt, bf16 with bias": 0}
-        seen = measure(oracle, gpu)
+        seen = measure(oracle, gpu, CHILD)
         for what, bytes_ in expected.items():
             ok = seen[what] == bytes_
             failures += not ok
             print(f"{key:<10} {what:<26} {seen[what]:>11,} B beyond its tensors"
                   f"{'' if ok else f'  DIFFERS: metamem says {bytes_:,}'}")
+        for name in MODELS if key in STEP_GPUS else ():
+            with metamem.trace(device="cuda", gpu=key):
+                traced = steps["step_peaks"](name)
+            real = measure(oracle, gpu, CHILD_STEPS, STEPS, name)
+            ok = real == traced
+            failures += not ok
+            print(f"{key:<10} {name + ' AdamW steps':<26} {', '.join(f'{p:,}' for p in real)} B max allocated"
+                  f"{'' if ok else f'  DIFFERS: metamem traced ' + ', '.join(f'{p:,}' for p in traced)}")
     print(f"{len(native.gpu_keys())} GPUs; {failures} measurements differ from metamem's model")
     return 1 if failures else 0
 

@@ -1,0 +1,21 @@
+// cuBLAS's workspace on a fake CUDA device. torch 2.x allocates it through
+// the caching allocator at a stream's first cuBLAS call and keeps it for
+// the process; later calls on the stream, backward's device thread and
+// other host threads take no other, and cuBLASLt shares it (measured from
+// the pinned wheel on the fake GPU: tests/python/real_torch_on_fake_gpu.py).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+namespace metamem {
+
+// The bytes torch asks for on a GPU of compute capability major.minor: as
+// CUBLAS_WORKSPACE_CONFIG's ":SIZE:COUNT" pairs say (SIZE in KiB), else
+// 32 MiB on sm90 and 8 MiB + 128 KiB elsewhere (CublasHandlePool.cpp).
+std::int64_t cublas_workspace_bytes(int major, int minor);
+
+// Whether op `name` ("aten::addmm", any overload) calls cuBLAS on CUDA.
+bool calls_cublas(std::string_view name);
+
+}  // namespace metamem
