@@ -122,6 +122,44 @@ std::int64_t convolution(Args args, Args returns) {
   return weight_copy + std::max(bytes_of(output), group_copy_bytes(input, groups) + columns);
 }
 
+// On CUDA without cuDNN, libtorch's own 2-d kernels (slow_conv2d,
+// slow_conv_dilated2d) unfold one batch item at a time into columns of
+// C_in x kernel x output pixels, except for 1x1 kernels with unit stride
+// and no padding; depthwise ones (conv_depthwise2d) unfold nothing.
+// Measured against real torch on the fake GPU for ungrouped and depthwise
+// convolutions; grouped and 3-d ones are not modelled (0).
+std::int64_t cuda_columns_bytes(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef output_size,
+                                at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+                                std::int64_t groups) {
+  if (input.dim() != 4 || groups != 1 || input.size(0) == 0) return 0;
+  return conv_columns_bytes(input, weight, output_size, stride, padding, dilation) /
+         (std::any_of(dilation.begin(), dilation.end(), [](std::int64_t d) { return d != 1; }) ? 1 : input.size(0));
+}
+
+std::int64_t cuda_convolution(Args args, Args returns) {
+  if (args[6].toBool()) return 0;
+  return cuda_columns_bytes(args[0].toTensor(), args[1].toTensor(), returns[0].toTensor().sizes(),
+                            args[3].toIntVector(), args[4].toIntVector(), args[5].toIntVector(), args[8].toInt());
+}
+
+// Backward makes the input's gradient through columns of one batch item,
+// even for a 1x1 kernel, which live until the weight's gradient is
+// allocated; then the weight's gradient through the forward's columns.
+std::int64_t cuda_convolution_backward(Args args, Args) {
+  const at::Tensor &grad_output = args[0].toTensor(), &input = args[1].toTensor(), &weight = args[2].toTensor();
+  const auto mask = args[10].toBoolList();
+  if (args[7].toBool() || input.dim() != 4 || args[9].toInt() != 1 || input.size(0) == 0) return 0;
+  const std::int64_t input_columns =
+      mask[0] ? input.size(1) * weight.size(2) * weight.size(3) * grad_output.size(2) * grad_output.size(3) *
+                    element_size(input)
+              : 0;
+  const std::int64_t weight_columns =
+      mask[1] ? cuda_columns_bytes(input, weight, grad_output.sizes(), args[4].toIntVector(), args[5].toIntVector(),
+                                   args[6].toIntVector(), 1)
+              : 0;
+  return std::max(input_columns, weight_columns);
+}
+
 // convolution_backward(grad_output, input, weight, bias_sizes, stride,
 // padding, dilation, transposed, output_padding, groups, output_mask).
 // Grouped: one group's copies and columns, or all per-group gradients beside
@@ -1193,6 +1231,12 @@ ScratchModel elementwise_model(const std::string& op) {
   if (!family.empty() && family.back() == '_') family.pop_back();
   const auto it = families.find(family);
   return it == families.end() ? nullptr : it->second;
+}
+
+ScratchModel cuda_native_scratch_model(const std::string& qualified_name) {
+  if (qualified_name == "aten::convolution") return &cuda_convolution;
+  if (qualified_name == "aten::convolution_backward") return &cuda_convolution_backward;
+  return nullptr;
 }
 
 ScratchModel cpu_scratch_model(const std::string& qualified_name) {

@@ -21,6 +21,10 @@ using ScratchModel = std::int64_t (*)(c10::ArrayRef<c10::IValue> arguments,
 // nullptr when its CPU kernel holds nothing beside its outputs.
 ScratchModel cpu_scratch_model(const std::string& qualified_name);
 
+// The same for libtorch's own CUDA kernels, which a fake CUDA device (no
+// cuDNN) runs: the columns of its convolutions.
+ScratchModel cuda_native_scratch_model(const std::string& qualified_name);
+
 // The same for metamem's own ops (meta/FlashAttention.cpp), whose kernels
 // hold the same scratch on every fake device.
 ScratchModel device_scratch_model(const std::string& qualified_name);

@@ -432,6 +432,7 @@ void register_meta_kernel() {
     if (ScratchModel model = cpu_scratch_model(qualified))
       g_cpu_scratch.emplace(&op->operator_name(), model);
     if (ScratchModel model = cuda_scratch_model(qualified)) g_cuda_scratch.emplace(&op->operator_name(), model);
+    if (ScratchModel model = cuda_native_scratch_model(qualified)) g_cuda_scratch.emplace(&op->operator_name(), model);
     if (ScratchModel model = device_scratch_model(qualified)) {
       g_cpu_scratch.emplace(&op->operator_name(), model);
       g_cuda_scratch.emplace(&op->operator_name(), model);

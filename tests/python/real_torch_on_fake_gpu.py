@@ -15,7 +15,8 @@ model (estimator/Gpu.h, cublas_workspace_bytes):
 - cuBLASLt (a bf16 product with bias) shares it.
 
 And whole training steps (an MLP; GPT-2 with matmul attention, from
-transformers; torchvision's ResNet-18 with cuDNN off; two AdamW steps) on
+transformers; torchvision's ResNet-18 and MobileNet V2 with cuDNN off; two
+AdamW steps) on
 an H100, an A100 and a T4:
 torch.cuda.max_memory_allocated() of each step, real torch's against
 metamem's fake-cuda trace of the same code.
@@ -46,15 +47,15 @@ STEPS = textwrap.dedent("""
         config._attn_implementation = "eager"
         return transformers.GPT2LMHeadModel(config).cuda()
 
-    def resnet18():
+    def torchvision_model(name):
         # metamem's fake cuda has no cuDNN: convolutions and batch norms take torch's own CUDA kernels,
         # which real torch takes with cuDNN off.
         import torchvision
         torch.backends.cudnn.enabled = False
-        return torchvision.models.resnet18(num_classes=10).cuda()
+        return getattr(torchvision.models, name)(num_classes=10).cuda()
 
     def loss(name, model):
-        if name == "resnet18":
+        if name in ("resnet18", "mobilenet_v2"):
             x = torch.randn(2, 3, 64, 64, device="cuda")
             return torch.nn.functional.cross_entropy(model(x), torch.zeros(2, dtype=torch.long, device="cuda"))
         if name == "mlp":
@@ -64,7 +65,7 @@ STEPS = textwrap.dedent("""
         return model(ids, labels=ids).loss
 
     def step_peaks(name, steps=2):
-        model = {"mlp": mlp, "gpt2": gpt2, "resnet18": resnet18}[name]()
+        model = mlp() if name == "mlp" else gpt2() if name == "gpt2" else torchvision_model(name)
         opt = torch.optim.AdamW(model.parameters())
         peaks = []
         for _ in range(steps):
@@ -75,7 +76,7 @@ STEPS = textwrap.dedent("""
             peaks.append(torch.cuda.max_memory_allocated())
         return peaks
 """)
-MODELS = ("mlp", "gpt2", "resnet18")
+MODELS = ("mlp", "gpt2", "resnet18", "mobilenet_v2")
 STEP_GPUS = ("H100-80GB", "A100-80GB", "T4")  # each workspace size and a few architectures
 
 CHILD = textwrap.dedent("""
