@@ -372,23 +372,26 @@ void CachingAllocatorSim::malloc(std::uint32_t id, std::int64_t bytes) {
   const bool already_split = is_split(block);
   const std::int64_t remaining = block.size - rounded;
   // Splitting leaves a free remainder; otherwise the whole block is handed
-  // out and counts as allocated. A free block of a split segment is an
-  // inactive split block (c10's fragmentation statistic, which leaves out
-  // expandable segments: their free pages can always be unmapped).
-  const bool counts_split = !config_.expandable_segments;
-  if (should_split(block, rounded)) {
+  // out and counts as allocated.
+  const bool split = should_split(block, rounded);
+  if (split) {
     block.size = rounded;
     Block& rest = blocks_[address + rounded] = {block.segment, remaining, false, small_pool};
     insert_free(address + rounded, rest);
-    if (counts_split && already_split) {
+  }
+  // A free block of a split segment is an inactive split block (c10's
+  // fragmentation statistic, which leaves out expandable segments: their
+  // free pages can always be unmapped).
+  if (!config_.expandable_segments) {
+    if (split && already_split) {
       add(stats_.inactive_split_bytes, small_pool, -rounded);
-    } else if (counts_split) {
+    } else if (split) {
       add(stats_.inactive_split_bytes, small_pool, remaining);
       add(stats_.inactive_split, small_pool, 1);
+    } else if (already_split) {
+      add(stats_.inactive_split_bytes, small_pool, -block.size);
+      add(stats_.inactive_split, small_pool, -1);
     }
-  } else if (already_split && counts_split) {
-    add(stats_.inactive_split_bytes, small_pool, -block.size);
-    add(stats_.inactive_split, small_pool, -1);
   }
   block.allocated = true;
   block.requested = bytes;
@@ -471,7 +474,12 @@ std::vector<CachingAllocatorSim::SnapshotSegment> CachingAllocatorSim::snapshot_
         continue;
       }
       SnapshotSegment range{it->first, 0, it->second.small_pool, segment.expandable};
-      for (; it != end && it->second.mapped; ++it) range.size += it->second.size;
+      for (; it != end && it->second.mapped; ++it) {
+        range.size += it->second.size;
+        if (!it->second.allocated) continue;
+        range.allocated += it->second.size;
+        range.requested += it->second.requested;
+      }
       segments.push_back(range);
     }
   }

@@ -160,10 +160,12 @@ class CachingAllocatorSim final : public AllocationObserver {
     bool expandable;
   };
   // torch.cuda.memory_snapshot()'s segments: each cudaMalloc'd segment, and
-  // each contiguous mapped range of an expandable one.
+  // each contiguous mapped range of an expandable one, with the bytes its
+  // allocated blocks hold and were asked for.
   struct SnapshotSegment {
     std::int64_t address, size;
     bool small_pool, expandable;
+    std::int64_t allocated = 0, requested = 0;
   };
   // Blocks by address; segments by base address.
   const std::map<std::int64_t, Block>& blocks() const { return blocks_; }

@@ -6,8 +6,6 @@
 #include <stdexcept>
 #include <string>
 
-#include "meta/CublasWorkspace.h"
-
 namespace metamem {
 namespace {
 
@@ -38,10 +36,6 @@ bool same_key(std::string_view a, std::string_view b) {
 }  // namespace
 
 std::span<const GpuSpec> known_gpus() { return kGpus; }
-
-std::int64_t cublas_workspace_bytes(const GpuSpec& gpu) {
-  return cublas_workspace_bytes(gpu.major, gpu.minor);
-}
 
 const GpuSpec& find_gpu(std::string_view key) {
   for (const GpuSpec& gpu : kGpus)

@@ -24,7 +24,4 @@ std::span<const GpuSpec> known_gpus();
 // keys otherwise.
 const GpuSpec& find_gpu(std::string_view key);
 
-// The cuBLAS workspace torch 2.x keeps on `gpu` (meta/CublasWorkspace.h).
-std::int64_t cublas_workspace_bytes(const GpuSpec& gpu);
-
 }  // namespace metamem

@@ -48,10 +48,7 @@ std::string memory_snapshot_pickle(const Trace& trace, const AllocatorSetup& all
   w.string("segments");
   w.begin_list();
   for (const auto& segment : sim.snapshot_segments()) {
-    const std::int64_t base = segment.address, size = segment.size;
-    std::int64_t allocated = 0;
-    for (auto it = sim.blocks().lower_bound(base); it != sim.blocks().end() && it->first < base + size; ++it)
-      allocated += it->second.allocated ? it->second.size : 0;
+    const std::int64_t base = segment.address, size = segment.size, allocated = segment.allocated;
     w.begin_dict();
     for (auto [key, value] : {std::pair<const char*, std::int64_t>{"device", 0}, {"address", base},
                               {"total_size", size}, {"allocated_size", allocated},

@@ -131,7 +131,9 @@ void report_cublas_workspace(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
   for (const c10::IValue& value : returns)
     if (value.isTensor() && value.toTensor().numel() == 0) return;
   if (g_mode.cublas_workspace_made.exchange(true)) return;
-  observer->on_workspace(g_next_buffer.fetch_add(1), static_cast<std::size_t>(cublas_workspace_bytes(traced_gpu().major, traced_gpu().minor)));
+  const ComputeCapability gpu = traced_gpu();
+  observer->on_workspace(g_next_buffer.fetch_add(1),
+                         static_cast<std::size_t>(cublas_workspace_bytes(gpu.major, gpu.minor)));
 }
 
 // The thread's keys as they were outside MetaMode, and without metamem's

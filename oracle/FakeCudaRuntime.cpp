@@ -35,6 +35,8 @@ struct Device {
   int major = 9, minor = 0;
   int multi_processor_count = 132;  // torch sizes kernels' grids, and some scratch, by it
   int l2_cache_size = 50 << 20;
+
+  int arch() const { return major * 10 + minor; }  // as kernels are built for it: 90 for sm90
 };
 
 // The device and its memory; one lock: c10 calls from several threads.
@@ -245,7 +247,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   prop->maxThreadsDim[2] = 64;
   prop->maxGridSize[0] = 0x7fffffff;
   prop->maxGridSize[1] = prop->maxGridSize[2] = 65535;
-  const int arch = gpu.device.major * 10 + gpu.device.minor;
+  const int arch = gpu.device.arch();
   prop->maxThreadsPerMultiProcessor = arch == 75 ? 1024 : arch == 86 || arch == 89 ? 1536 : 2048;
   prop->maxBlocksPerMultiProcessor = 32;
   prop->sharedMemPerBlock = 48 << 10;
@@ -336,7 +338,7 @@ cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, const void*) {
   attributes->maxThreadsPerBlock = 1024;
   FakeGpu& gpu = FakeGpu::get();
   std::lock_guard<std::mutex> lock(gpu.mutex);
-  attributes->binaryVersion = attributes->ptxVersion = gpu.device.major * 10 + gpu.device.minor;
+  attributes->binaryVersion = attributes->ptxVersion = gpu.device.arch();
   return cudaSuccess;
 }
 cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) { return cudaSuccess; }

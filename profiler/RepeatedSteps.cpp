@@ -11,8 +11,9 @@ namespace {
 // alive, each an optimizer state or a parallel wrapper's communication
 // buffer (kept by design, as DDP's buckets are) made by an op of its own
 // from nothing the step made, or a library's workspace (made by the step's
-// first call into it, whose op stays). One made from the step's results (SGD's
-// momentum, a copy of the first gradient) is updated by other ops later.
+// first call into it, whose op stays). One made from the step's results
+// (SGD's momentum, a copy of the first gradient) is updated by other ops
+// later.
 // `repeatable` is false when a later step would differ.
 struct MadeOnce {
   std::vector<bool> buffers, ops;  // by index in the trace

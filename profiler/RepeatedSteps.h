@@ -1,8 +1,9 @@
 // A training step repeats itself from the second on: the same passes run
 // the same ops on buffers of the same bytes; what the first step made once
 // (optimizer states, a parallel wrapper's communication buffers, cuBLAS's
-// workspace) is simply there. So a trace of one step gives the steady state's without running it
-// again, as long as the first step kept nothing else.
+// workspace) is simply there. So a trace of one step gives the steady
+// state's without running it again, as long as the first step kept nothing
+// else.
 #pragma once
 
 #include <optional>

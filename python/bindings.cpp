@@ -24,6 +24,7 @@
 #include "estimator/Report.h"
 #include "estimator/Snapshot.h"
 #include "estimator/Units.h"
+#include "meta/CublasWorkspace.h"
 #include "meta/CudaAttention.h"
 #include "meta/KnownValues.h"
 #include "meta/MetaMode.h"
@@ -63,7 +64,6 @@ py::list segments_of(const CachingAllocatorSim& allocator) {
   const auto& blocks = allocator.blocks();
   for (const auto& range : allocator.snapshot_segments()) {
     py::list segment_blocks;
-    std::int64_t allocated = 0, requested = 0;
     for (auto it = blocks.lower_bound(range.address); it != blocks.end() && it->first < range.address + range.size;
          ++it) {
       const auto& block = it->second;
@@ -74,8 +74,6 @@ py::list segments_of(const CachingAllocatorSim& allocator) {
       b["state"] = block.allocated ? "active_allocated" : "inactive";
       b["frames"] = py::list();
       segment_blocks.append(b);
-      allocated += block.allocated ? block.size : 0;
-      requested += block.allocated ? block.requested : 0;
     }
     py::dict segment;
     segment["device"] = 0;
@@ -84,9 +82,9 @@ py::list segments_of(const CachingAllocatorSim& allocator) {
     segment["stream"] = 0;
     segment["segment_type"] = range.small_pool ? "small" : "large";
     segment["segment_pool_id"] = py::make_tuple(0, 0);
-    segment["allocated_size"] = allocated;
-    segment["active_size"] = allocated;
-    segment["requested_size"] = requested;
+    segment["allocated_size"] = range.allocated;
+    segment["active_size"] = range.allocated;
+    segment["requested_size"] = range.requested;
     segment["is_expandable"] = range.expandable;
     segment["frames"] = py::list();
     segment["blocks"] = segment_blocks;
@@ -138,7 +136,7 @@ py::dict gpu_dict(const GpuSpec& gpu) {
   d["multi_processor_count"] = gpu.multi_processor_count;
   d["total_memory"] = gpu.total_memory;
   d["L2_cache_size"] = gpu.l2_cache_size;
-  d["cublas_workspace_bytes"] = cublas_workspace_bytes(gpu);
+  d["cublas_workspace_bytes"] = cublas_workspace_bytes(gpu.major, gpu.minor);
   return d;
 }
 
@@ -237,11 +235,11 @@ class Session {
   // `alloc_conf`: PYTORCH_ALLOC_CONF's text (None: as torch reads the
   // environment); fractions of `gpu_memory`, the simulated device's.
   Session(const std::string& device, const std::optional<std::string>& alloc_conf, std::int64_t gpu_memory)
-      : allocator_setup_(allocator_setup(alloc_conf, gpu_memory)), allocator_(allocator_setup_) {
+      : run_{.device = device, .alloc_conf = alloc_conf.value_or(allocator_config_from_environment())},
+        allocator_setup_(allocator_setup(run_.alloc_conf, gpu_memory)),
+        allocator_(allocator_setup_) {
     if (device != "cpu" && device != "cuda")
       throw py::value_error("device must be 'cpu' or 'cuda', got '" + device + "'");
-    run_.alloc_conf = alloc_conf.value_or(allocator_config_from_environment());
-    run_.device = device;
     tracer_ = std::make_unique<Tracer>(c10::Device(device));
     // The simulated allocator answers torch.cuda's memory statistics: a fake cpu has none.
     if (device == "cuda") tracer_->observe(&allocator_);
@@ -310,10 +308,9 @@ class Session {
   // As torch.cuda's allocator on the GPU, of unlimited memory: a step
   // larger than the GPU still gets its figures (the fit command answers
   // whether it fits).
-  static AllocatorSetup allocator_setup(const std::optional<std::string>& alloc_conf, std::int64_t gpu_memory) {
+  static AllocatorSetup allocator_setup(const std::string& alloc_conf, std::int64_t gpu_memory) {
     try {
-      return {parse_allocator_config(alloc_conf.value_or(allocator_config_from_environment())),
-              std::numeric_limits<std::int64_t>::max(), gpu_memory};
+      return {parse_allocator_config(alloc_conf), std::numeric_limits<std::int64_t>::max(), gpu_memory};
     } catch (const std::invalid_argument& e) {
       throw py::value_error(e.what());
     }
@@ -348,12 +345,12 @@ class Session {
     return trace;
   }
 
+  RunInfo run_;  // declared first: the allocator reads its PYTORCH_ALLOC_CONF
   AllocatorSetup allocator_setup_;
   TorchCudaAllocator allocator_;  // declared before the tracer: the tracer sees it to the end
   std::unique_ptr<Tracer> tracer_;
   at::CallbackHandle callback_ = 0;
   std::vector<std::unique_ptr<ScopePath>> scopes_;
-  RunInfo run_;
   Phase phase_ = Phase::Setup;
   bool step_open_ = true;
   std::int64_t parameter_bytes_ = 0, parameter_count_ = 0;

@@ -79,12 +79,17 @@ STEPS = textwrap.dedent("""
 MODELS = ("mlp", "gpt2", "resnet18", "mobilenet_v2")
 STEP_GPUS = ("H100-80GB", "A100-80GB", "T4")  # each workspace size and a few architectures
 
-CHILD = textwrap.dedent("""
-    import ctypes, json, sys, threading
+# A child's start: the fake runtime (argv[1]) is told the GPU (argv[2]) before torch asks it.
+PROLOGUE = textwrap.dedent("""
+    import ctypes, json, sys
     gpu = json.loads(sys.argv[2])
     ctypes.CDLL(sys.argv[1]).metamem_fake_cuda_set_device(
         gpu["name"].encode(), ctypes.c_size_t(gpu["total_memory"]), gpu["major"], gpu["minor"],
         gpu["multi_processor_count"], gpu["L2_cache_size"])
+""")
+
+CHILD = PROLOGUE + textwrap.dedent("""
+    import threading
     import torch
 
     def beyond(make):  # bytes allocated by make() beyond the tensors it returns
@@ -110,12 +115,7 @@ CHILD = textwrap.dedent("""
 """)
 
 # A fresh process per model, as a trace is: the first product makes the workspace.
-CHILD_STEPS = textwrap.dedent("""
-    import ctypes, json, sys
-    gpu = json.loads(sys.argv[2])
-    ctypes.CDLL(sys.argv[1]).metamem_fake_cuda_set_device(
-        gpu["name"].encode(), ctypes.c_size_t(gpu["total_memory"]), gpu["major"], gpu["minor"],
-        gpu["multi_processor_count"], gpu["L2_cache_size"])
+CHILD_STEPS = PROLOGUE + textwrap.dedent("""
     exec(sys.argv[3])
     print(json.dumps(step_peaks(sys.argv[4])))
 """)
