@@ -35,8 +35,15 @@ void write_allocator_events(std::ostream& out, const std::vector<AllocatorEvent>
   out << kHeader << "\n";
   for (const AllocatorEvent& event : events) {
     switch (event.kind) {
-      case AllocatorEvent::Kind::Alloc: out << "alloc " << event.id << " " << event.bytes << "\n"; break;
+      case AllocatorEvent::Kind::Alloc:
+        out << "alloc " << event.id << " " << event.bytes;
+        if (event.stream != 0) out << " " << event.stream;
+        out << "\n";
+        break;
       case AllocatorEvent::Kind::Free: out << "free " << event.id << "\n"; break;
+      case AllocatorEvent::Kind::RecordStream:
+        out << "record_stream " << event.id << " " << event.stream << "\n";
+        break;
       case AllocatorEvent::Kind::ResetPeaks: out << "reset_peaks\n"; break;
       case AllocatorEvent::Kind::EmptyCache: out << "empty_cache\n"; break;
     }
@@ -62,11 +69,23 @@ std::vector<AllocatorEvent> read_allocator_events(std::istream& in, const std::s
     std::string kind;
     fields >> kind;
     AllocatorEvent event;
+    auto read_stream = [&] {
+      if (event.stream < 0 || event.stream >= kMaxStreams)
+        throw error("streams are numbered 0 to " + std::to_string(kMaxStreams - 1) + ", got " +
+                    std::to_string(event.stream));
+    };
     if (kind == "alloc") {
       event.kind = AllocatorEvent::Kind::Alloc;
       if (!(fields >> event.id >> event.bytes) || event.bytes < 0)
         throw error("'alloc' needs an ID and a size in bytes");
+      if (!(fields >> std::ws).eof() && !(fields >> event.stream)) throw error("'alloc' takes a stream number");
+      read_stream();
       if (!live.insert(event.id).second) throw error("allocation " + std::to_string(event.id) + " is live");
+    } else if (kind == "record_stream") {
+      event.kind = AllocatorEvent::Kind::RecordStream;
+      if (!(fields >> event.id >> event.stream)) throw error("'record_stream' needs an ID and a stream number");
+      read_stream();
+      if (!live.contains(event.id)) throw error("allocation " + std::to_string(event.id) + " is not live");
     } else if (kind == "free") {
       event.kind = AllocatorEvent::Kind::Free;
       if (!(fields >> event.id)) throw error("'free' needs an ID");
@@ -87,8 +106,9 @@ std::vector<AllocatorEvent> read_allocator_events(std::istream& in, const std::s
 
 void apply(CachingAllocatorSim& sim, const AllocatorEvent& event) {
   switch (event.kind) {
-    case AllocatorEvent::Kind::Alloc: sim.malloc(event.id, event.bytes); break;
+    case AllocatorEvent::Kind::Alloc: sim.malloc(event.id, event.bytes, event.stream); break;
     case AllocatorEvent::Kind::Free: sim.free(event.id); break;
+    case AllocatorEvent::Kind::RecordStream: sim.record_stream(event.id, event.stream); break;
     case AllocatorEvent::Kind::ResetPeaks: sim.reset_peaks(); break;
     case AllocatorEvent::Kind::EmptyCache: sim.empty_cache(); break;
   }

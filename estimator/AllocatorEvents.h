@@ -3,10 +3,12 @@
 // CUDA runtime (oracle/). Written and read as text, one event a line:
 //
 //   metamem allocator events 1
-//   alloc ID BYTES        a request of BYTES for the allocation named ID
-//   free ID               the allocation named ID goes back
-//   reset_peaks           torch.cuda.reset_peak_memory_stats()
-//   empty_cache           torch.cuda.empty_cache()
+//   alloc ID BYTES [STREAM]   a request of BYTES for the allocation named ID,
+//                             on STREAM (0, the default stream, to 31)
+//   record_stream ID STREAM   the allocation is used on STREAM too
+//   free ID                   the allocation named ID goes back
+//   reset_peaks               torch.cuda.reset_peak_memory_stats()
+//   empty_cache               torch.cuda.empty_cache()
 #pragma once
 
 #include <cstdint>
@@ -21,11 +23,16 @@ namespace metamem {
 class CachingAllocatorSim;
 
 struct AllocatorEvent {
-  enum class Kind : std::uint8_t { Alloc, Free, ResetPeaks, EmptyCache };
+  enum class Kind : std::uint8_t { Alloc, Free, RecordStream, ResetPeaks, EmptyCache };
   Kind kind = Kind::Alloc;
-  std::uint32_t id = 0;    // Alloc, Free
+  std::uint32_t id = 0;    // Alloc, Free, RecordStream
   std::int64_t bytes = 0;  // Alloc
+  int stream = 0;          // Alloc, RecordStream
 };
+
+// Streams an event list may name: the default stream and those torch's
+// stream pool hands out before it repeats itself.
+inline constexpr int kMaxStreams = 32;
 
 // The trace's allocations and frees in order, with a reset of the peaks
 // where its last (measured) step begins: the peaks at the end are that

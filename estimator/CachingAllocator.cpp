@@ -69,33 +69,34 @@ std::int64_t CachingAllocatorSim::segment_size(std::int64_t rounded) const {
 
 void CachingAllocatorSim::insert_free(std::int64_t address, Block& block) {
   block.gc_count_base = get_free_block_calls_[block.small_pool];
-  pool(block.small_pool).emplace(block.size, address);
+  pool(block.small_pool).insert({block.stream, block.size, address});
 }
 
-std::optional<std::int64_t> CachingAllocatorSim::get_free_block(bool small_pool, std::int64_t rounded) {
+std::optional<std::int64_t> CachingAllocatorSim::get_free_block(bool small_pool, int stream, std::int64_t rounded) {
   if (garbage_collecting()) ++get_free_block_calls_[small_pool];
   auto& free_blocks = pool(small_pool);
-  // Best fit: the smallest free block that holds the request, lowest address first.
-  auto fit = free_blocks.lower_bound({rounded, std::numeric_limits<std::int64_t>::min()});
-  if (fit == free_blocks.end()) return std::nullopt;
+  // Best fit: the stream's smallest free block that holds the request, lowest address first.
+  auto fit = free_blocks.lower_bound({stream, rounded, std::numeric_limits<std::int64_t>::min()});
+  if (fit == free_blocks.end() || fit->stream != stream) return std::nullopt;
   if (config_.expandable_segments) {
     // A block that unmapped address space follows counts as large as it
     // could grow: the search moves on while the next block grows less.
     auto expandable_size = [&](FreeBlocks::iterator free) {
-      const auto next = std::next(blocks_.find(free->second));
-      const bool grows = next != blocks_.end() && next->second.segment == blocks_.at(free->second).segment &&
+      const auto next = std::next(blocks_.find(free->address));
+      const bool grows = next != blocks_.end() && next->second.segment == blocks_.at(free->address).segment &&
                          !next->second.mapped;
-      return free->first + (grows ? next->second.size : 0);
+      return free->size + (grows ? next->second.size : 0);
     };
-    for (auto next = std::next(fit); next != free_blocks.end() && expandable_size(next) < expandable_size(fit);)
+    for (auto next = std::next(fit); next != free_blocks.end() && next->stream == stream &&
+                                     expandable_size(next) < expandable_size(fit);)
       fit = next++;
   }
-  const std::int64_t size = fit->first, max_split = config_.max_split_size;
+  const std::int64_t size = fit->size, max_split = config_.max_split_size;
   // Blocks of max_split_size or more serve only requests as large, and
   // only if they are less than max_non_split_rounding_size larger.
   if (rounded < max_split && size >= max_split) return std::nullopt;
   if (rounded >= max_split && size >= rounded + config_.max_non_split_rounding_size) return std::nullopt;
-  const std::int64_t address = fit->second;
+  const std::int64_t address = fit->address;
   free_blocks.erase(fit);
   return address;
 }
@@ -106,17 +107,17 @@ bool CachingAllocatorSim::should_split(const Block& block, std::int64_t rounded)
   return rounded < config_.max_split_size && remaining > kSmallSize;
 }
 
-std::optional<std::int64_t> CachingAllocatorSim::alloc_block(bool small_pool, std::int64_t size, std::int64_t rounded,
-                                                             bool retry) {
+std::optional<std::int64_t> CachingAllocatorSim::alloc_block(bool small_pool, int stream, std::int64_t size,
+                                                             std::int64_t rounded, bool retry) {
   if (retry) ++stats_.num_alloc_retries;
   const std::int64_t reserved = reserved_bytes();
   if (allowed_maximum_ && reserved + size > *allowed_maximum_) return std::nullopt;
-  if (config_.expandable_segments) return try_allocate_expandable_block(small_pool, rounded);
+  if (config_.expandable_segments) return try_allocate_expandable_block(small_pool, stream, rounded);
   if (size > device_memory_ - reserved) return std::nullopt;
   const std::int64_t base = next_segment_address_;
   next_segment_address_ += size + kSmallBuffer;  // a gap: segments never merge
-  segments_[base] = {size, false};
-  blocks_[base] = {base, size, false, small_pool};
+  segments_[base] = {size, false, stream};
+  blocks_[base] = {.segment = base, .size = size, .allocated = false, .small_pool = small_pool, .stream = stream};
   add(stats_.segment, small_pool, 1);
   add(stats_.reserved_bytes, small_pool, size);
   if (size >= config_.max_split_size) stats_.oversize_segments.increase(1);
@@ -133,9 +134,9 @@ CachingAllocatorSim::Merged CachingAllocatorSim::merge_neighbours(Blocks::iterat
   };
   auto forget = [&](Blocks::iterator other) {
     if (other->second.mapped)
-      pool(other->second.small_pool).erase({other->second.size, other->first});
+      erase_free(other->first, other->second);
     else
-      unmapped(other->second.small_pool).erase(other->first);
+      unmapped(other->second.small_pool).erase({other->second.stream, other->first});
     ++merged.blocks;
     merged.bytes += other->second.size;
   };
@@ -157,11 +158,12 @@ CachingAllocatorSim::Merged CachingAllocatorSim::merge_neighbours(Blocks::iterat
   return merged;
 }
 
-std::int64_t CachingAllocatorSim::find_expandable_block(bool small_pool, std::int64_t rounded) {
-  // The lowest address where free and unmapped blocks together hold the
-  // request: an unmapped block, or the free block before it.
-  for (const std::int64_t address : unmapped(small_pool)) {
-    auto candidate = blocks_.find(address);
+std::int64_t CachingAllocatorSim::find_expandable_block(bool small_pool, int stream, std::int64_t rounded) {
+  // The stream's lowest address where free and unmapped blocks together
+  // hold the request: an unmapped block, or the free block before it.
+  const Unmapped& spaces = unmapped(small_pool);
+  for (auto it = spaces.lower_bound({stream, 0}); it != spaces.end() && it->first == stream; ++it) {
+    auto candidate = blocks_.find(it->second);
     const std::int64_t segment = candidate->second.segment;
     auto allocatable = [&](Blocks::iterator it) {
       return it != blocks_.end() && it->second.segment == segment && !it->second.allocated;
@@ -175,15 +177,16 @@ std::int64_t CachingAllocatorSim::find_expandable_block(bool small_pool, std::in
   const std::int64_t size = (address_space_ + page - 1) / page * page;
   const std::int64_t base = next_segment_address_;
   next_segment_address_ += size + kSmallBuffer;
-  segments_[base] = {size, true};
-  Block& space = blocks_[base] = {base, size, false, small_pool};
-  space.mapped = false;
-  unmapped(small_pool).insert(base);
+  segments_[base] = {size, true, stream};
+  blocks_[base] = {.segment = base, .size = size, .allocated = false, .small_pool = small_pool, .mapped = false,
+                   .stream = stream};
+  unmapped(small_pool).insert({stream, base});
   return base;
 }
 
-std::optional<std::int64_t> CachingAllocatorSim::try_allocate_expandable_block(bool small_pool, std::int64_t rounded) {
-  std::int64_t address = find_expandable_block(small_pool, rounded);
+std::optional<std::int64_t> CachingAllocatorSim::try_allocate_expandable_block(bool small_pool, int stream,
+                                                                               std::int64_t rounded) {
+  std::int64_t address = find_expandable_block(small_pool, stream, rounded);
   if (!blocks_.at(address).mapped) {
     const auto mapped = map_block(address, std::min(blocks_.at(address).size, rounded));
     if (!mapped) return std::nullopt;
@@ -196,7 +199,7 @@ std::optional<std::int64_t> CachingAllocatorSim::try_allocate_expandable_block(b
     if (!mapped) return std::nullopt;  // what was mapped stays mapped, as in c10
     address = *mapped;
   }
-  pool(small_pool).erase({blocks_.at(address).size, address});
+  erase_free(address, blocks_.at(address));
   return address;
 }
 
@@ -209,12 +212,13 @@ std::optional<std::int64_t> CachingAllocatorSim::map_block(std::int64_t address,
   // others and fails.
   if (mapped > device_memory_ - reserved_bytes()) return std::nullopt;
   const bool small_pool = block.small_pool;
-  unmapped(small_pool).erase(address);
+  unmapped(small_pool).erase({block.stream, address});
   block.mapped = true;
   if (mapped < block.size) {
-    Block& rest = blocks_[address + mapped] = {block.segment, block.size - mapped, false, small_pool};
+    Block& rest = blocks_[address + mapped] = block;
+    rest.size = block.size - mapped;
     rest.mapped = false;
-    unmapped(small_pool).insert(address + mapped);
+    unmapped(small_pool).insert({block.stream, address + mapped});
     block.size = mapped;
   }
   const Merged merged = merge_neighbours(blocks_.find(address));
@@ -233,20 +237,24 @@ std::optional<std::int64_t> CachingAllocatorSim::unmap_block(std::int64_t addres
   const std::int64_t end = base + (address + block.size - base) / page * page;
   if (begin >= end) return std::nullopt;
   const bool small_pool = block.small_pool;
+  const int stream = block.stream;
   const std::int64_t block_end = address + block.size;
-  pool(small_pool).erase({block.size, address});
+  erase_free(address, block);
+  const Block free_part = block;
   if (begin > address) {  // the part before stays a free block
     block.size = begin - address;
     insert_free(address, block);
   }
   if (block_end > end) {
-    Block& after = blocks_[end] = {base, block_end - end, false, small_pool};
+    Block& after = blocks_[end] = free_part;
+    after.size = block_end - end;
     insert_free(end, after);
   }
-  Block& space = blocks_[begin] = {base, end - begin, false, small_pool};
+  Block& space = blocks_[begin] = free_part;
+  space.size = end - begin;
   space.mapped = false;
   const Merged merged = merge_neighbours(blocks_.find(begin));
-  unmapped(small_pool).insert(merged.block->first);
+  unmapped(small_pool).insert({stream, merged.block->first});
   add(stats_.reserved_bytes, small_pool, -(end - begin));
   ++stats_.num_device_free;
   notify("segment_unmap", begin, end - begin);
@@ -261,47 +269,51 @@ void CachingAllocatorSim::release_block(std::int64_t address) {
   add(stats_.reserved_bytes, small_pool, -size);
   if (size >= config_.max_split_size) stats_.oversize_segments.decrease(1);
   ++stats_.num_device_free;
-  pool(small_pool).erase({size, address});
+  erase_free(address, blocks_.at(address));
   blocks_.erase(address);
   segments_.erase(address);
 }
 
-bool CachingAllocatorSim::release_available_cached_blocks(bool small_pool, std::int64_t rounded) {
+bool CachingAllocatorSim::release_available_cached_blocks(bool small_pool, int stream, std::int64_t rounded) {
   const std::int64_t max_split = config_.max_split_size;
   // With expandable segments every cached block is in one, and c10 frees
   // none of those here (only release_cached_blocks unmaps their pages).
   if (max_split == std::numeric_limits<std::int64_t>::max() || config_.expandable_segments) return false;
   auto& free_blocks = pool(small_pool);
   const std::int64_t wanted = std::max(rounded, max_split);
-  auto it = free_blocks.lower_bound({wanted, std::numeric_limits<std::int64_t>::min()});
-  if (it != free_blocks.end()) {
-    release_block(it->second);
+  auto it = free_blocks.lower_bound({stream, wanted, std::numeric_limits<std::int64_t>::min()});
+  if (it != free_blocks.end() && it->stream == stream) {
+    release_block(it->address);
     return true;
   }
-  // No one block is large enough: free oversize blocks, largest first.
+  // No one block is large enough: free the stream's oversize blocks, largest first.
   std::int64_t released = 0;
-  while (released < wanted && !free_blocks.empty()) {
-    const auto [size, address] = *std::prev(free_blocks.end());
-    if (size < max_split) break;
-    released += size;
-    release_block(address);
+  while (released < wanted && it != free_blocks.begin()) {
+    const FreeBlock largest = *std::prev(it);
+    if (largest.stream != stream || largest.size < max_split) break;
+    released += largest.size;
+    release_block(largest.address);
+    it = free_blocks.lower_bound(largest);
   }
   return released >= wanted;
 }
 
 void CachingAllocatorSim::release_cached_blocks() {
-  ++stats_.num_sync_all_streams;  // it waits for every stream first
+  // It waits for every stream first, and so for the work of every stream
+  // that used a freed block.
+  ++stats_.num_sync_all_streams;
+  process_events();
   for (bool small_pool : {false, true}) {
     auto& free_blocks = pool(small_pool);
     if (config_.expandable_segments) {
       // Unmap the whole pages of every free block; an address space left
       // with nothing mapped goes back too.
       std::vector<std::int64_t> to_unmap;
-      for (const auto& [size, address] : free_blocks) to_unmap.push_back(address);
+      for (const FreeBlock& free : free_blocks) to_unmap.push_back(free.address);
       for (const std::int64_t address : to_unmap) {
         const auto space = unmap_block(address);
         if (space && !is_split(blocks_.at(*space))) {
-          unmapped(small_pool).erase(*space);
+          unmapped(small_pool).erase({blocks_.at(*space).stream, *space});
           blocks_.erase(*space);
           segments_.erase(*space);
         }
@@ -309,7 +321,7 @@ void CachingAllocatorSim::release_cached_blocks() {
       continue;
     }
     for (auto it = free_blocks.begin(); it != free_blocks.end();) {
-      const auto [size, address] = *it++;
+      const std::int64_t address = it++->address;
       if (!is_split(blocks_.at(address))) release_block(address);
     }
   }
@@ -325,14 +337,14 @@ void CachingAllocatorSim::garbage_collect_cached_blocks() {
   const std::int64_t target = reserved - threshold;
   auto age = [&](std::int64_t address) { return get_free_block_calls_[false] - blocks_.at(address).gc_count_base; };
   std::int64_t total_age = 0, freeable = 0, reclaimed = 0;
-  for (const auto& [size, address] : free_large_)
-    if (!is_split(blocks_.at(address))) total_age += age(address), ++freeable;
+  for (const FreeBlock& free : free_large_)
+    if (!is_split(blocks_.at(free.address))) total_age += age(free.address), ++freeable;
   bool freed = true;
   while (reclaimed < target && freed && freeable > 0) {
     const double threshold_age = static_cast<double>(total_age) / static_cast<double>(freeable);
     freed = false;
     for (auto it = free_large_.begin(); it != free_large_.end();) {
-      const auto [size, address] = *it++;
+      const auto [stream, size, address] = *it++;
       if (is_split(blocks_.at(address)) || static_cast<double>(age(address)) < threshold_age) continue;
       freed = true;
       reclaimed += size;
@@ -343,22 +355,23 @@ void CachingAllocatorSim::garbage_collect_cached_blocks() {
   }
 }
 
-void CachingAllocatorSim::malloc(std::uint32_t id, std::int64_t bytes) {
+void CachingAllocatorSim::malloc(std::uint32_t id, std::int64_t bytes, int stream) {
   if (bytes <= 0) return;
+  process_events();
   const std::int64_t rounded = round_size(bytes);
   const bool small_pool = rounded <= kSmallSize;
-  std::optional<std::int64_t> found = get_free_block(small_pool, rounded);
+  std::optional<std::int64_t> found = get_free_block(small_pool, stream, rounded);
   if (!found) {
     if (garbage_collecting()) garbage_collect_cached_blocks();
     const std::int64_t size = segment_size(rounded);
     // As c10: a new segment; else free cached oversize blocks and retry;
     // else free every cached whole segment and retry.
-    found = alloc_block(small_pool, size, rounded, false);
-    if (!found && release_available_cached_blocks(small_pool, rounded))
-      found = alloc_block(small_pool, size, rounded, false);
+    found = alloc_block(small_pool, stream, size, rounded, false);
+    if (!found && release_available_cached_blocks(small_pool, stream, rounded))
+      found = alloc_block(small_pool, stream, size, rounded, false);
     if (!found) {
       release_cached_blocks();
-      found = alloc_block(small_pool, size, rounded, true);
+      found = alloc_block(small_pool, stream, size, rounded, true);
     }
     if (!found) {
       ++stats_.num_ooms;
@@ -376,7 +389,8 @@ void CachingAllocatorSim::malloc(std::uint32_t id, std::int64_t bytes) {
   const bool split = should_split(block, rounded);
   if (split) {
     block.size = rounded;
-    Block& rest = blocks_[address + rounded] = {block.segment, remaining, false, small_pool};
+    Block& rest = blocks_[address + rounded] = {.segment = block.segment, .size = remaining, .allocated = false,
+                                                .small_pool = small_pool, .stream = stream};
     insert_free(address + rounded, rest);
   }
   // A free block of a split segment is an inactive split block (c10's
@@ -414,13 +428,40 @@ void CachingAllocatorSim::free(std::uint32_t id) {
   auto it = blocks_.find(address);
   Block& block = it->second;
   const bool small_pool = block.small_pool;
-  const std::int64_t size = block.size, requested = block.requested;
+  const std::int64_t size = block.size;
   add(stats_.allocation, small_pool, -1);
   add(stats_.allocated_bytes, small_pool, -size);
   if (size >= config_.max_split_size) stats_.oversize_allocations.decrease(1);
   notify("free_requested", address, size);
+  // Used on other streams: c10 records an event on each and frees the
+  // block once they are done; it stays active until then.
+  if (const auto uses = stream_uses_.find(address); uses != stream_uses_.end()) {
+    stream_uses_.erase(uses);
+    block.awaiting_streams = true;
+    awaiting_streams_.push_back(address);
+    return;
+  }
+  free_block(it);
+}
+
+void CachingAllocatorSim::record_stream(std::uint32_t id, int stream) {
+  if (id >= address_of_.size() || address_of_[id] == kUnallocated) return;
+  const std::int64_t address = address_of_[id];
+  // Uses on the block's own stream need no waiting.
+  if (blocks_.at(address).stream != stream) stream_uses_[address].insert(stream);
+}
+
+void CachingAllocatorSim::process_events() {
+  for (const std::int64_t address : awaiting_streams_) free_block(blocks_.find(address));
+  awaiting_streams_.clear();
+}
+
+void CachingAllocatorSim::free_block(Blocks::iterator it) {
+  Block& block = it->second;
+  const bool small_pool = block.small_pool;
+  const std::int64_t address = it->first, size = block.size, requested = block.requested;
   notify("free_completed", address, size);
-  block.allocated = false;
+  block.allocated = block.awaiting_streams = false;
   block.requested = 0;
 
   // Merge with free neighbours in the same segment: each was an inactive
@@ -476,7 +517,7 @@ std::vector<CachingAllocatorSim::SnapshotSegment> CachingAllocatorSim::snapshot_
       SnapshotSegment range{it->first, 0, it->second.small_pool, segment.expandable};
       for (; it != end && it->second.mapped; ++it) {
         range.size += it->second.size;
-        if (!it->second.allocated) continue;
+        if (!it->second.allocated || it->second.awaiting_streams) continue;
         range.allocated += it->second.size;
         range.requested += it->second.requested;
       }

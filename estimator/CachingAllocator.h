@@ -1,4 +1,4 @@
-// A simulation of PyTorch's CUDA caching allocator (one device, one stream),
+// A simulation of PyTorch's CUDA caching allocator (one device, its streams),
 // after c10/cuda/CUDACachingAllocator.cpp and c10/core/CachingDeviceAllocator.h:
 // what torch.cuda's memory_stats() (max_memory_allocated,
 // max_memory_reserved, ...) would report. Checked against the real one,
@@ -124,8 +124,17 @@ class CachingAllocatorSim final : public AllocationObserver {
   // and dense: addresses are kept by it). Zero bytes allocate nothing.
   // Where the device has no room left after freeing what c10 frees before
   // giving up, throws MemoryExceeded (torch.cuda.OutOfMemoryError).
-  void malloc(std::uint32_t id, std::int64_t bytes);
+  //
+  // Streams are numbered (0: the default stream). A segment is its
+  // stream's, and only requests on that stream take its blocks.
+  void malloc(std::uint32_t id, std::int64_t bytes, int stream = 0);
   void free(std::uint32_t id);
+  // Tensor.record_stream(): the allocation is used on `stream` too, so its
+  // free waits for that stream's work. Here every stream's work is done at
+  // once (as on the fake CUDA runtime, whose events complete when
+  // recorded): the block is freed at the next malloc or empty_cache, where
+  // c10 finds the events it recorded complete.
+  void record_stream(std::uint32_t id, int stream);
   // As torch.cuda.reset_peak_memory_stats(): peaks restart from now.
   void reset_peaks();
   // As torch.cuda.reset_accumulated_memory_stats(): totals restart at zero.
@@ -152,12 +161,17 @@ class CachingAllocatorSim final : public AllocationObserver {
     // False for address space of an expandable segment with no memory
     // mapped behind it (never allocated; counts in no statistic).
     bool mapped = true;
+    int stream = 0;  // its segment's
+    // Freed while used on other streams (record_stream): held, as if
+    // allocated, until their work is done.
+    bool awaiting_streams = false;
   };
   // A cudaMalloc'd segment, or the address space an expandable segment
   // reserves (its blocks cover it: mapped ones and unmapped ones).
   struct Segment {
     std::int64_t size;
     bool expandable;
+    int stream = 0;
   };
   // torch.cuda.memory_snapshot()'s segments: each cudaMalloc'd segment, and
   // each contiguous mapped range of an expandable one, with the bytes its
@@ -174,20 +188,31 @@ class CachingAllocatorSim final : public AllocationObserver {
 
  private:
   using Blocks = std::map<std::int64_t, Block>;
-  using FreeBlocks = std::set<std::pair<std::int64_t, std::int64_t>>;  // (size, address)
+  // c10's order: by stream, then size, then address.
+  struct FreeBlock {
+    int stream;
+    std::int64_t size, address;
+    auto operator<=>(const FreeBlock&) const = default;
+  };
+  using FreeBlocks = std::set<FreeBlock>;
   FreeBlocks& pool(bool small_pool) { return small_pool ? free_small_ : free_large_; }
-  std::set<std::int64_t>& unmapped(bool small_pool) { return small_pool ? unmapped_small_ : unmapped_large_; }
+  void erase_free(std::int64_t address, const Block& block) {
+    pool(block.small_pool).erase({block.stream, block.size, address});
+  }
+  using Unmapped = std::set<std::pair<int, std::int64_t>>;  // (stream, address), as c10 orders them
+  Unmapped& unmapped(bool small_pool) { return small_pool ? unmapped_small_ : unmapped_large_; }
   // Puts a free block back in its pool (c10's insert_into_blocks).
   void insert_free(std::int64_t address, Block& block);
-  // c10's get_free_block: a cached block for `rounded` bytes, or none.
-  std::optional<std::int64_t> get_free_block(bool small_pool, std::int64_t rounded);
+  // c10's get_free_block: a cached block of `stream` for `rounded` bytes, or none.
+  std::optional<std::int64_t> get_free_block(bool small_pool, int stream, std::int64_t rounded);
   // c10's should_split: whether a block handed out for `rounded` bytes
   // leaves its remainder as a free block.
   bool should_split(const Block& block, std::int64_t rounded) const;
   // c10's alloc_block: a new segment of `size` bytes for a request of
   // `rounded` (with expandable segments: `rounded` bytes mapped), or none
   // where the device is full.
-  std::optional<std::int64_t> alloc_block(bool small_pool, std::int64_t size, std::int64_t rounded, bool retry);
+  std::optional<std::int64_t> alloc_block(bool small_pool, int stream, std::int64_t size, std::int64_t rounded,
+                                          bool retry);
   // c10's try_merge_blocks on both sides: `it` absorbs its free neighbours
   // in the segment that are mapped as it is. Returns the merged block and
   // how many blocks and bytes it absorbed.
@@ -202,16 +227,22 @@ class CachingAllocatorSim final : public AllocationObserver {
   // memory mapped into it in pages as needed: 2 MiB in the small pool,
   // large_segment_size_mb (20 MiB) in the large.
   std::int64_t page_size(bool small_pool) const { return small_pool ? kSmallBuffer : config_.large_segment_size; }
-  std::int64_t find_expandable_block(bool small_pool, std::int64_t rounded);
-  std::optional<std::int64_t> try_allocate_expandable_block(bool small_pool, std::int64_t rounded);
+  std::int64_t find_expandable_block(bool small_pool, int stream, std::int64_t rounded);
+  std::optional<std::int64_t> try_allocate_expandable_block(bool small_pool, int stream, std::int64_t rounded);
   std::optional<std::int64_t> map_block(std::int64_t address, std::int64_t bytes);
   std::optional<std::int64_t> unmap_block(std::int64_t address);
   // c10's release_available_cached_blocks, release_cached_blocks and
   // garbage_collect_cached_blocks: segments back to the device.
-  bool release_available_cached_blocks(bool small_pool, std::int64_t rounded);
+  bool release_available_cached_blocks(bool small_pool, int stream, std::int64_t rounded);
   void release_cached_blocks();
   void garbage_collect_cached_blocks();
   void release_block(std::int64_t address);
+  // c10's free_block: a block no stream uses any more goes back to its
+  // pool, merged with its free neighbours.
+  void free_block(Blocks::iterator it);
+  // c10's process_events: blocks freed while other streams used them go
+  // back (their events are complete).
+  void process_events();
   bool garbage_collecting() const { return config_.garbage_collection_threshold > 0 && allowed_maximum_; }
   void notify(const char* action, std::int64_t address, std::int64_t size) const {
     if (listener_) listener_({action, address, size});
@@ -224,7 +255,9 @@ class CachingAllocatorSim final : public AllocationObserver {
   Blocks blocks_;
   std::map<std::int64_t, Segment> segments_;
   FreeBlocks free_small_, free_large_;
-  std::set<std::int64_t> unmapped_small_, unmapped_large_;  // unmapped blocks of expandable segments
+  Unmapped unmapped_small_, unmapped_large_;  // unmapped blocks of expandable segments
+  std::map<std::int64_t, std::set<int>> stream_uses_;  // by address: record_stream's other streams
+  std::vector<std::int64_t> awaiting_streams_;  // freed blocks that other streams used
   std::array<std::int64_t, 2> get_free_block_calls_{};  // per pool (large, small): the blocks' gc clock
   std::vector<std::int64_t> address_of_;  // by id; kUnallocated where it holds no block
   AllocatorConfig config_;

@@ -3,9 +3,16 @@
 #include <c10/core/AllocatorConfig.h>
 #include <c10/cuda/CUDAAllocatorConfig.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/PeerToPeerAccess.h>
 
 #include "oracle/FakeCudaRuntime.h"
+
+namespace c10::cuda::_internal {
+// Exported by libc10_cuda.so but declared in no header: libtorch_cuda sets
+// it when loaded, to ask the driver whether a device has its context.
+C10_CUDA_API void setHasPrimaryContext(bool (*has_primary_context)(DeviceIndex));
+}  // namespace c10::cuda::_internal
 
 namespace metamem {
 namespace {
@@ -25,7 +32,11 @@ void copy(const c10::CachingDeviceAllocator::StatArray& from, AllocatorStatArray
 RealCachingAllocator::RealCachingAllocator(const GpuSpec& gpu, const std::string& alloc_conf) {
   const std::string name(gpu.name);
   metamem_fake_cuda_set_device(name.c_str(), static_cast<std::size_t>(gpu.total_memory), gpu.major, gpu.minor,
-                               gpu.multi_processor_count, static_cast<int>(gpu.l2_cache_size));
+                               gpu.multi_processor_count, static_cast<int>(gpu.l2_cache_size),
+                               gpu.max_threads_per_multi_processor);
+  // Switching streams' devices asks it (c10's default says it is never
+  // asked): the fake device has its context from the start.
+  c10::cuda::_internal::setHasPrimaryContext([](c10::DeviceIndex) { return true; });
   c10::CachingAllocator::setAllocatorSettings(alloc_conf);
   c10_allocator::init(1);
   // torch.cuda's lazy initialisation does this; expandable segments ask it.
@@ -38,18 +49,28 @@ RealCachingAllocator::RealCachingAllocator(const GpuSpec& gpu, const std::string
 
 RealCachingAllocator::~RealCachingAllocator() { reset(); }
 
+c10::cuda::CUDAStream RealCachingAllocator::stream(int number) {
+  if (streams_.empty()) streams_.push_back(c10::cuda::getDefaultCUDAStream(0));
+  while (static_cast<int>(streams_.size()) <= number) streams_.push_back(c10::cuda::getStreamFromPool(false, 0));
+  return streams_.at(number);
+}
+
 void RealCachingAllocator::apply(const AllocatorEvent& event) {
   switch (event.kind) {
-    case AllocatorEvent::Kind::Alloc:
-      if (event.id >= pointers_.size()) pointers_.resize(std::max<std::size_t>(event.id + 1, 2 * pointers_.size()));
-      // Zero bytes: c10 hands out no memory (nullptr), as the simulator.
-      pointers_[event.id] = event.bytes == 0 ? nullptr : c10_allocator::raw_alloc(event.bytes);
+    case AllocatorEvent::Kind::Alloc: {
+      if (event.id >= allocations_.size())
+        allocations_.resize(std::max<std::size_t>(event.id + 1, 2 * allocations_.size()));
+      // On the event's stream, as a tensor made there; zero bytes: c10
+      // hands out no memory (nullptr), as the simulator.
+      const c10::cuda::CUDAStreamGuard on(stream(event.stream));
+      allocations_[event.id] = c10_allocator::get()->allocate(event.bytes);
       break;
+    }
     case AllocatorEvent::Kind::Free:
-      if (event.id < pointers_.size() && pointers_[event.id]) {
-        c10_allocator::raw_delete(pointers_[event.id]);
-        pointers_[event.id] = nullptr;
-      }
+      if (event.id < allocations_.size()) allocations_[event.id].clear();
+      break;
+    case AllocatorEvent::Kind::RecordStream:
+      c10_allocator::recordStream(allocations_.at(event.id), stream(event.stream));
       break;
     case AllocatorEvent::Kind::ResetPeaks: c10_allocator::resetPeakStats(0); break;
     case AllocatorEvent::Kind::EmptyCache: c10_allocator::emptyCache(); break;
@@ -80,11 +101,7 @@ AllocatorStats RealCachingAllocator::stats() const {
 }
 
 void RealCachingAllocator::reset() {
-  for (void*& pointer : pointers_)
-    if (pointer) {
-      c10_allocator::raw_delete(pointer);
-      pointer = nullptr;
-    }
+  for (c10::DataPtr& allocation : allocations_) allocation.clear();
   c10_allocator::emptyCache();
   c10_allocator::resetPeakStats(0);
   c10_allocator::resetAccumulatedStats(0);

@@ -4,6 +4,9 @@
 // use it: on a machine without a GPU the real runtime has no device.
 #pragma once
 
+#include <c10/core/Allocator.h>
+#include <c10/cuda/CUDAStream.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -31,7 +34,14 @@ class RealCachingAllocator {
   void reset();
 
  private:
-  std::vector<void*> pointers_;  // by allocation ID; nullptr where none is live
+  // Event lists' stream numbers: 0 the default stream, the others torch's
+  // pool streams, made on first use.
+  c10::cuda::CUDAStream stream(int number);
+
+  // By allocation ID: what torch's allocator handed out (a tensor's
+  // storage holds the same), empty where none is live.
+  std::vector<c10::DataPtr> allocations_;
+  std::vector<c10::cuda::CUDAStream> streams_;
 };
 
 }  // namespace metamem

@@ -279,6 +279,40 @@ TEST(CachingAllocator, ExpandableSegmentsUnmapFreePagesOnOutOfMemory) {
   EXPECT_EQ(sim.stats().num_ooms, 1);
 }
 
+// A segment is its stream's: a block freed on one stream is cached for
+// that stream alone.
+TEST(CachingAllocator, StreamsHaveTheirOwnSegments) {
+  CachingAllocatorSim sim;
+  sim.malloc(1, 30 * MiB, 1);
+  sim.free(1);
+  sim.malloc(2, 30 * MiB);  // stream 0 cannot take stream 1's cached block
+  EXPECT_EQ(sim.reserved_bytes(), 60 * MiB);
+  sim.malloc(3, 30 * MiB, 1);  // stream 1 can
+  EXPECT_EQ(sim.reserved_bytes(), 60 * MiB);
+  EXPECT_EQ(sim.stats().segment[0].current, 2);
+}
+
+// record_stream: the free waits until the other stream's work is done,
+// which the fake runtime's events say at once, so the next malloc (or
+// empty_cache) finds it: until then the block stays active, not allocated.
+TEST(CachingAllocator, RecordedStreamsDelayTheFreeToTheNextMalloc) {
+  CachingAllocatorSim sim;
+  sim.malloc(1, 4 * MiB);
+  sim.record_stream(1, 0);  // its own stream: nothing to wait for
+  sim.record_stream(1, 2);
+  sim.free(1);
+  EXPECT_EQ(sim.allocated_bytes(), 0);
+  EXPECT_EQ(sim.stats().active_bytes[0].current, 4 * MiB);
+  sim.malloc(2, 4 * MiB);  // the pending block goes back first, and serves
+  EXPECT_EQ(sim.stats().active_bytes[0].current, 4 * MiB);
+  EXPECT_EQ(sim.reserved_bytes(), 20 * MiB);
+  sim.record_stream(2, 3);
+  sim.free(2);
+  sim.empty_cache();  // waits for every stream, then gives the segment back
+  EXPECT_EQ(sim.stats().active_bytes[0].current, 0);
+  EXPECT_EQ(sim.reserved_bytes(), 0);
+}
+
 TEST(CachingAllocator, FirstDifferenceNamesTheStatisticAsTorchDoes) {
   AllocatorStats a, b;
   EXPECT_EQ(first_difference(a, b), "");
@@ -315,6 +349,9 @@ TEST(AllocatorConfig, RefusesWhatTorchRefuses) {
 
 TEST(AllocatorEvents, WrittenListsReadBack) {
   const std::vector<AllocatorEvent> events = {{AllocatorEvent::Kind::Alloc, 0, 4096},
+                                              {AllocatorEvent::Kind::Alloc, 1, 512, 3},
+                                              {AllocatorEvent::Kind::RecordStream, 1, 0, 5},
+                                              {AllocatorEvent::Kind::Free, 1},
                                               {AllocatorEvent::Kind::ResetPeaks},
                                               {AllocatorEvent::Kind::Free, 0},
                                               {AllocatorEvent::Kind::EmptyCache}};
@@ -326,6 +363,7 @@ TEST(AllocatorEvents, WrittenListsReadBack) {
     EXPECT_EQ(read[i].kind, events[i].kind);
     EXPECT_EQ(read[i].id, events[i].id);
     EXPECT_EQ(read[i].bytes, events[i].bytes);
+    EXPECT_EQ(read[i].stream, events[i].stream);
   }
 }
 
@@ -346,6 +384,11 @@ TEST(AllocatorEvents, BadListsNameTheLine) {
   EXPECT_EQ(error_of("metamem allocator events 1\nalloc 1\n"), "f.txt:2: 'alloc' needs an ID and a size in bytes");
   EXPECT_EQ(error_of("metamem allocator events 1\nmalloc 1 2\n"), "f.txt:2: unknown event 'malloc'");
   EXPECT_EQ(error_of("metamem allocator events 1\nfree 1 2\n"), "f.txt:2: allocation 1 is not live");
+  EXPECT_EQ(error_of("metamem allocator events 1\nalloc 1 2 32\n"), "f.txt:2: streams are numbered 0 to 31, got 32");
+  EXPECT_EQ(error_of("metamem allocator events 1\nalloc 1 2 x\n"), "f.txt:2: 'alloc' takes a stream number");
+  EXPECT_EQ(error_of("metamem allocator events 1\nrecord_stream 1 2\n"), "f.txt:2: allocation 1 is not live");
+  EXPECT_EQ(error_of("metamem allocator events 1\nalloc 1 2\nrecord_stream 1\n"),
+            "f.txt:3: 'record_stream' needs an ID and a stream number");
 }
 
 }  // namespace
