@@ -15,16 +15,19 @@ constexpr std::int64_t MiB = 1024 * 1024;
 // it rents, "Why does an NVIDIA H100 80GB card offer 85.52 GB?"); the CUDA
 // runtime's totalGlobalMem, which torch reports, is a little less on some
 // cards (a T4: 15,360 MiB by NVML, 15,110 MiB by deviceQuery). SM counts,
-// compute capabilities and L2 sizes are NVIDIA's datasheets'.
+// compute capabilities, L2 sizes and threads per SM are NVIDIA's datasheets'
+// (the CUDA programming guide's table of compute capabilities). NCCL's
+// channels: 32 on NVSwitch H100/H200 nodes and 24 on A100 ones (two per
+// NVLink, at most NCCL's 32), 2 between PCIe cards.
 constexpr std::array kGpus = {
-    GpuSpec{"H100-80GB", "NVIDIA H100 80GB HBM3", 9, 0, 132, 81559 * MiB, 50 * MiB},
-    GpuSpec{"H200", "NVIDIA H200", 9, 0, 132, 143771 * MiB, 50 * MiB},
-    GpuSpec{"A100-80GB", "NVIDIA A100-SXM4-80GB", 8, 0, 108, 81920 * MiB, 40 * MiB},
-    GpuSpec{"A100-40GB", "NVIDIA A100-SXM4-40GB", 8, 0, 108, 40960 * MiB, 40 * MiB},
-    GpuSpec{"L40S", "NVIDIA L40S", 8, 9, 142, 46068 * MiB, 96 * MiB},
-    GpuSpec{"A10", "NVIDIA A10", 8, 6, 72, 23028 * MiB, 6 * MiB},
-    GpuSpec{"L4", "NVIDIA L4", 8, 9, 58, 23034 * MiB, 48 * MiB},
-    GpuSpec{"T4", "Tesla T4", 7, 5, 40, 15360 * MiB, 4 * MiB},
+    GpuSpec{"H100-80GB", "NVIDIA H100 80GB HBM3", 9, 0, 132, 81559 * MiB, 50 * MiB, 2048, 32},
+    GpuSpec{"H200", "NVIDIA H200", 9, 0, 132, 143771 * MiB, 50 * MiB, 2048, 32},
+    GpuSpec{"A100-80GB", "NVIDIA A100-SXM4-80GB", 8, 0, 108, 81920 * MiB, 40 * MiB, 2048, 24},
+    GpuSpec{"A100-40GB", "NVIDIA A100-SXM4-40GB", 8, 0, 108, 40960 * MiB, 40 * MiB, 2048, 24},
+    GpuSpec{"L40S", "NVIDIA L40S", 8, 9, 142, 46068 * MiB, 96 * MiB, 1536, 2},
+    GpuSpec{"A10", "NVIDIA A10", 8, 6, 72, 23028 * MiB, 6 * MiB, 1536, 2},
+    GpuSpec{"L4", "NVIDIA L4", 8, 9, 58, 23034 * MiB, 48 * MiB, 1536, 2},
+    GpuSpec{"T4", "Tesla T4", 7, 5, 40, 15360 * MiB, 4 * MiB, 1024, 2},
 };
 
 bool same_key(std::string_view a, std::string_view b) {

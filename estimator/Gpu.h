@@ -15,6 +15,10 @@ struct GpuSpec {
   int multi_processor_count;
   std::int64_t total_memory;  // bytes
   std::int64_t l2_cache_size;  // bytes
+  int max_threads_per_multi_processor;
+  // NCCL's ring channels between GPUs of one node, as NCCL_DEBUG=INFO logs
+  // them ("Channel 00/32"): many over NVLink, a few over PCIe.
+  int nccl_channels;
 };
 
 // The table, first the default (H100-80GB).

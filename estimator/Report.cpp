@@ -91,6 +91,17 @@ nlohmann::json per_rank_json(const RunInfo& run, const Estimate& est) {
 
 }  // namespace
 
+nlohmann::json gpu_memory_json(const GpuMemory& gpu, std::int64_t reserved_peak) {
+  nlohmann::json beside = nlohmann::json::array();
+  for (const GpuMemoryUse& use : gpu.beside_allocator)
+    beside.push_back({{"what", use.what}, {"bytes", use.bytes}, {"basis", use.basis}});
+  return {{"gpu", gpu.gpu},
+          {"total_bytes", gpu.total},
+          {"beside_allocator", beside},
+          {"allocator_bytes", gpu.allocator_bytes()},
+          {"headroom_bytes", gpu.allocator_bytes() - reserved_peak}};
+}
+
 nlohmann::json report_json(const RunInfo& run, const Estimate& est, int depth,
                            const StepPeaks& achieved) {
   const Trace& trace = est.trace;
@@ -145,6 +156,7 @@ nlohmann::json report_json(const RunInfo& run, const Estimate& est, int depth,
     out["zero_grad"] = zero_grad_name(run.options->zero_grad);
     out["main_grads"] = run.options->fp32_main_grads ? "fp32" : "param";
   }
+  if (run.gpu_memory) out["gpu_memory"] = gpu_memory_json(*run.gpu_memory, est.allocator.reserved);
   if (!achieved.empty())
     out["achieved"] = {{"peak_bytes", achieved.back()}, {"step_peaks", achieved}};
   return out;
@@ -223,6 +235,14 @@ std::string summary_text(const RunInfo& run, const Estimate& est, const StepPeak
       line(fmt::format("  {}", category_name(static_cast<Category>(c))), est.live_at_peak[c]);
   line("CUDA allocator: max allocated", est.allocator.allocated);
   line("CUDA allocator: max reserved", est.allocator.reserved, run.alloc_conf);
+  if (const auto& gpu = run.gpu_memory) {
+    line(fmt::format("GPU {}", gpu->gpu), gpu->total);
+    for (const GpuMemoryUse& use : gpu->beside_allocator) line("  " + use.what, use.bytes, use.basis);
+    const std::int64_t headroom = gpu->allocator_bytes() - est.allocator.reserved;
+    line("  left to the CUDA allocator", gpu->allocator_bytes(),
+         headroom >= 0 ? fmt::format("{} to spare at the reserved peak", human_bytes(headroom))
+                       : fmt::format("short by {}: the step runs out of memory", human_bytes(-headroom)));
+  }
   line("memonger plan", est.plan.stats.planned_bytes,
        fmt::format("{} · lower bound {} · planned/lower bound {:.4f}", est.plan.plan.algorithm,
                    human_bytes(est.plan.stats.lower_bound_bytes), est.plan.stats.ratio()));

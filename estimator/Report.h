@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "estimator/Estimate.h"
+#include "estimator/GpuMemory.h"
 #include "profiler/Chain.h"
 
 namespace metamem {
@@ -26,6 +27,7 @@ struct RunInfo {
   bool sequence_parallel = false;
   PipelineStage pipeline;  // the model is this stage of a pipeline
   std::string alloc_conf;  // the simulated CUDA allocator's PYTORCH_ALLOC_CONF ("": the default)
+  std::optional<GpuMemory> gpu_memory;  // fake cuda: the GPU and what it holds beside the allocator
 };
 
 // Peak bytes of each step of a real CPU run; empty when there was none.
@@ -35,6 +37,11 @@ using StepPeaks = std::vector<std::int64_t>;
 // nodes, modules at `depth`, the measured step's timeline, achieved peaks.
 nlohmann::json report_json(const RunInfo& run, const Estimate& est, int depth,
                            const StepPeaks& achieved = {});
+
+// The GPU's memory: what it holds beside the allocator, what is left to the
+// allocator, and what the allocator's reserved peak leaves of that
+// ("headroom_bytes"; negative: short).
+nlohmann::json gpu_memory_json(const GpuMemory& gpu, std::int64_t reserved_peak);
 
 // Rows as the CLI prints them: a text table with human units, or CSV with
 // raw integers.

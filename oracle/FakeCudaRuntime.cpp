@@ -35,6 +35,7 @@ struct Device {
   int major = 9, minor = 0;
   int multi_processor_count = 132;  // torch sizes kernels' grids, and some scratch, by it
   int l2_cache_size = 50 << 20;
+  int max_threads_per_multi_processor = 2048;  // kernels' launch bounds, which torch reads to size grids
 
   int arch() const { return major * 10 + minor; }  // as kernels are built for it: 90 for sm90
 };
@@ -195,10 +196,12 @@ const EntryPoint kEntryPoints[] = {
 extern "C" {
 
 void metamem_fake_cuda_set_device(const char* name, std::size_t total_memory, int major, int minor,
-                                  int multi_processor_count, int l2_cache_size) {
+                                  int multi_processor_count, int l2_cache_size,
+                                  int max_threads_per_multi_processor) {
   FakeGpu& gpu = FakeGpu::get();
   std::lock_guard<std::mutex> lock(gpu.mutex);
-  gpu.device = {name, total_memory, major, minor, multi_processor_count, l2_cache_size};
+  gpu.device = {name, total_memory, major, minor, multi_processor_count, l2_cache_size,
+                max_threads_per_multi_processor};
 }
 
 std::size_t metamem_fake_cuda_used_memory() {
@@ -239,16 +242,14 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   prop->minor = gpu.device.minor;
   prop->multiProcessorCount = gpu.device.multi_processor_count;
   prop->l2CacheSize = gpu.device.l2_cache_size;
-  // What every GPU since Volta has, and threads per SM by architecture:
-  // kernels' launch bounds, which torch reads to size grids.
+  // What every GPU since Volta has.
   prop->warpSize = 32;
   prop->maxThreadsPerBlock = 1024;
   prop->maxThreadsDim[0] = prop->maxThreadsDim[1] = 1024;
   prop->maxThreadsDim[2] = 64;
   prop->maxGridSize[0] = 0x7fffffff;
   prop->maxGridSize[1] = prop->maxGridSize[2] = 65535;
-  const int arch = gpu.device.arch();
-  prop->maxThreadsPerMultiProcessor = arch == 75 ? 1024 : arch == 86 || arch == 89 ? 1536 : 2048;
+  prop->maxThreadsPerMultiProcessor = gpu.device.max_threads_per_multi_processor;
   prop->maxBlocksPerMultiProcessor = 32;
   prop->sharedMemPerBlock = 48 << 10;
   prop->regsPerBlock = prop->regsPerMultiprocessor = 65536;

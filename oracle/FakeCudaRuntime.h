@@ -7,10 +7,12 @@
 
 extern "C" {
 
-// The one device: its name, memory in bytes, compute capability, SMs and L2
-// cache. Before the first call of the runtime; the default is an H100.
+// The one device: its name, memory in bytes, compute capability, SMs, L2
+// cache and threads per SM. Before the first call of the runtime; the
+// default is an H100.
 void metamem_fake_cuda_set_device(const char* name, std::size_t total_memory, int major, int minor,
-                                  int multi_processor_count, int l2_cache_size);
+                                  int multi_processor_count, int l2_cache_size,
+                                  int max_threads_per_multi_processor);
 // Device memory in use now: cudaMalloc'd and cuMemCreate'd bytes.
 std::size_t metamem_fake_cuda_used_memory();
 

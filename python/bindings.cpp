@@ -136,7 +136,9 @@ py::dict gpu_dict(const GpuSpec& gpu) {
   d["multi_processor_count"] = gpu.multi_processor_count;
   d["total_memory"] = gpu.total_memory;
   d["L2_cache_size"] = gpu.l2_cache_size;
+  d["max_threads_per_multi_processor"] = gpu.max_threads_per_multi_processor;
   d["cublas_workspace_bytes"] = cublas_workspace_bytes(gpu.major, gpu.minor);
+  d["cuda_context_bytes"] = cuda_context_bytes(gpu);
   return d;
 }
 
@@ -233,13 +235,14 @@ std::atomic<Session*> g_session{nullptr};
 class Session {
  public:
   // `alloc_conf`: PYTORCH_ALLOC_CONF's text (None: as torch reads the
-  // environment); fractions of `gpu_memory`, the simulated device's.
-  Session(const std::string& device, const std::optional<std::string>& alloc_conf, std::int64_t gpu_memory)
+  // environment); fractions of `gpu`'s memory (a key of metamem's table).
+  Session(const std::string& device, const std::optional<std::string>& alloc_conf, const GpuSpec& gpu)
       : run_{.device = device, .alloc_conf = alloc_conf.value_or(allocator_config_from_environment())},
-        allocator_setup_(allocator_setup(run_.alloc_conf, gpu_memory)),
+        allocator_setup_(allocator_setup(run_.alloc_conf, gpu.total_memory)),
         allocator_(allocator_setup_) {
     if (device != "cpu" && device != "cuda")
       throw py::value_error("device must be 'cpu' or 'cuda', got '" + device + "'");
+    if (device == "cuda") run_.gpu_memory = gpu_memory(gpu, gpu.total_memory);
     tracer_ = std::make_unique<Tracer>(c10::Device(device));
     // The simulated allocator answers torch.cuda's memory statistics: a fake cpu has none.
     if (device == "cuda") tracer_->observe(&allocator_);
@@ -441,6 +444,28 @@ PYBIND11_MODULE(_metamem, m) {
       throw py::value_error(e.what());
     }
   });
+  // `total` bytes of `gpu` (0: all of its memory) and what it holds beside
+  // the allocator (docs/gpu-memory.md); `cuda_context`: a measured size in
+  // place of the estimate.
+  m.def(
+      "gpu_memory",
+      [](const std::string& gpu, std::int64_t total, std::optional<std::int64_t> cuda_context) {
+        try {
+          const metamem::GpuSpec& spec = metamem::find_gpu(gpu);
+          const metamem::GpuMemory memory =
+              metamem::gpu_memory(spec, total == 0 ? spec.total_memory : total, {.cuda_context = cuda_context});
+          py::list beside;
+          for (const metamem::GpuMemoryUse& use : memory.beside_allocator)
+            beside.append(py::dict(py::arg("what") = use.what, py::arg("bytes") = use.bytes,
+                                   py::arg("basis") = use.basis));
+          return py::dict(py::arg("gpu") = memory.gpu, py::arg("total_bytes") = memory.total,
+                          py::arg("beside_allocator") = beside,
+                          py::arg("allocator_bytes") = memory.allocator_bytes());
+        } catch (const std::invalid_argument& e) {
+          throw py::value_error(e.what());
+        }
+      },
+      py::arg("gpu"), py::arg("total") = 0, py::arg("cuda_context") = py::none());
   m.def("gpu_keys", [] {
     std::vector<std::string> keys;
     for (const metamem::GpuSpec& gpu : metamem::known_gpus()) keys.emplace_back(gpu.key);
@@ -467,8 +492,9 @@ PYBIND11_MODULE(_metamem, m) {
       .def("snapshot", &Result::snapshot, py::arg("path"))
       .def("save_allocator_events", &Result::save_allocator_events, py::arg("path"));
   py::class_<Session>(m, "Session")
-      .def(py::init<const std::string&, const std::optional<std::string>&, std::int64_t>(), py::arg("device"),
-           py::arg("alloc_conf"), py::arg("gpu_memory"))
+      .def(py::init([](const std::string& device, const std::optional<std::string>& alloc_conf,
+                       const std::string& gpu) { return new Session(device, alloc_conf, metamem::find_gpu(gpu)); }),
+           py::arg("device"), py::arg("alloc_conf"), py::arg("gpu"))
       .def("forward", &Session::forward)
       .def("backward", &Session::backward)
       .def("backward_done", &Session::backward_done)

@@ -51,6 +51,26 @@ expect 0 "max reserved .* expandable_segments:True" profile --model mlp --alloc-
 PYTORCH_ALLOC_CONF=max_split_size_mb:64 expect 0 "max reserved .* max_split_size_mb:64" profile --model mlp
 PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:2 expect 2 "garbage_collection_threshold" profile --model mlp
 expect 0 "largest batch that fits" fit --model resnet18 --image 64 --memory 1GiB
+
+# What the GPU holds beside the allocator (docs/gpu-memory.md).
+expect 0 "GPU T4 .*CUDA context +253.00 MiB +estimate: 40.00 MiB stack \\(40 SMs × 1024 threads × 1 KiB\\)" \
+  profile --model mlp --gpu T4
+expect 0 "NCCL buffers +18.38 MiB +estimate: 1 communicator × 2 ring channels" profile --model mlp --gpu T4 --dp 2
+expect 2 "200.00 MiB of T4 leaves nothing to the CUDA caching allocator beside CUDA context 253.00 MiB" \
+  fit --model mlp --gpu T4 --memory 200MiB
+expect 2 "--cuda-context expects a size" fit --model mlp --cuda-context lots
+if ! "$metamem" fit --model gpt2 --seq 256 --layers 2 --width 256 --heads 4 --vocab 1000 --memory 2GiB --dp 2 --tp 2 \
+  --cuda-context 300MiB --format json |
+  python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+g = d["gpu_memory"]
+# 2 GiB less the given context and two communicators of 32 H100 ring channels of 9,633,792 B.
+assert [u["what"] for u in g["beside_allocator"]] == ["CUDA context", "NCCL buffers"], g
+assert g["allocator_bytes"] == 2 * 2**30 - 300 * 2**20 - 2 * 32 * 9633792, g
+assert 0 < d["predicted_bytes"] <= g["allocator_bytes"] and g["headroom_bytes"] >= 0, d
+'
+then echo "FAIL: fit's GPU memory JSON"; failures=$((failures + 1)); fi
 expect 0 '"peak_phase": "(forward|backward|optimizer)"' profile --model mlp --batch 2 --optimizer adam --format json
 expect 0 "^name,op,module,phase,fwd_flops" profile --model resnet18 --batch 2 --image 32 --table modules --format csv
 expect 0 "ResNet.layer1" profile --model resnet18 --batch 2 --image 32 --table modules --depth 2
@@ -96,7 +116,7 @@ expect 0 "with checkpointing \\([a-z]+\\): units" fit --model gpt2 --seq 256 --l
 # Without checkpointing, batch 15's live bytes fit and the allocator's reserved do not; a plan must recompute.
 expect 0 "largest batch that fits in 256.00 MiB: 15 .*with checkpointing" fit --model gpt2 --seq 256 --layers 4 \
   --width 256 --heads 4 --vocab 1000 --optimizer adam --tp 2 --sequence-parallel --dp 2 --zero 2 --memory 256MiB \
-  --checkpoint auto --max-batch 15
+  --cuda-context 0 --nccl-buffers 0 --checkpoint auto --max-batch 15
 
 # A memory-viz snapshot: plain pickle, no GLOBAL or REDUCE, with segments and traces.
 "$metamem" profile --model resnet18 --batch 2 --image 32 --snapshot "$dir/r18.pickle" >/dev/null
@@ -148,7 +168,8 @@ expect 2 "--rank must be between 0 and --dp minus 1" profile --model mlp --batch
 expect 0 '"communication_bytes": [1-9]' profile --model mlp --batch 2 --dp 2 --format json
 expect 0 "rank of 4 data-parallel, ZeRO stage 2" profile --model mlp --batch 2 --dp 4 --zero 2 --optimizer adam
 small_llama=(--batch 1 --seq 64 --layers 1 --width 64 --heads 4 --vocab 100)
-expect 0 "layouts of gpt2 on 4 GPUs" fit --model gpt2 "${small_llama[@]}" --memory 64MiB --optimizer adam --search --gpus 4
+expect 0 "layouts of gpt2 on 4 GPUs" fit --model gpt2 "${small_llama[@]}" --memory 64MiB --optimizer adam --search --gpus 4 \
+  --cuda-context 0 --nccl-buffers 0
 expect 2 "--search and --gpus N go together" fit --model gpt2 "${small_llama[@]}" --memory 64MiB --search
 expect 2 "fit --search chooses --tp, --pp, --dp, --zero and recompute itself" fit --model gpt2 "${small_llama[@]}" --memory 64MiB --search --gpus 4 --pp 2
 expect 2 "--jobs must be between 1 and 256" fit --model gpt2 "${small_llama[@]}" --memory 64MiB --search --gpus 4 --jobs 0

@@ -181,6 +181,8 @@ class SplitSearch {
       : m_(m), model_(model), memory_(memory), max_batch_(max_batch), solver_(std::move(solver)) {}
 
   std::vector<Row> rows(std::int64_t tp, int pp, int dp) {
+    // The split's ranks hold NCCL buffers for its process groups beside the allocator.
+    budget_ = m_.device == "cuda" ? m_.gpu_memory(memory_, tp, pp, dp).allocator_bytes() : memory_;
     std::vector<Row> rows;
     const int top_zero = dp == 1 ? 0 : pp > 1 ? 1 : 3;  // pipelines shard optimizer states at most
     std::vector<std::int64_t> fits_at(top_zero + 1, 1);  // per ZeRO stage
@@ -251,14 +253,14 @@ class SplitSearch {
             config.batch = batch;
             return zoo_step(config);
           },
-          options, memory_));
+          options, budget_));
     std::int64_t most = max_batch_;
     double bytes_per_sample = 0;
     for (std::size_t s = 0; s < stages.size() && most > 0; ++s) {
-      const BatchFit found = largest_batch([&](std::int64_t batch) { return trials[s](batch); }, memory_, most,
+      const BatchFit found = largest_batch([&](std::int64_t batch) { return trials[s](batch); }, budget_, most,
                                            s == 0 ? hint : BatchHint{most, 0});
       if (s == 0) bytes_per_sample = found.bytes_per_sample;
-      most = trials[s].largest_fitting(found.batch, memory_, most);
+      most = trials[s].largest_fitting(found.batch, budget_, most);
     }
     // A later stage's answer can be a batch an earlier one does not fit
     // (fragmentation is not monotone in the batch).
@@ -302,7 +304,7 @@ class SplitSearch {
       config.checkpoint = policy;
       return trace_step(zoo_step(config), c10::Device(m_.device), options);
     };
-    const std::optional<Trial> trial = plan_within(m_, trace_under, trace_under({}), solver_, memory_);
+    const std::optional<Trial> trial = plan_within(m_, trace_under, trace_under({}), solver_, budget_);
     if (!trial) return std::nullopt;
     return Row{layout, batch, trial->measured.bytes, 0, recomputed_share(trial->measured), trial->plan->solver,
                to_string(trial->plan->policy)};
@@ -310,7 +312,9 @@ class SplitSearch {
 
   const ModelFlags& m_;
   const ZooConfig& model_;
-  std::int64_t memory_, max_batch_;
+  std::int64_t memory_;      // the GPU's
+  std::int64_t budget_ = 0;  // the allocator's, for the split searched
+  std::int64_t max_batch_;
   std::string solver_;
   std::int64_t traces_ = 0, line_reads_ = 0;
 };
@@ -344,6 +348,8 @@ int search_layouts(const ModelFlags& m, std::int64_t gpus, std::int64_t memory, 
   for (std::int64_t tp = top_tp; tp >= 1; tp /= 2)
     for (int pp = 1; tp * pp <= gpus && pp <= model.layers; pp *= 2)
       if (gpus % (tp * pp) == 0 && model.layers % pp == 0) splits.push_back({tp, pp, static_cast<int>(gpus / (tp * pp))});
+  if (m.device == "cuda")  // here, not in the workers: a split whose NCCL buffers leave nothing is the user's error
+    for (const Split& split : splits) m.gpu_memory(memory, split.tp, split.pp, split.dp);
 
   Progress progress("fit --search");
   register_meta_kernels();  // before the workers fork, once for them all
@@ -385,8 +391,11 @@ int search_layouts(const ModelFlags& m, std::int64_t gpus, std::int64_t memory, 
   }
   fmt::print("{} layouts of {} on {} GPUs of {} that fit ({} traces, {} batches read off lines, {:.1f} s, {} "
              "processes); tensor parallel with sequence parallelism, pipelines under 1F1B with as many micro-batches "
-             "as stages\n",
-             rows.size(), m.zoo.model, gpus, human_bytes(memory), traces, line_reads, seconds, jobs);
+             "as stages{}\n",
+             rows.size(), m.zoo.model, gpus, human_bytes(memory), traces, line_reads, seconds, jobs,
+             m.device == "cuda" ? "; the CUDA allocator has each GPU's memory less the CUDA context and the NCCL "
+                                  "buffers of its layout's process groups (docs/gpu-memory.md)"
+                                : "");
   fmt::print("{:>4} {:>4} {:>5} {:>5} {:>10} {:>11} {:>12} {:>14} {:>6}\n", "tp", "pp", "dp", "zero", "recompute",
              "recomputed", "micro-batch", m.device == "cuda" ? "reserved" : "peak", "stage");
   for (const Row& r : rows)
@@ -433,6 +442,9 @@ int fit_command(const std::vector<std::string>& args) {
     if (jobs < 1 || jobs > 256) throw UsageError("--jobs must be between 1 and 256");
     return search_layouts(m, gpus, memory, max_batch, checkpoint, static_cast<int>(jobs), format);
   }
+  // On fake cuda the allocator has what the GPU holds beside it less.
+  const std::optional<GpuMemory> gpu = m.device == "cuda" ? std::optional(m.gpu_memory(memory)) : std::nullopt;
+  const std::int64_t budget = gpu ? gpu->allocator_bytes() : memory;
   const StepOptions options = m.step_options();
   const c10::Device device(m.device);
 
@@ -449,7 +461,7 @@ int fit_command(const std::vector<std::string>& args) {
   };
   Progress progress("fit");
   LineTrials plain_trials = batch_trials(
-      m, [&](std::int64_t batch) { return step_with(batch, {}); }, options, memory);
+      m, [&](std::int64_t batch) { return step_with(batch, {}); }, options, budget);
   auto trial = [&](std::int64_t batch) {
     progress.update(fmt::format("trying batch {}", batch));
     Trial result;
@@ -459,10 +471,10 @@ int fit_command(const std::vector<std::string>& args) {
     }
     const Trace plain = trace_with(batch, {});
     const std::int64_t plain_bytes = needed_bytes(m, plain);
-    result.measured = {plain_bytes <= memory, plain_bytes};
+    result.measured = {plain_bytes <= budget, plain_bytes};
     if (result.measured.fits) return result;
     std::optional<Trial> planned = plan_within(
-        m, [&](const CheckpointPolicy& policy) { return trace_with(batch, policy); }, plain, checkpoint, memory);
+        m, [&](const CheckpointPolicy& policy) { return trace_with(batch, policy); }, plain, checkpoint, budget);
     return planned ? std::move(*planned) : result;
   };
 
@@ -473,9 +485,9 @@ int fit_command(const std::vector<std::string>& args) {
         // A plan that fitted says nothing about the batch's own bytes: bisect.
         return checkpoint == "none" ? t.measured : BatchTrial{t.measured.fits};
       },
-      memory, max_batch);
+      budget, max_batch);
   const std::int64_t batch =
-      checkpoint == "none" ? plain_trials.largest_fitting(found.batch, memory, max_batch) : found.batch;
+      checkpoint == "none" ? plain_trials.largest_fitting(found.batch, budget, max_batch) : found.batch;
   if (batch != found.batch) trials[batch] = {plain_trials(batch)};
   progress.finish();
   const Trial* best = batch > 0 ? &trials.at(batch) : nullptr;
@@ -491,13 +503,23 @@ int fit_command(const std::vector<std::string>& args) {
                        {"checkpoint", checkpoint},
                        {"traces", traces},
                        {"line_reads", plain_trials.line_reads()}};
+    if (gpu) out["gpu_memory"] = gpu_memory_json(*gpu, best ? best->measured.bytes : 0);
     if (plan)
       out["plan"] = {{"solver", plan->solver},
                      {"policy_text", to_string(plan->policy)},
                      {"recompute_flops", best->measured.recompute_flops},
                      {"step_flops", best->measured.flops - best->measured.recompute_flops}};
     std::cout << out.dump(2) << "\n";
-  } else if (!best) {
+    return 0;
+  }
+  if (gpu) {
+    std::string beside;
+    for (const GpuMemoryUse& use : gpu->beside_allocator)
+      beside += fmt::format("{}{} ({})", beside.empty() ? " " : ", ", use.what, human_bytes(use.bytes));
+    fmt::print("{} of {}: {} left to the CUDA allocator beside{} (docs/gpu-memory.md)\n", human_bytes(memory),
+               gpu->gpu, human_bytes(budget), beside);
+  }
+  if (!best) {
     fmt::print("{} does not fit in {} even at batch 1 (fake {}{}).\n", m.zoo.model, human_bytes(memory),
                m.device, checkpoint == "none" ? "" : ", with checkpointing");
   } else {

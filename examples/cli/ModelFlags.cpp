@@ -1,5 +1,7 @@
 #include "examples/cli/ModelFlags.h"
 
+#include "estimator/Units.h"
+
 namespace metamem::cli {
 
 void ModelFlags::add_to(Flags& flags) {
@@ -15,6 +17,8 @@ void ModelFlags::add_to(Flags& flags) {
   flags.add("--device", &device, {"cpu", "cuda"});
   flags.add("--gpu", &gpu);
   flags.add("--alloc-conf", &alloc_conf);
+  flags.add("--cuda-context", &cuda_context);
+  flags.add("--nccl-buffers", &nccl_buffers);
   flags.add("--optimizer", &optimizer);
   flags.add("--optimizer-impl", &optimizer_impl, {"libtorch", "for-loop"});
   flags.add("--dtype", &dtype);
@@ -68,6 +72,22 @@ TracedGpuScope ModelFlags::gpu_scope() const {
 
 AllocatorSetup ModelFlags::allocator(std::int64_t memory) const {
   return {parse_allocator_config(alloc_conf), memory, gpu_spec().total_memory};
+}
+
+GpuMemory ModelFlags::gpu_memory(std::int64_t total) const { return gpu_memory(total, tp, pp, dp); }
+
+GpuMemory ModelFlags::gpu_memory(std::int64_t total, std::int64_t tp_ranks, std::int64_t pp_stages,
+                                 std::int64_t dp_ranks) const {
+  GpuMemoryOptions options;
+  // Hybrid FSDP shards within a node and replicates across nodes: two groups.
+  const bool hybrid = fsdp == "hybrid" && dp_ranks > gpus_per_node;
+  options.nccl_communicators = (tp_ranks > 1) + (pp_stages > 1) + (dp_ranks > 1) + hybrid;
+  // A size, or 0: none (a test of the allocator alone, a single process).
+  auto size = [](const std::string& text, const char* flag) { return text == "0" ? 0 : parse_memory(text, flag); };
+  if (!cuda_context.empty()) options.cuda_context = size(cuda_context, "--cuda-context");
+  if (!nccl_buffers.empty()) options.nccl_buffers = size(nccl_buffers, "--nccl-buffers");
+  const GpuSpec& spec = gpu_spec();
+  return metamem::gpu_memory(spec, total == 0 ? spec.total_memory : total, options);
 }
 
 StepOptions ModelFlags::step_options() const {
@@ -146,6 +166,7 @@ RunInfo ModelFlags::run_info() const {
   run.sequence_parallel = sequence_parallel;
   run.pipeline = config().pipeline;
   run.alloc_conf = alloc_conf;
+  if (device == "cuda") run.gpu_memory = gpu_memory();
   return run;
 }
 

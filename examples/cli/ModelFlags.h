@@ -6,6 +6,7 @@
 
 #include "estimator/CachingAllocator.h"
 #include "estimator/Gpu.h"
+#include "estimator/GpuMemory.h"
 #include "estimator/Report.h"
 #include "examples/cli/Flags.h"
 #include "examples/zoo/ScriptModel.h"
@@ -25,6 +26,7 @@ struct ModelFlags {
   std::vector<std::string> inputs;  // TorchScript models: one --input per forward argument
   std::string loss = "sum";
   std::string alloc_conf = allocator_config_from_environment();  // the simulated CUDA allocator's PYTORCH_ALLOC_CONF
+  std::string cuda_context, nccl_buffers;  // measured sizes in place of the estimates ("": estimate)
   std::int64_t steps = 2;
   std::int64_t grad_accum = 1;
   std::string zero_grad = "set_to_none";
@@ -63,6 +65,11 @@ struct ModelFlags {
   // device of `memory` bytes, or of unlimited memory (the bytes a step
   // needs, however many).
   AllocatorSetup allocator(std::int64_t memory = std::numeric_limits<std::int64_t>::max()) const;
+  // `total` bytes of the --gpu (0: all of its memory) and what one rank of
+  // the layout holds there beside the allocator: the CUDA context and one
+  // NCCL communicator per process group of two or more ranks.
+  GpuMemory gpu_memory(std::int64_t total = 0) const;
+  GpuMemory gpu_memory(std::int64_t total, std::int64_t tp, std::int64_t pp, std::int64_t dp) const;
   // The run as the report names it.
   RunInfo run_info() const;
 };

@@ -23,7 +23,7 @@ from torch.overrides import TorchFunctionMode
 from . import _metamem
 from ._cuda import FakeCudaRuntime, Patches
 
-__all__ = ["trace", "achieved_cpu", "gpus", "largest_batch", "Trace", "UnsupportedOpError", "ValueReadError"]
+__all__ = ["trace", "achieved_cpu", "gpus", "gpu_memory", "largest_batch", "Trace", "UnsupportedOpError", "ValueReadError"]
 
 
 class UnsupportedOpError(NotImplementedError):
@@ -322,6 +322,15 @@ def gpus():
     return list(_metamem.gpu_keys())
 
 
+def gpu_memory(gpu="H100-80GB", memory=None, cuda_context=None):
+    """`memory` bytes of `gpu` (None: all of it) and what they leave the
+    caching allocator beside the CUDA context, metamem's estimate unless
+    `cuda_context` gives a measured size (docs/gpu-memory.md): a dict of
+    gpu, total_bytes, beside_allocator ([{what, bytes, basis}]) and
+    allocator_bytes. ValueError where nothing is left."""
+    return _metamem.gpu_memory(gpu, memory or 0, cuda_context)
+
+
 @contextlib.contextmanager
 def _known_values_listed():
     """Tensor.tolist() of a traced tensor whose values the trace knows (made
@@ -381,7 +390,7 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
     gpu_spec = _metamem.gpu(gpu)  # ValueError for an unknown GPU, before anything changes
     result = Trace(device)
     with _real_rng_kept():
-        session = _metamem.Session(device, alloc_conf, gpu_spec["total_memory"])
+        session = _metamem.Session(device, alloc_conf, gpu)
         finished = False
         try:
             with contextlib.ExitStack() as stack:

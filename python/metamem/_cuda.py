@@ -46,7 +46,6 @@ class DeviceProperties:
     warp_size = 32
     is_integrated = 0
     is_multi_gpu_board = 0
-    max_threads_per_multi_processor = 2048
     regs_per_multiprocessor = 65536
     gcnArchName = "NA"
     pci_bus_id = pci_device_id = pci_domain_id = 0
@@ -58,6 +57,7 @@ class DeviceProperties:
         self.total_memory = gpu["total_memory"]
         self.multi_processor_count = gpu["multi_processor_count"]
         self.L2_cache_size = gpu["L2_cache_size"]
+        self.max_threads_per_multi_processor = gpu["max_threads_per_multi_processor"]
         self.uuid = "00000000-0000-0000-0000-000000000000"
 
     def __repr__(self):
@@ -174,8 +174,11 @@ class FakeCudaRuntime:
         self.kernels_for = _metamem.TracedGpu(gpu["major"], gpu["minor"])
 
     def free_bytes(self):
+        """cudaMemGetInfo's free: the GPU's memory less the CUDA context
+        (metamem's estimate, docs/gpu-memory.md) and what the allocator
+        holds."""
         reserved = self.session.memory_stats()["reserved_bytes"]["all"]["current"]
-        return self.gpu["total_memory"] - reserved
+        return self.gpu["total_memory"] - self.gpu["cuda_context_bytes"] - reserved
 
     def __enter__(self):
         cuda, C, set_ = torch.cuda, torch._C, self.patches.set

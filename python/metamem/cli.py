@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from . import UnsupportedOpError, _metamem, achieved_cpu, largest_batch, trace
+from . import UnsupportedOpError, _metamem, achieved_cpu, gpu_memory, largest_batch, trace
 
 class UsageError(Exception):
     pass
@@ -52,7 +52,9 @@ def parser():
                    help="what reading a traced value does (see metamem.trace)")
     p.add_argument("--format", choices=["table", "json"], default="table")
     p.add_argument("--achieved", action="store_true", help="profile: also run the step for real (--device cpu)")
-    p.add_argument("--memory", help="fit: the memory to fit (default: the --gpu's)")
+    p.add_argument("--memory", help="fit: the GPU's memory (default: the --gpu's)")
+    p.add_argument("--cuda-context", help="fit: the CUDA context's size, measured, in place of metamem's estimate "
+                                          "(docs/gpu-memory.md)")
     p.add_argument("--max-batch", type=int, default=1 << 16, help="fit: the largest batch tried")
     return p
 
@@ -111,22 +113,32 @@ def profile(args):
 
 
 def fit(args):
-    memory = _metamem.parse_memory(args.memory, "--memory") if args.memory else _metamem.gpu(args.gpu)["total_memory"]
+    """The largest batch whose step's reserved peak fits in what the GPU's
+    memory leaves the allocator beside the CUDA context."""
+    memory = _metamem.parse_memory(args.memory, "--memory") if args.memory else 0
+    context = None
+    if args.cuda_context:
+        context = 0 if args.cuda_context == "0" else _metamem.parse_memory(args.cuda_context, "--cuda-context")
+    gpu = gpu_memory(args.gpu, memory, context)
+    budget = gpu["allocator_bytes"]
     tried = {}
 
     def fits(batch):
         tried[batch] = traced(args, batch)[0].reserved_peak_bytes
-        return tried[batch] <= memory
+        return tried[batch] <= budget
 
     best = largest_batch(fits, args.max_batch)
     if args.format == "json":
-        print(json.dumps({"gpu": args.gpu, "memory_bytes": memory, "largest_batch": best,
+        print(json.dumps({"gpu": args.gpu, "memory_bytes": gpu["total_bytes"], "gpu_memory": gpu,
+                          "largest_batch": best,
                           "reserved_bytes": {str(b): r for b, r in sorted(tried.items())}}, indent=2))
     else:
-        print(f"{args.gpu}, {memory / 2**30:.2f} GiB: largest batch that fits: {best}")
+        beside = ", ".join(f"{use['what']} {use['bytes'] / 2**20:.0f} MiB" for use in gpu["beside_allocator"])
+        print(f"{args.gpu}, {gpu['total_bytes'] / 2**30:.2f} GiB ({budget / 2**30:.2f} GiB left to the CUDA "
+              f"allocator beside {beside}): largest batch that fits: {best}")
         for batch, reserved in sorted(tried.items()):
             print(f"  batch {batch:>6}   reserved {reserved / 2**30:10.2f} GiB   "
-                  f"{'fits' if reserved <= memory else 'does not fit'}")
+                  f"{'fits' if reserved <= budget else 'does not fit'}")
     return 0
 
 

@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from . import _metamem, trace
+from . import gpu_memory, trace
 from ._step import checked, train
 from . import largest_batch as search_largest_batch
 
@@ -176,8 +176,9 @@ def reserved_peak(cfg, batch=1, seq=128, gpu="H100-80GB", **options):
 
 
 def largest_batch(cfg, seq=128, gpu="H100-80GB", memory=None, most=1 << 16, **options):
-    """The largest batch size (up to `most`) whose reserved_peak fits in
-    `memory` bytes (the GPU's memory by default), 0 when batch 1 does not:
+    """The largest batch size (up to `most`) whose reserved_peak fits in what
+    `memory` bytes of the GPU (all of it by default) leave the allocator
+    beside the CUDA context (docs/gpu-memory.md), 0 when batch 1 does not:
     doubling, then bisection, one trace per size tried (metamem.largest_batch)."""
-    capacity = _metamem.gpu(gpu)["total_memory"] if memory is None else memory
+    capacity = gpu_memory(gpu, memory)["allocator_bytes"]
     return search_largest_batch(lambda batch: reserved_peak(cfg, batch, seq, gpu, **options) <= capacity, most)

@@ -85,7 +85,7 @@ PROLOGUE = textwrap.dedent("""
     gpu = json.loads(sys.argv[2])
     ctypes.CDLL(sys.argv[1]).metamem_fake_cuda_set_device(
         gpu["name"].encode(), ctypes.c_size_t(gpu["total_memory"]), gpu["major"], gpu["minor"],
-        gpu["multi_processor_count"], gpu["L2_cache_size"])
+        gpu["multi_processor_count"], gpu["L2_cache_size"], gpu["max_threads_per_multi_processor"])
 """)
 
 CHILD = PROLOGUE + textwrap.dedent("""

@@ -23,6 +23,16 @@ def trace_and_run(step):
     return t.peak_bytes, metamem.achieved_cpu(step)
 
 
+def test_gpu_memory_leaves_the_allocator_what_the_context_does_not_hold():
+    # A T4's context: 40 SMs × 1024 threads × 1 KiB of stack, and the driver's 213 MiB.
+    t4 = metamem.gpu_memory("T4")
+    assert t4["total_bytes"] == 15360 * MiB and t4["beside_allocator"][0]["bytes"] == (40 + 213) * MiB
+    assert t4["allocator_bytes"] == (15360 - 253) * MiB
+    assert metamem.gpu_memory("T4", memory=1 << 30, cuda_context=0)["allocator_bytes"] == 1 << 30
+    with pytest.raises(ValueError, match="leaves nothing to the CUDA caching allocator"):
+        metamem.gpu_memory("T4", memory=200 * MiB)
+
+
 def test_device_queries_answer_for_the_traced_gpu():
     cached_count = torch.cuda._cached_device_count
     with metamem.trace(device="cuda") as t:
@@ -34,8 +44,11 @@ def test_device_queries_answer_for_the_traced_gpu():
         assert torch.cuda.get_device_name() == props.name
         assert torch.cuda.get_device_capability("cuda:0") == (9, 0)
         assert torch.cuda.is_bf16_supported()
+        assert props.max_threads_per_multi_processor == 2048
         x = torch.empty(3 * MiB, device="cuda")  # 12 MiB: a 12 MiB segment
-        assert torch.cuda.mem_get_info() == (props.total_memory - 12 * MiB, props.total_memory)
+        # Free: less the CUDA context, a stack of 1 KiB per thread the SMs hold and the driver's 213 MiB.
+        context = 132 * 2048 * 1024 + 213 * MiB
+        assert torch.cuda.mem_get_info() == (props.total_memory - context - 12 * MiB, props.total_memory)
         del x
     assert t.peak_bytes == 12 * MiB
     with metamem.trace(device="cuda", gpu="a100-40gb"):

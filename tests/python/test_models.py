@@ -92,13 +92,18 @@ def test_the_command_line_profiles_a_hub_config_exactly_on_cpu(capsys):
 
 
 def test_the_command_line_fits_a_timm_model_on_a_gpu(capsys):
-    memory = 64 << 20
-    assert metamem.cli.main(["fit", "--timm", "test_vit", "--memory", "64MiB", "--gpu", "T4", "--format", "json"]) == 0
+    # 320 MiB of a T4, less its CUDA context: 40 SMs × 1024 threads × 1 KiB of stack and the driver's 213 MiB.
+    memory = (320 - 40 - 213) << 20
+    assert metamem.cli.main(["fit", "--timm", "test_vit", "--memory", "320MiB", "--gpu", "T4", "--format", "json"]) == 0
     fit = json.loads(capsys.readouterr().out)
+    assert fit["gpu_memory"]["allocator_bytes"] == memory
     reserved = {int(batch): size for batch, size in fit["reserved_bytes"].items()}
     best = fit["largest_batch"]
     assert best >= 1 and reserved[best] <= memory
     assert best + 1 in reserved and reserved[best + 1] > memory  # the bisection's last step: one more fails
+    assert metamem.cli.main(["fit", "--timm", "test_vit", "--memory", "320MiB", "--cuda-context", "0", "--gpu", "T4",
+                             "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["largest_batch"] > best
 
 
 @pytest.mark.parametrize("args, message", [
@@ -108,6 +113,7 @@ def test_the_command_line_fits_a_timm_model_on_a_gpu(capsys):
     (["profile", "--hf", "gpt2", "--achieved"], "--achieved is for profile --device cpu"),
     (["profile", "--hf", "gpt2", "--gpu", "V100"], "unknown GPU 'V100'"),
     (["fit", "--hf", "gpt2", "--memory", "lots"], "--memory expects a size"),
+    (["fit", "--hf", "gpt2", "--memory", "200MiB", "--gpu", "T4"], "leaves nothing to the CUDA caching allocator"),
     (["profile", "--timm", "test_vit", "--hf-set", "x=1"], "are for --hf models"),
 ])
 def test_the_command_line_names_bad_input(args, message, capsys):
