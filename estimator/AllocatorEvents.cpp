@@ -19,13 +19,21 @@ std::vector<AllocatorEvent> allocator_events(const Trace& trace) {
   std::vector<AllocatorEvent> events;
   events.reserve(trace.buffers.size() * 2 + 1);
   const std::size_t measured = trace.measured().begin;
+  // The trace's events as an observer sees them.
+  struct Recorder final : AllocationObserver {
+    std::vector<AllocatorEvent>& events;
+    explicit Recorder(std::vector<AllocatorEvent>& to) : events(to) {}
+    void on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t, int stream) override {
+      events.push_back({AllocatorEvent::Kind::Alloc, buffer, bytes, stream});
+    }
+    void on_record_stream(std::uint32_t buffer, int stream) override {
+      events.push_back({AllocatorEvent::Kind::RecordStream, buffer, 0, stream});
+    }
+    void on_free(std::uint32_t buffer) noexcept override { events.push_back({AllocatorEvent::Kind::Free, buffer}); }
+  } recorder(events);
   for (std::size_t e = 0; e < trace.events.size(); ++e) {
     if (e == measured) events.push_back({AllocatorEvent::Kind::ResetPeaks});
-    const Event& event = trace.events[e];
-    if (event.kind == EventKind::Alloc)
-      events.push_back({AllocatorEvent::Kind::Alloc, event.index, trace.buffers[event.index].bytes});
-    else if (event.kind == EventKind::Free)
-      events.push_back({AllocatorEvent::Kind::Free, event.index});
+    trace.tell(trace.events[e], recorder);
   }
   if (measured >= trace.events.size()) events.push_back({AllocatorEvent::Kind::ResetPeaks});
   return events;

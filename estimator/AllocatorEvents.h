@@ -30,9 +30,6 @@ struct AllocatorEvent {
   int stream = 0;          // Alloc, RecordStream
 };
 
-// Streams an event list may name: the default stream and those torch's
-// stream pool hands out before it repeats itself.
-inline constexpr int kMaxStreams = 32;
 
 // The trace's allocations and frees in order, with a reset of the peaks
 // where its last (measured) step begins: the peaks at the end are that

@@ -514,10 +514,12 @@ std::vector<CachingAllocatorSim::SnapshotSegment> CachingAllocatorSim::snapshot_
         ++it;
         continue;
       }
-      SnapshotSegment range{it->first, 0, it->second.small_pool, segment.expandable};
+      SnapshotSegment range{it->first, 0, segment.stream, it->second.small_pool, segment.expandable};
       for (; it != end && it->second.mapped; ++it) {
         range.size += it->second.size;
-        if (!it->second.allocated || it->second.awaiting_streams) continue;
+        if (!it->second.allocated) continue;
+        range.active += it->second.size;
+        if (it->second.awaiting_streams) continue;
         range.allocated += it->second.size;
         range.requested += it->second.requested;
       }
@@ -543,11 +545,7 @@ void replay_trace(const Trace& trace, CachingAllocatorSim& sim,
                   const std::function<void(std::size_t)>& before) {
   for (std::size_t e = 0; e < trace.events.size(); ++e) {
     if (before) before(e);
-    const Event& event = trace.events[e];
-    if (event.kind == EventKind::Alloc)
-      sim.malloc(event.index, trace.buffers[event.index].bytes);
-    else if (event.kind == EventKind::Free)
-      sim.free(event.index);
+    trace.tell(trace.events[e], sim);
   }
 }
 

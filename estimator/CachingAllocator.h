@@ -116,6 +116,7 @@ class CachingAllocatorSim final : public AllocationObserver {
   struct Action {
     const char* action;
     std::int64_t address, size;
+    int stream;
   };
   using Listener = std::function<void(const Action&)>;
   void set_listener(Listener listener) { listener_ = std::move(listener); }
@@ -143,7 +144,10 @@ class CachingAllocatorSim final : public AllocationObserver {
   // to the device.
   void empty_cache();
 
-  void on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t) override { malloc(buffer, bytes); }
+  void on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t, int stream) override {
+    malloc(buffer, bytes, stream);
+  }
+  void on_record_stream(std::uint32_t buffer, int stream) override { record_stream(buffer, stream); }
   void on_free(std::uint32_t buffer) noexcept override { free(buffer); }
 
   const AllocatorStats& stats() const { return stats_; }
@@ -165,6 +169,11 @@ class CachingAllocatorSim final : public AllocationObserver {
     // Freed while used on other streams (record_stream): held, as if
     // allocated, until their work is done.
     bool awaiting_streams = false;
+
+    // As torch.cuda.memory_snapshot() names a block's state.
+    const char* state() const {
+      return !allocated ? "inactive" : awaiting_streams ? "active_pending_free" : "active_allocated";
+    }
   };
   // A cudaMalloc'd segment, or the address space an expandable segment
   // reserves (its blocks cover it: mapped ones and unmapped ones).
@@ -175,11 +184,13 @@ class CachingAllocatorSim final : public AllocationObserver {
   };
   // torch.cuda.memory_snapshot()'s segments: each cudaMalloc'd segment, and
   // each contiguous mapped range of an expandable one, with the bytes its
-  // allocated blocks hold and were asked for.
+  // allocated blocks hold and were asked for, and its active blocks (also
+  // those freed that wait for other streams).
   struct SnapshotSegment {
     std::int64_t address, size;
+    int stream;
     bool small_pool, expandable;
-    std::int64_t allocated = 0, requested = 0;
+    std::int64_t allocated = 0, requested = 0, active = 0;
   };
   // Blocks by address; segments by base address.
   const std::map<std::int64_t, Block>& blocks() const { return blocks_; }
@@ -245,7 +256,8 @@ class CachingAllocatorSim final : public AllocationObserver {
   void process_events();
   bool garbage_collecting() const { return config_.garbage_collection_threshold > 0 && allowed_maximum_; }
   void notify(const char* action, std::int64_t address, std::int64_t size) const {
-    if (listener_) listener_({action, address, size});
+    // The stream of the segment the address is in.
+    if (listener_) listener_({action, address, size, std::prev(blocks_.upper_bound(address))->second.stream});
   }
   // A block is split while it is not its whole segment.
   bool is_split(const Block& block) const { return block.size != segments_.at(block.segment).size; }
@@ -275,7 +287,10 @@ class CachingAllocatorSim final : public AllocationObserver {
 class ReservedBytesLimit final : public AllocationObserver {
  public:
   explicit ReservedBytesLimit(const AllocatorSetup& setup) : sim_(setup) {}
-  void on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t) override { sim_.malloc(buffer, bytes); }
+  void on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t, int stream) override {
+    sim_.malloc(buffer, bytes, stream);
+  }
+  void on_record_stream(std::uint32_t buffer, int stream) override { sim_.record_stream(buffer, stream); }
   void on_free(std::uint32_t buffer) noexcept override { sim_.free(buffer); }
   // The most the trace's allocator reserved (its measured step's peak too).
   std::int64_t reserved_bytes() const { return sim_.peak_reserved_bytes(); }

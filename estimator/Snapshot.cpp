@@ -52,8 +52,8 @@ std::string memory_snapshot_pickle(const Trace& trace, const AllocatorSetup& all
     w.begin_dict();
     for (auto [key, value] : {std::pair<const char*, std::int64_t>{"device", 0}, {"address", base},
                               {"total_size", size}, {"allocated_size", allocated},
-                              {"active_size", allocated}, {"requested_size", allocated},
-                              {"stream", 0}}) {
+                              {"active_size", segment.active}, {"requested_size", allocated},
+                              {"stream", segment.stream}}) {
       w.string(key);
       w.integer(value);
     }
@@ -72,7 +72,7 @@ std::string memory_snapshot_pickle(const Trace& trace, const AllocatorSetup& all
       w.string("requested_size");
       w.integer(it->second.size);
       w.string("state");
-      w.string(it->second.allocated ? "active_allocated" : "inactive");
+      w.string(it->second.state());
       w.string("frames");
       w.begin_list();
       w.end_list();
@@ -91,7 +91,8 @@ std::string memory_snapshot_pickle(const Trace& trace, const AllocatorSetup& all
     w.string("action");
     w.string(entry.action.action);
     for (auto [key, value] : {std::pair<const char*, std::int64_t>{"addr", entry.action.address},
-                              {"size", entry.action.size}, {"stream", 0}, {"time_us", entry.time}}) {
+                              {"size", entry.action.size}, {"stream", entry.action.stream},
+                              {"time_us", entry.time}}) {
       w.string(key);
       w.integer(value);
     }

@@ -545,8 +545,8 @@ at::Tensor grouped_mm(const at::Tensor& a, const at::Tensor& b, const std::optio
                                                        at::native::_resolve_grouped_mm_out_dtype(a, b, out_dtype));
 }
 
-// A fake device has one stream and runs nothing: a tensor used on another
-// stream (FSDP's, a data prefetcher's) is freed as if it were not.
+// A fake device runs nothing; the tracer sees the op and records the use
+// (a free then waits for the stream, as the caching allocator makes it).
 void record_stream(at::Tensor&, c10::Stream) {}
 
 const std::unordered_map<std::string, OwnKernel>& own_kernels() {

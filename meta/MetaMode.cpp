@@ -36,8 +36,6 @@ struct ModeState {
   std::atomic<bool> active{false};
   std::atomic<MetaObserver*> observer{nullptr};
   c10::Device device{c10::kCPU};
-  // One stream, so one cuBLAS workspace: made by the first product.
-  std::atomic<bool> cublas_workspace_made{false};
 };
 
 ModeState g_mode;
@@ -120,20 +118,16 @@ void report_scratch(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> ar
   observer->on_free(id);
 }
 
-// A fake CUDA device's first cuBLAS call makes the workspace torch keeps,
-// after the op's outputs exist, as the kernel asks for its handle then. An
-// empty product calls no cuBLAS.
+// A fake CUDA device's cuBLAS calls need the workspace torch makes at a
+// stream's first and keeps, after the op's outputs exist, as the kernel asks
+// for its handle then. An empty product calls no cuBLAS.
 void report_cublas_workspace(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> returns,
                              MetaObserver* observer) {
-  if (observer == nullptr || !g_mode.device.is_cuda() || g_mode.cublas_workspace_made.load() ||
-      g_cublas_ops.count(&op.operator_name()) == 0)
-    return;
+  if (observer == nullptr || !g_mode.device.is_cuda() || g_cublas_ops.count(&op.operator_name()) == 0) return;
   for (const c10::IValue& value : returns)
     if (value.isTensor() && value.toTensor().numel() == 0) return;
-  if (g_mode.cublas_workspace_made.exchange(true)) return;
   const ComputeCapability gpu = traced_gpu();
-  observer->on_workspace(g_next_buffer.fetch_add(1),
-                         static_cast<std::size_t>(cublas_workspace_bytes(gpu.major, gpu.minor)));
+  observer->on_workspace(static_cast<std::size_t>(cublas_workspace_bytes(gpu.major, gpu.minor)));
 }
 
 // The thread's keys as they were outside MetaMode, and without metamem's
@@ -502,7 +496,6 @@ MetaMode::MetaMode(c10::Device fake_device, MetaObserver* observer) : keys_(meta
                       ? c10::Device(c10::kCUDA, 0)
                       : fake_device;
   g_mode.observer.store(observer, std::memory_order_release);
-  g_mode.cublas_workspace_made.store(false);
   if (g_mode.device.is_cuda()) fake_cuda_.emplace();
 }
 

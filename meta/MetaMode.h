@@ -39,9 +39,10 @@ class MetaObserver {
   virtual ~MetaObserver() = default;
   virtual void on_alloc(BufferId id, std::size_t bytes) = 0;
   virtual void on_free(BufferId id) = 0;
-  // A library's workspace, made at its first call and kept for the process
-  // (cuBLAS's on a fake CUDA device), reported once per MetaMode.
-  virtual void on_workspace(BufferId id, std::size_t bytes) { on_alloc(id, bytes); }
+  // A library call that needs the workspace its library makes at a stream's
+  // first call and keeps (cuBLAS's on a fake CUDA device): reported at every
+  // call, for the observer to make it (a new_buffer_id()) once per stream.
+  virtual void on_workspace(std::size_t bytes) {}
   // After `op` ran; buffers it created were reported by on_alloc just before.
   // `arguments` and `returns` are the op's MetaTensors and other values.
   virtual void on_op(const c10::OperatorHandle& op, c10::ArrayRef<BufferId> inputs,

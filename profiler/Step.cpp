@@ -384,12 +384,15 @@ class NativeCpuConvolution {
 class SeenBefore final : public AllocationObserver {
  public:
   SeenBefore(AllocationObserver* observer, std::size_t seen) : observer_(observer), seen_(seen) {}
-  void on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t live_bytes) override {
+  void on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t live_bytes, int stream) override {
     if (seen_ > 0) {
       --seen_;
       return;
     }
-    observer_->on_alloc(buffer, bytes, live_bytes);
+    observer_->on_alloc(buffer, bytes, live_bytes, stream);
+  }
+  void on_record_stream(std::uint32_t buffer, int stream) override {
+    if (seen_ == 0) observer_->on_record_stream(buffer, stream);
   }
   void on_free(std::uint32_t buffer) noexcept override {
     if (seen_ > 0) {
@@ -547,12 +550,8 @@ Trace trace_step(const StepBuilder& build, c10::Device fake_device, const StepOp
   const Trace first = traced_steps(build, fake_device, one, observer);
   if (std::optional<Trace> repeated = repeat_step(first, options.steps)) {
     if (observer) {
-      for (std::size_t e = first.events.size(); e < repeated->events.size(); ++e) {
-        const Event& event = repeated->events[e];
-        if (event.kind == EventKind::Alloc)
-          observer->on_alloc(event.index, repeated->buffers[event.index].bytes, event.live_bytes);
-        if (event.kind == EventKind::Free) observer->on_free(event.index);
-      }
+      for (std::size_t e = first.events.size(); e < repeated->events.size(); ++e)
+        repeated->tell(repeated->events[e], *observer);
     }
     return std::move(*repeated);
   }

@@ -64,6 +64,17 @@ StepFlops Trace::measured_flops() const {
   return flops;
 }
 
+void Trace::tell(const Event& event, AllocationObserver& observer) const {
+  if (event.kind == EventKind::Alloc) {
+    const Buffer& buffer = buffers[event.index];
+    observer.on_alloc(event.index, buffer.bytes, event.live_bytes, buffer.stream);
+  } else if (event.kind == EventKind::Free) {
+    for (int stream = 0; stream < kMaxStreams; ++stream)
+      if (buffers[event.index].used_on_streams >> stream & 1) observer.on_record_stream(event.index, stream);
+    observer.on_free(event.index);
+  }
+}
+
 void Trace::recount_live_bytes() {
   std::int64_t live = 0;
   std::size_t opened = 0;  // steps begun so far

@@ -8,7 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "profiler/AllocationObserver.h"
+
 namespace metamem {
+
+// The CUDA streams a trace can name (torch's stream pool has 32 per priority).
+inline constexpr int kMaxStreams = 32;
 
 // Recompute: a checkpointed segment's forward run again during backward.
 enum class Phase : std::uint8_t { Setup, Forward, Backward, Recompute, Optimizer };
@@ -50,6 +55,11 @@ struct Buffer {
   std::int32_t producer_op = -1;    // op that created it; -1 if made outside an op
   Phase phase = Phase::Setup;       // phase it was allocated in
   Category category = Category::Temporary;
+  // CUDA streams, numbered from 0 (the default) to kMaxStreams - 1: the one
+  // it was allocated on, and the others it was used on (record_stream), a
+  // bit each, whose work its free waits for.
+  std::uint8_t stream = 0;
+  std::uint32_t used_on_streams = 0;
 
   bool saved_for_backward() const { return category == Category::Activation; }
   static constexpr std::size_t kAlive = static_cast<std::size_t>(-1);
@@ -137,6 +147,9 @@ struct Trace {
   // Sets the live bytes after each event, and each step's starting and peak
   // bytes, from the buffers' bytes (as the tracer keeps them).
   void recount_live_bytes();
+  // Tells `observer` what the event did to memory, as the tracer told it:
+  // an allocation on its stream; a free, after the streams it was used on.
+  void tell(const Event& event, AllocationObserver& observer) const;
 };
 
 }  // namespace metamem

@@ -95,9 +95,12 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
     record_free(id);
   }
 
-  void on_workspace(BufferId id, std::size_t bytes) override {
+  void on_workspace(std::size_t bytes) override {
     std::lock_guard<std::mutex> lock(mutex_);
-    record_alloc(id, bytes);
+    const std::uint32_t stream = std::uint32_t{1} << stream_;
+    if (streams_with_workspace_ & stream) return;
+    streams_with_workspace_ |= stream;
+    record_alloc(new_buffer_id(), bytes);
     trace_.buffers.back().category = Category::Workspace;
   }
 
@@ -108,16 +111,36 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
     buffer.phase = phase_;
     buffer.category = phase_ == Phase::Setup ? Category::Input : Category::Temporary;
     buffer.alloc_event = trace_.events.size();
+    buffer.stream = static_cast<std::uint8_t>(stream_);
     trace_.buffers.push_back(buffer);
     live_ += buffer.bytes;
     const auto index = static_cast<std::uint32_t>(trace_.buffers.size() - 1);
     push_event(EventKind::Alloc, index);
-    if (observer_) observer_->on_alloc(index, buffer.bytes, live_);
+    if (observer_) observer_->on_alloc(index, buffer.bytes, live_, stream_);
   }
 
   void observe(AllocationObserver* observer) {
     std::lock_guard<std::mutex> lock(mutex_);
     observer_ = observer;
+  }
+
+  void set_stream(int stream) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stream_ = stream;
+  }
+
+  // Tensor.record_stream(): the free of the tensor's buffer waits for the
+  // stream's work, where it is not the buffer's own.
+  void record_stream(BufferId id, const c10::IValue& stream_value) {
+    const std::int64_t stream = stream_value.toStream().id();
+    TORCH_CHECK(stream >= 0 && stream < kMaxStreams, "metamem traces streams 0 to ", kMaxStreams - 1,
+                "; record_stream got stream ", stream);
+    const auto index = index_of(id);
+    if (!index) return;
+    Buffer& buffer = trace_.buffers[*index];
+    if (stream == buffer.stream) return;
+    buffer.used_on_streams |= std::uint32_t{1} << stream;
+    if (observer_) observer_->on_record_stream(*index, static_cast<int>(stream));
   }
 
   void record_free(BufferId id) {
@@ -134,6 +157,7 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
              c10::ArrayRef<BufferId> outputs, c10::ArrayRef<c10::IValue> arguments,
              c10::ArrayRef<c10::IValue> returns) override {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (op.operator_name().name == "aten::record_stream" && !inputs.empty()) record_stream(inputs[0], arguments[1]);
     OpEvent event;
     event.name = intern_op(op.operator_name());
     event.flops = count_flops(flop_rules_[event.name], arguments, returns);
@@ -359,6 +383,8 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
   std::size_t forward_first_buffer_ = 0;
   bool forward_pending_ = false;
   std::int64_t live_ = 0;
+  int stream_ = 0;  // the current CUDA stream
+  std::uint32_t streams_with_workspace_ = 0;  // a bit each: cuBLAS made its workspace there
   AllocationObserver* observer_ = nullptr;
   BufferId first_id_ = 0;  // buffer ids of one trace are consecutive
   std::size_t events_at_last_op_ = 0;
@@ -387,6 +413,12 @@ Tracer::Tracer(c10::Device fake_device)
 Tracer::~Tracer() { g_active_recorder.store(nullptr); }
 
 void Tracer::observe(AllocationObserver* observer) { recorder_->observe(observer); }
+void Tracer::set_stream(int stream) {
+  if (stream < 0 || stream >= kMaxStreams)
+    throw std::invalid_argument("metamem traces streams 0 to " + std::to_string(kMaxStreams - 1) + ", got " +
+                                std::to_string(stream));
+  recorder_->set_stream(stream);
+}
 void Tracer::begin_step() { recorder_->begin_step(); }
 void Tracer::begin_forward() { recorder_->begin_forward(); }
 void Tracer::begin_backward(const std::vector<at::Tensor>& outputs) {

@@ -49,6 +49,10 @@ class Tracer {
   // From here on `observer` (which outlives the tracer) sees every
   // allocation and free.
   void observe(AllocationObserver* observer);
+  // The CUDA stream buffers are allocated on from here on (0: the default;
+  // below kMaxStreams, else std::invalid_argument), as torch.cuda.set_stream()
+  // makes it current. Tensor.record_stream() is recorded as it runs.
+  void set_stream(int stream);
   // Ends the MetaMode and returns the trace; no events are recorded after.
   // Without begin_step or begin_forward, the whole trace is one step.
   Trace finish();

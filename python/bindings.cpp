@@ -58,7 +58,7 @@ void raise_unsupported(const UnsupportedOpError& error) {
 // torch.cuda.memory_snapshot()'s segments (torch._C._cuda_memorySnapshot's
 // "segments"): each cudaMalloc'd segment, or mapped range of an expandable
 // one, with its blocks by address, as the simulated allocator holds them.
-// One stream, no stack frames.
+// No stack frames.
 py::list segments_of(const CachingAllocatorSim& allocator) {
   py::list segments;
   const auto& blocks = allocator.blocks();
@@ -71,7 +71,7 @@ py::list segments_of(const CachingAllocatorSim& allocator) {
       b["address"] = it->first;
       b["size"] = block.size;
       b["requested_size"] = block.allocated ? block.requested : 0;
-      b["state"] = block.allocated ? "active_allocated" : "inactive";
+      b["state"] = block.state();
       b["frames"] = py::list();
       segment_blocks.append(b);
     }
@@ -79,11 +79,11 @@ py::list segments_of(const CachingAllocatorSim& allocator) {
     segment["device"] = 0;
     segment["address"] = range.address;
     segment["total_size"] = range.size;
-    segment["stream"] = 0;
+    segment["stream"] = range.stream;
     segment["segment_type"] = range.small_pool ? "small" : "large";
     segment["segment_pool_id"] = py::make_tuple(0, 0);
     segment["allocated_size"] = range.allocated;
-    segment["active_size"] = range.allocated;
+    segment["active_size"] = range.active;
     segment["requested_size"] = range.requested;
     segment["is_expandable"] = range.expandable;
     segment["frames"] = py::list();
@@ -214,14 +214,15 @@ struct TracedGpu {
 class TorchCudaAllocator final : public AllocationObserver {
  public:
   explicit TorchCudaAllocator(const AllocatorSetup& setup) : sim(setup) {}
-  void on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t) override {
+  void on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t, int stream) override {
     try {
-      sim.malloc(buffer, bytes);
+      sim.malloc(buffer, bytes, stream);
     } catch (const MemoryExceeded& e) {
       TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
     }
   }
   void on_free(std::uint32_t buffer) noexcept override { sim.free(buffer); }
+  void on_record_stream(std::uint32_t buffer, int stream) override { sim.record_stream(buffer, stream); }
 
   CachingAllocatorSim sim;
 };
@@ -291,6 +292,13 @@ class Session {
   void reset_peak_memory_stats() { allocator_.sim.reset_peaks(); }
   void reset_accumulated_memory_stats() { allocator_.sim.reset_accumulated(); }
   void empty_cache() { allocator_.sim.empty_cache(); }
+  void set_stream(int stream) {
+    try {
+      tracer_->set_stream(stream);
+    } catch (const std::invalid_argument& e) {
+      throw py::value_error(e.what());
+    }
+  }
 
   void push_scope(const std::string& path) { scopes_.emplace_back(std::make_unique<ScopePath>(path)); }
   void pop_scope() {
@@ -495,6 +503,7 @@ PYBIND11_MODULE(_metamem, m) {
       .def(py::init([](const std::string& device, const std::optional<std::string>& alloc_conf,
                        const std::string& gpu) { return new Session(device, alloc_conf, metamem::find_gpu(gpu)); }),
            py::arg("device"), py::arg("alloc_conf"), py::arg("gpu"))
+      .def("set_stream", &Session::set_stream)
       .def("forward", &Session::forward)
       .def("backward", &Session::backward)
       .def("backward_done", &Session::backward_done)

@@ -110,16 +110,24 @@ class Generator:
 
 
 class Stream(torch.Stream):
-    """torch.cuda.Stream on the fake device: its one stream, on which waits,
-    queries and synchronizations complete at once (the device guard's)."""
+    """torch.cuda.Stream on the fake device. A new one is the next of 31
+    side streams, numbered 1 to 31 (0 is the default), taken in turn as
+    torch takes its stream pool's; memory allocated while it is current is
+    its own in the simulated caching allocator. Waits, queries and
+    synchronizations complete at once (the device guard's)."""
 
-    def __new__(cls, device=None, priority=0, **kwargs):
-        _check_device(device)
-        return super().__new__(cls, device="cuda", priority=priority)
+    _made = 0  # side streams handed out
+
+    def __new__(cls, device=None, priority=0, stream_id=None, device_index=None, device_type=None, **kwargs):
+        _check_device(device if device_index is None else device_index)
+        if stream_id is None:
+            stream_id = 1 + Stream._made % 31
+            Stream._made += 1
+        return super().__new__(cls, stream_id=stream_id, device_index=0, device_type=1, priority=priority)
 
     @property
     def cuda_stream(self):
-        return 0
+        return self.stream_id
 
 
 class Event(torch.Event):
@@ -207,12 +215,19 @@ class FakeCudaRuntime:
             set_(C, "_cuda_ipc_collect", lambda: None)
             # Streams and events.
             set_(cuda, "Stream", Stream)
+            set_(Stream, "_made", 0)  # each trace hands out streams 1, 2, ... afresh
             set_(cuda, "Event", Event)
-            current = Stream()
-            stream_data = (current.stream_id, current.device_index, current.device_type)
-            set_(C, "_cuda_getCurrentStream", lambda device=0: stream_data)
-            set_(C, "_cuda_getDefaultStream", lambda device=0: stream_data)
-            set_(C, "_cuda_setStream", lambda **kwargs: None)
+            # The current stream is the tracer's: what is allocated is on it.
+            current = [0]
+
+            def set_stream(stream_id=0, device_index=0, device_type=1):
+                _check_device(device_index)
+                session.set_stream(stream_id)
+                current[0] = stream_id
+
+            set_(C, "_cuda_getCurrentStream", lambda device=0: (current[0], 0, 1))
+            set_(C, "_cuda_getDefaultStream", lambda device=0: (0, 0, 1))
+            set_(C, "_cuda_setStream", set_stream)
             # The default generator (torch.manual_seed seeds it; checkpoint saves its state).
             set_(cuda, "default_generators", (Generator(),))
             # Memory, from the simulated caching allocator now.

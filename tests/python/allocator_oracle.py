@@ -85,6 +85,31 @@ def with_streams(path):
     return out_path
 
 
+def python_stream_events(folder):
+    """A training loop traced from Python that prefetches each batch on a
+    side stream and records it on the default one, as data loaders'
+    prefetchers do: the trace's own streams, record_stream and a second
+    cuBLAS workspace."""
+    import torch
+    import metamem
+    model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(4)])
+    with metamem.trace(device="cuda", modules=[model]) as t:
+        opt = torch.optim.AdamW(model.parameters())
+        side = torch.cuda.Stream()
+        for _ in range(3):
+            with torch.cuda.stream(side):
+                batch = torch.randn(256, 1024, device="cuda") @ torch.randn(1024, 1024, device="cuda")
+            torch.cuda.current_stream().wait_stream(side)
+            batch.record_stream(torch.cuda.current_stream())
+            model(batch).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            del batch
+    path = os.path.join(folder, "python-streams.txt")
+    t.save_allocator_events(path)
+    return [path]
+
+
 def hf_events(models, folder):
     import metamem.hf
     files = []
@@ -112,7 +137,8 @@ def main():
     failures, rows = 0, []
     with tempfile.TemporaryDirectory() as folder:
         zoo = zoo_events(args.metamem, folder)
-        files = zoo + [with_streams(path) for path in zoo] + hf_events([m for m in args.hf.split(",") if m], folder)
+        files = (zoo + [with_streams(path) for path in zoo] + python_stream_events(folder) +
+                 hf_events([m for m in args.hf.split(",") if m], folder))
         for conf in CONFIGS:
             run = subprocess.run([args.oracle, "--alloc-conf", conf, *files], capture_output=True, text=True)
             lines = run.stdout.splitlines()

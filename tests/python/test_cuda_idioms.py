@@ -85,6 +85,49 @@ def test_synchronize_devices_streams_and_events_complete_at_once():
     assert t.peak_bytes == 2 * 1024
 
 
+def test_streams_keep_their_own_memory_and_record_stream_delays_a_free():
+    with metamem.trace(device="cuda") as t:
+        side = torch.cuda.Stream()
+        assert side.stream_id == 1 and torch.cuda.Stream().stream_id == 2
+        with torch.cuda.stream(side):
+            assert torch.cuda.current_stream() == side
+            x = torch.empty(3 * MiB, device="cuda")  # a 12 MiB segment of the side stream's
+        assert torch.cuda.current_stream().stream_id == 0
+        del x  # cached for the side stream alone
+        y = torch.empty(3 * MiB, device="cuda")
+        assert torch.cuda.memory_reserved() == 24 * MiB
+        y.record_stream(side)  # used there too: its free waits for the side stream
+        del y
+        stats = torch.cuda.memory_stats()
+        assert stats["allocated_bytes.all.current"] == 0 and stats["active_bytes.all.current"] == 12 * MiB
+        segments = torch.cuda.memory_snapshot()
+        assert sorted(s["stream"] for s in segments) == [0, 1]
+        assert [b["state"] for s in segments if s["stream"] == 0 for b in s["blocks"]] == ["active_pending_free"]
+        z = torch.empty(3 * MiB, device="cuda")  # the side stream's work is done: y's block serves
+        assert torch.cuda.memory_reserved() == 24 * MiB and torch.cuda.memory_stats()["active_bytes.all.current"] == 12 * MiB
+        del z
+        with pytest.raises(ValueError, match="metamem traces streams 0 to 31, got 40"):
+            torch.cuda.set_stream(torch.cuda.Stream(stream_id=40, device_index=0, device_type=1))
+    assert t.peak_bytes == 12 * MiB
+    with metamem.trace(device="cuda"):
+        assert torch.cuda.Stream().stream_id == 1  # each trace hands out streams afresh
+
+
+def test_each_stream_gets_its_own_cublas_workspace():
+    with metamem.trace(device="cuda"):  # an H100: 32 MiB, as the wheel's cuBLAS makes it on sm90
+        a = torch.empty(64, 64, device="cuda")
+        a @ a  # the default stream's first product makes it
+        before = torch.cuda.memory_allocated()
+        a @ a
+        assert torch.cuda.memory_allocated() == before
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            a @ a  # the side stream's first: its own
+            a @ a
+        assert torch.cuda.memory_allocated() - before == 32 * MiB
+        assert [s["stream"] for s in torch.cuda.memory_snapshot() if s["total_size"] == 32 * MiB] == [0, 1]
+
+
 def test_memory_statistics_follow_the_simulated_caching_allocator():
     with metamem.trace(device="cuda") as t:
         x = torch.randn(1024, device="cuda")
