@@ -435,8 +435,7 @@ void CachingAllocatorSim::free(std::uint32_t id) {
   notify("free_requested", address, size);
   // Used on other streams: c10 records an event on each and frees the
   // block once they are done; it stays active until then.
-  if (const auto uses = stream_uses_.find(address); uses != stream_uses_.end()) {
-    stream_uses_.erase(uses);
+  if (block.used_elsewhere) {
     block.awaiting_streams = true;
     awaiting_streams_.push_back(address);
     return;
@@ -448,7 +447,8 @@ void CachingAllocatorSim::record_stream(std::uint32_t id, int stream) {
   if (id >= address_of_.size() || address_of_[id] == kUnallocated) return;
   const std::int64_t address = address_of_[id];
   // Uses on the block's own stream need no waiting.
-  if (blocks_.at(address).stream != stream) stream_uses_[address].insert(stream);
+  Block& block = blocks_.at(address);
+  block.used_elsewhere |= block.stream != stream;
 }
 
 void CachingAllocatorSim::process_events() {
@@ -461,7 +461,7 @@ void CachingAllocatorSim::free_block(Blocks::iterator it) {
   const bool small_pool = block.small_pool;
   const std::int64_t address = it->first, size = block.size, requested = block.requested;
   notify("free_completed", address, size);
-  block.allocated = block.awaiting_streams = false;
+  block.allocated = block.used_elsewhere = block.awaiting_streams = false;
   block.requested = 0;
 
   // Merge with free neighbours in the same segment: each was an inactive

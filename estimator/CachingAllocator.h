@@ -166,8 +166,10 @@ class CachingAllocatorSim final : public AllocationObserver {
     // mapped behind it (never allocated; counts in no statistic).
     bool mapped = true;
     int stream = 0;  // its segment's
-    // Freed while used on other streams (record_stream): held, as if
-    // allocated, until their work is done.
+    // Used on other streams too (record_stream): its free waits for them.
+    bool used_elsewhere = false;
+    // Freed while used on other streams: held, as if allocated, until
+    // their work is done.
     bool awaiting_streams = false;
 
     // As torch.cuda.memory_snapshot() names a block's state.
@@ -268,7 +270,6 @@ class CachingAllocatorSim final : public AllocationObserver {
   std::map<std::int64_t, Segment> segments_;
   FreeBlocks free_small_, free_large_;
   Unmapped unmapped_small_, unmapped_large_;  // unmapped blocks of expandable segments
-  std::map<std::int64_t, std::set<int>> stream_uses_;  // by address: record_stream's other streams
   std::vector<std::int64_t> awaiting_streams_;  // freed blocks that other streams used
   std::array<std::int64_t, 2> get_free_block_calls_{};  // per pool (large, small): the blocks' gc clock
   std::vector<std::int64_t> address_of_;  // by id; kUnallocated where it holds no block

@@ -46,7 +46,7 @@ std::int64_t cuda_context_bytes(const GpuSpec& gpu) { return stack_bytes(gpu) + 
 std::int64_t nccl_communicator_bytes(const GpuSpec& gpu) { return gpu.nccl_channels * kNcclConnection; }
 
 GpuMemory gpu_memory(const GpuSpec& gpu, std::int64_t total, const GpuMemoryOptions& options) {
-  GpuMemory memory{std::string(gpu.key), total, {}};
+  GpuMemory memory{std::string(gpu.key), total == 0 ? gpu.total_memory : total, {}};
   if (options.cuda_context)
     memory.beside_allocator.push_back({"CUDA context", *options.cuda_context, "as given"});
   else

@@ -44,8 +44,9 @@ std::int64_t cuda_context_bytes(const GpuSpec& gpu);
 // buffers for the three protocols at NCCL's default sizes.
 std::int64_t nccl_communicator_bytes(const GpuSpec& gpu);
 
-// `total` bytes of `gpu` and what it holds beside the allocator. Throws
-// std::invalid_argument where that leaves the allocator nothing.
-GpuMemory gpu_memory(const GpuSpec& gpu, std::int64_t total, const GpuMemoryOptions& options = {});
+// `total` bytes of `gpu` (0: all of its memory) and what it holds beside the
+// allocator. Throws std::invalid_argument where that leaves the allocator
+// nothing.
+GpuMemory gpu_memory(const GpuSpec& gpu, std::int64_t total = 0, const GpuMemoryOptions& options = {});
 
 }  // namespace metamem

@@ -91,15 +91,16 @@ nlohmann::json per_rank_json(const RunInfo& run, const Estimate& est) {
 
 }  // namespace
 
-nlohmann::json gpu_memory_json(const GpuMemory& gpu, std::int64_t reserved_peak) {
+nlohmann::json gpu_memory_json(const GpuMemory& gpu, std::optional<std::int64_t> reserved_peak) {
   nlohmann::json beside = nlohmann::json::array();
   for (const GpuMemoryUse& use : gpu.beside_allocator)
     beside.push_back({{"what", use.what}, {"bytes", use.bytes}, {"basis", use.basis}});
-  return {{"gpu", gpu.gpu},
-          {"total_bytes", gpu.total},
-          {"beside_allocator", beside},
-          {"allocator_bytes", gpu.allocator_bytes()},
-          {"headroom_bytes", gpu.allocator_bytes() - reserved_peak}};
+  nlohmann::json out = {{"gpu", gpu.gpu},
+                        {"total_bytes", gpu.total},
+                        {"beside_allocator", beside},
+                        {"allocator_bytes", gpu.allocator_bytes()}};
+  if (reserved_peak) out["headroom_bytes"] = gpu.allocator_bytes() - *reserved_peak;
+  return out;
 }
 
 nlohmann::json report_json(const RunInfo& run, const Estimate& est, int depth,

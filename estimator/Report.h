@@ -39,9 +39,9 @@ nlohmann::json report_json(const RunInfo& run, const Estimate& est, int depth,
                            const StepPeaks& achieved = {});
 
 // The GPU's memory: what it holds beside the allocator, what is left to the
-// allocator, and what the allocator's reserved peak leaves of that
+// allocator, and, given the allocator's reserved peak, what that leaves
 // ("headroom_bytes"; negative: short).
-nlohmann::json gpu_memory_json(const GpuMemory& gpu, std::int64_t reserved_peak);
+nlohmann::json gpu_memory_json(const GpuMemory& gpu, std::optional<std::int64_t> reserved_peak = std::nullopt);
 
 // Rows as the CLI prints them: a text table with human units, or CSV with
 // raw integers.

@@ -59,6 +59,10 @@ std::int64_t parse_memory(const std::string& text, const std::string& what) {
   return static_cast<std::int64_t>(*bytes);
 }
 
+std::int64_t parse_memory_or_zero(const std::string& text, const std::string& what) {
+  return text == "0" ? 0 : parse_memory(text, what);
+}
+
 double parse_seconds(const std::string& text, const std::string& what) {
   const auto seconds = parse_scaled(text, {{"ms", 1e-3}, {"s", 1.0}, {"min", 60.0}});
   if (!seconds || *seconds > 1e9)

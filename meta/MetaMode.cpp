@@ -36,6 +36,9 @@ struct ModeState {
   std::atomic<bool> active{false};
   std::atomic<MetaObserver*> observer{nullptr};
   c10::Device device{c10::kCPU};
+  // cuBLAS's workspace on the traced GPU, read at the first product (after
+  // the trace's GPU is set) rather than at every one; -1 until then.
+  std::atomic<std::int64_t> cublas_workspace_bytes{-1};
 };
 
 ModeState g_mode;
@@ -126,8 +129,13 @@ void report_cublas_workspace(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
   if (observer == nullptr || !g_mode.device.is_cuda() || g_cublas_ops.count(&op.operator_name()) == 0) return;
   for (const c10::IValue& value : returns)
     if (value.isTensor() && value.toTensor().numel() == 0) return;
-  const ComputeCapability gpu = traced_gpu();
-  observer->on_workspace(static_cast<std::size_t>(cublas_workspace_bytes(gpu.major, gpu.minor)));
+  std::int64_t bytes = g_mode.cublas_workspace_bytes.load(std::memory_order_relaxed);
+  if (bytes < 0) {
+    const ComputeCapability gpu = traced_gpu();
+    bytes = cublas_workspace_bytes(gpu.major, gpu.minor);
+    g_mode.cublas_workspace_bytes.store(bytes, std::memory_order_relaxed);
+  }
+  observer->on_workspace(static_cast<std::size_t>(bytes));
 }
 
 // The thread's keys as they were outside MetaMode, and without metamem's
@@ -496,6 +504,7 @@ MetaMode::MetaMode(c10::Device fake_device, MetaObserver* observer) : keys_(meta
                       ? c10::Device(c10::kCUDA, 0)
                       : fake_device;
   g_mode.observer.store(observer, std::memory_order_release);
+  g_mode.cublas_workspace_bytes.store(-1, std::memory_order_relaxed);
   if (g_mode.device.is_cuda()) fake_cuda_.emplace();
 }
 

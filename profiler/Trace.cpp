@@ -1,5 +1,9 @@
 #include "profiler/Trace.h"
 
+#include <bit>
+#include <stdexcept>
+#include <string>
+
 namespace metamem {
 
 const char* phase_name(Phase phase) {
@@ -64,13 +68,19 @@ StepFlops Trace::measured_flops() const {
   return flops;
 }
 
+void check_stream(std::int64_t stream) {
+  if (stream < 0 || stream >= kMaxStreams)
+    throw std::invalid_argument("metamem traces streams 0 to " + std::to_string(kMaxStreams - 1) + ", got " +
+                                std::to_string(stream));
+}
+
 void Trace::tell(const Event& event, AllocationObserver& observer) const {
   if (event.kind == EventKind::Alloc) {
     const Buffer& buffer = buffers[event.index];
     observer.on_alloc(event.index, buffer.bytes, event.live_bytes, buffer.stream);
   } else if (event.kind == EventKind::Free) {
-    for (int stream = 0; stream < kMaxStreams; ++stream)
-      if (buffers[event.index].used_on_streams >> stream & 1) observer.on_record_stream(event.index, stream);
+    for (std::uint32_t uses = buffers[event.index].used_on_streams; uses != 0; uses &= uses - 1)
+      observer.on_record_stream(event.index, std::countr_zero(uses));
     observer.on_free(event.index);
   }
 }

@@ -14,6 +14,8 @@ namespace metamem {
 
 // The CUDA streams a trace can name (torch's stream pool has 32 per priority).
 inline constexpr int kMaxStreams = 32;
+// Throws std::invalid_argument for a stream number a trace cannot name.
+void check_stream(std::int64_t stream);
 
 // Recompute: a checkpointed segment's forward run again during backward.
 enum class Phase : std::uint8_t { Setup, Forward, Backward, Recompute, Optimizer };

@@ -133,8 +133,7 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
   // stream's work, where it is not the buffer's own.
   void record_stream(BufferId id, const c10::IValue& stream_value) {
     const std::int64_t stream = stream_value.toStream().id();
-    TORCH_CHECK(stream >= 0 && stream < kMaxStreams, "metamem traces streams 0 to ", kMaxStreams - 1,
-                "; record_stream got stream ", stream);
+    check_stream(stream);
     const auto index = index_of(id);
     if (!index) return;
     Buffer& buffer = trace_.buffers[*index];
@@ -157,9 +156,9 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
              c10::ArrayRef<BufferId> outputs, c10::ArrayRef<c10::IValue> arguments,
              c10::ArrayRef<c10::IValue> returns) override {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (op.operator_name().name == "aten::record_stream" && !inputs.empty()) record_stream(inputs[0], arguments[1]);
     OpEvent event;
     event.name = intern_op(op.operator_name());
+    if (event.name == record_stream_op_ && !inputs.empty()) record_stream(inputs[0], arguments[1]);
     event.flops = count_flops(flop_rules_[event.name], arguments, returns);
     // Ops an autograd node runs are backward's, whatever the phase (grad(),
     // a recomputation torch.utils.checkpoint makes while backward unpacks).
@@ -361,6 +360,7 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
     if (added) {
       trace_.op_names.push_back(qualified_name(name));
       flop_rules_.push_back(flop_rule(trace_.op_names.back()));
+      if (name.name == "aten::record_stream") record_stream_op_ = it->second;
     }
     return it->second;
   }
@@ -393,6 +393,7 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
   std::unordered_map<std::string, std::uint32_t> scope_ids_;
   std::unordered_map<const c10::OperatorName*, std::uint32_t> op_ids_;
   std::vector<FlopRule> flop_rules_;  // by op name index
+  std::optional<std::uint32_t> record_stream_op_;  // its op name index, once seen
   at::CallbackHandle node_callback_ = 0;
   std::optional<MetaMode> mode_;
   bool listens_;                                    // to real CPU allocations (a fake cpu)
@@ -414,9 +415,7 @@ Tracer::~Tracer() { g_active_recorder.store(nullptr); }
 
 void Tracer::observe(AllocationObserver* observer) { recorder_->observe(observer); }
 void Tracer::set_stream(int stream) {
-  if (stream < 0 || stream >= kMaxStreams)
-    throw std::invalid_argument("metamem traces streams 0 to " + std::to_string(kMaxStreams - 1) + ", got " +
-                                std::to_string(stream));
+  check_stream(stream);
   recorder_->set_stream(stream);
 }
 void Tracer::begin_step() { recorder_->begin_step(); }

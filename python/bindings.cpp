@@ -243,7 +243,7 @@ class Session {
         allocator_(allocator_setup_) {
     if (device != "cpu" && device != "cuda")
       throw py::value_error("device must be 'cpu' or 'cuda', got '" + device + "'");
-    if (device == "cuda") run_.gpu_memory = gpu_memory(gpu, gpu.total_memory);
+    if (device == "cuda") run_.gpu_memory = gpu_memory(gpu);
     tracer_ = std::make_unique<Tracer>(c10::Device(device));
     // The simulated allocator answers torch.cuda's memory statistics: a fake cpu has none.
     if (device == "cuda") tracer_->observe(&allocator_);
@@ -445,6 +445,7 @@ PYBIND11_MODULE(_metamem, m) {
   });
   // "80GiB" -> bytes, as the command line reads sizes; ValueError naming `what` otherwise.
   m.def("parse_memory", &metamem::parse_memory, py::arg("text"), py::arg("what"));
+  m.def("parse_memory_or_zero", &metamem::parse_memory_or_zero, py::arg("text"), py::arg("what"));
   m.def("gpu", [](const std::string& key) {
     try {
       return gpu_dict(metamem::find_gpu(key));
@@ -453,22 +454,15 @@ PYBIND11_MODULE(_metamem, m) {
     }
   });
   // `total` bytes of `gpu` (0: all of its memory) and what it holds beside
-  // the allocator (docs/gpu-memory.md); `cuda_context`: a measured size in
-  // place of the estimate.
+  // the allocator (docs/gpu-memory.md), as the report's JSON has it;
+  // `cuda_context`: a measured size in place of the estimate.
   m.def(
-      "gpu_memory",
+      "gpu_memory_json",
       [](const std::string& gpu, std::int64_t total, std::optional<std::int64_t> cuda_context) {
         try {
-          const metamem::GpuSpec& spec = metamem::find_gpu(gpu);
-          const metamem::GpuMemory memory =
-              metamem::gpu_memory(spec, total == 0 ? spec.total_memory : total, {.cuda_context = cuda_context});
-          py::list beside;
-          for (const metamem::GpuMemoryUse& use : memory.beside_allocator)
-            beside.append(py::dict(py::arg("what") = use.what, py::arg("bytes") = use.bytes,
-                                   py::arg("basis") = use.basis));
-          return py::dict(py::arg("gpu") = memory.gpu, py::arg("total_bytes") = memory.total,
-                          py::arg("beside_allocator") = beside,
-                          py::arg("allocator_bytes") = memory.allocator_bytes());
+          return metamem::gpu_memory_json(
+                     metamem::gpu_memory(metamem::find_gpu(gpu), total, {.cuda_context = cuda_context}))
+              .dump();
         } catch (const std::invalid_argument& e) {
           throw py::value_error(e.what());
         }

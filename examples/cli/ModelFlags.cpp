@@ -82,12 +82,9 @@ GpuMemory ModelFlags::gpu_memory(std::int64_t total, std::int64_t tp_ranks, std:
   // Hybrid FSDP shards within a node and replicates across nodes: two groups.
   const bool hybrid = fsdp == "hybrid" && dp_ranks > gpus_per_node;
   options.nccl_communicators = (tp_ranks > 1) + (pp_stages > 1) + (dp_ranks > 1) + hybrid;
-  // A size, or 0: none (a test of the allocator alone, a single process).
-  auto size = [](const std::string& text, const char* flag) { return text == "0" ? 0 : parse_memory(text, flag); };
-  if (!cuda_context.empty()) options.cuda_context = size(cuda_context, "--cuda-context");
-  if (!nccl_buffers.empty()) options.nccl_buffers = size(nccl_buffers, "--nccl-buffers");
-  const GpuSpec& spec = gpu_spec();
-  return metamem::gpu_memory(spec, total == 0 ? spec.total_memory : total, options);
+  if (!cuda_context.empty()) options.cuda_context = parse_memory_or_zero(cuda_context, "--cuda-context");
+  if (!nccl_buffers.empty()) options.nccl_buffers = parse_memory_or_zero(nccl_buffers, "--nccl-buffers");
+  return metamem::gpu_memory(gpu_spec(), total, options);
 }
 
 StepOptions ModelFlags::step_options() const {

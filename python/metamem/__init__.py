@@ -328,7 +328,7 @@ def gpu_memory(gpu="H100-80GB", memory=None, cuda_context=None):
     `cuda_context` gives a measured size (docs/gpu-memory.md): a dict of
     gpu, total_bytes, beside_allocator ([{what, bytes, basis}]) and
     allocator_bytes. ValueError where nothing is left."""
-    return _metamem.gpu_memory(gpu, memory or 0, cuda_context)
+    return json.loads(_metamem.gpu_memory_json(gpu, memory or 0, cuda_context))
 
 
 @contextlib.contextmanager

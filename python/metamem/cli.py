@@ -116,9 +116,7 @@ def fit(args):
     """The largest batch whose step's reserved peak fits in what the GPU's
     memory leaves the allocator beside the CUDA context."""
     memory = _metamem.parse_memory(args.memory, "--memory") if args.memory else 0
-    context = None
-    if args.cuda_context:
-        context = 0 if args.cuda_context == "0" else _metamem.parse_memory(args.cuda_context, "--cuda-context")
+    context = _metamem.parse_memory_or_zero(args.cuda_context, "--cuda-context") if args.cuda_context else None
     gpu = gpu_memory(args.gpu, memory, context)
     budget = gpu["allocator_bytes"]
     tried = {}
