@@ -73,9 +73,7 @@ void hold_no_memory(const at::Tensor& inner) {
 // storage that grew (resize_ of an out= argument) is reported as a new buffer.
 // An empty storage holds no buffer: allocators hand out nothing for zero
 // bytes (a released ZeRO-3 parameter keeps one).
-BufferId track_storage(const at::Tensor& inner) {
-  const c10::Storage& storage = inner.unsafeGetTensorImpl()->unsafe_storage();
-  c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+BufferId track_storage(c10::StorageImpl* impl) {
   if (impl == nullptr) return 0;
   auto* tag = static_cast<BufferTag*>(impl->data_ptr().get_context());
   if (tag != nullptr && tag->bytes == impl->nbytes()) return tag->id;
@@ -92,6 +90,10 @@ BufferId track_storage(const at::Tensor& inner) {
   // real reallocation does.
   impl->set_data_ptr_noswap(c10::DataPtr(nullptr, fresh.release(), &release_tag, c10::Device(c10::kMeta)));
   return id;
+}
+
+BufferId track_storage(const at::Tensor& inner) {
+  return track_storage(inner.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl());
 }
 
 using BufferList = c10::SmallVector<BufferId, 8>;
@@ -614,10 +616,16 @@ void resize_storage(const at::Tensor& t, std::size_t bytes) {
     at::native::resize_bytes_cpu(t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl(), bytes);
     return;
   }
-  const at::Tensor& inner = inner_tensor(t);
-  inner.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl()->set_nbytes(bytes);
+  resize_storage(t.unsafeGetTensorImpl()->unsafe_storage(), bytes);
+}
+
+void resize_storage(const c10::Storage& storage, std::size_t bytes) {
+  c10::StorageImpl* inner = inner_storage(storage);
+  inner->set_nbytes(bytes);
   track_storage(inner);
-  sync_meta_tensor(t);
+  // Shared by every MetaTensor on the storage: their sizes stay theirs, as
+  // a real tensor's do when its storage is resized under it.
+  storage.unsafeGetStorageImpl()->set_nbytes(bytes);
 }
 
 BufferId buffer_of(const at::Tensor& t) {

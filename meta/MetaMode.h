@@ -165,6 +165,9 @@ BufferId buffer_of(const at::Tensor& t);
 // MetaTensor, the old buffer is freed and one of `bytes` made; a real CPU
 // tensor's storage is reallocated.
 void resize_storage(const at::Tensor& t, std::size_t bytes);
+// The same through a MetaTensor's storage (untyped_storage().resize_(n),
+// FSDP2's way). Precondition: is_meta_storage(storage).
+void resize_storage(const c10::Storage& storage, std::size_t bytes);
 
 // A buffer id no other buffer has, for an observer recording a buffer of
 // its own (a real CPU allocation).

@@ -63,7 +63,7 @@ c10::Storage outer_storage(const at::Tensor& inner, c10::Device fake_device) {
   return c10::Storage(std::move(outer));
 }
 
-const c10::StorageImpl* inner_of_outer(const c10::Storage& outer) {
+c10::StorageImpl* inner_of_outer(const c10::Storage& outer) {
   const auto& data = outer.unsafeGetStorageImpl()->_mutable_data_ptr_no_checks();
   return static_cast<const OuterStorageLink*>(data.get_context())->inner.unsafeGetStorageImpl();
 }
@@ -160,5 +160,12 @@ bool is_meta_tensor(const at::Tensor& t) {
 const at::Tensor& inner_tensor(const at::Tensor& t) { return impl_of(t)->inner(); }
 
 void sync_meta_tensor(const at::Tensor& t) { impl_of(t)->sync(); }
+
+bool is_meta_storage(const c10::Storage& storage) {
+  c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+  return impl != nullptr && impl->_mutable_data_ptr_no_checks().get_deleter() == &forget_outer;
+}
+
+c10::StorageImpl* inner_storage(const c10::Storage& storage) { return inner_of_outer(storage); }
 
 }  // namespace metamem

@@ -5,6 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <c10/core/Storage.h>
 
 #include <string_view>
 
@@ -23,6 +24,14 @@ inline constexpr std::string_view kNoDataMessage =
 
 // The meta tensor inside a MetaTensor. Precondition: is_meta_tensor(t).
 const at::Tensor& inner_tensor(const at::Tensor& t);
+
+// Whether `storage` is a MetaTensor's (untyped_storage() of one): it stands
+// for the meta storage inside, which holds the traced buffer.
+bool is_meta_storage(const c10::Storage& storage);
+
+// The meta storage a MetaTensor's storage stands for. Precondition:
+// is_meta_storage(storage).
+c10::StorageImpl* inner_storage(const c10::Storage& storage);
 
 // Re-reads sizes, strides and offset from the inner tensor after an in-place
 // op changed them (resize_, out= variants, t_, ...).

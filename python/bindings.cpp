@@ -5,6 +5,7 @@
 #include <ATen/Context.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/Storage.h>
 #include <torch/csrc/utils/pybind.h>
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
@@ -28,6 +29,7 @@
 #include "meta/CudaAttention.h"
 #include "meta/KnownValues.h"
 #include "meta/MetaMode.h"
+#include "meta/MetaTensor.h"
 #include "profiler/CpuMemoryCounter.h"
 #include "profiler/Tracer.h"
 
@@ -201,6 +203,10 @@ class Result {
 
 struct PlaceholderScope {
   std::optional<PlaceholderValues> guard;
+};
+
+struct OutsideTraceScope {
+  std::optional<OutsideMetaMode> guard;
 };
 
 struct TracedGpu {
@@ -478,6 +484,12 @@ PYBIND11_MODULE(_metamem, m) {
       .def(py::init<>())
       .def("__enter__", [](PlaceholderScope& scope) { scope.guard.emplace(); })
       .def("__exit__", [](PlaceholderScope& scope, const py::args&) { scope.guard.reset(); });
+  // `with OutsideTrace():` ops dispatch as outside the trace (FakeTensorMode's
+  // meta tensors stay plain meta tensors).
+  py::class_<OutsideTraceScope>(m, "OutsideTrace")
+      .def(py::init<>())
+      .def("__enter__", [](OutsideTraceScope& scope) { scope.guard.emplace(); })
+      .def("__exit__", [](OutsideTraceScope& scope, const py::args&) { scope.guard.reset(); });
   // `with TracedGpu(major, minor):` fake-cuda kernels are chosen for a GPU
   // of that compute capability.
   py::class_<TracedGpu>(m, "TracedGpu")
@@ -514,6 +526,15 @@ PYBIND11_MODULE(_metamem, m) {
         py::arg("tensor"), "A traced tensor's values as a real CPU tensor, if the trace knows them; else None.");
   m.def("run_cpp_meta_kernels_in_traces", &metamem::run_cpp_meta_kernels_in_traces, py::arg("ops"),
         py::arg("cover"));
+  // A traced tensor's untyped_storage() stands for its buffer: FSDP2 frees
+  // and re-makes a parameter's buffer by resizing it, and tells storages
+  // apart by address.
+  m.def("is_traced_storage", [](py::handle storage) {
+    return THPStorage_Check(storage.ptr()) && metamem::is_meta_storage(THPStorage_Unpack(storage.ptr()));
+  });
+  m.def("resize_traced_storage", [](py::handle storage, std::size_t bytes) {
+    metamem::resize_storage(THPStorage_Unpack(storage.ptr()), bytes);
+  });
   m.def("achieved_cpu", &achieved_cpu, py::arg("step"));
   m.def("cpu_allocations", &cpu_allocations, py::arg("step"));
 }

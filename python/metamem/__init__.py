@@ -20,7 +20,7 @@ import os
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import _metamem
+from . import _distributed, _metamem
 from ._cuda import FakeCudaRuntime, Patches
 
 __all__ = ["trace", "achieved_cpu", "gpus", "gpu_memory", "largest_batch", "Trace", "UnsupportedOpError", "ValueReadError"]
@@ -350,6 +350,42 @@ def _known_values_listed():
         patches.restore()
 
 
+def _patch_traced_storages(patches):
+    """A traced tensor's untyped_storage() as FSDP2 uses a real one: resize_(0)
+    frees its buffer and resize_(n) makes one of n bytes (views of it stay
+    saved), and data_ptr() tells storages apart (a number no two live
+    storages share, not an address: nothing can be read there)."""
+    storage = torch.UntypedStorage
+    resize, data_ptr = storage.resize_, storage.data_ptr
+
+    def traced_resize(self, size):
+        if not _metamem.is_traced_storage(self):
+            return resize(self, size)
+        _metamem.resize_traced_storage(self, size)
+        return self
+
+    def traced_data_ptr(self):
+        return self._cdata if _metamem.is_traced_storage(self) else data_ptr(self)
+
+    patches.set(storage, "resize_", traced_resize)
+    patches.set(storage, "data_ptr", traced_data_ptr)
+
+
+def _patch_fake_tensor_mode(patches):
+    """FakeTensorMode inside a block (DTensor's sharding propagation finds
+    its outputs' shapes with it) computes on plain meta tensors, as outside
+    a trace: none of them is the step's memory."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    dispatch = FakeTensorMode.__torch_dispatch__
+
+    def outside(self, *args, **kwargs):
+        with _metamem.OutsideTrace():
+            return dispatch(self, *args, **kwargs)
+
+    patches.set(FakeTensorMode, "__torch_dispatch__", outside)
+
+
 @contextlib.contextmanager
 def _real_rng_kept():
     """torch.manual_seed in the block seeds the real CPU generator too: the
@@ -362,7 +398,7 @@ def _real_rng_kept():
 
 
 @contextlib.contextmanager
-def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf=None):
+def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf=None, world_size=None, rank=0):
     """Traces the block on a fake `device` ("cpu" or "cuda") and yields a
     Trace, readable once the block ends. `modules` built before the block
     run in it on the fake device, their states put back afterwards.
@@ -384,6 +420,14 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
     0, 0.0), so that a loop that logs its loss goes on: what it printed and
     every branch taken on it are zero's, not the run's.
 
+    With `world_size`, the block is rank `rank` of a distributed job:
+    torch.distributed's default process group is metamem's (whatever
+    backend init_process_group names), torchrun's environment variables
+    say which rank, and collectives hold the memory their backend holds
+    (gloo's copies on a fake cpu, none on fake cuda) without communicating,
+    so that fully_shard (FSDP2), DTensor and device meshes trace as that
+    rank runs them.
+
     Leaving the block, also by an exception, restores every state it changed."""
     if values not in ("error", "placeholder"):
         raise ValueError(f"values must be 'error' or 'placeholder', got {values!r}")
@@ -397,6 +441,12 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
                 stack.enter_context(FakeCudaRuntime(session, gpu_spec) if device == "cuda" else _CudaOnFakeCpu())
                 stack.enter_context(_CppMetaKernels(device))
                 stack.enter_context(_known_values_listed())
+                patches = Patches()
+                stack.callback(patches.restore)
+                _patch_traced_storages(patches)
+                _patch_fake_tensor_mode(patches)
+                if world_size is not None:
+                    stack.enter_context(_distributed.ranks(device, world_size, rank))
                 if values == "placeholder":
                     stack.enter_context(_metamem.PlaceholderValues())
                 scopes = stack.enter_context(_ModuleScopes(session))

@@ -1,0 +1,259 @@
+"""One rank of a distributed job, traced alone.
+
+Inside trace(world_size=N, rank=r) the default process group is metamem's:
+collectives communicate nothing (a trace has no values to send) but hold
+the memory the real backend holds while they run, so that FSDP2's
+fully_shard, DTensor and the functional collectives trace as rank r runs
+them. Every group made from it (new_group, a DeviceMesh's dimensions) is
+one too.
+
+What a backend holds beside its arguments:
+- gloo (a fake cpu) copies: all_gather into a tensor receives into a flat
+  output of the output's size, then copies it out; reduce_scatter into a
+  tensor reduces a clone of the whole input, which its work keeps until it
+  is waited on or dropped; an average divides in place.
+- NCCL (fake cuda) reduces and gathers in the tensors it is given, an
+  average included; its own buffers live outside the caching allocator
+  (metamem.gpu_memory() counts them beside it).
+"""
+
+import contextlib
+import os
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import FakeStore
+
+from . import _metamem
+from ._cuda import Patches
+
+_BACKEND = "metamem"
+
+
+class _Work(dist.Work):
+    """Done at once; keeps what the backend's work keeps until it is waited on."""
+
+    def __init__(self, held=()):
+        super().__init__()
+        self._held = list(held)
+
+    def wait(self, timeout=None):
+        self._held.clear()
+        return True
+
+    def is_completed(self):
+        return True
+
+    def is_success(self):
+        return True
+
+    def get_future(self):
+        future = torch.futures.Future()
+        future.set_result(None)
+        return future
+
+
+def _averaged(tensor, op, size):
+    if op == dist.ReduceOp.AVG:
+        tensor /= float(size)
+
+
+class TracedProcessGroup(dist.ProcessGroup):
+    """A group of `size` ranks seen from `rank`, on a fake device whose
+    backend (gloo on cpu, NCCL on cuda) it models."""
+
+    def __init__(self, rank, size, copies):
+        super().__init__(rank, size)
+        self._copies = copies  # gloo's staging; NCCL has none in the allocator
+
+    def getBackendName(self):
+        return _BACKEND
+
+    # A ProcessGroup reads its name from its C++ backends, which a Python
+    # group has none of.
+    def _set_group_name(self, name):
+        self._group_name = name
+
+    @property
+    def group_name(self):
+        return self._group_name
+
+    def _set_group_desc(self, desc):
+        self._group_desc = desc
+
+    @property
+    def group_desc(self):
+        return self._group_desc
+
+    def _staged(self, tensors, receive):
+        """gloo moves a list of tensors through one flat buffer of them all:
+        received into it and copied out, or copied in and sent."""
+        if not self._copies or not tensors:
+            return
+        first = tensors[0]
+        flat = torch.empty((len(tensors),) + tuple(first.shape), dtype=first.dtype, device=first.device)
+        for index, tensor in enumerate(tensors):
+            if receive:
+                tensor.copy_(flat[index])
+            else:
+                flat[index].copy_(tensor)
+
+    def all_gather_single(self, output, input, opts=None):
+        self._staged([output], receive=True)
+        return _Work()
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        for output in outputs:
+            self._staged([output], receive=True)
+        return _Work()
+
+    def allgather(self, output_lists, inputs, opts=None):
+        for outputs in output_lists:
+            self._staged(outputs, receive=True)
+        return _Work()
+
+    def gather(self, output_lists, inputs, opts=None):
+        if self.rank() == opts.rootRank:
+            for outputs in output_lists:
+                self._staged(outputs, receive=True)
+        return _Work()
+
+    def scatter(self, outputs, input_lists, opts=None):
+        if self.rank() == opts.rootRank:
+            for inputs in input_lists:
+                self._staged(inputs, receive=False)
+        return _Work()
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        if not self._copies:
+            return _Work()
+        whole = input.clone()
+        _averaged(whole, op, self.size())
+        output.copy_(whole.chunk(self.size())[self.rank()])
+        return _Work(held=[whole])
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        works = [self.reduce_scatter_single(output, input, opts) for output, input in zip(outputs, inputs)]
+        return _Work(held=[tensor for work in works for tensor in work._held])
+
+    def reduce_scatter(self, outputs, input_lists, opts=None):
+        return _Work()
+
+    def allreduce(self, tensors, opts=None):
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        if self._copies:
+            for tensor in tensors:
+                _averaged(tensor, op, self.size())
+        return _Work()
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self.allreduce(tensors, opts)
+
+    def reduce(self, tensors, opts=None):
+        return _Work()
+
+    def broadcast(self, tensors, opts=None):
+        return _Work()
+
+    def alltoall(self, outputs, inputs, opts=None):
+        return _Work()
+
+    def all_to_all_single(self, output, input, output_splits, input_splits, opts=None):
+        return _Work()
+
+    def barrier(self, opts=None):
+        return _Work()
+
+    def send(self, tensors, dst, tag=0):
+        return _Work()
+
+    def recv(self, tensors, src, tag=0):
+        return _Work()
+
+    def __repr__(self):
+        return f"metamem.TracedProcessGroup(rank={self.rank()}, size={self.size()})"
+
+
+def _real(tensor):
+    """A traced tensor of known values (a mesh's rank numbers) as a real CPU
+    tensor made now: on a fake cpu it is recorded as the real one was."""
+    if not isinstance(tensor, torch.Tensor):
+        return tensor
+    values = _metamem.known_values(tensor)
+    if values is None:
+        return tensor
+    return values.clone()
+
+
+def _host_meshes(patches):
+    """A DeviceMesh keeps its ranks in a CPU tensor and finds its own place
+    in it with nonzero(), whose size depends on values: it is made for real,
+    from the rank numbers the trace knows, as the real run makes it on the
+    host. Its process groups are metamem's."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    init = DeviceMesh.__init__
+
+    def host_init(self, device_type, mesh=None, *args, **kwargs):
+        with _metamem.OutsideTrace():
+            kwargs = {key: _real(value) for key, value in kwargs.items()}
+            return init(self, device_type, _real(mesh), *args, **kwargs)
+
+    patches.set(DeviceMesh, "__init__", host_init)
+
+
+_traced_device = "cpu"  # the running trace's, read when a group is made
+
+
+def _make_group(store, rank, size, timeout):
+    return TracedProcessGroup(rank, size, copies=_traced_device == "cpu")
+
+
+dist.Backend.register_backend(_BACKEND, _make_group, devices=["cpu", "cuda"])
+
+
+@contextlib.contextmanager
+def ranks(device, world_size, rank):
+    """Rank `rank` of `world_size` for the block: metamem's default process
+    group, torchrun's environment, and torch.distributed.init_process_group
+    answering from them whatever backend it names. Everything is put back
+    afterwards."""
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    if not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be an int in [0, {world_size}), got {rank!r}")
+    if dist.is_initialized():
+        raise RuntimeError("a process group exists already: a trace with world_size makes its own "
+                           "(call torch.distributed.destroy_process_group() first)")
+    local_size = min(world_size, 8)
+    environment = {"RANK": rank, "WORLD_SIZE": world_size, "LOCAL_RANK": rank % local_size,
+                   "LOCAL_WORLD_SIZE": local_size, "GROUP_RANK": rank // local_size,
+                   "MASTER_ADDR": "localhost", "MASTER_PORT": "29500"}
+    saved_environment = {key: os.environ.get(key) for key in environment}
+    global _traced_device
+    _traced_device = device
+    patches = Patches()
+    try:
+        os.environ.update({key: str(value) for key, value in environment.items()})
+        dist.init_process_group(_BACKEND, store=FakeStore(), rank=rank, world_size=world_size)
+
+        def init_process_group(*args, **kwargs):
+            for key, value in (("rank", rank), ("world_size", world_size)):
+                if kwargs.get(key, -1) not in (-1, value):
+                    raise ValueError(f"init_process_group({key}={kwargs[key]}) in a trace of rank {rank} "
+                                     f"of {world_size}")
+
+        _host_meshes(patches)
+        patches.set(dist, "init_process_group", init_process_group)
+        patches.set(dist.distributed_c10d, "init_process_group", init_process_group)
+        yield
+    finally:
+        patches.restore()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        for key, value in saved_environment.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

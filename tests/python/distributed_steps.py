@@ -1,0 +1,74 @@
+"""Training steps written as users write distributed torch 2.x code, for
+test_distributed.py: each builds its mesh and model, parallelizes it and
+runs two AdamW steps. Real gloo processes and per-rank traces run the same
+functions (spawned processes import them from here)."""
+
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+
+def _train(model, device, features):
+    optimizer = torch.optim.AdamW(model.parameters())
+    for _ in range(2):
+        model(torch.randn(8, features, device=device)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def fsdp2(world, device="cpu", reshard_after_forward=True):
+    """Four 512 x 512 layers, each its own FSDP2 unit with bf16 compute."""
+    mesh = init_device_mesh(device, (world,))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)]).to(device)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+    for layer in model:
+        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    _train(model, device, 512)
+
+
+def tensor_parallel(world, device="cpu"):
+    """An MLP split Megatron's way: column-wise, then row-wise."""
+    mesh = init_device_mesh(device, (world,))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64)).to(device)
+    parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    _train(model, device, 64)
+
+
+STEPS = {"fsdp2": fsdp2, "fsdp2_keep_unsharded": lambda world: fsdp2(world, reshard_after_forward=False),
+         "tensor_parallel": tensor_parallel}
+
+
+def _gloo_rank(rank, world, store, name, repeats, results):
+    import torch.distributed as dist
+
+    import metamem
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    step = lambda: STEPS[name](world)  # noqa: E731
+    step()  # gloo connects its pairs at the first collective of each group
+    results.put((rank, [metamem.achieved_cpu(step) for _ in range(repeats)]))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def gloo_peaks(name, world, store, repeats=3):
+    """Each rank's achieved CPU peaks of `repeats` runs of STEPS[name] in
+    `world` real gloo processes: {rank: [bytes, ...]}."""
+    import torch.multiprocessing as mp
+
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    processes = [context.Process(target=_gloo_rank, args=(rank, world, store, name, repeats, results))
+                 for rank in range(world)]
+    for process in processes:
+        process.start()
+    peaks = dict(results.get(timeout=600) for _ in processes)
+    for process in processes:
+        process.join()
+        if process.exitcode != 0:
+            raise RuntimeError(f"a gloo rank exited with {process.exitcode}")
+    return peaks
