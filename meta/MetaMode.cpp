@@ -342,6 +342,22 @@ void scan_real(const c10::IValue& value, bool& any, bool& all) {
   }
 }
 
+// A factory asked for the meta device (a model built under
+// `with torch.device("meta")`, to be materialized after sharding) makes a
+// plain meta tensor, as it does outside: no memory, on no device.
+bool makes_plain_meta(const c10::FunctionSchema& schema, const torch::jit::Stack& stack) {
+  bool meta = false;
+  const std::size_t n = schema.arguments().size();
+  for (std::size_t i = stack.size() - n; i < stack.size(); ++i) {
+    const c10::IValue& value = stack[i];
+    if (value.isDevice()) meta = meta || value.toDevice().is_meta();
+    bool any = false, real = true;
+    scan_real(value, any, real);
+    if (any) return false;  // tensors decide where an op runs
+  }
+  return meta;
+}
+
 bool all_real(const c10::FunctionSchema& schema, const torch::jit::Stack& stack) {
   bool any = false, all = true;
   const std::size_t n = schema.arguments().size();
@@ -351,7 +367,7 @@ bool all_real(const c10::FunctionSchema& schema, const torch::jit::Stack& stack)
 
 void meta_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
-  if (holds_python_data(schema) || all_real(schema, *stack)) {
+  if (holds_python_data(schema) || all_real(schema, *stack) || makes_plain_meta(schema, *stack)) {
     run_for_real(op, stack);
     return;
   }

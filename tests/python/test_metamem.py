@@ -141,6 +141,32 @@ def test_a_storage_held_by_python_keeps_its_memory():
     assert traced == achieved == 3 * 4096
 
 
+def test_a_storage_resized_frees_and_remakes_its_buffer_as_fsdp2_does():
+    def step():
+        weight = torch.ones(1024)
+        view = weight[:512]  # a view, as a saved tensor is
+        storage = weight.untyped_storage()
+        assert storage.data_ptr() != 0 and storage.data_ptr() == view.untyped_storage().data_ptr()
+        storage.resize_(0)  # freed after forward
+        torch.ones(256).exp()
+        storage.resize_(4096)  # gathered again for backward
+        torch.ones(256).exp()
+        assert view.untyped_storage().nbytes() == 4096
+    traced, achieved = trace_and_run(step)
+    assert traced == achieved == 4096 + 2 * 1024
+
+
+def test_a_model_built_on_the_meta_device_holds_nothing_until_materialized():
+    with metamem.trace(device="cuda") as t:
+        with torch.device("meta"):
+            model = torch.nn.Linear(1024, 1024)
+        assert model.weight.is_meta and torch.cuda.memory_allocated() == 0
+        model.to_empty(device="cuda")
+        assert model.weight.device.type == "cuda"
+        assert torch.cuda.memory_allocated() == 1024 * 1024 * 4 + 4096
+    assert t.peak_bytes == 1024 * 1024 * 4 + 4096
+
+
 @pytest.mark.parametrize("dtype, mask, causal, length", [
     (torch.float32, None, False, 40),
     (torch.float32, "bool", False, 40),
