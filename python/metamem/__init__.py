@@ -106,6 +106,12 @@ class Trace:
         self._done().save_allocator_events(os.fspath(path))
 
 
+def _local(tensor):
+    """A DTensor's shard on this rank (FSDP2's and tensor parallelism's
+    parameters and gradients), any other tensor itself."""
+    return getattr(tensor, "_local_tensor", tensor)
+
+
 class _ModuleScopes:
     """Module paths from nn.Module names, via global forward hooks."""
 
@@ -134,7 +140,7 @@ class _ModuleScopes:
         for name, sub in module.named_modules():
             self.names.setdefault(id(sub), f"{root}.{name}" if name else root)
         self.roots.append(module)
-        self.session.parameters(list(module.parameters()))
+        self.session.parameters([_local(p) for p in module.parameters()])
 
     def _enter(self, module, inputs):
         if self.depth == 0:
@@ -266,7 +272,7 @@ def _backward_marked(session, scopes):
         try:
             return original(tensors, *args, **kwargs)
         finally:
-            grads = [p.grad for root in scopes.roots for p in root.parameters() if p.grad is not None]
+            grads = [_local(p.grad) for root in scopes.roots for p in root.parameters() if p.grad is not None]
             session.backward_done(grads)
 
     torch.autograd.backward = backward
@@ -432,13 +438,17 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
     if values not in ("error", "placeholder"):
         raise ValueError(f"values must be 'error' or 'placeholder', got {values!r}")
     gpu_spec = _metamem.gpu(gpu)  # ValueError for an unknown GPU, before anything changes
+    if world_size is not None:
+        _distributed.check(world_size, rank)
     result = Trace(device)
     with _real_rng_kept():
         session = _metamem.Session(device, alloc_conf, gpu)
         finished = False
         try:
             with contextlib.ExitStack() as stack:
-                stack.enter_context(FakeCudaRuntime(session, gpu_spec) if device == "cuda" else _CudaOnFakeCpu())
+                devices = _distributed.local_world_size(world_size) if world_size else 1
+                stack.enter_context(FakeCudaRuntime(session, gpu_spec, devices) if device == "cuda"
+                                    else _CudaOnFakeCpu())
                 stack.enter_context(_CppMetaKernels(device))
                 stack.enter_context(_known_values_listed())
                 patches = Patches()

@@ -12,6 +12,7 @@ trace ends.
 """
 
 import os
+import sys
 
 import torch
 
@@ -158,14 +159,19 @@ class _CudaRuntime:
         return 0
 
 
+_devices = 1  # the indices the trace answers for: cuda:0, or a distributed trace's node
+
+
 def _check_device(device):
-    """The fake has one device: cuda:0."""
+    """A fake-cuda trace has one GPU, cuda:0. A distributed trace's node has
+    a GPU for each of its local ranks (torchrun's scripts set_device their
+    LOCAL_RANK): every index names the traced rank's GPU."""
     if device is None:
         return 0
     index = device if isinstance(device, int) else torch.device(device).index
-    if index not in (None, -1, 0):
-        raise RuntimeError(f"CUDA error: invalid device ordinal (a fake-cuda trace has one device, "
-                           f"cuda:0; asked for {index})")
+    if index not in (None, -1) and not 0 <= index < _devices:
+        raise RuntimeError(f"CUDA error: invalid device ordinal (a fake-cuda trace has {_devices} "
+                           f"device{'s' if _devices > 1 else ''}; asked for {index})")
     return 0
 
 
@@ -173,9 +179,10 @@ class FakeCudaRuntime:
     """Patches torch.cuda for the length of a fake-cuda trace of `session`
     for the GPU `gpu` (a dict of metamem's GPU table)."""
 
-    def __init__(self, session, gpu):
+    def __init__(self, session, gpu, devices=1):
         self.session = session
         self.gpu = gpu
+        self.devices = devices
         self.properties = DeviceProperties(gpu)
         self.patches = Patches()
         # Kernel choices (SDPA's backend) follow the GPU's compute capability.
@@ -201,11 +208,12 @@ class FakeCudaRuntime:
             return session.memory_stats()
 
         try:
-            # One device, initialized (torch.cuda's lazy init asks the driver):
+            # The devices, initialized (torch.cuda's lazy init asks the driver):
             # is_available() and device_count() answer from these two.
             set_(cuda, "_initialized", True)
-            set_(cuda, "_cached_device_count", 1)
-            set_(C, "_cuda_getDeviceCount", lambda: 1)
+            set_(sys.modules[__name__], "_devices", self.devices)
+            set_(cuda, "_cached_device_count", self.devices)
+            set_(C, "_cuda_getDeviceCount", lambda: self.devices)
             set_(C, "_cuda_getDevice", lambda: 0)
             set_(C, "_cuda_setDevice", _check_device)
             set_(cuda, "_exchange_device", _check_device)
@@ -228,8 +236,9 @@ class FakeCudaRuntime:
             set_(C, "_cuda_getCurrentStream", lambda device=0: (current[0], 0, 1))
             set_(C, "_cuda_getDefaultStream", lambda device=0: (0, 0, 1))
             set_(C, "_cuda_setStream", set_stream)
-            # The default generator (torch.manual_seed seeds it; checkpoint saves its state).
-            set_(cuda, "default_generators", (Generator(),))
+            # The default generator, one for every index (torch.manual_seed seeds them;
+            # checkpoint saves its state).
+            set_(cuda, "default_generators", (Generator(),) * self.devices)
             # Memory, from the simulated caching allocator now.
             set_(C, "_cuda_memoryStats", memory_stats)
             set_(C, "_cuda_resetPeakMemoryStats", lambda device=0: session.reset_peak_memory_stats())

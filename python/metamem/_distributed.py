@@ -19,6 +19,7 @@ What a backend holds beside its arguments:
 
 import contextlib
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -203,6 +204,21 @@ def _host_meshes(patches):
     patches.set(DeviceMesh, "__init__", host_init)
 
 
+def _forget_meshes():
+    """DTensor caches what it worked out for a mesh by the mesh's shape, not
+    its process groups: a trace's groups die with it, so the caches must
+    not outlive it (nor hand a trace the groups of an earlier one)."""
+    from torch.distributed.tensor import _redistribute, _sharding_prop
+    from torch.distributed.tensor._collective_utils import MeshTopoInfo
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()
+    _sharding_prop.ShardingPropagator._propagate_tensor_meta_cached.cache_clear()
+    _redistribute.clear_redistribute_planner_cache()
+    getattr(_redistribute._gen_transform_infos, "cache_clear", lambda: None)()
+    MeshTopoInfo.build_from_mesh.cache_clear()
+
+
 _traced_device = "cpu"  # the running trace's, read when a group is made
 
 
@@ -213,12 +229,19 @@ def _make_group(store, rank, size, timeout):
 dist.Backend.register_backend(_BACKEND, _make_group, devices=["cpu", "cuda"])
 
 
-@contextlib.contextmanager
-def ranks(device, world_size, rank):
-    """Rank `rank` of `world_size` for the block: metamem's default process
-    group, torchrun's environment, and torch.distributed.init_process_group
-    answering from them whatever backend it names. Everything is put back
-    afterwards."""
+def _random_op_on_traced_tensors(start_offset, end_offset, op, *args, **kwargs):
+    """DTensor's random ops (init on sharded parameters) step the generator
+    of a real GPU around the op; a trace draws no values: the op alone."""
+    return op(*args, **kwargs)
+
+
+# A traced tensor's backend key is metamem's own (PrivateUse1): the kernel
+# serves traces alone.
+torch._prims.rng_prims.run_dtensor_rng_op.py_impl(torch._C.DispatchKey.PrivateUse1)(_random_op_on_traced_tensors)
+
+
+def check(world_size, rank):
+    """ValueError or RuntimeError where trace(world_size, rank) cannot begin."""
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
     if not isinstance(rank, int) or not 0 <= rank < world_size:
@@ -226,7 +249,20 @@ def ranks(device, world_size, rank):
     if dist.is_initialized():
         raise RuntimeError("a process group exists already: a trace with world_size makes its own "
                            "(call torch.distributed.destroy_process_group() first)")
-    local_size = min(world_size, 8)
+
+
+def local_world_size(world_size):
+    """Ranks to a node: torchrun's one per GPU, eight GPUs to a node."""
+    return min(world_size, 8)
+
+
+@contextlib.contextmanager
+def ranks(device, world_size, rank):
+    """Rank `rank` of `world_size` (check()ed) for the block: metamem's
+    default process group, torchrun's environment, and
+    torch.distributed.init_process_group answering from them whatever
+    backend it names. Everything is put back afterwards."""
+    local_size = local_world_size(world_size)
     environment = {"RANK": rank, "WORLD_SIZE": world_size, "LOCAL_RANK": rank % local_size,
                    "LOCAL_WORLD_SIZE": local_size, "GROUP_RANK": rank // local_size,
                    "MASTER_ADDR": "localhost", "MASTER_PORT": "29500"}
@@ -234,6 +270,13 @@ def ranks(device, world_size, rank):
     global _traced_device
     _traced_device = device
     patches = Patches()
+    # init_process_group wraps sys.excepthook (it prefixes "[rankN]:"); DTensor
+    # keeps its random-number tracker for the device of the first mesh.
+    patches.set(sys, "excepthook", sys.excepthook)
+    from torch.distributed.tensor import _random
+
+    patches.set(_random, "_rng_tracker", None)
+    _forget_meshes()
     try:
         os.environ.update({key: str(value) for key, value in environment.items()})
         dist.init_process_group(_BACKEND, store=FakeStore(), rank=rank, world_size=world_size)
@@ -249,9 +292,10 @@ def ranks(device, world_size, rank):
         patches.set(dist.distributed_c10d, "init_process_group", init_process_group)
         yield
     finally:
-        patches.restore()
         if dist.is_initialized():
             dist.destroy_process_group()
+        _forget_meshes()
+        patches.restore()
         for key, value in saved_environment.items():
             if value is None:
                 os.environ.pop(key, None)

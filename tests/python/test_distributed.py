@@ -3,6 +3,7 @@ On a fake cpu each rank's peak is checked against real gloo processes
 running the same code (tests/python/distributed_steps.py)."""
 
 import os
+import sys
 
 import pytest
 import torch
@@ -75,24 +76,28 @@ def test_keeping_parameters_unsharded_costs_memory_on_fake_cuda():
     assert peak(False) - peak(True) >= 512 * 512 * 2
 
 
-def test_user_code_initialises_its_process_group_as_under_torchrun():
+def test_a_torchrun_script_runs_as_its_rank():
     with metamem.trace(device="cuda", world_size=16, rank=11):
-        dist.init_process_group("nccl")  # any backend: the trace's answers
-        assert (dist.get_rank(), dist.get_world_size()) == (11, 16)
-        assert (os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"]) == ("11", "3", "16")
+        local_rank = int(os.environ["LOCAL_RANK"])
+        assert (os.environ["RANK"], local_rank, os.environ["WORLD_SIZE"]) == ("11", 3, "16")
+        torch.cuda.set_device(local_rank)  # a node of eight: every index is this rank's GPU
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))  # any backend
+        assert (dist.get_rank(), dist.get_world_size(), torch.cuda.device_count()) == (11, 16, 8)
         with pytest.raises(ValueError, match="rank 11 of 16"):
             dist.init_process_group("nccl", rank=2, world_size=16)
+        with pytest.raises(RuntimeError, match="invalid device ordinal"):
+            torch.cuda.set_device(8)
 
 
 def test_leaving_the_block_restores_torch_distributed():
-    init = dist.init_process_group
+    init, excepthook = dist.init_process_group, sys.excepthook
     environment = dict(os.environ)
     with pytest.raises(KeyError):
         with metamem.trace(device="cpu", world_size=2, rank=1):
             assert dist.is_initialized()
             raise KeyError("the step failed")
     assert not dist.is_initialized()
-    assert dist.init_process_group is init
+    assert dist.init_process_group is init and sys.excepthook is excepthook
     assert dict(os.environ) == environment
 
 

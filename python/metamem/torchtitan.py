@@ -1,0 +1,155 @@
+"""Llama 3 as torchtitan trains it, one rank at a time: torchtitan's own
+model, parallelize function (tensor parallelism, activation checkpointing,
+FSDP2 with bf16 compute), loss, optimizer and gradient clipping, set up
+and stepped as its Trainer does, with torchtitan's presets for 8B, 70B and
+405B (float8 and torch.compile off), inside trace(world_size=N, rank=r).
+
+    import metamem.torchtitan as titan
+    t = titan.trace("8B", world_size=8)           # rank 0 of torchtitan's 8B preset
+    t.reserved_peak_bytes
+    titan.largest_batch("70B", world_size=64)      # local batch on 80 GiB H100s
+
+torchtitan is an optional dependency (`pip install .[models]`).
+"""
+
+import copy
+import dataclasses
+import os
+
+import torch
+
+from . import gpu_memory
+from . import largest_batch as search_largest_batch
+from . import trace as metamem_trace
+
+__all__ = ["PRESETS", "Preset", "job_config", "training_step", "trace", "largest_batch"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """A torchtitan training configuration: its GPUs and what each rank runs."""
+
+    world_size: int
+    local_batch_size: int
+    seq_len: int
+    tensor_parallel: int
+    activation_checkpoint: str  # "none", "selective" (torchtitan's op policy) or "full"
+
+
+# torchtitan's train_configs/llama3_{8b,70b,405b}.toml; the debug model is
+# its debug_model.toml with two-way tensor parallelism, for quick checks.
+PRESETS = {
+    "debugmodel": Preset(8, 8, 2048, 2, "selective"),
+    "8B": Preset(8, 1, 8192, 1, "selective"),
+    "70B": Preset(64, 8, 8192, 8, "full"),
+    "405B": Preset(512, 2, 8192, 8, "full"),
+}
+
+
+def _torchtitan():
+    try:
+        import torchtitan  # noqa: F401
+    except ImportError as error:
+        raise ImportError("metamem.torchtitan needs torchtitan: pip install .[models]") from error
+
+
+def job_config(flavor, local_batch_size=None, seq_len=None, tensor_parallel=None, activation_checkpoint=None):
+    """torchtitan's JobConfig for Llama 3 `flavor` (a key of PRESETS) with its
+    preset, any of whose values the arguments replace."""
+    _torchtitan()
+    from torchtitan.config import JobConfig
+
+    if flavor not in PRESETS:
+        raise ValueError(f"unknown flavor {flavor!r}: one of {', '.join(PRESETS)}")
+    preset = PRESETS[flavor]
+    config = JobConfig()
+    config.model.name, config.model.flavor = "llama3", flavor
+    config.training.local_batch_size = local_batch_size or preset.local_batch_size
+    config.training.seq_len = seq_len or preset.seq_len
+    config.parallelism.tensor_parallel_degree = tensor_parallel or preset.tensor_parallel
+    config.activation_checkpoint.mode = activation_checkpoint or preset.activation_checkpoint
+    config.activation_checkpoint.selective_ac_option = "op"
+    return config
+
+
+def training_step(config, steps=2):
+    """A function that runs `steps` of torchtitan's training step for
+    `config` on this rank, from process group to optimizer, as its Trainer
+    sets up and steps: model built on the meta device, parallelized,
+    materialized on the rank's GPU and initialized; each step forward and
+    loss (loss parallel under tensor parallelism), backward, gradient
+    clipping, AdamW. Tokens are random: the data loader and tokenizer
+    change no memory on the GPU."""
+    _torchtitan()
+    import torch.distributed as dist
+    from torchtitan.config import TORCH_DTYPE_MAP
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.distributed import utils as dist_utils
+    from torchtitan.protocols.train_spec import get_train_spec
+    from torchtitan.tools import utils
+
+    def step():
+        dist.init_process_group("nccl")
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+        parallelism = config.parallelism
+        dims = ParallelDims(dp_shard=parallelism.data_parallel_shard_degree,
+                            dp_replicate=parallelism.data_parallel_replicate_degree,
+                            cp=parallelism.context_parallel_degree, tp=parallelism.tensor_parallel_degree,
+                            pp=parallelism.pipeline_parallel_degree, ep=parallelism.expert_parallel_degree,
+                            etp=parallelism.expert_tensor_parallel_degree, world_size=dist.get_world_size())
+        spec = get_train_spec(config.model.name)
+        model_args = copy.deepcopy(spec.model_args[config.model.flavor])  # the Trainer changes torchtitan's own
+        model_args.update_from_config(config)
+        with torch.device("meta"), utils.set_default_dtype(TORCH_DTYPE_MAP[config.training.dtype]):
+            model = spec.model_cls(model_args)
+        loss_fn = spec.build_loss_fn(config, parallel_dims=dims)
+        model = spec.parallelize_fn(model, dims, config)
+        model.to_empty(device="cuda")
+        with torch.no_grad():
+            model.init_weights(buffer_device=None)
+        model.train()
+        optimizers = spec.build_optimizers_fn([model], config.optimizer, dims)
+        train_context = dist_utils.get_train_context(dims.tp_enabled and not parallelism.disable_loss_parallel)
+        amp = dist_utils.maybe_enable_amp(dims, config.training.mixed_precision_param, "cuda")
+        batch, seq = config.training.local_batch_size, config.training.seq_len
+        for _ in range(steps):
+            optimizers.zero_grad()
+            tokens = torch.randint(0, model_args.vocab_size, (batch, seq + 1))
+            inputs, labels = tokens[:, :-1].to(device), tokens[:, 1:].to(device)
+            # The Trainer sums valid tokens over the data-parallel ranks.
+            valid_tokens = torch.tensor(batch * seq * dims.dp_shard, dtype=torch.float, device=device)
+            with train_context():
+                with amp:
+                    pred = model(inputs)
+                    loss = loss_fn(pred, labels) / valid_tokens
+                del pred
+                loss.backward()
+            dist_utils.clip_grad_norm_(list(model.parameters()), config.training.max_norm, foreach=True,
+                                       pp_mesh=dims.get_optional_mesh("pp"), ep_enabled=dims.ep_enabled)
+            optimizers.step()
+
+    return step
+
+
+def trace(flavor, world_size=None, rank=0, gpu="H100-80GB", steps=2, **overrides):
+    """Rank `rank` of torchtitan's `flavor` preset on `world_size` GPUs (the
+    preset's by default) traced on fake cuda; `overrides` go to job_config().
+    Initialization's truncated normals branch on values: they read zeros."""
+    config = job_config(flavor, **overrides)
+    world_size = world_size or PRESETS[flavor].world_size
+    with metamem_trace(device="cuda", gpu=gpu, world_size=world_size, rank=rank, values="placeholder") as t:
+        training_step(config, steps)()
+    return t
+
+
+def largest_batch(flavor, world_size=None, gpu="H100-80GB", memory=None, most=64, **overrides):
+    """The largest local batch size (up to `most`) whose rank 0 step reserves
+    no more than what the CUDA context leaves of `memory` bytes of `gpu`
+    (all of it by default): one two-step trace per size tried."""
+    capacity = gpu_memory(gpu, memory)["allocator_bytes"]
+
+    def fits(batch):
+        return trace(flavor, world_size, 0, gpu, local_batch_size=batch, **overrides).reserved_peak_bytes <= capacity
+
+    return search_largest_batch(fits, most)
