@@ -23,7 +23,7 @@ from torch.overrides import TorchFunctionMode
 from . import _distributed, _metamem
 from ._cuda import FakeCudaRuntime, Patches
 
-__all__ = ["trace", "achieved_cpu", "gpus", "gpu_memory", "largest_batch", "Trace", "UnsupportedOpError", "ValueReadError"]
+__all__ = ["trace", "trace_ranks", "achieved_cpu", "gpus", "gpu_memory", "largest_batch", "Trace", "UnsupportedOpError", "ValueReadError"]
 
 
 class UnsupportedOpError(NotImplementedError):
@@ -474,6 +474,22 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
         finally:
             if not finished:
                 session.finish("python", "f32")
+
+
+def trace_ranks(step, world_size, ranks=None, **options):
+    """{rank: Trace} of `step()` traced as each of `ranks` (every rank of
+    `world_size` by default) with trace(world_size=..., rank=..., **options).
+    Ranks differ where their code does (the root of a scatter, a pipeline
+    stage, the padding of uneven shards); a layout whose ranks all run the
+    same code needs rank 0 and the last."""
+    return {rank: _traced_rank(step, world_size, rank, options)
+            for rank in (range(world_size) if ranks is None else ranks)}
+
+
+def _traced_rank(step, world_size, rank, options):
+    with trace(world_size=world_size, rank=rank, **options) as t:
+        step()
+    return t
 
 
 def achieved_cpu(step, modules=()):

@@ -8,10 +8,11 @@ them. Every group made from it (new_group, a DeviceMesh's dimensions) is
 one too.
 
 What a backend holds beside its arguments:
-- gloo (a fake cpu) copies: all_gather into a tensor receives into a flat
-  output of the output's size, then copies it out; reduce_scatter into a
-  tensor reduces a clone of the whole input, which its work keeps until it
-  is waited on or dropped; an average divides in place.
+- gloo (a fake cpu) copies: all-gathers and gathers receive into one flat
+  buffer of all outputs and copy out, a scatter sends from a flat copy on
+  its root; reduce_scatter into a tensor reduces a clone of the whole
+  input, which its work keeps until it is waited on or dropped; an
+  average divides in place.
 - NCCL (fake cuda) reduces and gathers in the tensors it is given, an
   average included; its own buffers live outside the caching allocator
   (metamem.gpu_memory() counts them beside it).

@@ -35,7 +35,10 @@ def test_each_rank_is_exact_against_gloo(name, world, tmp_path):
 def test_ranks_differ_where_the_code_does():
     # distribute_tensor scatters each weight from rank 0, and gloo sends
     # them from one flat copy there.
-    assert traced_peak("tensor_parallel", 4, 0) > traced_peak("tensor_parallel", 4, 1)
+    traces = metamem.trace_ranks(lambda: STEPS["tensor_parallel"](4), 4, device="cpu")
+    peaks = {rank: max(t.step_peaks) for rank, t in traces.items()}
+    assert peaks == {rank: traced_peak("tensor_parallel", 4, rank) for rank in range(4)}
+    assert peaks[0] > peaks[1] == peaks[2] == peaks[3]
 
 
 def test_fully_shard_keeps_each_ranks_padded_shard_on_fake_cuda():
