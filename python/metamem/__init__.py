@@ -431,8 +431,8 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
     backend init_process_group names), torchrun's environment variables
     say which rank, and collectives hold the memory their backend holds
     (gloo's copies on a fake cpu, none on fake cuda) without communicating,
-    so that fully_shard (FSDP2), DTensor and device meshes trace as that
-    rank runs them.
+    so that fully_shard (FSDP2), DTensor, pipeline schedules and device
+    meshes trace as that rank runs them.
 
     Leaving the block, also by an exception, restores every state it changed."""
     if values not in ("error", "placeholder"):

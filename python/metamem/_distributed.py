@@ -3,16 +3,19 @@
 Inside trace(world_size=N, rank=r) the default process group is metamem's:
 collectives communicate nothing (a trace has no values to send) but hold
 the memory the real backend holds while they run, so that FSDP2's
-fully_shard, DTensor and the functional collectives trace as rank r runs
-them. Every group made from it (new_group, a DeviceMesh's dimensions) is
-one too.
+fully_shard, DTensor, the functional collectives and pipeline schedules
+trace as rank r runs them. Every group made from it (new_group, a
+DeviceMesh's dimensions) is one too. It is torch's "fake" backend for the
+block: torch's own code knows that such a group, one process standing for
+one rank, exchanges no values (a pipeline stage then takes its shapes from
+the user instead of asking its neighbours).
 
 What a backend holds beside its arguments:
 - gloo (a fake cpu) copies: all-gathers and gathers receive into one flat
   buffer of all outputs and copy out, a scatter sends from a flat copy on
   its root; reduce_scatter into a tensor reduces a clone of the whole
-  input, which its work keeps until it is waited on or dropped; an
-  average divides in place.
+  input; a work keeps what it holds (that clone, a sent tensor) until it
+  is dropped; an average divides in place.
 - NCCL (fake cuda) reduces and gathers in the tensors it is given, an
   average included; its own buffers live outside the caching allocator
   (metamem.gpu_memory() counts them beside it).
@@ -29,18 +32,19 @@ from torch._C._distributed_c10d import FakeStore
 from . import _metamem
 from ._cuda import Patches
 
-_BACKEND = "metamem"
+_BACKEND = "fake"
 
 
 class _Work(dist.Work):
-    """Done at once; keeps what the backend's work keeps until it is waited on."""
+    """Done at once; keeps what the backend's work keeps for as long as the
+    work lives (gloo's works own their tensors until they die, waited on
+    or not)."""
 
     def __init__(self, held=()):
         super().__init__()
         self._held = list(held)
 
     def wait(self, timeout=None):
-        self._held.clear()
         return True
 
     def is_completed(self):
@@ -70,6 +74,10 @@ class TracedProcessGroup(dist.ProcessGroup):
 
     def getBackendName(self):
         return _BACKEND
+
+    def _get_backend(self, device):
+        """The group stands for its backend on every device."""
+        return self
 
     # A ProcessGroup reads its name from its C++ backends, which a Python
     # group has none of.
@@ -168,7 +176,9 @@ class TracedProcessGroup(dist.ProcessGroup):
         return _Work()
 
     def send(self, tensors, dst, tag=0):
-        return _Work()
+        # gloo's send reads the tensor while its work lives: a pipeline
+        # stage's output stays until the schedule drops the work.
+        return _Work(held=tensors if self._copies else ())
 
     def recv(self, tensors, src, tag=0):
         return _Work()
@@ -227,8 +237,6 @@ def _make_group(store, rank, size, timeout):
     return TracedProcessGroup(rank, size, copies=_traced_device == "cpu")
 
 
-dist.Backend.register_backend(_BACKEND, _make_group, devices=["cpu", "cuda"])
-
 
 def _random_op_on_traced_tensors(start_offset, end_offset, op, *args, **kwargs):
     """DTensor's random ops (init on sharded parameters) step the generator
@@ -271,14 +279,18 @@ def ranks(device, world_size, rank):
     global _traced_device
     _traced_device = device
     patches = Patches()
-    # init_process_group wraps sys.excepthook (it prefixes "[rankN]:"); DTensor
-    # keeps its random-number tracker for the device of the first mesh.
-    patches.set(sys, "excepthook", sys.excepthook)
-    from torch.distributed.tensor import _random
-
-    patches.set(_random, "_rng_tracker", None)
-    _forget_meshes()
+    plugins = dist.Backend._plugins
+    torchs_fake = plugins.get(_BACKEND.upper())
     try:
+        # init_process_group wraps sys.excepthook (it prefixes "[rankN]:");
+        # DTensor keeps its random-number tracker for the device of the
+        # first mesh.
+        from torch.distributed.tensor import _random
+
+        patches.set(sys, "excepthook", sys.excepthook)
+        patches.set(_random, "_rng_tracker", None)
+        plugins[_BACKEND.upper()] = dist.Backend._BackendPlugin(_make_group, extended_api=False)
+        _forget_meshes()
         os.environ.update({key: str(value) for key, value in environment.items()})
         dist.init_process_group(_BACKEND, store=FakeStore(), rank=rank, world_size=world_size)
 
@@ -297,6 +309,10 @@ def ranks(device, world_size, rank):
             dist.destroy_process_group()
         _forget_meshes()
         patches.restore()
+        if torchs_fake is None:
+            plugins.pop(_BACKEND.upper(), None)
+        else:
+            plugins[_BACKEND.upper()] = torchs_fake
         for key, value in saved_environment.items():
             if value is None:
                 os.environ.pop(key, None)

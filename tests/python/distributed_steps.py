@@ -4,8 +4,11 @@ runs two AdamW steps. Real gloo processes and per-rank traces run the same
 functions (spawned processes import them from here)."""
 
 import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+# Imported here, not in the step: importing the module makes a tensor.
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 
@@ -38,13 +41,38 @@ def tensor_parallel(world, device="cpu"):
     _train(model, device, 64)
 
 
+def pipeline(world, schedule="GPipe", microbatches=8):
+    """Four 128 x 128 layers split into `world` stages, one a rank, under a
+    torch.distributed.pipelining schedule, batch 256 in `microbatches`;
+    stage shapes given (a process group that exchanges no values needs
+    them; real runs then skip shape inference)."""
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(128, 128) for _ in range(4)]
+    per = len(layers) // world
+    module = torch.nn.Sequential(*layers[rank * per:(rank + 1) * per])
+    shape = (256 // microbatches, 128)
+    stage = PipelineStage(module, rank, world, torch.device("cpu"),
+                          input_args=(torch.empty(shape, device="meta", requires_grad=rank > 0),),
+                          output_args=(torch.empty(shape, device="meta", requires_grad=True),))
+    kind = {"GPipe": ScheduleGPipe, "1F1B": Schedule1F1B}[schedule]
+    steps = kind(stage, n_microbatches=microbatches, loss_fn=lambda output, target: output.sum())
+    optimizer = torch.optim.AdamW(module.parameters())
+    for _ in range(2):
+        if rank == 0:
+            steps.step(torch.randn(256, 128))
+        else:
+            steps.step(target=torch.zeros(256, 128))
+        optimizer.step()
+        optimizer.zero_grad()
+
+
 STEPS = {"fsdp2": fsdp2, "fsdp2_keep_unsharded": lambda world: fsdp2(world, reshard_after_forward=False),
-         "tensor_parallel": tensor_parallel}
+         "tensor_parallel": tensor_parallel, "pipeline_gpipe": pipeline,
+         "pipeline_1f1b": lambda world: pipeline(world, "1F1B")}
 
 
 def _gloo_rank(rank, world, store, name, repeats, results):
-    import torch.distributed as dist
-
     import metamem
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)

@@ -19,7 +19,8 @@ def traced_peak(name, world, rank):
     return max(t.step_peaks)
 
 
-@pytest.mark.parametrize("name, world", [("fsdp2", 4), ("fsdp2_keep_unsharded", 2), ("tensor_parallel", 4)])
+@pytest.mark.parametrize("name, world", [("fsdp2", 4), ("fsdp2_keep_unsharded", 2), ("tensor_parallel", 4),
+                                         ("pipeline_gpipe", 4), ("pipeline_1f1b", 4)])
 def test_each_rank_is_exact_against_gloo(name, world, tmp_path):
     # gloo's worker thread drops a finished collective's tensors when it
     # gets to it, sometimes after the main thread's next allocation: a run
@@ -39,6 +40,24 @@ def test_ranks_differ_where_the_code_does():
     peaks = {rank: max(t.step_peaks) for rank, t in traces.items()}
     assert peaks == {rank: traced_peak("tensor_parallel", 4, rank) for rank in range(4)}
     assert peaks[0] > peaks[1] == peaks[2] == peaks[3]
+
+
+def test_a_pipeline_schedule_holds_what_it_keeps_in_flight():
+    # GPipe runs every micro-batch forward before any backward; 1F1B keeps
+    # at most as many in flight as stages follow.
+    for rank in range(3):
+        assert traced_peak("pipeline_gpipe", 4, rank) > traced_peak("pipeline_1f1b", 4, rank)
+
+
+def test_a_pipeline_stage_without_shapes_is_refused_by_torch():
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    with pytest.raises(RuntimeError, match="static metadata"):
+        with metamem.trace(device="cpu", world_size=2, rank=1):
+            stage = PipelineStage(torch.nn.Linear(8, 8), 1, 2, torch.device("cpu"))
+            ScheduleGPipe(stage, n_microbatches=2, loss_fn=lambda out, target: out.sum()).step(
+                target=torch.zeros(4, 8))
+    assert not dist.is_initialized()
 
 
 def test_fully_shard_keeps_each_ranks_padded_shard_on_fake_cuda():
