@@ -9,7 +9,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 # Imported here, not in the step: importing the module makes a tensor.
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor import Shard
+from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel, SequenceParallel,
+                                               parallelize_module)
 
 
 def _train(model, device, features):
@@ -41,6 +43,25 @@ def tensor_parallel(world, device="cpu"):
     _train(model, device, 64)
 
 
+def sequence_parallel(world, device="cpu"):
+    """A norm, then the MLP split Megatron's way, with the sequence split
+    outside it: the norm works on the rank's tokens, the first linear
+    gathers them, the second reduce-scatters its output."""
+    mesh = init_device_mesh(device, (world,))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.LayerNorm(64), torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 64)).to(device)
+    parallelize_module(model, mesh, {"0": SequenceParallel(),
+                                     "1": ColwiseParallel(input_layouts=Shard(1)),
+                                     "3": RowwiseParallel(output_layouts=Shard(1))})
+    optimizer = torch.optim.AdamW(model.parameters())
+    for _ in range(2):
+        tokens = torch.randn(4, 32 // world, 64, device=device)  # this rank's part of the sequence
+        model(tokens).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
 def pipeline(world, schedule="GPipe", microbatches=8):
     """Four 128 x 128 layers split into `world` stages, one a rank, under a
     torch.distributed.pipelining schedule, batch 256 in `microbatches`;
@@ -68,7 +89,8 @@ def pipeline(world, schedule="GPipe", microbatches=8):
 
 
 STEPS = {"fsdp2": fsdp2, "fsdp2_keep_unsharded": lambda world: fsdp2(world, reshard_after_forward=False),
-         "tensor_parallel": tensor_parallel, "pipeline_gpipe": pipeline,
+         "tensor_parallel": tensor_parallel, "sequence_parallel": sequence_parallel,
+         "pipeline_gpipe": pipeline,
          "pipeline_1f1b": lambda world: pipeline(world, "1F1B")}
 
 
@@ -86,6 +108,8 @@ def _gloo_rank(rank, world, store, name, repeats, results):
 def gloo_peaks(name, world, store, repeats=3):
     """Each rank's achieved CPU peaks of `repeats` runs of STEPS[name] in
     `world` real gloo processes: {rank: [bytes, ...]}."""
+    import queue
+
     import torch.multiprocessing as mp
 
     context = mp.get_context("spawn")
@@ -94,9 +118,17 @@ def gloo_peaks(name, world, store, repeats=3):
                  for rank in range(world)]
     for process in processes:
         process.start()
-    peaks = dict(results.get(timeout=600) for _ in processes)
+    peaks = {}
+    while len(peaks) < world:
+        try:
+            rank, peak = results.get(timeout=1)
+            peaks[rank] = peak
+        except queue.Empty:
+            failed = [process.exitcode for process in processes if process.exitcode not in (None, 0)]
+            if failed:
+                for process in processes:
+                    process.kill()  # the others wait for it in a collective
+                raise RuntimeError(f"a gloo rank exited with {failed[0]}") from None
     for process in processes:
         process.join()
-        if process.exitcode != 0:
-            raise RuntimeError(f"a gloo rank exited with {process.exitcode}")
     return peaks

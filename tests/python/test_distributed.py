@@ -33,6 +33,17 @@ def test_each_rank_is_exact_against_gloo(name, world, tmp_path):
         assert all(peak >= traced for peak in real[rank])
 
 
+def test_sequence_parallelism_is_within_eight_bytes_of_gloo(tmp_path):
+    # DTensor redistributes the sequence with functional collectives, which
+    # a trace runs as their meta kernels: gloo's staging for them is not
+    # modelled, and their scalar temporaries differ. 281,904 B traced
+    # against 281,896 B real on every rank today; 0.01% is the bound.
+    real = gloo_peaks("sequence_parallel", 4, tmp_path / "store")
+    for rank in range(4):
+        traced = traced_peak("sequence_parallel", 4, rank)
+        assert abs(traced - min(real[rank])) <= 1e-4 * traced, (rank, real[rank], traced)
+
+
 def test_ranks_differ_where_the_code_does():
     # distribute_tensor scatters each weight from rank 0, and gloo sends
     # them from one flat copy there.
