@@ -63,11 +63,6 @@ c10::Storage outer_storage(const at::Tensor& inner, c10::Device fake_device) {
   return c10::Storage(std::move(outer));
 }
 
-c10::StorageImpl* inner_of_outer(const c10::Storage& outer) {
-  const auto& data = outer.unsafeGetStorageImpl()->_mutable_data_ptr_no_checks();
-  return static_cast<const OuterStorageLink*>(data.get_context())->inner.unsafeGetStorageImpl();
-}
-
 constexpr c10::DispatchKeySet kMetaTensorKeys{c10::DispatchKey::PrivateUse1,
                                               c10::DispatchKey::AutogradPrivateUse1};
 
@@ -89,9 +84,9 @@ class MetaTensorImpl final : public c10::TensorImpl {
     storage_offset_ = inner_.storage_offset();
     // set_ and out= arguments may have moved the inner tensor onto another
     // storage, resize_ may have grown it.
-    const c10::StorageImpl* inner_storage = inner_.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
-    if (!storage_ || inner_of_outer(storage_) != inner_storage) storage_ = outer_storage(inner_, *device_opt_);
-    if (storage_) storage_.set_nbytes(inner_storage->nbytes());
+    const c10::StorageImpl* current = inner_.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+    if (!storage_ || inner_storage(storage_) != current) storage_ = outer_storage(inner_, *device_opt_);
+    if (storage_) storage_.set_nbytes(current->nbytes());
   }
 
   // tensor_data(), variable_data() and detach() come here; the base version
@@ -166,6 +161,9 @@ bool is_meta_storage(const c10::Storage& storage) {
   return impl != nullptr && impl->_mutable_data_ptr_no_checks().get_deleter() == &forget_outer;
 }
 
-c10::StorageImpl* inner_storage(const c10::Storage& storage) { return inner_of_outer(storage); }
+c10::StorageImpl* inner_storage(const c10::Storage& storage) {
+  const auto& data = storage.unsafeGetStorageImpl()->_mutable_data_ptr_no_checks();
+  return static_cast<const OuterStorageLink*>(data.get_context())->inner.unsafeGetStorageImpl();
+}
 
 }  // namespace metamem

@@ -201,13 +201,19 @@ class Result {
   AllocatorSetup allocator_;  // the session's
 };
 
-struct PlaceholderScope {
-  std::optional<PlaceholderValues> guard;
+// `with Name():` holds a Guard for the block.
+template <typename Guard>
+struct GuardScope {
+  std::optional<Guard> guard;
 };
 
-struct OutsideTraceScope {
-  std::optional<OutsideMetaMode> guard;
-};
+template <typename Guard>
+void bind_guard(py::module_& m, const char* name) {
+  py::class_<GuardScope<Guard>>(m, name)
+      .def(py::init<>())
+      .def("__enter__", [](GuardScope<Guard>& scope) { scope.guard.emplace(); })
+      .def("__exit__", [](GuardScope<Guard>& scope, const py::args&) { scope.guard.reset(); });
+}
 
 struct TracedGpu {
   TracedGpu(int major, int minor) : gpu{major, minor} {}
@@ -480,16 +486,10 @@ PYBIND11_MODULE(_metamem, m) {
     return keys;
   });
   // `with PlaceholderValues():` reading a traced tensor's value gives zero.
-  py::class_<PlaceholderScope>(m, "PlaceholderValues")
-      .def(py::init<>())
-      .def("__enter__", [](PlaceholderScope& scope) { scope.guard.emplace(); })
-      .def("__exit__", [](PlaceholderScope& scope, const py::args&) { scope.guard.reset(); });
+  bind_guard<metamem::PlaceholderValues>(m, "PlaceholderValues");
   // `with OutsideTrace():` ops dispatch as outside the trace (FakeTensorMode's
   // meta tensors stay plain meta tensors).
-  py::class_<OutsideTraceScope>(m, "OutsideTrace")
-      .def(py::init<>())
-      .def("__enter__", [](OutsideTraceScope& scope) { scope.guard.emplace(); })
-      .def("__exit__", [](OutsideTraceScope& scope, const py::args&) { scope.guard.reset(); });
+  bind_guard<metamem::OutsideMetaMode>(m, "OutsideTrace");
   // `with TracedGpu(major, minor):` fake-cuda kernels are chosen for a GPU
   // of that compute capability.
   py::class_<TracedGpu>(m, "TracedGpu")

@@ -24,6 +24,7 @@ What a backend holds beside its arguments:
 import contextlib
 import os
 import sys
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -59,8 +60,9 @@ class _Work(dist.Work):
         return future
 
 
-def _averaged(tensor, op, size):
-    if op == dist.ReduceOp.AVG:
+def _averaged(tensor, opts, size):
+    """gloo averages by dividing after it sums."""
+    if opts is not None and opts.reduceOp == dist.ReduceOp.AVG:
         tensor /= float(size)
 
 
@@ -135,11 +137,10 @@ class TracedProcessGroup(dist.ProcessGroup):
         return _Work()
 
     def reduce_scatter_single(self, output, input, opts=None):
-        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         if not self._copies:
             return _Work()
         whole = input.clone()
-        _averaged(whole, op, self.size())
+        _averaged(whole, opts, self.size())
         output.copy_(whole.chunk(self.size())[self.rank()])
         return _Work(held=[whole])
 
@@ -151,10 +152,9 @@ class TracedProcessGroup(dist.ProcessGroup):
         return _Work()
 
     def allreduce(self, tensors, opts=None):
-        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         if self._copies:
             for tensor in tensors:
-                _averaged(tensor, op, self.size())
+                _averaged(tensor, opts, self.size())
         return _Work()
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -230,14 +230,6 @@ def _forget_meshes():
     MeshTopoInfo.build_from_mesh.cache_clear()
 
 
-_traced_device = "cpu"  # the running trace's, read when a group is made
-
-
-def _make_group(store, rank, size, timeout):
-    return TracedProcessGroup(rank, size, copies=_traced_device == "cpu")
-
-
-
 def _random_op_on_traced_tensors(start_offset, end_offset, op, *args, **kwargs):
     """DTensor's random ops (init on sharded parameters) step the generator
     of a real GPU around the op; a trace draws no values: the op alone."""
@@ -260,6 +252,11 @@ def check(world_size, rank):
                            "(call torch.distributed.destroy_process_group() first)")
 
 
+def _destroy_default_group():
+    if dist.is_initialized():  # the script may have destroyed it, as torchrun's scripts end
+        dist.destroy_process_group()
+
+
 def local_world_size(world_size):
     """Ranks to a node: torchrun's one per GPU, eight GPUs to a node."""
     return min(world_size, 8)
@@ -275,24 +272,27 @@ def ranks(device, world_size, rank):
     environment = {"RANK": rank, "WORLD_SIZE": world_size, "LOCAL_RANK": rank % local_size,
                    "LOCAL_WORLD_SIZE": local_size, "GROUP_RANK": rank // local_size,
                    "MASTER_ADDR": "localhost", "MASTER_PORT": "29500"}
-    saved_environment = {key: os.environ.get(key) for key in environment}
-    global _traced_device
-    _traced_device = device
+
+    def make_group(store, group_rank, group_size, timeout):
+        return TracedProcessGroup(group_rank, group_size, copies=device == "cpu")
+
+    from torch.distributed.tensor import _random
+
     patches = Patches()
-    plugins = dist.Backend._plugins
-    torchs_fake = plugins.get(_BACKEND.upper())
-    try:
+    with contextlib.ExitStack() as restored:
+        restored.callback(patches.restore)
+        restored.enter_context(mock.patch.dict(os.environ, {key: str(value) for key, value in environment.items()}))
+        restored.enter_context(mock.patch.dict(dist.Backend._plugins, {
+            _BACKEND.upper(): dist.Backend._BackendPlugin(make_group, extended_api=False)}))
         # init_process_group wraps sys.excepthook (it prefixes "[rankN]:");
         # DTensor keeps its random-number tracker for the device of the
         # first mesh.
-        from torch.distributed.tensor import _random
-
         patches.set(sys, "excepthook", sys.excepthook)
         patches.set(_random, "_rng_tracker", None)
-        plugins[_BACKEND.upper()] = dist.Backend._BackendPlugin(_make_group, extended_api=False)
         _forget_meshes()
-        os.environ.update({key: str(value) for key, value in environment.items()})
+        restored.callback(_forget_meshes)
         dist.init_process_group(_BACKEND, store=FakeStore(), rank=rank, world_size=world_size)
+        restored.callback(_destroy_default_group)
 
         def init_process_group(*args, **kwargs):
             for key, value in (("rank", rank), ("world_size", world_size)):
@@ -304,17 +304,3 @@ def ranks(device, world_size, rank):
         patches.set(dist, "init_process_group", init_process_group)
         patches.set(dist.distributed_c10d, "init_process_group", init_process_group)
         yield
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        _forget_meshes()
-        patches.restore()
-        if torchs_fake is None:
-            plugins.pop(_BACKEND.upper(), None)
-        else:
-            plugins[_BACKEND.upper()] = torchs_fake
-        for key, value in saved_environment.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value

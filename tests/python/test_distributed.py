@@ -120,6 +120,8 @@ def test_a_torchrun_script_runs_as_its_rank():
             dist.init_process_group("nccl", rank=2, world_size=16)
         with pytest.raises(RuntimeError, match="invalid device ordinal"):
             torch.cuda.set_device(8)
+        dist.destroy_process_group()  # as such scripts end
+    assert not dist.is_initialized()
 
 
 def test_leaving_the_block_restores_torch_distributed():
