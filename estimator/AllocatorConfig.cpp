@@ -4,6 +4,8 @@
 #include <bit>
 #include <cstdlib>
 #include <stdexcept>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace metamem {
@@ -30,7 +32,7 @@ std::vector<std::string> tokens(const std::string& text) {
 
 class Parser {
  public:
-  explicit Parser(const std::string& text) : tokens_(tokens(text)) {}
+  Parser(const std::string& text, std::string source) : tokens_(tokens(text)), source_(std::move(source)) {}
   bool done() const { return i_ >= tokens_.size(); }
   const std::string& next(const char* what) {
     if (done()) fail(std::string("expected ") + what + " at its end");
@@ -70,11 +72,12 @@ class Parser {
     return value;
   }
   [[noreturn]] void fail(const std::string& what) const {
-    throw std::invalid_argument("PYTORCH_ALLOC_CONF: " + what);
+    throw std::invalid_argument(source_ + ": " + what);
   }
 
  private:
   std::vector<std::string> tokens_;
+  std::string source_;  // where the text came from, for errors
   std::size_t i_ = 0;
 };
 
@@ -143,9 +146,9 @@ AllocatorConfig AllocatorConfig::with_divisions(std::int64_t n) {
 
 std::int64_t AllocatorConfig::divisions_for(std::int64_t bytes) const { return divisions[interval_of(bytes)]; }
 
-AllocatorConfig parse_allocator_config(const std::string& text) {
+AllocatorConfig parse_allocator_config(const std::string& text, const std::string& source) {
   AllocatorConfig config;
-  Parser p(text);
+  Parser p(text, source);
   while (!p.done()) {
     const std::string key = p.next("an option");
     p.expect(":");
@@ -182,10 +185,15 @@ AllocatorConfig parse_allocator_config(const std::string& text) {
   return config;
 }
 
-std::string allocator_config_from_environment() {
+const char* allocator_config_variable() {
   for (const char* name : {"PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"})
-    if (const char* value = std::getenv(name)) return value;
-  return "";
+    if (std::getenv(name) != nullptr) return name;
+  return nullptr;
+}
+
+std::string allocator_config_from_environment() {
+  const char* name = allocator_config_variable();
+  return name == nullptr ? "" : std::getenv(name);
 }
 
 }  // namespace metamem

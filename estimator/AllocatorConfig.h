@@ -37,12 +37,15 @@ struct AllocatorConfig {
 };
 
 // Parses a PYTORCH_ALLOC_CONF string ("" is the default); throws
-// std::invalid_argument for what torch would refuse and for options metamem
-// does not simulate (backend:cudaMallocAsync).
-AllocatorConfig parse_allocator_config(const std::string& text);
+// std::invalid_argument, naming `source` (where the text came from), for
+// what torch would refuse and for options metamem does not simulate
+// (backend:cudaMallocAsync).
+AllocatorConfig parse_allocator_config(const std::string& text, const std::string& source = "PYTORCH_ALLOC_CONF");
 
-// The setting a torch process started here would read: PYTORCH_ALLOC_CONF,
-// else PYTORCH_CUDA_ALLOC_CONF (its older name), else "".
+// The variable a torch process started here would read: PYTORCH_ALLOC_CONF,
+// else PYTORCH_CUDA_ALLOC_CONF (its older name); nullptr where neither is set.
+const char* allocator_config_variable();
+// Its setting, else "".
 std::string allocator_config_from_environment();
 
 }  // namespace metamem

@@ -160,6 +160,13 @@ nlohmann::json report_json(const RunInfo& run, const Estimate& est, int depth,
   if (run.gpu_memory) out["gpu_memory"] = gpu_memory_json(*run.gpu_memory, est.allocator.reserved);
   if (!achieved.empty())
     out["achieved"] = {{"peak_bytes", achieved.back()}, {"step_peaks", achieved}};
+  if (!trace.refused.empty()) {
+    nlohmann::json refused = nlohmann::json::array();
+    for (const RefusedAllocation& r : trace.refused)
+      refused.push_back({{"bytes", r.bytes}, {"phase", phase_name(r.phase)}, {"module", trace.scopes[r.scope]},
+                         {"event", r.event}});
+    out["out_of_memory_caught"] = refused;
+  }
   return out;
 }
 
@@ -236,6 +243,10 @@ std::string summary_text(const RunInfo& run, const Estimate& est, const StepPeak
       line(fmt::format("  {}", category_name(static_cast<Category>(c))), est.live_at_peak[c]);
   line("CUDA allocator: max allocated", est.allocator.allocated);
   line("CUDA allocator: max reserved", est.allocator.reserved, run.alloc_conf);
+  for (const RefusedAllocation& r : trace.refused)
+    line("out of memory, caught", r.bytes,
+         fmt::format("a request in {} (module {}) the allocator refused; it holds nothing", phase_name(r.phase),
+                     trace.scopes[r.scope].empty() ? "-" : trace.scopes[r.scope]));
   if (const auto& gpu = run.gpu_memory) {
     line(fmt::format("GPU {}", gpu->gpu), gpu->total);
     for (const GpuMemoryUse& use : gpu->beside_allocator) line("  " + use.what, use.bytes, use.basis);

@@ -255,12 +255,16 @@ void wrap_outputs(const c10::FunctionSchema& schema, torch::jit::Stack& stack,
 
 // Runs the op on the inner meta tensors with the thread's keys as they were
 // outside MetaMode.
-std::atomic<UnsupportedOpReporter> g_reporter{nullptr};
+std::atomic<ErrorReporter> g_reporter{nullptr};
+
+template <typename Error>
+[[noreturn]] void report(const Error& error) {
+  if (ErrorReporter reporter = g_reporter.load()) reporter(error);
+  throw error;
+}
 
 [[noreturn]] void unsupported(const c10::FunctionSchema& schema, const std::string& why) {
-  const UnsupportedOpError error(schema.name(), c10::toString(schema), why);
-  if (UnsupportedOpReporter reporter = g_reporter.load()) reporter(error);
-  throw error;
+  report(UnsupportedOpError(schema.name(), c10::toString(schema), why));
 }
 
 thread_local int t_meta_calls = 0;
@@ -367,6 +371,7 @@ bool all_real(const c10::FunctionSchema& schema, const torch::jit::Stack& stack)
 
 void meta_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
+  if (!g_mode.active.load(std::memory_order_acquire)) report(TraceEndedError(schema.name()));
   if (holds_python_data(schema) || all_real(schema, *stack) || makes_plain_meta(schema, *stack)) {
     run_for_real(op, stack);
     return;
@@ -512,6 +517,12 @@ UnsupportedOpError::UnsupportedOpError(const std::string& op, const std::string&
 
 bool UnsupportedOpError::reads_value() const { return op_ == kValueRead; }
 
+TraceEndedError::TraceEndedError(const std::string& op)
+    : c10::Error({__func__, __FILE__, static_cast<std::uint32_t>(__LINE__)},
+                 "metamem: " + op + " on a tensor of a trace that has ended: tensors made or moved to the fake "
+                 "device inside a metamem.trace block hold no data and cannot run after it (move the module "
+                 "or tensor inside the block, or build it again)") {}
+
 MetaMode::MetaMode(c10::Device fake_device, MetaObserver* observer) : keys_(meta_mode_keys()) {
   if (fake_device.type() != c10::kCPU && fake_device.type() != c10::kCUDA)
     throw std::invalid_argument("metamem: fake device must be cpu or cuda");
@@ -616,7 +627,7 @@ at::Tensor adopt_meta_tensor(const at::Tensor& meta) {
   return make_meta_tensor(meta, g_mode.device);
 }
 
-void set_unsupported_op_reporter(UnsupportedOpReporter reporter) { g_reporter.store(reporter); }
+void set_error_reporter(ErrorReporter reporter) { g_reporter.store(reporter); }
 
 BufferId new_buffer_id() { return g_next_buffer.fetch_add(1); }
 

@@ -67,11 +67,20 @@ class UnsupportedOpError : public c10::NotImplementedError {
   std::string op_;
 };
 
-// How an op without a meta kernel is reported, when set: it receives the
-// error and throws (the Python module throws its own exception type, which
-// torch's bindings pass on as it is). Otherwise the error is thrown.
-using UnsupportedOpReporter = void (*)(const UnsupportedOpError& error);
-void set_unsupported_op_reporter(UnsupportedOpReporter reporter);
+// A traced tensor used after its trace ended (a module moved to the fake
+// device inside the block and called after it): it has no data, and no
+// trace records what it would do.
+class TraceEndedError : public c10::Error {
+ public:
+  explicit TraceEndedError(const std::string& op);
+};
+
+// How metamem's errors (UnsupportedOpError, TraceEndedError) are reported,
+// when set: it receives the error and throws (the Python module throws its
+// own exception types, which torch's bindings pass on as they are).
+// Otherwise the error is thrown.
+using ErrorReporter = void (*)(const c10::Error& error);
+void set_error_reporter(ErrorReporter reporter);
 
 // Registers metamem's kernels with the dispatcher, once per process (a
 // tenth of a second or more); the first MetaMode does it otherwise. A

@@ -62,6 +62,9 @@ struct Buffer {
   // bit each, whose work its free waits for.
   std::uint8_t stream = 0;
   std::uint32_t used_on_streams = 0;
+  // The allocator refused it (the GPU was out of memory, and the script
+  // caught the error): it held nothing and has no events.
+  bool refused = false;
 
   bool saved_for_backward() const { return category == Category::Activation; }
   static constexpr std::size_t kAlive = static_cast<std::size_t>(-1);
@@ -112,6 +115,16 @@ struct Region {
   std::int64_t input = -1, output = -1;  // Unit: buffers of its input and output tensors
 };
 
+// A request the simulated allocator refused with torch.OutOfMemoryError,
+// which the traced code caught (a script that tries a smaller batch).
+struct RefusedAllocation {
+  std::uint32_t buffer = 0;  // into Trace::buffers (0 bytes there)
+  std::int64_t bytes = 0;    // what was asked for
+  std::size_t event = 0;     // the first event after it
+  Phase phase = Phase::Setup;
+  std::uint32_t scope = 0;   // into Trace::scopes
+};
+
 struct StepFlops {
   std::int64_t total = 0;
   std::int64_t recompute = 0;  // of them, forward FLOPs run again in backward
@@ -134,6 +147,7 @@ struct Trace {
   std::vector<std::size_t> backward_begins;  // first event of each backward pass
   std::vector<std::size_t> backward_ends;    // first event after each backward pass
   std::vector<Region> regions;              // in the order they began
+  std::vector<RefusedAllocation> refused;   // out-of-memory errors the code caught
   std::int64_t parameter_bytes = 0;  // the model's parameters
   std::int64_t parameter_count = 0;
 

@@ -113,10 +113,26 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
     buffer.alloc_event = trace_.events.size();
     buffer.stream = static_cast<std::uint8_t>(stream_);
     trace_.buffers.push_back(buffer);
-    live_ += buffer.bytes;
     const auto index = static_cast<std::uint32_t>(trace_.buffers.size() - 1);
+    if (observer_) {
+      try {
+        observer_->on_alloc(index, buffer.bytes, live_ + buffer.bytes, stream_);
+      } catch (...) {  // out of memory: the request never held anything
+        refuse(index);
+        throw;
+      }
+    }
+    live_ += buffer.bytes;
     push_event(EventKind::Alloc, index);
-    if (observer_) observer_->on_alloc(index, buffer.bytes, live_, stream_);
+  }
+
+  // The buffer keeps its index (ids are consecutive) and no bytes; the
+  // trace lists the request, which the code may catch and go on from.
+  void refuse(std::uint32_t index) {
+    Buffer& buffer = trace_.buffers[index];
+    trace_.refused.push_back({index, buffer.bytes, trace_.events.size(), phase_, scope_now()});
+    buffer.bytes = 0;
+    buffer.refused = true;
   }
 
   void observe(AllocationObserver* observer) {
@@ -144,7 +160,7 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
 
   void record_free(BufferId id) {
     auto index = index_of(id);
-    if (!index) return;
+    if (!index || trace_.buffers[*index].refused) return;
     Buffer& buffer = trace_.buffers[*index];
     buffer.free_event = trace_.events.size();
     live_ -= buffer.bytes;
@@ -170,7 +186,7 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
       // A node made for this op took the thread's last sequence number just before.
       const std::uint64_t next = at::sequence_number::peek();
       event.node = next == 0 ? -1 : node_id(at::RecordFunction::currentThreadId(), next - 1);
-      event.scope = scope_provider_ ? intern_scope(scope_provider_()) : scope_stack_.back();
+      event.scope = scope_now();
     }
     const auto op_index = static_cast<std::uint32_t>(trace_.ops.size());
     event.first_input = static_cast<std::uint32_t>(trace_.op_buffers.size());
@@ -347,6 +363,11 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
     if (trace_.buffers.empty() || id < first_id_ || id - first_id_ >= trace_.buffers.size())
       return std::nullopt;
     return static_cast<std::uint32_t>(id - first_id_);
+  }
+
+  // The scope an event happens in (the lock held).
+  std::uint32_t scope_now() {
+    return scope_provider_ ? intern_scope(scope_provider_()) : scope_stack_.back();
   }
 
   std::uint32_t intern_scope(std::string path) {

@@ -4,6 +4,8 @@
 // report as the CLI.
 #include <ATen/Context.h>
 #include <ATen/record_function.h>
+#include <c10/core/AutogradState.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Storage.h>
 #include <torch/csrc/utils/pybind.h>
@@ -14,6 +16,7 @@
 #include <atomic>
 #include <fstream>
 #include <sstream>
+#include <thread>
 #include <memory>
 #include <optional>
 #include <unordered_map>
@@ -38,23 +41,26 @@ namespace py = pybind11;
 namespace metamem::python {
 namespace {
 
-// metamem.UnsupportedOpError and its ValueReadError: torch's bindings raise
+// metamem.UnsupportedOpError, its ValueReadError and metamem.TraceEndedError: torch's bindings raise
 // a PyTorchError as the Python type it names, from wherever in the user's
 // code the op ran.
 PyObject* g_unsupported_op_error = nullptr;
 PyObject* g_value_read_error = nullptr;
+PyObject* g_trace_ended_error = nullptr;
 
-struct UnsupportedOp final : torch::PyTorchError {
-  UnsupportedOp(const std::string& message, PyObject* type) : PyTorchError(message), type_(type) {}
+struct TypedError final : torch::PyTorchError {
+  TypedError(const std::string& message, PyObject* type) : PyTorchError(message), type_(type) {}
   PyObject* python_type() override { return type_ != nullptr ? type_ : PyExc_NotImplementedError; }
 
  private:
   PyObject* type_;
 };
 
-void raise_unsupported(const UnsupportedOpError& error) {
-  throw UnsupportedOp(error.what_without_backtrace(),
-                      error.reads_value() ? g_value_read_error : g_unsupported_op_error);
+void raise_error(const c10::Error& error) {
+  PyObject* type = g_trace_ended_error;
+  if (const auto* op = dynamic_cast<const UnsupportedOpError*>(&error))
+    type = op->reads_value() ? g_value_read_error : g_unsupported_op_error;
+  throw TypedError(error.what_without_backtrace(), type);
 }
 
 // torch.cuda.memory_snapshot()'s segments (torch._C._cuda_memorySnapshot's
@@ -215,6 +221,28 @@ void bind_guard(py::module_& m, const char* name) {
       .def("__exit__", [](GuardScope<Guard>& scope, const py::args&) { scope.guard.reset(); });
 }
 
+// The calling thread's dispatch keys and autograd modes (grad, inference,
+// forward AD, multithreading, view replay), as a block found them: its
+// keys, and any a failed call inside it left set, must not outlive it.
+struct ThreadState {
+  c10::impl::LocalDispatchKeySet keys = c10::impl::tls_local_dispatch_key_set();
+  c10::AutogradState autograd = c10::AutogradState::get_tls_state();
+
+  void restore() const {
+    c10::impl::_force_tls_local_dispatch_key_set(keys);
+    c10::AutogradState::set_tls_state(autograd);
+  }
+  bool operator==(const ThreadState& o) const {
+    const c10::AutogradState& a = autograd;
+    const c10::AutogradState& b = o.autograd;
+    return keys.included_ == o.keys.included_ && keys.excluded_ == o.keys.excluded_ &&
+           a.get_grad_mode() == b.get_grad_mode() && a.get_inference_mode() == b.get_inference_mode() &&
+           a.get_fw_grad_mode() == b.get_fw_grad_mode() &&
+           a.get_multithreading_enabled() == b.get_multithreading_enabled() &&
+           a.get_view_replay_enabled() == b.get_view_replay_enabled();
+  }
+};
+
 struct TracedGpu {
   TracedGpu(int major, int minor) : gpu{major, minor} {}
   metamem::ComputeCapability gpu;
@@ -251,8 +279,10 @@ class Session {
   // environment); fractions of `gpu`'s memory (a key of metamem's table).
   Session(const std::string& device, const std::optional<std::string>& alloc_conf, const GpuSpec& gpu)
       : run_{.device = device, .alloc_conf = alloc_conf.value_or(allocator_config_from_environment())},
-        allocator_setup_(allocator_setup(run_.alloc_conf, gpu.total_memory)),
-        allocator_(allocator_setup_) {
+        allocator_setup_(allocator_setup(run_.alloc_conf, alloc_conf ? "alloc_conf" : config_source(),
+                                         gpu.total_memory)),
+        allocator_(allocator_setup_),
+        owner_(std::this_thread::get_id()) {
     if (device != "cpu" && device != "cuda")
       throw py::value_error("device must be 'cpu' or 'cuda', got '" + device + "'");
     if (device == "cuda") run_.gpu_memory = gpu_memory(gpu);
@@ -331,16 +361,28 @@ class Session {
   // As torch.cuda's allocator on the GPU, of unlimited memory: a step
   // larger than the GPU still gets its figures (the fit command answers
   // whether it fits).
-  static AllocatorSetup allocator_setup(const std::string& alloc_conf, std::int64_t gpu_memory) {
+  static AllocatorSetup allocator_setup(const std::string& alloc_conf, const std::string& source,
+                                        std::int64_t gpu_memory) {
     try {
-      return {parse_allocator_config(alloc_conf), std::numeric_limits<std::int64_t>::max(), gpu_memory};
+      return {parse_allocator_config(alloc_conf, source), std::numeric_limits<std::int64_t>::max(), gpu_memory};
     } catch (const std::invalid_argument& e) {
       throw py::value_error(e.what());
     }
   }
 
-  static std::unique_ptr<at::ObserverContext> enter_scope(const at::RecordFunction& fn) {
+  // The trace is its thread's: another thread's optimizer is not the step's.
+  static Session* on_this_thread() {
     Session* session = g_session.load();
+    return session != nullptr && session->owner_ == std::this_thread::get_id() ? session : nullptr;
+  }
+
+  static std::string config_source() {
+    const char* variable = allocator_config_variable();
+    return variable != nullptr ? variable : "PYTORCH_ALLOC_CONF";
+  }
+
+  static std::unique_ptr<at::ObserverContext> enter_scope(const at::RecordFunction& fn) {
+    Session* session = on_this_thread();
     const std::string name = fn.name();
     if (session == nullptr || name.rfind("Optimizer.", 0) != 0) return nullptr;
     session->tracer_->begin_optimizer();
@@ -353,7 +395,7 @@ class Session {
   }
 
   static void leave_scope(const at::RecordFunction& fn, at::ObserverContext*) {
-    Session* session = g_session.load();
+    Session* session = on_this_thread();
     if (session == nullptr || std::string(fn.name()).rfind("Optimizer.step#", 0) != 0) return;
     session->tracer_->end_optimizer();
     session->step_open_ = false;
@@ -377,6 +419,7 @@ class Session {
   Phase phase_ = Phase::Setup;
   bool step_open_ = true;
   std::int64_t parameter_bytes_ = 0, parameter_count_ = 0;
+  std::thread::id owner_;
 };
 
 // The peak bytes held through the CPU allocator while `step` runs, above
@@ -450,10 +493,11 @@ std::vector<std::pair<std::string, std::int64_t>> cpu_allocations(const py::func
 PYBIND11_MODULE(_metamem, m) {
   using namespace metamem::python;
   m.doc() = "metamem's C++ half; use the metamem package.";
-  metamem::set_unsupported_op_reporter(&raise_unsupported);
-  m.def("set_error_types", [](py::object unsupported_op, py::object value_read) {
+  metamem::set_error_reporter(&raise_error);
+  m.def("set_error_types", [](py::object unsupported_op, py::object value_read, py::object trace_ended) {
     g_unsupported_op_error = unsupported_op.inc_ref().ptr();
     g_value_read_error = value_read.inc_ref().ptr();
+    g_trace_ended_error = trace_ended.inc_ref().ptr();
   });
   // "80GiB" -> bytes, as the command line reads sizes; ValueError naming `what` otherwise.
   m.def("parse_memory", &metamem::parse_memory, py::arg("text"), py::arg("what"));
@@ -522,6 +566,12 @@ PYBIND11_MODULE(_metamem, m) {
       .def("reset_accumulated_memory_stats", &Session::reset_accumulated_memory_stats)
       .def("empty_cache", &Session::empty_cache)
       .def("finish", &Session::finish);
+  py::class_<ThreadState>(m, "ThreadState", "The calling thread's dispatch keys and autograd modes, now.")
+      .def(py::init<>())
+      .def("restore", &ThreadState::restore, "Makes them the thread's again.")
+      .def("__eq__", &ThreadState::operator==);
+  m.def("is_traced", [](const at::Tensor& t) { return metamem::is_meta_tensor(t); }, py::arg("tensor"),
+        "Whether a tensor is a trace's (on the fake device; no data).");
   m.def("known_values", [](const at::Tensor& t) -> std::optional<at::Tensor> { return metamem::known_values(t); },
         py::arg("tensor"), "A traced tensor's values as a real CPU tensor, if the trace knows them; else None.");
   m.def("run_cpp_meta_kernels_in_traces", &metamem::run_cpp_meta_kernels_in_traces, py::arg("ops"),

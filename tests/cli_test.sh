@@ -238,6 +238,16 @@ expect 2 "--time-limit expects a duration" plan "$dir/golden.csv" --time-limit s
 expect 2 "--capacity expects a size" plan "$dir/golden.csv" --capacity -5
 printf 'id,lower,upper,size\n1,3,3,4\n' >"$dir/empty_life.csv"
 expect 2 "line 2: upper must be above lower" plan "$dir/empty_life.csv"
+# Input whose arithmetic would overflow, and files with nothing to plan.
+printf '1,0,9223372036854775807,8\n' >"$dir/endless.csv"
+printf '1,0,1,9223372036854775807\n2,0,1,9223372036854775807\n' >"$dir/huge.csv"
+: >"$dir/nothing.csv"
+expect 2 "last step is 2\^63-1" plan "$dir/endless.csv" --algo exact
+expect 2 "add up to more than 2\^63-1" plan "$dir/huge.csv"
+expect 2 "do not fit in 64 bits" plan "$dir/golden.csv" --alignment 9223372036854775807
+expect 2 "has no ranges" plan "$dir/nothing.csv"
+expect 2 "is a directory" plan "$dir"
+expect 2 "--max-batch must be between 1 and" fit --model mlp --max-batch 9223372036854775807
 
 echo "cli: $failures failed"
 exit $((failures > 0))

@@ -35,6 +35,9 @@ struct Trial {
   std::optional<CheckpointPlan> plan{};  // with --checkpoint
 };
 
+// The largest --max-batch: a search doubles and adds batches, far from overflowing.
+constexpr std::int64_t kMostBatch = std::int64_t{1} << 40;
+
 // The plans one batch's trial makes at most (plan_within).
 constexpr int kReplans = 4;
 
@@ -431,7 +434,8 @@ int fit_command(const std::vector<std::string>& args) {
   flags.add("--checkpoint", &checkpoint, checkpoint_solvers());
   if (const auto extra = flags.parse(args); !extra.empty())
     throw UsageError("unexpected argument '" + extra[0] + "'");
-  if (max_batch < 1) throw UsageError("--max-batch must be positive");
+  if (max_batch < 1 || max_batch > kMostBatch)
+    throw UsageError(fmt::format("--max-batch must be between 1 and {} (2^40)", kMostBatch));
   if (m.is_script()) throw UsageError("fit varies the batch of a zoo model; a TorchScript model's batch is in its --input");
   const TracedGpuScope traced_for = m.gpu_scope();
   if (memory_text.empty() && m.device != "cuda") throw UsageError("fit --device cpu needs --memory");
@@ -499,6 +503,8 @@ int fit_command(const std::vector<std::string>& args) {
                        {"memory_bytes", memory},
                        {"alloc_conf", m.alloc_conf},
                        {"batch", batch},
+                       {"max_batch", max_batch},
+                       {"capped", batch == max_batch},
                        {"predicted_bytes", best ? best->measured.bytes : 0},
                        {"checkpoint", checkpoint},
                        {"traces", traces},
@@ -529,6 +535,8 @@ int fit_command(const std::vector<std::string>& args) {
                : m.alloc_conf.empty() ? " reserved by the CUDA allocator"
                                         : " reserved by the CUDA allocator with " + m.alloc_conf,
                traces, plain_trials.line_reads());
+    if (batch == max_batch)
+      fmt::print("  {} is the --max-batch cap: larger batches were not tried and may fit\n", max_batch);
     if (plan)
       fmt::print("  with checkpointing ({}): units {}, recomputing {} ({:.1f}% of the step)\n", plan->solver,
                  to_string(plan->policy), human_flops(best->measured.recompute_flops),

@@ -71,7 +71,10 @@ TracedGpuScope ModelFlags::gpu_scope() const {
 }
 
 AllocatorSetup ModelFlags::allocator(std::int64_t memory) const {
-  return {parse_allocator_config(alloc_conf), memory, gpu_spec().total_memory};
+  const char* variable = allocator_config_variable();
+  const bool from_environment = variable != nullptr && alloc_conf == allocator_config_from_environment();
+  return {parse_allocator_config(alloc_conf, from_environment ? variable : "--alloc-conf"), memory,
+          gpu_spec().total_memory};
 }
 
 GpuMemory ModelFlags::gpu_memory(std::int64_t total) const { return gpu_memory(total, tp, pp, dp); }

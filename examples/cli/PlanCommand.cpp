@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -32,9 +33,11 @@ int plan_command(const std::vector<std::string>& args) {
   if (!capacity.empty()) limits.capacity = parse_memory(capacity, "--capacity");
   if (!time_limit.empty()) limits.seconds = parse_seconds(time_limit, "--time-limit");
 
+  if (std::filesystem::is_directory(files[0])) throw memonger::InputError("'" + files[0] + "' is a directory");
   std::ifstream in(files[0]);
   if (!in) throw memonger::InputError("cannot open '" + files[0] + "'");
   const memonger::RangeTable table = memonger::read_ranges_csv(in);
+  if (table.ranges.empty()) throw memonger::InputError("'" + files[0] + "' has no ranges");
   const memonger::Problem problem(table.ranges, alignment);
   const auto start = std::chrono::steady_clock::now();
   const memonger::Plan plan = memonger::make_planner(algorithm, limits)->plan(problem);

@@ -16,14 +16,16 @@ from the nn.Module names.
 import contextlib
 import json
 import os
+import threading
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 from . import _distributed, _metamem
 from ._cuda import FakeCudaRuntime, Patches
+from ._process import ProcessState
 
-__all__ = ["trace", "trace_ranks", "achieved_cpu", "gpus", "gpu_memory", "largest_batch", "Trace", "UnsupportedOpError", "ValueReadError"]
+__all__ = ["trace", "trace_ranks", "achieved_cpu", "gpus", "gpu_memory", "largest_batch", "Trace", "UnsupportedOpError", "ValueReadError", "TraceEndedError"]
 
 
 class UnsupportedOpError(NotImplementedError):
@@ -46,7 +48,12 @@ class ValueReadError(UnsupportedOpError):
         return super().__str__() + ' metamem.trace(values="placeholder") reads zeros instead.'
 
 
-_metamem.set_error_types(UnsupportedOpError, ValueReadError)
+class TraceEndedError(RuntimeError):
+    """A traced tensor (or a module whose parameters were traced) used after
+    its block ended: it holds no data and no trace records it."""
+
+
+_metamem.set_error_types(UnsupportedOpError, ValueReadError, TraceEndedError)
 
 
 class Trace:
@@ -113,10 +120,12 @@ def _local(tensor):
 
 
 class _ModuleScopes:
-    """Module paths from nn.Module names, via global forward hooks."""
+    """Module paths from nn.Module names, via global forward hooks that
+    see the trace's thread alone."""
 
     def __init__(self, session):
         self.session = session
+        self.owner = threading.get_ident()
         self.names = {}  # id(module) -> path
         self.roots = []
         self.depth = 0
@@ -143,6 +152,8 @@ class _ModuleScopes:
         self.session.parameters([_local(p) for p in module.parameters()])
 
     def _enter(self, module, inputs):
+        if threading.get_ident() != self.owner:
+            return
         if self.depth == 0:
             self.adopt(module)
             self.session.forward()
@@ -150,6 +161,8 @@ class _ModuleScopes:
         self.session.push_scope(self.names.get(id(module), type(module).__name__))
 
     def _leave(self, module, inputs, output):
+        if threading.get_ident() != self.owner:
+            return
         self.depth = max(self.depth - 1, 0)
         self.session.pop_scope()
 
@@ -263,10 +276,14 @@ class _CppMetaKernels:
 
 @contextlib.contextmanager
 def _backward_marked(session, scopes):
-    """torch.autograd.backward tells the trace where backward begins and ends."""
+    """torch.autograd.backward tells the trace where backward begins and
+    ends; on other threads it is torch's own (their autograd is theirs)."""
     original = torch.autograd.backward
+    owner = threading.get_ident()
 
     def backward(tensors, *args, **kwargs):
+        if threading.get_ident() != owner:
+            return original(tensors, *args, **kwargs)
         outputs = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
         session.backward(outputs)
         try:
@@ -337,19 +354,56 @@ def gpu_memory(gpu="H100-80GB", memory=None, cuda_context=None):
     return json.loads(_metamem.gpu_memory_json(gpu, memory or 0, cuda_context))
 
 
-@contextlib.contextmanager
-def _known_values_listed():
-    """Tensor.tolist() of a traced tensor whose values the trace knows (made
-    from Python numbers alone: torch.linspace(0, rate, depth).tolist() for
-    drop-path rates) lists them; .item() and branches read them in C++."""
-    patches = Patches()
-    tolist = torch.Tensor.tolist
+def _shown_values(tensor, placeholder):
+    """The real CPU values a traced tensor shows (printed, listed,
+    formatted): those the trace knows (a tensor made from Python numbers
+    alone: torch.linspace(0, rate, depth).tolist() for drop-path rates);
+    under placeholder values, zeros, as .item() reads; else None."""
+    values = _metamem.known_values(tensor)
+    if values is None and placeholder:
+        with _metamem.OutsideTrace():
+            values = torch.zeros((), dtype=tensor.dtype).expand(tensor.shape)
+    return values
 
-    def known_tolist(tensor):
-        values = _metamem.known_values(tensor)
+
+@contextlib.contextmanager
+def _values_shown(placeholder):
+    """str(), repr(), format() and tolist() of a traced tensor, which
+    would read its values: printing shows the values the trace knows
+    (zeros under placeholder values) or none, as a meta tensor prints
+    (tensor(..., size=(8, 64), device='cuda:0')), and never raises;
+    tolist() lists the known values (zeros under placeholder values) and
+    otherwise reads a value as .item() does. .item() and branches read
+    known values in C++."""
+    patches = Patches()
+    tolist, str_, format_ = torch.Tensor.tolist, torch._tensor_str._str, torch.Tensor.__format__
+
+    def shown_tolist(tensor):
+        values = _shown_values(tensor, placeholder) if _metamem.is_traced(tensor) else None
         return tolist(tensor if values is None else values)
 
-    patches.set(torch.Tensor, "tolist", known_tolist)
+    def shown_str(tensor, *, tensor_contents=None):
+        if tensor_contents is None and _metamem.is_traced(tensor):
+            values = _shown_values(tensor, placeholder)
+            if values is None:
+                tensor_contents = f"..., size={tuple(tensor.shape)}"
+            else:
+                plain = type(tensor) in (torch.Tensor, torch.nn.Parameter)
+                indent = len("tensor(" if plain else type(tensor).__name__ + "(")
+                with _metamem.OutsideTrace():
+                    tensor_contents = torch._tensor_str._tensor_str(values, indent)
+        return str_(tensor, tensor_contents=tensor_contents)
+
+    def shown_format(tensor, spec):
+        if tensor.dim() == 0 and _metamem.is_traced(tensor):
+            values = _shown_values(tensor, placeholder)
+            # Without a value a format spec has nothing to apply to: the tensor as it prints.
+            return str(tensor) if values is None else format(values.item(), spec)
+        return format_(tensor, spec)
+
+    patches.set(torch.Tensor, "tolist", shown_tolist)
+    patches.set(torch._tensor_str, "_str", shown_str)
+    patches.set(torch.Tensor, "__format__", shown_format)
     try:
         yield
     finally:
@@ -393,17 +447,6 @@ def _patch_fake_tensor_mode(patches):
 
 
 @contextlib.contextmanager
-def _real_rng_kept():
-    """torch.manual_seed in the block seeds the real CPU generator too: the
-    trace puts its state back, so that real runs after it draw as before."""
-    state = torch.random.get_rng_state()
-    try:
-        yield
-    finally:
-        torch.random.set_rng_state(state)
-
-
-@contextlib.contextmanager
 def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf=None, world_size=None, rank=0):
     """Traces the block on a fake `device` ("cpu" or "cuda") and yields a
     Trace, readable once the block ends. `modules` built before the block
@@ -434,14 +477,18 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
     so that fully_shard (FSDP2), DTensor, pipeline schedules and device
     meshes trace as that rank runs them.
 
-    Leaving the block, also by an exception, restores every state it changed."""
+    Leaving the block, by an exception, KeyboardInterrupt or SystemExit
+    too, puts back every global setting that it or the code inside changed
+    (metamem._process.SETTINGS lists them), the CPU generator's state
+    included: real runs after it draw as before. The trace is its
+    thread's: other threads' tensors and autograd are their own."""
     if values not in ("error", "placeholder"):
         raise ValueError(f"values must be 'error' or 'placeholder', got {values!r}")
     gpu_spec = _metamem.gpu(gpu)  # ValueError for an unknown GPU, before anything changes
     if world_size is not None:
         _distributed.check(world_size, rank)
     result = Trace(device)
-    with _real_rng_kept():
+    with ProcessState():
         session = _metamem.Session(device, alloc_conf, gpu)
         finished = False
         try:
@@ -450,7 +497,7 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
                 stack.enter_context(FakeCudaRuntime(session, gpu_spec, devices) if device == "cuda"
                                     else _CudaOnFakeCpu())
                 stack.enter_context(_CppMetaKernels(device))
-                stack.enter_context(_known_values_listed())
+                stack.enter_context(_values_shown(placeholder=values == "placeholder"))
                 patches = Patches()
                 stack.callback(patches.restore)
                 _patch_traced_storages(patches)

@@ -56,6 +56,7 @@ def parser():
     p.add_argument("--cuda-context", help="fit: the CUDA context's size, measured, in place of metamem's estimate "
                                           "(docs/gpu-memory.md)")
     p.add_argument("--max-batch", type=int, default=1 << 16, help="fit: the largest batch tried")
+    p.add_argument("--debug", action="store_true", help="an error prints its traceback")
     return p
 
 
@@ -128,16 +129,31 @@ def fit(args):
     best = largest_batch(fits, args.max_batch)
     if args.format == "json":
         print(json.dumps({"gpu": args.gpu, "memory_bytes": gpu["total_bytes"], "gpu_memory": gpu,
-                          "largest_batch": best,
+                          "largest_batch": best, "max_batch": args.max_batch, "capped": best == args.max_batch,
                           "reserved_bytes": {str(b): r for b, r in sorted(tried.items())}}, indent=2))
     else:
         beside = ", ".join(f"{use['what']} {use['bytes'] / 2**20:.0f} MiB" for use in gpu["beside_allocator"])
         print(f"{args.gpu}, {gpu['total_bytes'] / 2**30:.2f} GiB ({budget / 2**30:.2f} GiB left to the CUDA "
               f"allocator beside {beside}): largest batch that fits: {best}")
+        if best == args.max_batch:
+            print(f"  {best} is the --max-batch cap: larger batches were not tried and may fit")
         for batch, reserved in sorted(tried.items()):
             print(f"  batch {batch:>6}   reserved {reserved / 2**30:10.2f} GiB   "
                   f"{'fits' if reserved <= budget else 'does not fit'}")
     return 0
+
+
+def failure(error):
+    """(exit status, one line) for an error that ends the command: bad input
+    (a flag, a file, a config) is 2, what metamem cannot trace or an error
+    of its own 1."""
+    lines = str(error).strip().splitlines() or [type(error).__name__]
+    line = lines[0] if len(lines[0]) <= 300 else lines[0][:300] + "..."
+    if isinstance(error, UnsupportedOpError):  # ValueReadError too; its message names metamem
+        return 1, line
+    if isinstance(error, (UsageError, ValueError, TypeError, KeyError, OSError, ImportError)):
+        return 2, f"metamem: {line}"
+    return 1, f"metamem: {type(error).__name__}: {line} (--debug prints the traceback)"
 
 
 def main(argv=None):
@@ -145,9 +161,9 @@ def main(argv=None):
     try:
         check(args)
         return profile(args) if args.command == "profile" else fit(args)
-    except (UsageError, ValueError, ImportError) as error:
-        print(f"metamem: {error}", file=sys.stderr)
-        return 2
-    except UnsupportedOpError as error:  # ValueReadError too; its message names metamem
-        print(error, file=sys.stderr)
-        return 1
+    except Exception as error:
+        if args.debug:
+            raise
+        status, line = failure(error)
+        print(line, file=sys.stderr)
+        return status

@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from . import gpu_memory, trace
+from . import UnsupportedOpError, gpu_memory, trace
 from ._step import checked, train
 from . import largest_batch as search_largest_batch
 
@@ -62,9 +62,15 @@ def config(spec, **overrides):
         cfg = spec.__class__.from_dict(spec.to_dict())
     elif isinstance(spec, (str, os.PathLike)) and os.path.isfile(spec):
         with open(spec) as f:
-            values = json.load(f)
-        if "model_type" not in values:
-            raise ValueError(f"{spec}: a config.json names its model_type")
+            try:
+                values = json.load(f)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{spec}: not a JSON config ({error})") from None
+        if not isinstance(values, dict) or "model_type" not in values:
+            raise ValueError(f"{spec}: a config.json is an object that names its model_type")
+        if values["model_type"] not in transformers.CONFIG_MAPPING:
+            raise ValueError(f"{spec}: transformers {transformers.__version__} knows no model_type "
+                             f"{values['model_type']!r}")
         cfg = transformers.AutoConfig.for_model(**values)
     elif isinstance(spec, str) and spec in transformers.CONFIG_MAPPING:
         cfg = transformers.AutoConfig.for_model(spec)
@@ -85,8 +91,16 @@ def config(spec, **overrides):
     for key, value in overrides.items():
         if not hasattr(cfg, key):
             raise ValueError(f"{cfg.model_type}'s config has no attribute {key!r}")
+        current = getattr(cfg, key)
+        if _number(current) and not _number(value) or isinstance(current, int) and isinstance(value, float):
+            raise ValueError(f"{cfg.model_type}'s {key} is {type(current).__name__} ({current!r}), "
+                             f"not {value!r}")
         setattr(cfg, key, value)
     return cfg
+
+
+def _number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def task_of(cfg):
@@ -146,10 +160,22 @@ def training_step(cfg, batch=1, seq=128, device="cuda", dtype="f32", optimizer="
     if attn_implementation is not None:
         built_with["attn_implementation"] = attn_implementation
 
+    positions = next((key for key in ("max_position_embeddings", "n_positions")
+                      if isinstance(getattr(cfg, key, None), int)), None)
+    if positions and getattr(cfg, positions) < seq:
+        raise ValueError(f"seq {seq} is beyond the {getattr(cfg, positions)} positions of {cfg.model_type}'s "
+                         f"config ({positions})")
+
     def step():
         torch.manual_seed(0)
         with torch.device(device):
-            model = model_class._from_config(cfg, **built_with)
+            try:
+                model = model_class._from_config(cfg, **built_with)
+            except UnsupportedOpError:
+                raise
+            except Exception as error:  # the config's values, not the trace, are at fault
+                raise ValueError(f"{cfg.model_type}'s config does not build {architecture}: "
+                                 f"{type(error).__name__}: {error}") from error
         model.train()
         if checkpointing:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
