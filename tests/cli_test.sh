@@ -42,9 +42,9 @@ expect 2 "--memory expects a size" fit --model mlp --memory lots
 expect 2 "fit --device cpu needs --memory" fit --model mlp --device cpu
 expect 2 "unknown GPU 'V100'; known: H100-80GB" profile --model mlp --gpu V100
 expect 0 "largest batch that fits" fit --model mlp --gpu T4 --max-batch 64
-expect 2 "PYTORCH_ALLOC_CONF: roundup_power2_divisions must be a power of 2" profile --model mlp \
+expect 2 "--alloc-conf: roundup_power2_divisions must be a power of 2" profile --model mlp \
   --alloc-conf roundup_power2_divisions:3
-expect 2 "PYTORCH_ALLOC_CONF: backend:cudaMallocAsync is CUDA.s own pool" profile --model mlp \
+expect 2 "--alloc-conf: backend:cudaMallocAsync is CUDA.s own pool" profile --model mlp \
   --alloc-conf backend:cudaMallocAsync
 expect 1 "CUDA out of memory" profile --model mlp --alloc-conf per_process_memory_fraction:0.000001
 expect 0 "max reserved .* expandable_segments:True" profile --model mlp --alloc-conf expandable_segments:True
