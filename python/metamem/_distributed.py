@@ -23,7 +23,6 @@ What a backend holds beside its arguments:
 
 import contextlib
 import os
-import sys
 from unittest import mock
 
 import torch
@@ -284,10 +283,9 @@ def ranks(device, world_size, rank):
         restored.enter_context(mock.patch.dict(os.environ, {key: str(value) for key, value in environment.items()}))
         restored.enter_context(mock.patch.dict(dist.Backend._plugins, {
             _BACKEND.upper(): dist.Backend._BackendPlugin(make_group, extended_api=False)}))
-        # init_process_group wraps sys.excepthook (it prefixes "[rankN]:");
         # DTensor keeps its random-number tracker for the device of the
-        # first mesh.
-        patches.set(sys, "excepthook", sys.excepthook)
+        # first mesh. (init_process_group's wrapped sys.excepthook is put
+        # back with the trace's other globals, metamem._process.)
         patches.set(_random, "_rng_tracker", None)
         _forget_meshes()
         restored.callback(_forget_meshes)
