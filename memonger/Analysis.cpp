@@ -1,4 +1,6 @@
 #include <algorithm>
+#include <iterator>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -32,33 +34,50 @@ std::vector<std::string> verify(const Problem& problem, const Plan& plan) {
     if (plan.offsets[i] < 0 || end(i) > plan.planned_bytes)
       errors.push_back(name(i) + " lies outside the arena");
 
-  // Sweep over time; check bytes only between ranges alive together.
-  std::vector<std::size_t> by_first(ranges.size());
-  for (std::size_t i = 0; i < by_first.size(); ++i) by_first[i] = i;
-  std::sort(by_first.begin(), by_first.end(),
-            [&](auto a, auto b) { return ranges[a].first < ranges[b].first; });
-  std::set<std::pair<std::int64_t, std::size_t>> alive;  // (last, index)
+  // Sweep over time with the ranges alive, by offset. While they are
+  // disjoint, a range that arrives overlaps one of them only if it overlaps
+  // its neighbour below or above: O(n log n) however many ranges are alive
+  // together.
+  std::vector<std::size_t> by_first;
+  for (std::size_t i = 0; i < ranges.size(); ++i)
+    if (problem.bytes(i) > 0) by_first.push_back(i);
+  std::stable_sort(by_first.begin(), by_first.end(),
+                   [&](auto a, auto b) { return ranges[a].first < ranges[b].first; });
+  std::set<std::pair<std::int64_t, std::size_t>> alive_by_offset, alive_by_last;
   for (std::size_t i : by_first) {
-    while (!alive.empty() && alive.begin()->first < ranges[i].first) alive.erase(alive.begin());
-    for (const auto& [last, j] : alive)
-      if (problem.bytes(i) > 0 && problem.bytes(j) > 0 && plan.offsets[i] < end(j) &&
-          plan.offsets[j] < end(i))
-        errors.push_back(name(i) + " and " + name(j) + " are alive together and overlap");
-    alive.emplace(ranges[i].last, i);
+    while (!alive_by_last.empty() && alive_by_last.begin()->first < ranges[i].first) {
+      const std::size_t gone = alive_by_last.begin()->second;
+      alive_by_last.erase(alive_by_last.begin());
+      alive_by_offset.erase({plan.offsets[gone], gone});
+    }
+    const auto above = alive_by_offset.lower_bound({plan.offsets[i], 0});
+    std::optional<std::size_t> clash;
+    if (above != alive_by_offset.end() && above->first < end(i)) clash = above->second;
+    if (above != alive_by_offset.begin() && end(std::prev(above)->second) > plan.offsets[i])
+      clash = std::prev(above)->second;
+    if (clash) {
+      errors.push_back(name(*clash) + " and " + name(i) + " are alive together and overlap");
+      continue;  // kept out, so the ranges alive stay disjoint
+    }
+    alive_by_offset.emplace(plan.offsets[i], i);
+    alive_by_last.emplace(ranges[i].last, i);
   }
 
-  // A pinned range's bytes belong to it for the whole step.
+  // A pinned range's bytes belong to it for the whole step: no other range
+  // may use them at any time. By offset, a range's bytes meet those of one
+  // before it iff it starts below the highest end before it.
   std::vector<std::size_t> by_offset = by_first;
-  std::sort(by_offset.begin(), by_offset.end(),
-            [&](auto a, auto b) { return plan.offsets[a] < plan.offsets[b]; });
-  for (std::size_t k = 0; k < by_offset.size(); ++k) {
-    const std::size_t i = by_offset[k];
-    if (!ranges[i].pinned || problem.bytes(i) == 0) continue;
-    for (std::size_t m = 0; m < by_offset.size() && plan.offsets[by_offset[m]] < end(i); ++m) {
-      const std::size_t j = by_offset[m];
-      if (j != i && problem.bytes(j) > 0 && end(j) > plan.offsets[i] && !overlap_in_time(ranges[i], ranges[j]))
-        errors.push_back("pinned " + name(i) + " shares bytes with " + name(j));
-    }
+  std::stable_sort(by_offset.begin(), by_offset.end(),
+                   [&](auto a, auto b) { return plan.offsets[a] < plan.offsets[b]; });
+  std::optional<std::size_t> highest, highest_pinned;  // the earlier range reaching highest
+  for (std::size_t i : by_offset) {
+    auto meets = [&](std::optional<std::size_t> j) { return j && end(*j) > plan.offsets[i]; };
+    if (ranges[i].pinned && meets(highest))
+      errors.push_back("pinned " + name(i) + " shares bytes with " + name(*highest));
+    else if (meets(highest_pinned))
+      errors.push_back("pinned " + name(*highest_pinned) + " shares bytes with " + name(i));
+    if (!highest || end(i) > end(*highest)) highest = i;
+    if (ranges[i].pinned && (!highest_pinned || end(i) > end(*highest_pinned))) highest_pinned = i;
   }
   return errors;
 }

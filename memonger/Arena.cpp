@@ -232,20 +232,11 @@ Items order_by(const Problem& p, const Items& items, Key key) {
   return order;
 }
 
-// Every range's time neighbours, listed once: for the many packing passes
-// of one instance, cheaper than PlacedIndex's tree walks.
+// Every range's time neighbours, listed once (overlap_lists): for the many
+// packing passes of one instance, cheaper than PlacedIndex's tree walks.
 class NeighbourLists {
  public:
-  explicit NeighbourLists(const ItemTable& t) : lists_(t.bytes.size()) {
-    Items by_first(t.bytes.size());
-    for (std::size_t k = 0; k < by_first.size(); ++k) by_first[k] = k;
-    std::sort(by_first.begin(), by_first.end(), [&](auto a, auto b) { return t.first[a] < t.first[b]; });
-    for (std::size_t a = 0; a < by_first.size(); ++a)
-      for (std::size_t b = a + 1; b < by_first.size() && t.first[by_first[b]] <= t.last[by_first[a]]; ++b) {
-        lists_[by_first[a]].push_back(by_first[b]);
-        lists_[by_first[b]].push_back(by_first[a]);
-      }
-  }
+  explicit NeighbourLists(std::vector<Items> lists) : lists_(std::move(lists)) {}
 
   // One pass's view: the placed neighbours.
   class Placed {
@@ -274,8 +265,11 @@ class NeighbourLists {
 // them earlier. The order carries over from one height to the next.
 class SqueakyWheel {
  public:
-  SqueakyWheel(const ItemTable& t, Items order)
-      : t_(t), neighbours_(t), order_(std::move(order)), stretch_(1, std::max<std::size_t>(order_.size() / 40, 1)) {}
+  SqueakyWheel(const ItemTable& t, NeighbourLists neighbours, Items order)
+      : t_(t),
+        neighbours_(std::move(neighbours)),
+        order_(std::move(order)),
+        stretch_(1, std::max<std::size_t>(order_.size() / 40, 1)) {}
 
   // Up to `passes` passes at `height`, within `budget`; true with `found`.
   bool fit(std::int64_t height, std::int64_t passes, const Budget& budget, Placement& found) {
@@ -318,7 +312,9 @@ class SqueakyWheel {
 
 Placement arena_squeaky_wheel(const Problem& p, const Items& items, Placement start, const Budget& budget) {
   const ItemTable table(p, items);
-  SqueakyWheel wheel(table, order_by(p, items, [](const LiveRange& r, std::int64_t b) {
+  std::optional<std::vector<Items>> lists = overlap_lists(table.first, table.last, budget.deadline);
+  if (!lists) return start;
+  SqueakyWheel wheel(table, NeighbourLists(std::move(*lists)), order_by(p, items, [](const LiveRange& r, std::int64_t b) {
                        return static_cast<double>(b) * static_cast<double>(r.last - r.first + 1);
                      }));
   // Steps down from the best height by a sixteenth of the gap to the bound;

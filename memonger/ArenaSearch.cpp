@@ -14,10 +14,14 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstring>
+#include <exception>
 #include <deque>
 #include <limits>
 #include <numeric>
 #include <string_view>
+
+#include <pthread.h>
 
 #include "memonger/Placement.h"
 
@@ -31,7 +35,8 @@ constexpr std::int64_t kInfinity = std::numeric_limits<std::int64_t>::max();
 // The items with bytes, over time sections: the stretches between
 // consecutive points where some item starts or ends.
 struct Instance {
-  Instance(const Problem& p, const Items& items) {
+  // Incomplete past `deadline` (overlap_lists gave up).
+  Instance(const Problem& p, const Items& items, Clock::time_point deadline) {
     std::vector<std::int64_t> points;
     for (std::size_t k = 0; k < items.size(); ++k) {
       const LiveRange& r = p.ranges()[items[k]];
@@ -55,20 +60,18 @@ struct Instance {
       hi.push_back(section_of(r.last + 1));
       for (int s = lo[i]; s < hi[i]; ++s) members[s].push_back(static_cast<int>(i));
     }
-    overlaps.resize(index.size());
-    for (std::size_t i = 0; i < index.size(); ++i)
-      for (std::size_t j = i + 1; j < index.size(); ++j)
-        if (lo[i] < hi[j] && lo[j] < hi[i]) {
-          overlaps[i].push_back(static_cast<int>(j));
-          overlaps[j].push_back(static_cast<int>(i));
-        }
+    std::vector<std::int64_t> first(index.size()), last(index.size());
+    for (std::size_t i = 0; i < index.size(); ++i) first[i] = lo[i], last[i] = hi[i] - 1;
+    if (std::optional<std::vector<Items>> lists = overlap_lists(first, last, deadline)) overlaps = std::move(*lists);
+    else complete = false;
   }
   std::size_t size() const { return bytes.size(); }
 
   std::vector<std::size_t> index;  // into the caller's items
   std::vector<std::int64_t> bytes, width;
   std::vector<int> lo, hi;                 // sections [lo, hi)
-  std::vector<std::vector<int>> overlaps;  // items alive at a common step
+  std::vector<Items> overlaps;             // items alive at a common section
+  bool complete = true;
   std::vector<std::vector<int>> members;   // items per section
   int sections = 0;
 };
@@ -235,7 +238,7 @@ class CanonicalSearch {
     ++stamp_;
     affected_.clear();
     hatless = true;
-    for (int other : in_.overlaps[item]) {
+    for (std::size_t other : in_.overlaps[item]) {
       if (offset_[other] != kUnplaced) continue;
       hatless = false;
       if (min_offset_[other] >= end) continue;
@@ -318,15 +321,40 @@ class CanonicalSearch {
   std::size_t depth_ = 0;
 };
 
-}  // namespace
+// The search recurses a level per item it places (about 200 bytes of stack
+// here, 600 where time comes apart), so it runs on a thread whose stack
+// holds a kilobyte for every item: no instance overflows it, and pages are
+// committed only as they are used.
+template <typename Work>
+void on_stack_for(std::size_t levels, Work& work) {
+  struct Call {
+    Work& work;
+    std::exception_ptr error;
+  } call{work, nullptr};
+  auto run = [](void* arg) -> void* {
+    Call& c = *static_cast<Call*>(arg);
+    try {
+      c.work();
+    } catch (...) {
+      c.error = std::current_exception();
+    }
+    return nullptr;
+  };
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setstacksize(&attr, (std::size_t{1} << 20) + levels * 1024);
+  pthread_t thread;
+  const int failed = pthread_create(&thread, &attr, run, &call);
+  pthread_attr_destroy(&attr);
+  if (failed)
+    throw PlanLimitError("exact: cannot start the search's thread (" + std::string(std::strerror(failed)) + ")");
+  pthread_join(thread, nullptr);
+  if (call.error) std::rethrow_exception(call.error);
+}
 
-Placement arena_search(const Problem& problem, const Items& items, Placement start,
-                       const SearchLimits& limits) {
-  const Instance in(problem, items);
-  CanonicalSearch search(in);
-  Placement best = std::move(start);
-  best.bound = std::max(best.bound, items_lower_bound(problem, items));
+Placement search_from(const Instance& in, const Items& items, Placement best, const SearchLimits& limits) {
   const Budget& budget = limits.budget;
+  CanonicalSearch search(in);
 
   // Do the items fit below `capacity`? Each preorder in turn, with node
   // limits doubling, up to `node_budget` nodes in all.
@@ -386,6 +414,19 @@ Placement arena_search(const Problem& problem, const Items& items, Placement sta
       }
     }
   }
+  return best;
+}
+
+}  // namespace
+
+Placement arena_search(const Problem& problem, const Items& items, Placement start,
+                       const SearchLimits& limits) {
+  start.bound = std::max(start.bound, items_lower_bound(problem, items));
+  const Instance in(problem, items, limits.budget.deadline);
+  if (!in.complete) return start;
+  Placement best;
+  auto work = [&] { best = search_from(in, items, std::move(start), limits); };
+  on_stack_for(in.size(), work);
   return best;
 }
 

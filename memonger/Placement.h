@@ -75,4 +75,13 @@ std::int64_t count_offsets(const std::vector<std::int64_t>& offsets);
 // Max live bytes of `items` alone.
 std::int64_t items_lower_bound(const Problem& problem, const Items& items);
 
+// For each range k alive over steps [first[k], last[k]], the others alive at
+// one of its steps, found by a sweep in time: the work is the pairs found.
+// None past `deadline` or beyond kMostOverlaps pairs (a gibibyte of lists),
+// where a search over the pairs could not finish in time anyway.
+constexpr std::int64_t kMostOverlaps = std::int64_t{1} << 26;
+std::optional<std::vector<Items>> overlap_lists(const std::vector<std::int64_t>& first,
+                                                const std::vector<std::int64_t>& last,
+                                                std::chrono::steady_clock::time_point deadline);
+
 }  // namespace memonger

@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <limits>
+#include <numeric>
 
 #include "memonger/Placement.h"
 
@@ -46,6 +47,24 @@ std::int64_t items_lower_bound(const Problem& problem, const Items& items) {
   std::int64_t live = 0, peak = 0;
   for (const auto& [step, delta] : deltas) peak = std::max(peak, live += delta);
   return peak;
+}
+
+std::optional<std::vector<Items>> overlap_lists(const std::vector<std::int64_t>& first,
+                                                const std::vector<std::int64_t>& last,
+                                                std::chrono::steady_clock::time_point deadline) {
+  Items by_first(first.size());
+  std::iota(by_first.begin(), by_first.end(), std::size_t{0});
+  std::sort(by_first.begin(), by_first.end(), [&](auto a, auto b) { return first[a] < first[b]; });
+  std::vector<Items> lists(first.size());
+  std::int64_t pairs = 0;
+  for (std::size_t a = 0; a < by_first.size(); ++a)
+    for (std::size_t b = a + 1; b < by_first.size() && first[by_first[b]] <= last[by_first[a]]; ++b) {
+      lists[by_first[a]].push_back(by_first[b]);
+      lists[by_first[b]].push_back(by_first[a]);
+      if ((++pairs & 0xffff) == 0 && (pairs > kMostOverlaps || std::chrono::steady_clock::now() > deadline))
+        return std::nullopt;
+    }
+  return lists;
 }
 
 namespace {

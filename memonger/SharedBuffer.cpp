@@ -1,6 +1,7 @@
 // Caffe2's memonger model: tensors share whole buffers.
 #include <algorithm>
 #include <numeric>
+#include <optional>
 
 #include "memonger/Placement.h"
 
@@ -81,7 +82,7 @@ class BranchAndBound {
   std::vector<SharedBuffer> solve(std::vector<SharedBuffer> incumbent) {
     best_ = std::move(incumbent);
     best_cost_ = cost(best_);
-    if (best_cost_ > bound_) search(0, 0);
+    if (best_cost_ > bound_) search();
     return best_;
   }
 
@@ -91,31 +92,59 @@ class BranchAndBound {
                            [](std::int64_t sum, const SharedBuffer& b) { return sum + b.bytes; });
   }
 
-  // Returns true once a plan at the lower bound is found: nothing beats it.
-  bool search(std::size_t k, std::int64_t cost_so_far) {
-    if (++nodes_ > node_limit_)
-      throw PlanLimitError("dp: gave up after " + std::to_string(node_limit_) +
-                           " search nodes on " + std::to_string(order_.size()) +
-                           " ranges; use greedy or bestfit");
-    if (std::max(cost_so_far, bound_) >= best_cost_) return false;
-    if (k == order_.size()) {
-      best_ = current_;
-      best_cost_ = cost_so_far;
-      return best_cost_ <= bound_;
+  // One level per range in order: the buffers it may join, tried in turn,
+  // then a buffer of its own. The levels live on the heap: the depth is the
+  // number of ranges.
+  struct Level {
+    std::size_t next = 0;   // the next buffer to try; current_.size(): a new one
+    std::int64_t cost = 0;  // of the buffers before this level's range came
+    enum { kOut, kJoined, kOwnBuffer } range = kOut;
+  };
+
+  // Depth first; stops once a plan at the lower bound is found (nothing
+  // beats it).
+  void search() {
+    std::vector<Level> levels;
+    std::int64_t cost_so_far = 0;
+    for (;;) {
+      // A node: the first levels.size() ranges are placed.
+      if (++nodes_ > node_limit_)
+        throw PlanLimitError("dp: gave up after " + std::to_string(node_limit_) + " search nodes on " +
+                             std::to_string(order_.size()) + " ranges; use greedy or bestfit");
+      if (std::max(cost_so_far, bound_) < best_cost_) {
+        if (levels.size() < order_.size()) {
+          levels.push_back({0, cost_so_far});
+        } else {
+          best_ = current_;
+          best_cost_ = cost_so_far;
+          if (best_cost_ <= bound_) return;
+        }
+      }
+      // The next node: the deepest level with a choice left takes it.
+      std::optional<std::int64_t> next_cost;
+      while (!levels.empty() && !(next_cost = take_next(levels.back(), order_[levels.size() - 1])))
+        levels.pop_back();
+      if (!next_cost) return;
+      cost_so_far = *next_cost;
     }
-    const std::size_t item = order_[k];
-    // By index: deeper calls append buffers, which moves them.
-    for (std::size_t b = 0; b < current_.size(); ++b) {
-      if (!fits_in_time(p_, current_[b], item)) continue;
-      current_[b].members.push_back(item);
-      const bool done = search(k + 1, cost_so_far);
-      current_[b].members.pop_back();
-      if (done) return true;
+  }
+
+  // Moves the level's range from its last choice to its next one and
+  // returns the cost then; none when no choice is left.
+  std::optional<std::int64_t> take_next(Level& level, std::size_t item) {
+    if (level.range == Level::kOwnBuffer) current_.pop_back();
+    if (level.range == Level::kJoined) current_[level.next - 1].members.pop_back();
+    level.range = Level::kOut;
+    while (level.next < current_.size() && !fits_in_time(p_, current_[level.next], item)) ++level.next;
+    if (level.next > current_.size()) return std::nullopt;
+    if (level.next++ == current_.size()) {
+      current_.push_back({p_.bytes(item), {item}});
+      level.range = Level::kOwnBuffer;
+      return level.cost + p_.bytes(item);
     }
-    current_.push_back({p_.bytes(item), {item}});
-    const bool done = search(k + 1, cost_so_far + p_.bytes(item));
-    current_.pop_back();
-    return done;
+    current_[level.next - 1].members.push_back(item);
+    level.range = Level::kJoined;
+    return level.cost;
   }
 
   const Problem& p_;
