@@ -6,6 +6,7 @@
 #include <ATen/record_function.h>
 
 #include <atomic>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -114,6 +115,13 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
     buffer.stream = static_cast<std::uint8_t>(stream_);
     trace_.buffers.push_back(buffer);
     const auto index = static_cast<std::uint32_t>(trace_.buffers.size() - 1);
+    // No device holds 2^63 bytes: such a request fails as an allocation
+    // beyond any device's memory does, rather than wrap the count around.
+    if (bytes > static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max() - live_)) {
+      refuse(index);
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "out of memory: tried to allocate ", bytes, " bytes with ",
+                       live_, " bytes live (metamem counts up to 2^63-1 bytes)");
+    }
     if (observer_) {
       try {
         observer_->on_alloc(index, buffer.bytes, live_ + buffer.bytes, stream_);

@@ -23,6 +23,12 @@ expect 2 "unknown model 'nope'" profile --model nope --batch 2 --device cpu
 expect 2 "batch must be positive" profile --model mlp --batch 0 --device cpu
 expect 2 "batch must be positive" profile --model mlp --batch -3 --device cpu
 expect 2 "expects an integer" profile --model mlp --batch 2x --device cpu
+# Sizes whose tensors' bytes overflow int64, and counts a trace would never finish, are named.
+expect 2 "batch 9223372036854775807 x seq 1024 x vocab 50257: a tensor of more than 2\\^60 elements" profile --model gpt2 --batch 9223372036854775807 --device cpu
+expect 2 "batch 2 x 64 x image 4294967296 x image 4294967296" profile --model resnet18 --batch 2 --image 4294967296 --device cpu
+expect 2 "layers must be at most 10000, got 9223372036854775807" profile --model gpt2 --batch 1 --layers 9223372036854775807 --device cpu
+expect 2 "tensor-parallel ranks must be at most 1000" profile --model gpt2 --batch 1 --tp 4096 --heads 4096 --width 4096 --device cpu
+expect 0 "predicted peak" profile --model mlp --batch 2 --device cpu --table modules --depth 9223372036854775807
 expect 2 "unknown flag '--bogus'" profile --model mlp --bogus
 expect 2 "needs a value" profile --model mlp --batch
 expect 2 "--device must be cpu\\|cuda" profile --model mlp --batch 2 --device tpu

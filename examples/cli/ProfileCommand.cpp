@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <iostream>
 #include <sstream>
 
@@ -34,6 +35,7 @@ int profile_command(const std::vector<std::string>& args) {
   if (const auto extra = flags.parse(args); !extra.empty())
     throw UsageError("unexpected argument '" + extra[0] + "'");
   if (depth < 1) throw UsageError("--depth must be at least 1");
+  depth = std::min<std::int64_t>(depth, 1000);  // deeper than any module tree: all of it
   const RunInfo run = m.run_info();
   const TracedGpuScope traced_for = m.gpu_scope();
   if (achieved && (m.device != "cpu" || m.config().dtype != c10::kFloat))

@@ -2,7 +2,10 @@
 
 #include <torch/nn/module.h>
 
+#include <initializer_list>
 #include <stdexcept>
+#include <string>
+#include <utility>
 
 #include "examples/zoo/Models.h"
 
@@ -11,6 +14,32 @@ namespace {
 
 void require_positive(const char* what, std::int64_t value) {
   if (value <= 0) throw std::invalid_argument(std::string(what) + " must be positive");
+}
+
+// A trace's work grows with these; ten times what any model has.
+constexpr std::int64_t kMostLayers = 10'000;
+constexpr std::int64_t kMostRanks = 1'000;  // as --dp, --pp
+
+void require_at_most(const char* what, std::int64_t value, std::int64_t most) {
+  if (value > most)
+    throw std::invalid_argument(std::string(what) + " must be at most " + std::to_string(most) + ", got " +
+                                std::to_string(value));
+}
+
+// A tensor the model makes has this many elements (a factor without a
+// name is the model's own): its bytes (8 to an
+// element at most) must fit in int64, as torch's storage sizes must.
+void require_elements(std::initializer_list<std::pair<const char*, std::int64_t>> factors) {
+  constexpr std::int64_t kMostElements = std::int64_t{1} << 60;
+  std::int64_t elements = 1;
+  bool overflow = false;
+  std::string named;
+  for (const auto& [what, value] : factors) {
+    overflow = overflow || __builtin_mul_overflow(elements, value, &elements) || elements > kMostElements;
+    named += (named.empty() ? "" : " x ") + std::string(what) + (*what ? " " : "") + std::to_string(value);
+  }
+  if (overflow)
+    throw std::invalid_argument(named + ": a tensor of more than 2^60 elements, whose bytes overflow int64");
 }
 
 // Parallelism splits `what` evenly across its `parts` (tensor-parallel
@@ -49,6 +78,7 @@ StepBuilder zoo_step(const ZooConfig& config) {
   const TensorParallel& tp = config.tensor_parallel;
   if (config.flash_attention && !transformer) throw std::invalid_argument("flash attention is for gpt2 and llama");
   require_positive("tensor-parallel ranks", tp.ranks);
+  require_at_most("tensor-parallel ranks", tp.ranks, kMostRanks);
   if ((tp.ranks > 1 || tp.sequence_parallel) && !transformer)
     throw std::invalid_argument("tensor parallelism is for gpt2 and llama");
   if (tp.sequence_parallel && tp.ranks == 1)
@@ -59,9 +89,13 @@ StepBuilder zoo_step(const ZooConfig& config) {
   if (pp.stages > 1 && !transformer) throw std::invalid_argument("pipeline parallelism is for gpt2 and llama");
   if (config.selective_recompute && (!transformer || config.flash_attention))
     throw std::invalid_argument("selective recompute is for gpt2 and llama with math attention");
-  if (config.model == "mlp") return mlp_step(config);
+  if (config.model == "mlp") {
+    require_elements({{"batch", config.batch}, {"", 4096}});
+    return mlp_step(config);
+  }
   if (config.model == "resnet18" || config.model == "resnet50") {
     require_positive("image", config.image);
+    require_elements({{"batch", config.batch}, {"", 64}, {"image", config.image}, {"image", config.image}});
     return resnet_step(config, config.model == "resnet18" ? 18 : 50);
   }
   if (config.model == "gpt2" || config.model == "llama") {
@@ -69,6 +103,11 @@ StepBuilder zoo_step(const ZooConfig& config) {
                                {"width", config.width}, {"heads", config.heads},
                                {"vocab", config.vocab}})
       require_positive(what, value);
+    require_at_most("layers", config.layers, kMostLayers);
+    require_elements({{"batch", config.batch}, {"seq", config.seq}, {"vocab", config.vocab}});
+    require_elements({{"batch", config.batch}, {"heads", config.heads}, {"seq", config.seq}, {"seq", config.seq}});
+    require_elements({{"batch", config.batch}, {"seq", config.seq}, {"", 4}, {"width", config.width}});
+    require_elements({{"vocab", config.vocab}, {"width", config.width}});
     if (config.width % config.heads != 0)
       throw std::invalid_argument("width must be a multiple of heads");
     require_multiple("heads", config.heads, "tensor-parallel ranks", tp.ranks);
@@ -87,6 +126,8 @@ StepBuilder zoo_step(const ZooConfig& config) {
     if (llama.ffn == 0) llama.ffn = (8 * llama.width / 3 + 255) / 256 * 256;
     require_positive("kv-heads", llama.kv_heads);
     require_positive("ffn", llama.ffn);
+    require_elements({{"batch", llama.batch}, {"seq", llama.seq}, {"ffn", llama.ffn}});
+    require_elements({{"width", llama.width}, {"ffn", llama.ffn}});
     if (llama.heads % llama.kv_heads != 0) throw std::invalid_argument("heads must be a multiple of kv-heads");
     require_multiple("kv-heads", llama.kv_heads, "tensor-parallel ranks", tp.ranks);
     require_multiple("ffn", llama.ffn, "tensor-parallel ranks", tp.ranks);

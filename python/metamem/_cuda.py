@@ -191,9 +191,10 @@ class FakeCudaRuntime:
     def free_bytes(self):
         """cudaMemGetInfo's free: the GPU's memory less the CUDA context
         (metamem's estimate, docs/gpu-memory.md) and what the allocator
-        holds."""
+        holds, and never below zero: a trace without a memory fraction
+        may hold more than the GPU has."""
         reserved = self.session.memory_stats()["reserved_bytes"]["all"]["current"]
-        return self.gpu["total_memory"] - self.gpu["cuda_context_bytes"] - reserved
+        return max(self.gpu["total_memory"] - self.gpu["cuda_context_bytes"] - reserved, 0)
 
     def __enter__(self):
         cuda, C, set_ = torch.cuda, torch._C, self.patches.set

@@ -240,11 +240,16 @@ def _random_op_on_traced_tensors(start_offset, end_offset, op, *args, **kwargs):
 torch._prims.rng_prims.run_dtensor_rng_op.py_impl(torch._C.DispatchKey.PrivateUse1)(_random_op_on_traced_tensors)
 
 
+# torch keeps tables of every rank of a group (init_process_group's rank map:
+# 80 MiB at 2^20 ranks); ten times the largest jobs run.
+MOST_RANKS = 2**20
+
+
 def check(world_size, rank):
     """ValueError or RuntimeError where trace(world_size, rank) cannot begin."""
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
-    if not isinstance(rank, int) or not 0 <= rank < world_size:
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or not 1 <= world_size <= MOST_RANKS:
+        raise ValueError(f"world_size must be an int in [1, {MOST_RANKS:,}], got {world_size!r}")
+    if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world_size:
         raise ValueError(f"rank must be an int in [0, {world_size}), got {rank!r}")
     if dist.is_initialized():
         raise RuntimeError("a process group exists already: a trace with world_size makes its own "
@@ -279,6 +284,10 @@ def ranks(device, world_size, rank):
 
     patches = Patches()
     with contextlib.ExitStack() as restored:
+        # First: the modules it imports import torch.distributed.fsdp, which
+        # registers torch's own "fake" backend over the one patched in below.
+        _forget_meshes()
+        restored.callback(_forget_meshes)
         restored.callback(patches.restore)
         restored.enter_context(mock.patch.dict(os.environ, {key: str(value) for key, value in environment.items()}))
         restored.enter_context(mock.patch.dict(dist.Backend._plugins, {
@@ -287,8 +296,6 @@ def ranks(device, world_size, rank):
         # first mesh. (init_process_group's wrapped sys.excepthook is put
         # back with the trace's other globals, metamem._process.)
         patches.set(_random, "_rng_tracker", None)
-        _forget_meshes()
-        restored.callback(_forget_meshes)
         dist.init_process_group(_BACKEND, store=FakeStore(), rank=rank, world_size=world_size)
         restored.callback(_destroy_default_group)
 

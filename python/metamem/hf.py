@@ -144,6 +144,23 @@ def _inputs(cfg, task, batch, seq, device, dtype):
             "return_loss": True}
 
 
+MOST_LAYERS = 10_000  # a trace's work grows with them; ten times what any model has
+
+
+def _check_sizes(cfg, batch, seq):
+    """ValueError naming the key where the model would take forever to build
+    or make a tensor whose bytes overflow int64 (as torch's storage sizes
+    must fit; 8 bytes to an element at most)."""
+    layers = getattr(cfg, "num_hidden_layers", None)
+    if isinstance(layers, int) and layers > MOST_LAYERS:
+        raise ValueError(f"num_hidden_layers must be at most {MOST_LAYERS:,}, got {layers}")
+    for key in ("vocab_size", "hidden_size", "intermediate_size"):
+        size = getattr(cfg, key, None)
+        if isinstance(size, int) and batch * seq * size > 2**60:
+            raise ValueError(f"batch {batch} x seq {seq} x {key} {size}: a tensor of more than 2^60 elements, "
+                             f"whose bytes overflow int64")
+
+
 def training_step(cfg, batch=1, seq=128, device="cuda", dtype="f32", optimizer="adamw", steps=2,
                   attn_implementation=None, checkpointing=False):
     """A function that builds the model on `device`, then runs `steps`
@@ -165,6 +182,7 @@ def training_step(cfg, batch=1, seq=128, device="cuda", dtype="f32", optimizer="
     if positions and getattr(cfg, positions) < seq:
         raise ValueError(f"seq {seq} is beyond the {getattr(cfg, positions)} positions of {cfg.model_type}'s "
                          f"config ({positions})")
+    _check_sizes(cfg, batch, seq)
 
     def step():
         torch.manual_seed(0)

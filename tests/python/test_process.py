@@ -150,6 +150,51 @@ def test_a_caught_out_of_memory_error_leaves_the_peak_as_what_was_live():
     assert t.json()["out_of_memory_caught"][0]["bytes"] == 1 << 40
 
 
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_live_bytes_past_2_63_are_out_of_memory_not_a_wrapped_count(device):
+    with metamem.trace(device=device) as t:
+        a = torch.empty(1 << 62, dtype=torch.uint8, device=device)
+        with pytest.raises(torch.OutOfMemoryError, match="2\\^63-1"):
+            torch.empty(1 << 62, dtype=torch.uint8, device=device)
+        del a
+    assert t.peak_bytes == 1 << 62
+
+
+def test_mem_get_info_never_goes_below_zero():
+    # Without a memory fraction the trace holds what the step asks for, more than the GPU has.
+    with metamem.trace(device="cuda", gpu="L4"):
+        free, total = torch.cuda.mem_get_info()
+        x = torch.empty(total, dtype=torch.uint8, device="cuda")
+        assert torch.cuda.mem_get_info() == (0, total) and free > 0
+        del x
+
+
+# --- distributed --------------------------------------------------------------
+
+def test_the_first_distributed_trace_of_a_process_communicates():
+    # Importing torch.distributed.fsdp registered torch's own "fake" backend
+    # over metamem's inside the first trace: its collectives raised.
+    program = """
+import torch, torch.distributed as dist, metamem
+for _ in range(2):
+    with metamem.trace(device="cuda", world_size=4, rank=1):
+        x = torch.ones(1024, device="cuda")
+        dist.all_reduce(x)
+        print(type(dist.group.WORLD).__name__)
+"""
+    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["TracedProcessGroup"] * 2
+
+
+@pytest.mark.parametrize("world_size", [0, 2**20 + 1, 10**9, True, 4.0])
+def test_world_size_is_capped_and_checked(world_size):
+    with pytest.raises(ValueError, match="world_size must be an int in \\[1, 1,048,576\\]"):
+        with metamem.trace(device="cpu", world_size=world_size):
+            pass
+
+
 # --- the command line's errors ----------------------------------------------
 
 def metamem_cli(*args, env=None):
@@ -161,6 +206,8 @@ def metamem_cli(*args, env=None):
     (["profile", "--hf", "gpt2", "--hf-set", "n_layer=abc"], "n_layer"),
     (["profile", "--hf", "gpt2", "--seq", "2048"], "max_position_embeddings"),
     (["profile", "--hf", "no_such_model_type"], "no_such_model_type"),
+    (["profile", "--hf", "gpt2", "--batch", str(2**63 - 1)], "x vocab_size 50257: a tensor of more than 2^60"),
+    (["profile", "--hf", "gpt2", "--hf-set", f"n_layer={2**63 - 1}"], "num_hidden_layers must be at most 10,000"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, names):
     run = metamem_cli(*args)
