@@ -5,6 +5,7 @@
 #include <ATen/core/stack.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/WrapDimMinimal.h>
 #include <c10/util/SmallVector.h>
 
 #include <algorithm>
@@ -203,7 +204,54 @@ bool compares_integers(c10::ArrayRef<c10::IValue> arguments) {
   return any;
 }
 
+// The first of `index`'s known values outside [lowest, size), if any. A
+// real CPU index (torch.tensor([...]) beside traced tensors) knows its own.
+std::optional<std::int64_t> first_outside(const at::Tensor& index, std::int64_t lowest, std::int64_t size) {
+  if (!index.defined() || !is_integer(index) || index.is_meta()) return std::nullopt;
+  const std::optional<at::Tensor> values = is_meta_tensor(index) ? known_values(index) : index;
+  if (!values) return std::nullopt;
+  OutsideMetaMode outside;
+  InsideMetaCall inside;  // the check's tensors are not the step's
+  const at::Tensor flat = values->to(at::kLong).contiguous().view(-1);
+  const std::int64_t* data = flat.const_data_ptr<std::int64_t>();
+  for (std::int64_t i = 0; i < flat.numel(); ++i)
+    if (data[i] < lowest || data[i] >= size) return data[i];
+  return std::nullopt;
+}
+
+std::int64_t size_at(const at::Tensor& self, std::int64_t dim) {
+  return self.dim() == 0 ? 1 : self.size(c10::maybe_wrap_dim(dim, self.dim()));
+}
+
 }  // namespace
+
+void check_known_indices(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments) {
+  const std::string& name = op.schema().name();
+  if (name == "aten::embedding" || name == "aten::index_select") {
+    const bool embedding = name == "aten::embedding";
+    const at::Tensor& self = arguments[0].toTensor();
+    const std::int64_t dim = embedding ? 0 : arguments[1].toInt();
+    TORCH_CHECK_INDEX(!first_outside(arguments[embedding ? 1 : 2].toTensor(), 0, size_at(self, dim)),
+                      "index out of range in self");
+  } else if (name == "aten::gather") {
+    const at::Tensor& self = arguments[0].toTensor();
+    const std::int64_t dim = arguments[1].toInt(), size = size_at(self, dim);
+    if (const auto bad = first_outside(arguments[2].toTensor(), 0, size))
+      TORCH_CHECK(false, "index ", *bad, " is out of bounds for dimension ", dim, " with size ", size);
+  } else if (name == "aten::index" && op.schema().overload_name() == "Tensor") {
+    const at::Tensor& self = arguments[0].toTensor();
+    const auto indices = arguments[1].toListRef();
+    // Masks take several dimensions each: positions then say nothing.
+    for (const c10::IValue& index : indices)
+      if (index.isTensor() && !is_integer(index.toTensor())) return;
+    for (std::size_t k = 0; k < indices.size() && static_cast<std::int64_t>(k) < self.dim(); ++k) {
+      if (!indices[k].isTensor()) continue;
+      const std::int64_t size = self.size(static_cast<std::int64_t>(k));
+      if (const auto bad = first_outside(indices[k].toTensor(), -size, size))
+        TORCH_CHECK_INDEX(false, "index ", *bad, " is out of bounds for dimension ", k, " with size ", size);
+    }
+  }
+}
 
 void learn_values(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
                   c10::ArrayRef<c10::IValue> returns) {

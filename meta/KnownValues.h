@@ -43,6 +43,13 @@ inline constexpr std::int64_t kKnownIndicesLimit = std::int64_t{8} << 20;
 void learn_values(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
                   c10::ArrayRef<c10::IValue> returns);
 
+// Before `op` runs: raises the real kernel's error where it indexes with
+// indices the trace knows and one is out of range (embedding, index_select,
+// gather, indexing by tensors), which the meta kernel never looks at. The
+// CPU kernels' errors, on a fake cuda too (where the real run stops at a
+// device-side assert that does not say which index).
+void check_known_indices(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments);
+
 // A MetaTensor's values as a real CPU tensor of its sizes and strides, if
 // the trace knows them.
 std::optional<at::Tensor> known_values(const at::Tensor& t);

@@ -387,6 +387,7 @@ void meta_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // Written arguments must be returned as the caller's own MetaTensors.
   std::vector<c10::IValue> original_args(stack->end() - n_args, stack->end());
 
+  check_known_indices(op, original_args);
   BufferList inputs, outputs;
   unwrap_arguments(schema, *stack, inputs);
   call_on_meta(op, *stack);
@@ -541,6 +542,7 @@ MetaMode::~MetaMode() {
   g_mode.observer.store(nullptr, std::memory_order_release);
   fake_cuda_.reset();
   g_mode.active.store(false);
+  retire_meta_tensors();
 }
 
 namespace {

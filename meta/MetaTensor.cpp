@@ -66,10 +66,23 @@ c10::Storage outer_storage(const at::Tensor& inner, c10::Device fake_device) {
 constexpr c10::DispatchKeySet kMetaTensorKeys{c10::DispatchKey::PrivateUse1,
                                               c10::DispatchKey::AutogradPrivateUse1};
 
+class MetaTensorImpl;
+
+// Every MetaTensorImpl alive, linked through themselves (a trace makes and
+// frees them by the million): retire_meta_tensors() walks them.
+std::mutex g_alive_mutex;
+MetaTensorImpl* g_alive = nullptr;
+
 class MetaTensorImpl final : public c10::TensorImpl {
  public:
   MetaTensorImpl(at::Tensor inner, c10::Device fake_device)
       : TensorImpl(kMetaTensorKeys, inner.dtype(), fake_device), inner_(std::move(inner)) {
+    {
+      std::lock_guard<std::mutex> lock(g_alive_mutex);
+      next_ = g_alive;
+      if (next_ != nullptr) next_->previous_ = this;
+      g_alive = this;
+    }
     // A PrivateUse1 tensor gets PrivateUse1's autocast key, which
     // autocast("cuda") and autocast("cpu") do not enable: add the one a real
     // tensor of the fake device has, so autocast casts as it would.
@@ -77,7 +90,18 @@ class MetaTensorImpl final : public c10::TensorImpl {
     sync();
   }
 
+  ~MetaTensorImpl() override {
+    std::lock_guard<std::mutex> lock(g_alive_mutex);
+    (previous_ != nullptr ? previous_->next_ : g_alive) = next_;
+    if (next_ != nullptr) next_->previous_ = previous_;
+  }
+
   const at::Tensor& inner() const { return inner_; }
+
+  static void retire_all() {
+    std::lock_guard<std::mutex> lock(g_alive_mutex);
+    for (MetaTensorImpl* impl = g_alive; impl != nullptr; impl = impl->next_) impl->device_opt_ = c10::Device(c10::kMeta);
+  }
 
   void sync() {
     set_sizes_and_strides(inner_.sizes(), inner_.strides());
@@ -134,6 +158,8 @@ class MetaTensorImpl final : public c10::TensorImpl {
   }
 
   at::Tensor inner_;
+  MetaTensorImpl* previous_ = nullptr;
+  MetaTensorImpl* next_ = nullptr;
 };
 
 MetaTensorImpl* impl_of(const at::Tensor& t) {
@@ -155,6 +181,8 @@ bool is_meta_tensor(const at::Tensor& t) {
 const at::Tensor& inner_tensor(const at::Tensor& t) { return impl_of(t)->inner(); }
 
 void sync_meta_tensor(const at::Tensor& t) { impl_of(t)->sync(); }
+
+void retire_meta_tensors() { MetaTensorImpl::retire_all(); }
 
 bool is_meta_storage(const c10::Storage& storage) {
   c10::StorageImpl* impl = storage.unsafeGetStorageImpl();

@@ -33,6 +33,14 @@ bool is_meta_storage(const c10::Storage& storage);
 // is_meta_storage(storage).
 c10::StorageImpl* inner_storage(const c10::Storage& storage);
 
+// At a trace's end: every MetaTensor still alive claims the meta device
+// from then on (it never held data on any). Autograd asks a tensor's device
+// for its stream before any kernel runs (a module moved to the fake cuda
+// inside the block and called after it), which the real CUDA runtime
+// cannot answer without a GPU, from code that cannot throw; the meta device
+// answers, and the op then raises TraceEndedError.
+void retire_meta_tensors();
+
 // Re-reads sizes, strides and offset from the inner tensor after an in-place
 // op changed them (resize_, out= variants, t_, ...).
 void sync_meta_tensor(const at::Tensor& t);

@@ -4,6 +4,7 @@ and the command line's errors (issue 45)."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -128,11 +129,16 @@ def test_a_traced_tensor_raises_when_used_after_its_block(device):
     with metamem.trace(device=device):
         kept = torch.randn(4, 4, device=device)
         model = torch.nn.Linear(4, 4).to(device)
+        loss = model(kept).sum()
     with pytest.raises(metamem.TraceEndedError, match="aten::add on a tensor of a trace that has ended"):
         kept + 1
-    if device == "cpu":  # on fake cuda autograd asks the real CUDA runtime first (docs/python.md)
-        with pytest.raises(metamem.TraceEndedError):
-            model(torch.randn(2, 4))
+    # Autograd asks a tensor's device for its stream before any kernel runs:
+    # the real CUDA runtime, without a GPU, aborted the interpreter there.
+    assert kept.device.type == model.weight.device.type == "meta"
+    with pytest.raises(metamem.TraceEndedError, match="aten::t on a tensor"):
+        model(torch.randn(2, 4))
+    with pytest.raises(metamem.TraceEndedError):
+        loss.backward()
 
 
 # --- out of memory ----------------------------------------------------------
@@ -193,6 +199,33 @@ def test_world_size_is_capped_and_checked(world_size):
     with pytest.raises(ValueError, match="world_size must be an int in \\[1, 1,048,576\\]"):
         with metamem.trace(device="cpu", world_size=world_size):
             pass
+
+
+
+# --- values the trace knows ---------------------------------------------------
+
+OUT_OF_RANGE = {
+    "embedding": lambda d: torch.nn.Embedding(10, 4, device=d)(torch.arange(11, device=d)),
+    "index_select": lambda d: torch.zeros(10, 4, device=d).index_select(0, torch.arange(11, device=d)),
+    "gather": lambda d: torch.zeros(10, 4, device=d).gather(0, torch.full((1, 4), 10, device=d)),
+    "indexing": lambda d: torch.zeros(10, 4, device=d)[torch.tensor([3, -11], device=d)],
+}
+
+
+@pytest.mark.parametrize("op", OUT_OF_RANGE)
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_known_index_out_of_range_raises_the_real_kernels_error(op, device):
+    with pytest.raises(Exception) as real:
+        OUT_OF_RANGE[op]("cpu")
+    with pytest.raises(type(real.value), match=f"^{re.escape(str(real.value))}$"):
+        with metamem.trace(device=device):
+            OUT_OF_RANGE[op](device)
+
+
+def test_an_index_in_range_traces_as_before():
+    with metamem.trace(device="cuda") as t:
+        torch.nn.Embedding(10, 4, device="cuda")(torch.arange(10, device="cuda")).sum().backward()
+    assert t.peak_bytes > 0
 
 
 # --- the command line's errors ----------------------------------------------
