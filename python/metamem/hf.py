@@ -68,10 +68,13 @@ def config(spec, **overrides):
                 raise ValueError(f"{spec}: not a JSON config ({error})") from None
         if not isinstance(values, dict) or "model_type" not in values:
             raise ValueError(f"{spec}: a config.json is an object that names its model_type")
-        if values["model_type"] not in transformers.CONFIG_MAPPING:
+        if not isinstance(values["model_type"], str) or values["model_type"] not in transformers.CONFIG_MAPPING:
             raise ValueError(f"{spec}: transformers {transformers.__version__} knows no model_type "
                              f"{values['model_type']!r}")
-        cfg = transformers.AutoConfig.for_model(**values)
+        try:
+            cfg = transformers.AutoConfig.for_model(**values)
+        except Exception as error:  # transformers' own checks of the values, on one line
+            raise ValueError(f"{spec}: {' '.join(str(error).split())}") from error
     elif isinstance(spec, str) and spec in transformers.CONFIG_MAPPING:
         cfg = transformers.AutoConfig.for_model(spec)
     elif isinstance(spec, str):
