@@ -14,6 +14,7 @@ import sys
 from typing import Any, Callable, NamedTuple
 
 import torch
+import torch.utils._device
 
 from . import _metamem
 
@@ -29,8 +30,16 @@ def _attribute(owner, name, label):
 
 
 def _default_device():
-    context = getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
-    return None if context is None else context.device
+    """torch.set_default_device's state: its DeviceContext (a torch function
+    mode, on the stack restored before it) and torch.utils._device's current
+    device. Written back as they were: set_default_device would pop and push
+    modes, and refuses a stack where the block left a DeviceContext of its
+    own (`with torch.device(...)` entered and not exited)."""
+    return getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None), torch.utils._device.CURRENT_DEVICE
+
+
+def _set_default_device(value):
+    torch._GLOBAL_DEVICE_CONTEXT.device_context, torch.utils._device.CURRENT_DEVICE = value
 
 
 def _set_stack(length, pop, push):
@@ -109,15 +118,15 @@ def _set_print_options(options):
     vars(torch._tensor_str.PRINT_OPTS).update(options)
 
 
-# Restored in this order where they differ: the default device before the
-# mode stacks (its DeviceContext is one of the torch function modes), the
+# Restored in this order where they differ: the mode stacks before the
+# default device (its DeviceContext is one of the torch function modes), the
 # thread's dispatch keys and autograd modes last (autocast, inference mode
 # and the trace's own keys live there).
 SETTINGS = [
-    Setting("default device", _default_device, torch.set_default_device),
     Setting("torch function modes", _function_modes,
             _set_stack(torch._C._len_torch_function_stack, torch._C._pop_torch_function_stack,
                        torch._C._push_on_torch_function_stack)),
+    Setting("default device", _default_device, _set_default_device),
     Setting("torch dispatch modes", _dispatch_modes,
             _set_stack(torch._C._len_torch_dispatch_stack, torch._C._pop_torch_dispatch_stack,
                        torch._C._push_on_torch_dispatch_stack)),
