@@ -50,27 +50,33 @@ at::Tensor view_of(const c10::Storage& storage, const at::Tensor& t) {
   return view;
 }
 
-// Random ops' values are not the run's (the trace draws from no generator),
-// an uninitialised buffer's are whatever it held.
+bool is_random(const c10::OperatorHandle& op) { return op.hasTag(at::Tag::nondeterministic_seeded); }
+
+// An uninitialised buffer's values are whatever it held. A random op that
+// learn_values runs draws from torch's CPU generator (or the CPU generator
+// it is given), as the real run's host code does: values the run could have
+// drawn, as good for memory as its own. The trace puts the CPU generator
+// back when it ends.
 bool makes_run_values(const c10::OperatorHandle& op) {
-  if (op.hasTag(at::Tag::nondeterministic_seeded)) return false;
   const std::string& name = op.schema().name();
   return name.find("empty") == std::string::npos && name.find("resize") == std::string::npos &&
          name != "aten::set_";
 }
 
-// Ops that write an argument without reading what it held: out= variants,
-// fills and copies. Only these give a buffer of unknown values known ones.
-bool overwrites(const c10::FunctionSchema& schema, std::size_t argument) {
-  if (schema.arguments()[argument].is_out()) return true;
-  static const std::unordered_map<std::string_view, bool> fills = {
-      {"aten::fill_", true}, {"aten::zero_", true}, {"aten::copy_", true}};
-  return fills.count(schema.name()) != 0 && argument == 0;
-}
-
 bool is_written(const c10::FunctionSchema& schema, std::size_t argument) {
   const c10::AliasInfo* alias = schema.arguments()[argument].alias_info();
   return alias != nullptr && alias->isWrite();
+}
+
+// Ops that write an argument without reading what it held: out= variants,
+// fills, copies and random fills (random_, uniform_). Only these give a
+// buffer of unknown values known ones.
+bool overwrites(const c10::OperatorHandle& op, std::size_t argument) {
+  const c10::FunctionSchema& schema = op.schema();
+  if (schema.arguments()[argument].is_out() || (is_random(op) && is_written(schema, argument))) return true;
+  static const std::unordered_map<std::string_view, bool> fills = {
+      {"aten::fill_", true}, {"aten::zero_", true}, {"aten::copy_", true}};
+  return fills.count(schema.name()) != 0 && argument == 0;
 }
 
 std::int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * static_cast<std::int64_t>(t.element_size()) : 0; }
@@ -257,16 +263,22 @@ void learn_values(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> argu
                   c10::ArrayRef<c10::IValue> returns) {
   const c10::FunctionSchema& schema = op.schema();
   std::int64_t made = 0;
-  bool integers = true, bools = true;
+  bool integers = true, bools = true, numbers = true;
   for (const c10::IValue& value : returns)
     if (value.isTensor()) {
       made += bytes_of(value.toTensor());
       integers = integers && is_integer(value.toTensor());
       bools = bools && value.toTensor().scalar_type() == at::kBool;
+      numbers = numbers && value.toTensor().numel() <= 1;
     }
   const std::int64_t limit = integers || (bools && compares_integers(arguments)) ? kKnownIndicesLimit
                                                                                 : kKnownValuesLimit;
-  if (made > limit || !makes_run_values(op)) return forget_written(schema, arguments);
+  // The host's draws (seeds, a sampler's permutation, token ids, a
+  // transform's coin flip) are integers or single numbers; a model's random
+  // weights and inputs stay without values, costing the trace nothing.
+  const bool host_draw = integers || numbers;
+  if (made > limit || !makes_run_values(op) || (is_random(op) && !host_draw))
+    return forget_written(schema, arguments);
   Budget budget(limit);
   budget.spend(made);
 
@@ -274,7 +286,7 @@ void learn_values(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> argu
   InsideMetaCall inside;  // the values' buffers are not the step's
   torch::jit::Stack stack;
   for (std::size_t i = 0; i < arguments.size(); ++i) {
-    auto value = real_argument(arguments[i], overwrites(schema, i), budget);
+    auto value = real_argument(arguments[i], overwrites(op, i), budget);
     if (!value) return forget_written(schema, arguments);
     stack.push_back(std::move(*value));
   }

@@ -446,6 +446,26 @@ def _patch_fake_tensor_mode(patches):
     patches.set(FakeTensorMode, "__torch_dispatch__", outside)
 
 
+def _patch_data_loader_workers(patches):
+    """A DataLoader's workers are processes, each with its own copy of the
+    dataset: traced tensors there have no trace, and a batch in shared
+    memory would need their data. Inside a block the loader yields its
+    batches from this process, as with num_workers=0: the same batches, in
+    the same order; what workers hold (their prefetched batches) is host
+    memory, none of the device's."""
+    from torch.utils.data import dataloader
+
+    def in_process(loader):
+        workers, timeout = loader.num_workers, loader.timeout  # the iterator takes both from the loader
+        loader.num_workers, loader.timeout = 0, 0
+        try:
+            return dataloader._SingleProcessDataLoaderIter(loader)
+        finally:
+            loader.num_workers, loader.timeout = workers, timeout
+
+    patches.set(dataloader.DataLoader, "_get_iterator", in_process)
+
+
 @contextlib.contextmanager
 def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf=None, world_size=None, rank=0):
     """Traces the block on a fake `device` ("cpu" or "cuda") and yields a
@@ -502,6 +522,7 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
                 stack.callback(patches.restore)
                 _patch_traced_storages(patches)
                 _patch_fake_tensor_mode(patches)
+                _patch_data_loader_workers(patches)
                 if world_size is not None:
                     stack.enter_context(_distributed.ranks(device, world_size, rank))
                 if values == "placeholder":

@@ -38,7 +38,7 @@ def test_placeholder_values_print_zeros():
         loss = torch.randn(4, 4, device="cuda", requires_grad=True).sum()
         assert f"{loss.item():.3f} {loss:.3f}" == "0.000 0.000"
         assert repr(loss) == "tensor(0., device='cuda:0', grad_fn=<SumBackward0>)"
-        assert torch.randperm(4, device="cuda").tolist() == [0, 0, 0, 0]
+        assert torch.empty(4, dtype=torch.long, device="cuda").tolist() == [0, 0, 0, 0]
 
 
 # --- globals ----------------------------------------------------------------
@@ -227,6 +227,47 @@ def test_an_index_in_range_traces_as_before():
         torch.nn.Embedding(10, 4, device="cuda")(torch.arange(10, device="cuda")).sum().backward()
     assert t.peak_bytes > 0
 
+
+
+
+# --- host data -----------------------------------------------------------------
+
+def data_loader_step(device, workers, pin_memory, seen):
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.arange(64).repeat_interleave(16).view(64, 16) % 100,
+                                          torch.randint(0, 100, (64,)))
+    seen["labels"] = data.tensors[1].tolist()
+    loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True, num_workers=workers,
+                                         pin_memory=pin_memory)
+    model = torch.nn.Sequential(torch.nn.Embedding(100, 32), torch.nn.Flatten(), torch.nn.Linear(512, 100)).to(device)
+    optimizer = torch.optim.AdamW(model.parameters())
+    for step, (x, y) in enumerate(loader):
+        seen.setdefault("samples", []).extend(x[:, 0].tolist())  # which samples came, by their first token
+        loss = torch.nn.functional.cross_entropy(model(x.to(device, non_blocking=True)), y.to(device))
+        print(f"step {step}: loss {loss.item():.3f}", loss)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if step == 2:
+            break
+
+
+@pytest.mark.parametrize("workers, pin_memory", [(0, False), (0, True), (2, False), (2, True)])
+def test_a_data_loader_loop_runs_unchanged(workers, pin_memory):
+    # The base seed and the sampler's permutation are drawn on torch's CPU
+    # generator, the labels too: values the real run could have drawn (the
+    # labels are its own, drawn first). The batches come from this process,
+    # as with num_workers=0, and hold the same memory.
+    real = {}
+    data_loader_step("cpu", 0, False, real)
+    traced = {}
+    with metamem.trace(device="cuda", values="placeholder") as t:
+        data_loader_step("cuda", workers, pin_memory, traced)
+    assert traced["labels"] == real["labels"]
+    assert len(set(traced["samples"])) == len(traced["samples"]) == 24  # three batches of a permutation
+    with metamem.trace(device="cuda", values="placeholder") as in_process:
+        data_loader_step("cuda", 0, False, {})
+    assert t.peak_bytes == in_process.peak_bytes
 
 
 # --- many traces in one process ------------------------------------------------

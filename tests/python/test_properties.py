@@ -167,4 +167,4 @@ def test_a_checkpoint_policy_traces_or_exits_2_naming_it(policy):
                           "--heads", "2", "--vocab", "128", "--device", "cpu", "--policy", policy)
     assert run.returncode in (0, 2), run.stderr
     if run.returncode == 2:
-        assert "policy" in run.stderr and run.stderr.count("\n") == 1, run.stderr
+        assert "checkpoint" in run.stderr and run.stderr.count("\n") == 1, run.stderr
