@@ -115,7 +115,11 @@ def hf_events(models, folder):
     files = []
     for model_type in models:
         cfg = metamem.hf.config(model_type)
-        t = metamem.hf.trace_step(cfg, batch=1, seq=512, device="cuda", values="placeholder")
+        # RoBERTa's positions start after its padding index: its 512 hold 510
+        # tokens (at 512 the real run stops at an index out of range, as the
+        # trace does).
+        seq = 510 if model_type == "roberta" else 512
+        t = metamem.hf.trace_step(cfg, batch=1, seq=seq, device="cuda", values="placeholder")
         path = os.path.join(folder, f"hf-{model_type}.txt")
         t.save_allocator_events(path)
         files.append(path)
