@@ -186,14 +186,14 @@ AllocatorConfig parse_allocator_config(const std::string& text, const std::strin
 }
 
 const char* allocator_config_variable() {
-  for (const char* name : {"PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"})
-    if (std::getenv(name) != nullptr) return name;
-  return nullptr;
+  const bool only_old_name =
+      std::getenv("PYTORCH_ALLOC_CONF") == nullptr && std::getenv("PYTORCH_CUDA_ALLOC_CONF") != nullptr;
+  return only_old_name ? "PYTORCH_CUDA_ALLOC_CONF" : "PYTORCH_ALLOC_CONF";
 }
 
 std::string allocator_config_from_environment() {
-  const char* name = allocator_config_variable();
-  return name == nullptr ? "" : std::getenv(name);
+  const char* value = std::getenv(allocator_config_variable());
+  return value == nullptr ? "" : value;
 }
 
 }  // namespace metamem

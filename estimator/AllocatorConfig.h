@@ -43,7 +43,7 @@ struct AllocatorConfig {
 AllocatorConfig parse_allocator_config(const std::string& text, const std::string& source = "PYTORCH_ALLOC_CONF");
 
 // The variable a torch process started here would read: PYTORCH_ALLOC_CONF,
-// else PYTORCH_CUDA_ALLOC_CONF (its older name); nullptr where neither is set.
+// or PYTORCH_CUDA_ALLOC_CONF (its older name) where only that one is set.
 const char* allocator_config_variable();
 // Its setting, else "".
 std::string allocator_config_from_environment();

@@ -229,22 +229,41 @@ std::int64_t size_at(const at::Tensor& self, std::int64_t dim) {
   return self.dim() == 0 ? 1 : self.size(c10::maybe_wrap_dim(dim, self.dim()));
 }
 
+// The indexing ops check_known_indices looks at, found once: it is asked
+// about every op a trace runs.
+struct IndexingOps {
+  const c10::OperatorName *embedding, *index_select, *gather, *index;
+};
+
+const IndexingOps& indexing_ops() {
+  static const IndexingOps ops = [] {
+    auto find = [](const char* name, const char* overload) -> const c10::OperatorName* {
+      const auto handle = c10::Dispatcher::singleton().findSchema({name, overload});
+      return handle ? &handle->operator_name() : nullptr;
+    };
+    return IndexingOps{find("aten::embedding", ""), find("aten::index_select", ""), find("aten::gather", ""),
+                       find("aten::index", "Tensor")};
+  }();
+  return ops;
+}
+
 }  // namespace
 
 void check_known_indices(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments) {
-  const std::string& name = op.schema().name();
-  if (name == "aten::embedding" || name == "aten::index_select") {
-    const bool embedding = name == "aten::embedding";
+  const IndexingOps& ops = indexing_ops();
+  const c10::OperatorName* name = &op.operator_name();
+  if (name == ops.embedding || name == ops.index_select) {
+    const bool embedding = name == ops.embedding;
     const at::Tensor& self = arguments[0].toTensor();
     const std::int64_t dim = embedding ? 0 : arguments[1].toInt();
     TORCH_CHECK_INDEX(!first_outside(arguments[embedding ? 1 : 2].toTensor(), 0, size_at(self, dim)),
                       "index out of range in self");
-  } else if (name == "aten::gather") {
+  } else if (name == ops.gather) {
     const at::Tensor& self = arguments[0].toTensor();
     const std::int64_t dim = arguments[1].toInt(), size = size_at(self, dim);
     if (const auto bad = first_outside(arguments[2].toTensor(), 0, size))
       TORCH_CHECK(false, "index ", *bad, " is out of bounds for dimension ", dim, " with size ", size);
-  } else if (name == "aten::index" && op.schema().overload_name() == "Tensor") {
+  } else if (name == ops.index) {
     const at::Tensor& self = arguments[0].toTensor();
     const auto indices = arguments[1].toListRef();
     // Masks take several dimensions each: positions then say nothing.

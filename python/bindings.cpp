@@ -279,7 +279,7 @@ class Session {
   // environment); fractions of `gpu`'s memory (a key of metamem's table).
   Session(const std::string& device, const std::optional<std::string>& alloc_conf, const GpuSpec& gpu)
       : run_{.device = device, .alloc_conf = alloc_conf.value_or(allocator_config_from_environment())},
-        allocator_setup_(allocator_setup(run_.alloc_conf, alloc_conf ? "alloc_conf" : config_source(),
+        allocator_setup_(allocator_setup(run_.alloc_conf, alloc_conf ? "alloc_conf" : allocator_config_variable(),
                                          gpu.total_memory)),
         allocator_(allocator_setup_),
         owner_(std::this_thread::get_id()) {
@@ -374,11 +374,6 @@ class Session {
   static Session* on_this_thread() {
     Session* session = g_session.load();
     return session != nullptr && session->owner_ == std::this_thread::get_id() ? session : nullptr;
-  }
-
-  static std::string config_source() {
-    const char* variable = allocator_config_variable();
-    return variable != nullptr ? variable : "PYTORCH_ALLOC_CONF";
   }
 
   static std::unique_ptr<at::ObserverContext> enter_scope(const at::RecordFunction& fn) {

@@ -71,9 +71,8 @@ TracedGpuScope ModelFlags::gpu_scope() const {
 }
 
 AllocatorSetup ModelFlags::allocator(std::int64_t memory) const {
-  const char* variable = allocator_config_variable();
-  const bool from_environment = variable != nullptr && alloc_conf == allocator_config_from_environment();
-  return {parse_allocator_config(alloc_conf, from_environment ? variable : "--alloc-conf"), memory,
+  const bool from_environment = alloc_conf == allocator_config_from_environment();
+  return {parse_allocator_config(alloc_conf, from_environment ? allocator_config_variable() : "--alloc-conf"), memory,
           gpu_spec().total_memory};
 }
 

@@ -151,9 +151,15 @@ MOST_LAYERS = 10_000  # a trace's work grows with them; ten times what any model
 
 
 def _check_sizes(cfg, batch, seq):
-    """ValueError naming the key where the model would take forever to build
-    or make a tensor whose bytes overflow int64 (as torch's storage sizes
-    must fit; 8 bytes to an element at most)."""
+    """ValueError naming the config's key where the model has no position
+    for a token, would take forever to build, or would make a tensor whose
+    bytes overflow int64 (as torch's storage sizes must fit; 8 bytes to an
+    element at most)."""
+    positions = next((key for key in ("max_position_embeddings", "n_positions")
+                      if isinstance(getattr(cfg, key, None), int)), None)
+    if positions and getattr(cfg, positions) < seq:
+        raise ValueError(f"seq {seq} is beyond the {getattr(cfg, positions)} positions of {cfg.model_type}'s "
+                         f"config ({positions})")
     layers = getattr(cfg, "num_hidden_layers", None)
     if isinstance(layers, int) and layers > MOST_LAYERS:
         raise ValueError(f"num_hidden_layers must be at most {MOST_LAYERS:,}, got {layers}")
@@ -180,11 +186,6 @@ def training_step(cfg, batch=1, seq=128, device="cuda", dtype="f32", optimizer="
     if attn_implementation is not None:
         built_with["attn_implementation"] = attn_implementation
 
-    positions = next((key for key in ("max_position_embeddings", "n_positions")
-                      if isinstance(getattr(cfg, key, None), int)), None)
-    if positions and getattr(cfg, positions) < seq:
-        raise ValueError(f"seq {seq} is beyond the {getattr(cfg, positions)} positions of {cfg.model_type}'s "
-                         f"config ({positions})")
     _check_sizes(cfg, batch, seq)
 
     def step():
