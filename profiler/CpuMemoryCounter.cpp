@@ -4,7 +4,10 @@
 
 #include <atomic>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 namespace metamem {
 namespace {
@@ -16,16 +19,17 @@ class CountingAllocator final : public c10::Allocator {
   c10::DataPtr allocate(std::size_t nbytes) override {
     if (nbytes == 0) return {nullptr, nullptr, &release, c10::Device(c10::kCPU)};
     void* data = c10::GetDefaultCPUAllocator()->raw_allocate(nbytes);
-    {
+    if (t_uncounted > 0) {
       std::lock_guard<std::mutex> lock(mutex_);
-      sizes_[data] = nbytes;
+      sizes_[data] = 0;  // counted only if it outlives the guard
+      deferred_[data] = {nbytes, std::this_thread::get_id()};
+    } else {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        sizes_[data] = nbytes;
+      }
+      count(data, nbytes);
     }
-    std::int64_t live = live_.fetch_add(static_cast<std::int64_t>(nbytes)) +
-                        static_cast<std::int64_t>(nbytes);
-    std::int64_t peak = peak_.load();
-    while (live > peak && !peak_.compare_exchange_weak(peak, live)) {
-    }
-    if (auto* listener = listener_.load()) listener->on_cpu_alloc(data, nbytes);
     return {data, data, &release, c10::Device(c10::kCPU)};
   }
 
@@ -43,10 +47,32 @@ class CountingAllocator final : public c10::Allocator {
       auto it = sizes_.find(data);
       nbytes = it->second;
       sizes_.erase(it);
+      deferred_.erase(data);
     }
     live_.fetch_sub(static_cast<std::int64_t>(nbytes));
     c10::GetDefaultCPUAllocator()->raw_deleter()(data);
   }
+
+  // The blocks this thread made while uncounted and still holds are
+  // counted (and told to the listener) as made now.
+  static void count_deferred() {
+    std::vector<std::pair<void*, std::size_t>> alive;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto it = deferred_.begin(); it != deferred_.end();) {
+        if (it->second.second != std::this_thread::get_id()) {
+          ++it;
+          continue;
+        }
+        alive.emplace_back(it->first, it->second.first);
+        sizes_[it->first] = it->second.first;
+        it = deferred_.erase(it);
+      }
+    }
+    for (const auto& [data, nbytes] : alive) count(data, nbytes);
+  }
+
+  static thread_local int t_uncounted;
 
   static std::int64_t live() { return live_.load(); }
   static std::int64_t peak() { return peak_.load(); }
@@ -54,15 +80,28 @@ class CountingAllocator final : public c10::Allocator {
   static void set_listener(CpuAllocationListener* listener) { listener_.store(listener); }
 
  private:
+  static void count(void* data, std::size_t nbytes) {
+    const std::int64_t live = live_.fetch_add(static_cast<std::int64_t>(nbytes)) +
+                              static_cast<std::int64_t>(nbytes);
+    std::int64_t peak = peak_.load();
+    while (live > peak && !peak_.compare_exchange_weak(peak, live)) {
+    }
+    if (auto* listener = listener_.load()) listener->on_cpu_alloc(data, nbytes);
+  }
+
   static std::mutex mutex_;
   static std::unordered_map<void*, std::size_t> sizes_;
+  // Uncounted blocks alive: their sizes and the threads that made them.
+  static std::unordered_map<void*, std::pair<std::size_t, std::thread::id>> deferred_;
   static std::atomic<std::int64_t> live_;
   static std::atomic<std::int64_t> peak_;
   static std::atomic<CpuAllocationListener*> listener_;
 };
 
+thread_local int CountingAllocator::t_uncounted = 0;
 std::mutex CountingAllocator::mutex_;
 std::unordered_map<void*, std::size_t> CountingAllocator::sizes_;
+std::unordered_map<void*, std::pair<std::size_t, std::thread::id>> CountingAllocator::deferred_;
 std::atomic<std::int64_t> CountingAllocator::live_{0};
 std::atomic<std::int64_t> CountingAllocator::peak_{0};
 std::atomic<CpuAllocationListener*> CountingAllocator::listener_{nullptr};
@@ -86,6 +125,11 @@ CpuMemoryCounter::CpuMemoryCounter() {
 void CpuMemoryCounter::set_listener(CpuAllocationListener* listener) {
   install_once();
   CountingAllocator::set_listener(listener);
+}
+
+UncountedCpuAllocations::UncountedCpuAllocations() { ++CountingAllocator::t_uncounted; }
+UncountedCpuAllocations::~UncountedCpuAllocations() {
+  if (--CountingAllocator::t_uncounted == 0) CountingAllocator::count_deferred();
 }
 
 void CpuMemoryCounter::reset_peak() { CountingAllocator::reset_peak(); }

@@ -16,6 +16,20 @@ class CpuAllocationListener {
   virtual void on_cpu_free(void* data) = 0;
 };
 
+// While alive, what this thread allocates through the CPU allocator is not
+// counted (nor told to the listener) until the guard ends, and then only
+// what is still held, as allocated then: compiling (torch.compile's Dynamo
+// and Inductor) is not the step, in a trace as in the real run it is
+// compared with, but what it leaves behind is (the optimizer state Dynamo
+// makes while it traces an optimizer's step).
+class UncountedCpuAllocations {
+ public:
+  UncountedCpuAllocations();
+  ~UncountedCpuAllocations();
+  UncountedCpuAllocations(const UncountedCpuAllocations&) = delete;
+  UncountedCpuAllocations& operator=(const UncountedCpuAllocations&) = delete;
+};
+
 class CpuMemoryCounter {
  public:
   // Installs the counting allocator (once: it stays for the process) and

@@ -529,6 +529,9 @@ PYBIND11_MODULE(_metamem, m) {
   // `with OutsideTrace():` ops dispatch as outside the trace (FakeTensorMode's
   // meta tensors stay plain meta tensors).
   bind_guard<metamem::OutsideMetaMode>(m, "OutsideTrace");
+  // `with UncountedCpu():` this thread's CPU allocations are not the step's
+  // (compiling), in a trace and in achieved_cpu.
+  bind_guard<metamem::UncountedCpuAllocations>(m, "UncountedCpu");
   // `with TracedGpu(major, minor):` fake-cuda kernels are chosen for a GPU
   // of that compute capability.
   py::class_<TracedGpu>(m, "TracedGpu")

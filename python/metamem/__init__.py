@@ -14,6 +14,7 @@ from the nn.Module names.
 """
 
 import contextlib
+import gc
 import json
 import os
 import threading
@@ -22,10 +23,12 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from . import _distributed, _metamem
+from ._compile import CompiledCode, CompilingAside, UnsupportedCompileError
 from ._cuda import FakeCudaRuntime, Patches
 from ._process import ProcessState
 
-__all__ = ["trace", "trace_ranks", "achieved_cpu", "gpus", "gpu_memory", "largest_batch", "Trace", "UnsupportedOpError", "ValueReadError", "TraceEndedError"]
+__all__ = ["trace", "trace_ranks", "achieved_cpu", "gpus", "gpu_memory", "largest_batch", "Trace", "UnsupportedOpError", "ValueReadError", "TraceEndedError",
+           "UnsupportedCompileError"]
 
 
 class UnsupportedOpError(NotImplementedError):
@@ -128,7 +131,7 @@ class _ModuleScopes:
         self.owner = threading.get_ident()
         self.names = {}  # id(module) -> path
         self.roots = []
-        self.depth = 0
+        self.path = []  # the paths of the modules running, innermost last
         self.handles = []
 
     def __enter__(self):
@@ -145,26 +148,36 @@ class _ModuleScopes:
         """Names `module`'s submodules from it and marks its parameters."""
         if id(module) in self.names:
             return
-        root = type(module).__name__
-        for name, sub in module.named_modules():
+        # torch.compile(model) is an OptimizedModule around the model: named as the model.
+        named = getattr(module, "_orig_mod", module) if type(module).__name__ == "OptimizedModule" else module
+        root = type(named).__name__
+        self.names[id(module)] = root
+        for name, sub in named.named_modules():
             self.names.setdefault(id(sub), f"{root}.{name}" if name else root)
         self.roots.append(module)
         self.session.parameters([_local(p) for p in module.parameters()])
 
     def _enter(self, module, inputs):
-        if threading.get_ident() != self.owner:
+        # Dynamo reads is_compiling() as True: inside a compiled region the
+        # hook is traced as nothing (no graph break, no op), as if absent.
+        if torch.compiler.is_compiling() or threading.get_ident() != self.owner:
             return
-        if self.depth == 0:
+        if not self.path:
             self.adopt(module)
             self.session.forward()
-        self.depth += 1
-        self.session.push_scope(self.names.get(id(module), type(module).__name__))
+        self.path.append(self.names.get(id(module), type(module).__name__))
+        self.session.push_scope(self.path[-1])
 
     def _leave(self, module, inputs, output):
-        if threading.get_ident() != self.owner:
+        if torch.compiler.is_compiling() or threading.get_ident() != self.owner:
             return
-        self.depth = max(self.depth - 1, 0)
+        if self.path:
+            self.path.pop()
         self.session.pop_scope()
+
+    def current(self):
+        """The path of the innermost module running, "" outside every module."""
+        return self.path[-1] if self.path else ""
 
 
 def _on_cpu(value):
@@ -528,6 +541,7 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
                 if values == "placeholder":
                     stack.enter_context(_metamem.PlaceholderValues())
                 scopes = stack.enter_context(_ModuleScopes(session))
+                stack.enter_context(CompiledCode(session, scopes, device))
                 stack.enter_context(_swapped(modules, device))
                 for module in modules:
                     scopes.adopt(module)
@@ -562,9 +576,13 @@ def _traced_rank(step, world_size, rank, options):
 
 def achieved_cpu(step, modules=()):
     """Runs `step` for real on CPU (code written for CUDA included) and
-    returns the peak bytes it held through the CPU allocator, counting the
+    returns the peak bytes it held through the CPU allocator, leaving out
+    what torch.compile allocates while it compiles, and counting the
     parameters and buffers of `modules` (built before it) as live, as a
     trace with modules=[...] does."""
+    # Garbage of earlier code (compiled graphs keep cycles) freed by a
+    # collection during the step would lower its peak: collected first.
+    gc.collect()
     held = set()
     states = 0
     for module in modules:
@@ -573,7 +591,8 @@ def achieved_cpu(step, modules=()):
             if storage.data_ptr() not in held:
                 held.add(storage.data_ptr())
                 states += storage.nbytes()
-    with _CudaOnCpu():
+    # Compiling (torch.compile in the step) is not the step, as in a trace.
+    with _CudaOnCpu(), CompilingAside(_metamem.UncountedCpu):
         return states + _metamem.achieved_cpu(step)
 
 

@@ -1,0 +1,262 @@
+"""torch.compile inside a trace (docs/compile.md).
+
+What a compiled step holds is what the code Inductor generated allocates
+when it runs: its wrapper (a Python module with a `call` function) makes
+each buffer with empty_strided_cpu/cuda, runs fused kernels into them, calls
+extern kernels (matmuls, convolutions, attention) with out=, deletes a
+buffer when its last reader is done and reuses it by name; AOTAutograd's
+partitioner chose which buffers the forward returns for backward. A trace
+therefore compiles as torch does and runs the compiled wrapper itself:
+
+- Compiling (Dynamo, AOTAutograd, Inductor, building kernels) runs outside
+  the trace: Dynamo fakeifies the traced tensors as any others, and nothing
+  it allocates is the step's. Module hooks read torch.compiler.is_compiling()
+  and are traced as nothing, so the graphs are those of a run without metamem.
+- Running, the wrapper's allocations go through the dispatcher (its
+  empty_strided_* are C++ functions that would make real tensors) and its
+  views are views of traced tensors; its extern kernels are aten ops the
+  trace records; its generated kernels (C++ or Triton) are given traced
+  tensors and compute nothing. Given real tensors, every one of them does
+  what it did: the trace's thread alone is changed, and only while the
+  block runs.
+
+Guards on a compiled frame check its tensors' dispatch keys: a traced
+tensor never runs code compiled for real ones, nor the reverse, and a graph
+compiled before the block is compiled again (from Inductor's caches) for
+traced inputs.
+"""
+
+import contextlib
+import functools
+import re
+import sys
+import warnings
+
+import torch
+
+from . import _metamem
+from ._cuda import Patches
+
+# A kernel in the wrapper's source: `cpp_fused_add_0 = async_compile.cpp_pybinding(...)`,
+# `triton_poi_fused_0 = async_compile.triton(...)`.
+_KERNEL = re.compile(r"^(\w+) = async_compile\.\w+\(", re.M)
+_HOOKS_WARNING = r"Using `torch.compile\(module\)` when there are global hooks"
+
+
+class UnsupportedCompileError(NotImplementedError):
+    """torch.compile'd code a trace cannot follow (docs/compile.md): today,
+    any on fake cuda."""
+
+    __module__ = "metamem"
+
+
+def _traced(args):
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            return _metamem.is_traced(arg)
+    return False
+
+
+def _idle(kernel):
+    """A generated kernel that computes nothing on traced tensors."""
+    if hasattr(kernel, "run"):  # Triton's launchers: kernel.run(*args, stream=...)
+        return _IdleLauncher(kernel)
+
+    def run(*args, **kwargs):
+        if not _traced(args):
+            return kernel(*args, **kwargs)
+        return None
+
+    return run
+
+
+class _IdleLauncher:
+    def __init__(self, launcher):
+        self._launcher = launcher
+
+    def run(self, *args, **kwargs):
+        if not _traced(args):
+            return self._launcher.run(*args, **kwargs)
+        return None
+
+    def __getattr__(self, name):
+        return getattr(self._launcher, name)
+
+
+def _dispatched_empty(device, pinned=False):
+    """empty_strided_<device>(size, stride, dtype) through the dispatcher:
+    a traced tensor inside the trace, a real one elsewhere."""
+    def empty(size, stride, dtype):
+        return torch.empty_strided(size, stride, dtype=dtype, device=device, pin_memory=pinned)
+    return empty
+
+
+def _views_traced(reinterpret):
+    """reinterpret_tensor(t, size, stride, offset) makes a plain TensorImpl
+    over t's storage in C++; of a traced tensor it is the same view."""
+    def view(tensor, size, stride, offset):
+        if _metamem.is_traced(tensor):
+            return torch.as_strided(tensor, size, stride, tensor.storage_offset() + offset)
+        return reinterpret(tensor, size, stride, offset)
+    return view
+
+
+def _skips_traced(check):
+    """assert_alignment reads a data pointer a traced tensor does not have."""
+    def checked(tensor, *args):
+        if not _metamem.is_traced(tensor):
+            check(tensor, *args)
+    return checked
+
+
+class CompilingAside:
+    """While entered: torch.compile's compiling (Dynamo's frame compiles,
+    AOTAutograd's lazy backward compile) runs inside `aside()`, as not the
+    step. Installed on entry where Dynamo is imported; otherwise by the
+    block's first torch.compile (importing Dynamo takes seconds)."""
+
+    def __init__(self, aside):
+        self.aside = aside
+        self.patches = Patches()
+        self.installed = False
+
+    def __enter__(self):
+        if "torch._dynamo" in sys.modules:
+            self.install()
+        else:
+            compile_ = torch.compile
+
+            @functools.wraps(compile_)
+            def compile_installing(*args, **kwargs):
+                self.install()
+                return compile_(*args, **kwargs)
+
+            self.patches.set(torch, "compile", compile_installing)
+        return self
+
+    def __exit__(self, *exc):
+        self.patches.restore()
+
+    def install(self):
+        if self.installed:
+            return
+        self.installed = True
+        import torch._dynamo.convert_frame as convert_frame
+        from torch._functorch._aot_autograd import runtime_wrappers
+
+        self.patches.set(convert_frame, "_compile", self.compiling(convert_frame._compile))
+        backward = runtime_wrappers._AutogradBackwardCompiler
+        self.patches.set(backward, "get_or_compile", self.compiling(backward.get_or_compile))
+
+    def compiling(self, compile_):
+        @functools.wraps(compile_)
+        def aside(*args, **kwargs):
+            with self.aside():
+                return compile_(*args, **kwargs)
+        return aside
+
+
+@contextlib.contextmanager
+def _outside_the_trace():
+    """Compiling in a trace: its ops run outside it and what it allocates on
+    the CPU is not the step's."""
+    with _metamem.OutsideTrace(), _metamem.UncountedCpu():
+        yield
+
+
+class CompiledCode(CompilingAside):
+    """While entered: torch.compile'd code on this thread's traced tensors
+    compiles outside the trace and runs its wrapper in it, each graph's run
+    in a scope that names it ("GPT.[compiled 0 forward]")."""
+
+    def __init__(self, session, scopes, device):
+        super().__init__(_outside_the_trace)
+        self.session = session
+        self.scopes = scopes
+        self.device = device
+        self.wrappers = set()  # id() of the wrapper modules made traceable
+
+    def __enter__(self):
+        warnings.filterwarnings("ignore", message=_HOOKS_WARNING)
+        self.warning_filter = warnings.filters[0]
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        super().__exit__(*exc)
+        if self.warning_filter in warnings.filters:
+            warnings.filters.remove(self.warning_filter)
+            warnings._filters_mutated()
+
+    def install(self):
+        if self.installed:
+            return
+        super().install()
+        from torch._inductor.codecache import PyCodeCache
+        from torch._inductor.output_code import CompiledFxGraph
+
+        load = PyCodeCache.load_by_key_path.__func__
+
+        def load_traceable(cls, *args, **kwargs):
+            module = load(cls, *args, **kwargs)
+            self._make_traceable(module)
+            return module
+
+        self.patches.set(PyCodeCache, "load_by_key_path", classmethod(load_traceable))
+        for module in list(PyCodeCache.modules):
+            self._make_traceable(module)
+
+        run = CompiledFxGraph.__call__
+
+        def run_scoped(graph, inputs):
+            if not _traced(inputs) or graph.fx_kwargs.get("is_backward", False):
+                return run(graph, inputs)
+            self.session.push_scope(self._scope(graph))
+            try:
+                return run(graph, inputs)
+            finally:
+                self.session.pop_scope()
+
+        self.patches.set(CompiledFxGraph, "__call__", run_scoped)
+
+    def _scope(self, graph):
+        """A forward graph runs in the module that called it; its backward
+        is one autograd node, whose memory the tables give its forward."""
+        name = f"[compiled {graph.fx_kwargs.get('graph_id')} forward]"
+        parent = self.scopes.current()
+        return f"{parent}.{name}" if parent else name
+
+    def _make_traceable(self, module):
+        """A wrapper module's kernels idle on traced tensors, its buffers and
+        views traced (put back when the block ends)."""
+        if id(module) in self.wrappers or not callable(getattr(module, "call", None)):
+            return
+        self.wrappers.add(id(module))
+        with open(module.__file__) as source:
+            kernels = _KERNEL.findall(source.read())
+        for name in kernels:
+            self.patches.set(module, name, _idle(getattr(module, name)))
+        replacements = {
+            "empty_strided_cpu": _dispatched_empty("cpu"),
+            "empty_strided_cpu_pinned": _dispatched_empty("cpu", pinned=True),
+            "empty_strided_cuda": _dispatched_empty("cuda"),
+            "reinterpret_tensor": _views_traced(getattr(module, "reinterpret_tensor", None)),
+            "assert_alignment": _skips_traced(getattr(module, "assert_alignment", None)),
+        }
+        for name, value in replacements.items():
+            if name in module.__dict__:
+                self.patches.set(module, name, value)
+
+    def compiling(self, compile_):
+        if self.device != "cuda":
+            return super().compiling(compile_)
+
+        def refused(*args, **kwargs):
+            # Inductor compiles for a CUDA device by making real CUDA tensors
+            # (its pattern matcher's examples) and asking the CUDA driver
+            # (Triton's target): a fake GPU answers neither in this process.
+            raise UnsupportedCompileError(
+                "metamem: torch.compile'd code cannot be traced on fake cuda yet: Inductor needs a CUDA "
+                "driver to compile for a GPU. Trace the step on device=\"cpu\" (exact against the real "
+                "compiled CPU run) or without torch.compile (docs/compile.md)")
+
+        return refused

@@ -1,0 +1,182 @@
+"""torch.compile'd training steps, traced (issue 46): what the compiled
+code allocates, to the byte, against the same compiled step run for real on
+the CPU (Inductor's C++ backend), every way users compile. The models are
+small: each compiles in seconds from a cold Inductor cache."""
+
+import pytest
+import torch
+import torch._functorch.config
+
+import metamem
+
+VOCAB, WIDTH, BATCH, SEQ = 256, 64, 2, 32
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    # Every test builds its models anew: without a reset, their shared
+    # forward code would reach Dynamo's recompile limit as the file goes on.
+    torch._dynamo.reset()
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(WIDTH)
+        self.attention = torch.nn.MultiheadAttention(WIDTH, 4, batch_first=True)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(WIDTH, 4 * WIDTH), torch.nn.GELU(),
+                                       torch.nn.Linear(4 * WIDTH, WIDTH))
+
+    def forward(self, x):
+        h = self.norm(x)
+        x = x + self.attention(h, h, h, need_weights=False)[0]
+        return x + self.mlp(self.norm(x))
+
+
+class LM(torch.nn.Module):
+    def __init__(self, graph_break=False):
+        super().__init__()
+        self.embedding = torch.nn.Embedding(VOCAB, WIDTH)
+        self.blocks = torch.nn.ModuleList(Block() for _ in range(2))
+        self.head = torch.nn.Linear(WIDTH, VOCAB)
+        self.graph_break = graph_break
+
+    def forward(self, ids):
+        x = self.embedding(ids)
+        for block in self.blocks:
+            x = block(x)
+        if self.graph_break:  # eager code between two compiled graphs
+            torch._dynamo.graph_break()
+        return self.head(x)
+
+
+def compiled(model, how):
+    """The model as the step calls it, and the loss function, compiled `how`."""
+    loss = torch.nn.functional.cross_entropy
+    if how == "torch.compile(model)":
+        return torch.compile(model), loss
+    if how == "model.compile()":
+        model.compile()
+        return model, loss
+    if how == "each block":
+        for block in model.blocks:
+            block.compile()
+        return model, loss
+    if how == "the loss":
+        return model, torch.compile(loss)
+    if how == "fullgraph":
+        return torch.compile(model, fullgraph=True), loss
+    if how == "graph break":
+        model.graph_break = True
+        return torch.compile(model), loss
+    assert how == "eager"
+    return model, loss
+
+
+def two_adamw_steps(how, batches=(BATCH, BATCH), compile_step=False):
+    """The whole run: the model built, compiled and stepped; the same for
+    the trace and the real run."""
+    def run():
+        torch.manual_seed(0)
+        model = LM()
+        optimizer = torch.optim.AdamW(model.parameters())
+        forward, loss_fn = compiled(model, how)
+        optimizer_step = torch.compile(optimizer.step) if compile_step else optimizer.step
+        for batch in batches:
+            ids = torch.randint(0, VOCAB, (batch, SEQ))
+            loss_fn(forward(ids).flatten(0, 1), ids.flatten()).backward()
+            optimizer_step()
+            optimizer.zero_grad()
+    return run
+
+
+def traced_and_real(run):
+    with metamem.trace(device="cpu") as t:
+        run()
+    return t, metamem.achieved_cpu(run)
+
+
+@pytest.mark.parametrize("how", ["torch.compile(model)", "model.compile()", "each block", "the loss",
+                                 "fullgraph", "graph break"])
+def test_a_compiled_step_is_exact_against_the_real_compiled_run(how):
+    t, real = traced_and_real(two_adamw_steps(how))
+    assert len(t.step_peaks) == 2
+    # Compiled one by one, the blocks are sometimes 128 B over on a fresh
+    # Inductor cache, sometimes exact: not yet explained (docs/compile.md).
+    assert 0 <= max(t.step_peaks) - real <= (128 if how == "each block" else 0)
+
+
+def test_the_trace_follows_the_compiled_code_not_the_eager_one():
+    with metamem.trace(device="cpu") as eager:
+        two_adamw_steps("eager")()
+    with metamem.trace(device="cpu") as compiled_:
+        two_adamw_steps("torch.compile(model)")()
+    # Inductor fuses the layer norms' and GELU's intermediates away and
+    # plans its buffers: the compiled step holds less.
+    assert max(compiled_.step_peaks) < max(eager.step_peaks)
+
+
+def test_a_compiled_optimizer_step_is_within_half_a_percent():
+    t, real = traced_and_real(two_adamw_steps("torch.compile(model)", compile_step=True))
+    # 6,144 B over on 2.3 MB, not yet explained (docs/compile.md); and the
+    # compiled step drops torch.optim's record_function, by which a trace
+    # tells steps apart: the block is one step.
+    assert len(t.step_peaks) == 1
+    assert 0 <= t.peak_bytes - real <= real // 200
+
+
+def test_dynamic_shapes_and_recompiles_are_exact():
+    # A new batch size recompiles (dynamic after the second); each graph traced as it runs.
+    t, real = traced_and_real(two_adamw_steps("torch.compile(model)", batches=(2, 3, 4)))
+    assert max(t.step_peaks) == real
+    assert t.step_peaks[0] < t.step_peaks[2]
+
+
+def test_the_users_partitioner_budget_is_followed():
+    # activation_memory_budget makes AOTAutograd's partitioner save less
+    # and recompute more: where activations make the peak, it is lower.
+    def forward_backward():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU())
+                                      for _ in range(4)))
+        torch.compile(model)(torch.randn(2048, 64)).pow(2).mean().backward()
+
+    peaks = {}
+    for budget in (1.0, 0.1):
+        torch._dynamo.reset()  # Dynamo does not guard on the partitioner's configuration
+        with torch._functorch.config.patch(activation_memory_budget=budget):
+            t, real = traced_and_real(forward_backward)
+        assert t.peak_bytes == real
+        peaks[budget] = t.peak_bytes
+    assert peaks[0.1] < peaks[1.0]
+
+
+def test_the_report_names_compiled_graphs_under_the_model():
+    with metamem.trace(device="cpu") as t:
+        two_adamw_steps("torch.compile(model)")()
+    modules = t.table("modules", depth=3)
+    assert "LM.[compiled 0 forward]" in modules
+    assert "OptimizedModule" not in modules
+
+
+def test_compiled_code_outside_the_block_is_untouched():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU())
+    forward = torch.compile(model)
+    x = torch.randn(4, 16)
+    before = forward(x)
+    compile_ = torch.compile
+    with metamem.trace(device="cpu", modules=[model]):
+        forward(torch.randn(4, 16)).sum().backward()
+    assert torch.compile is compile_
+    # The graph compiled for real tensors runs its kernels as before.
+    assert torch.equal(forward(x), before)
+    assert torch.allclose(before, model(x))
+
+
+def test_fake_cuda_names_what_it_cannot_follow():
+    model = torch.nn.Linear(8, 8)
+    with pytest.raises(metamem.UnsupportedCompileError, match="cannot be traced on fake cuda yet"):
+        with metamem.trace(device="cuda"):
+            torch.compile(model.cuda())(torch.randn(2, 8, device="cuda"))
+    assert torch.randn(3).shape == (3,)  # the process goes on
