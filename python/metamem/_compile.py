@@ -16,7 +16,8 @@ therefore compiles as torch does and runs the compiled wrapper itself:
   empty_strided_* are C++ functions that would make real tensors) and its
   views are views of traced tensors; its extern kernels are aten ops the
   trace records; its generated kernels (C++ or Triton) are given traced
-  tensors and compute nothing. Given real tensors, every one of them does
+  tensors and compute nothing, and a wrapper loaded for the trace does not
+  build them at all (it leaves Inductor's cache with the block). Given real tensors, every one of them does
   what it did: the trace's thread alone is changed, and only while the
   block runs.
 
@@ -28,8 +29,10 @@ traced inputs.
 
 import contextlib
 import functools
+import gc
 import re
 import sys
+import threading
 import warnings
 
 import torch
@@ -81,6 +84,24 @@ class _IdleLauncher:
 
     def __getattr__(self, name):
         return getattr(self._launcher, name)
+
+
+class _Unbuilt:
+    """A kernel of a wrapper loaded for a trace, not built: its C++ or
+    Triton source is not compiled (seconds a kernel), since it would compute
+    nothing. The module is dropped from Inductor's cache when the block
+    ends, so that a real run loads it anew and builds its kernels."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def run(self, *args, **kwargs):
+        self(*args)
+
+    def __call__(self, *args, **kwargs):
+        if not _traced(args):
+            raise RuntimeError(f"metamem: kernel {self.name} was loaded for a trace, unbuilt, and is "
+                               "called on real tensors (another thread's compiled code, during a trace?)")
 
 
 def _dispatched_empty(device, pinned=False):
@@ -152,7 +173,12 @@ class CompilingAside:
         @functools.wraps(compile_)
         def aside(*args, **kwargs):
             with self.aside():
-                return compile_(*args, **kwargs)
+                try:
+                    return compile_(*args, **kwargs)
+                finally:
+                    # Compiling leaves cycles: collected now, aside, rather
+                    # than freed in the step whenever a collection runs.
+                    gc.collect()
         return aside
 
 
@@ -175,6 +201,8 @@ class CompiledCode(CompilingAside):
         self.scopes = scopes
         self.device = device
         self.wrappers = set()  # id() of the wrapper modules made traceable
+        self.loaded = []  # the wrapper modules loaded during the block
+        self.owner = threading.get_ident()
 
     def __enter__(self):
         warnings.filterwarnings("ignore", message=_HOOKS_WARNING)
@@ -183,6 +211,7 @@ class CompiledCode(CompilingAside):
 
     def __exit__(self, *exc):
         super().__exit__(*exc)
+        self._drop_loaded()
         if self.warning_filter in warnings.filters:
             warnings.filters.remove(self.warning_filter)
             warnings._filters_mutated()
@@ -197,11 +226,18 @@ class CompiledCode(CompilingAside):
         load = PyCodeCache.load_by_key_path.__func__
 
         def load_traceable(cls, *args, **kwargs):
+            known = set(map(id, cls.modules))
             module = load(cls, *args, **kwargs)
+            if id(module) not in known:
+                self.loaded.append(module)
             self._make_traceable(module)
             return module
 
         self.patches.set(PyCodeCache, "load_by_key_path", classmethod(load_traceable))
+        from torch._inductor.async_compile import AsyncCompile
+
+        for method in ("cpp", "cpp_pybinding", "triton"):
+            self.patches.set(AsyncCompile, method, self._unbuilt(getattr(AsyncCompile, method)))
         for module in list(PyCodeCache.modules):
             self._make_traceable(module)
 
@@ -217,6 +253,28 @@ class CompiledCode(CompilingAside):
                 self.session.pop_scope()
 
         self.patches.set(CompiledFxGraph, "__call__", run_scoped)
+
+    def _unbuilt(self, build):
+        """AsyncCompile's kernel builders, on the trace's thread: kernels
+        that are not built (what a real run needs alone)."""
+        def unbuilt(async_compile, *args, **kwargs):
+            if threading.get_ident() != self.owner:
+                return build(async_compile, *args, **kwargs)
+            return _Unbuilt(args[0] if args and isinstance(args[0], str) and len(args[0]) < 200 else build.__name__)
+        return unbuilt
+
+    def _drop_loaded(self):
+        """The wrappers loaded during the block (their kernels unbuilt) leave
+        Inductor's in-memory cache: a real run loads and builds them anew."""
+        from torch._inductor.codecache import PyCodeCache
+
+        for module in self.loaded:
+            if module in PyCodeCache.modules:
+                PyCodeCache.modules.remove(module)
+            for cache in (PyCodeCache.modules_no_attr, sys.modules):
+                for key in [key for key, value in cache.items() if value is module]:
+                    del cache[key]
+        self.loaded.clear()
 
     def _scope(self, graph):
         """A forward graph runs in the module that called it; its backward
@@ -234,7 +292,9 @@ class CompiledCode(CompilingAside):
         with open(module.__file__) as source:
             kernels = _KERNEL.findall(source.read())
         for name in kernels:
-            self.patches.set(module, name, _idle(getattr(module, name)))
+            kernel = getattr(module, name)
+            if not isinstance(kernel, _Unbuilt):  # built before the block
+                self.patches.set(module, name, _idle(kernel))
         replacements = {
             "empty_strided_cpu": _dispatched_empty("cpu"),
             "empty_strided_cpu_pinned": _dispatched_empty("cpu", pinned=True),
