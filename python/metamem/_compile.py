@@ -2,24 +2,25 @@
 
 What a compiled step holds is what the code Inductor generated allocates
 when it runs: its wrapper (a Python module with a `call` function) makes
-each buffer with empty_strided_cpu/cuda, runs fused kernels into them, calls
+each buffer with empty_strided_cpu, runs fused kernels into them, calls
 extern kernels (matmuls, convolutions, attention) with out=, deletes a
 buffer when its last reader is done and reuses it by name; AOTAutograd's
 partitioner chose which buffers the forward returns for backward. A trace
 therefore compiles as torch does and runs the compiled wrapper itself:
 
-- Compiling (Dynamo, AOTAutograd, Inductor, building kernels) runs outside
-  the trace: Dynamo fakeifies the traced tensors as any others, and nothing
-  it allocates is the step's. Module hooks read torch.compiler.is_compiling()
-  and are traced as nothing, so the graphs are those of a run without metamem.
+- Compiling (Dynamo, AOTAutograd, Inductor) runs outside the trace: Dynamo
+  fakeifies the traced tensors as any others, and what compiling allocates
+  is the step's only where it outlives the compile. Module hooks read
+  torch.compiler.is_compiling() and are traced as nothing, so the graphs
+  are those of a run without metamem.
 - Running, the wrapper's allocations go through the dispatcher (its
   empty_strided_* are C++ functions that would make real tensors) and its
   views are views of traced tensors; its extern kernels are aten ops the
-  trace records; its generated kernels (C++ or Triton) are given traced
-  tensors and compute nothing, and a wrapper loaded for the trace does not
-  build them at all (it leaves Inductor's cache with the block). Given real tensors, every one of them does
-  what it did: the trace's thread alone is changed, and only while the
-  block runs.
+  trace records; its generated C++ kernels are given traced tensors and
+  compute nothing, and a wrapper loaded for the trace does not build them
+  at all (it leaves Inductor's cache with the block). Given real tensors,
+  each of them does what it did: the trace's thread alone is changed, and
+  only while the block runs.
 
 Guards on a compiled frame check its tensors' dispatch keys: a traced
 tensor never runs code compiled for real ones, nor the reverse, and a graph
@@ -40,8 +41,7 @@ import torch
 from . import _metamem
 from ._cuda import Patches
 
-# A kernel in the wrapper's source: `cpp_fused_add_0 = async_compile.cpp_pybinding(...)`,
-# `triton_poi_fused_0 = async_compile.triton(...)`.
+# A kernel in the wrapper's source: `cpp_fused_add_0 = async_compile.cpp_pybinding(...)`.
 _KERNEL = re.compile(r"^(\w+) = async_compile\.\w+\(", re.M)
 _HOOKS_WARNING = r"Using `torch.compile\(module\)` when there are global hooks"
 
@@ -62,9 +62,6 @@ def _traced(args):
 
 def _idle(kernel):
     """A generated kernel that computes nothing on traced tensors."""
-    if hasattr(kernel, "run"):  # Triton's launchers: kernel.run(*args, stream=...)
-        return _IdleLauncher(kernel)
-
     def run(*args, **kwargs):
         if not _traced(args):
             return kernel(*args, **kwargs)
@@ -73,30 +70,14 @@ def _idle(kernel):
     return run
 
 
-class _IdleLauncher:
-    def __init__(self, launcher):
-        self._launcher = launcher
-
-    def run(self, *args, **kwargs):
-        if not _traced(args):
-            return self._launcher.run(*args, **kwargs)
-        return None
-
-    def __getattr__(self, name):
-        return getattr(self._launcher, name)
-
-
 class _Unbuilt:
-    """A kernel of a wrapper loaded for a trace, not built: its C++ or
-    Triton source is not compiled (seconds a kernel), since it would compute
+    """A kernel of a wrapper loaded for a trace, not built: its C++ source
+    is not compiled (seconds a kernel), since it would compute
     nothing. The module is dropped from Inductor's cache when the block
     ends, so that a real run loads it anew and builds its kernels."""
 
     def __init__(self, name):
         self.name = name
-
-    def run(self, *args, **kwargs):
-        self(*args)
 
     def __call__(self, *args, **kwargs):
         if not _traced(args):
@@ -236,7 +217,7 @@ class CompiledCode(CompilingAside):
         self.patches.set(PyCodeCache, "load_by_key_path", classmethod(load_traceable))
         from torch._inductor.async_compile import AsyncCompile
 
-        for method in ("cpp", "cpp_pybinding", "triton"):
+        for method in ("cpp", "cpp_pybinding"):
             self.patches.set(AsyncCompile, method, self._unbuilt(getattr(AsyncCompile, method)))
         for module in list(PyCodeCache.modules):
             self._make_traceable(module)
@@ -298,7 +279,6 @@ class CompiledCode(CompilingAside):
         replacements = {
             "empty_strided_cpu": _dispatched_empty("cpu"),
             "empty_strided_cpu_pinned": _dispatched_empty("cpu", pinned=True),
-            "empty_strided_cuda": _dispatched_empty("cuda"),
             "reinterpret_tensor": _views_traced(getattr(module, "reinterpret_tensor", None)),
             "assert_alignment": _skips_traced(getattr(module, "assert_alignment", None)),
         }
