@@ -60,14 +60,21 @@ def _traced(args):
     return False
 
 
-def _idle(kernel):
-    """A generated kernel that computes nothing on traced tensors."""
-    def run(*args, **kwargs):
-        if not _traced(args):
-            return kernel(*args, **kwargs)
-        return None
+def _instead_on_traced(original, instead):
+    """`original`, but `instead` where its first tensor argument is traced."""
+    def chosen(*args, **kwargs):
+        return (instead if _traced(args) else original)(*args, **kwargs)
+    return chosen
 
-    return run
+
+def _nothing(*args, **kwargs):
+    return None
+
+
+def _as_view(tensor, size, stride, offset):
+    """reinterpret_tensor of a traced tensor: the same view, made by the
+    dispatcher (the C++ one makes a plain TensorImpl over its storage)."""
+    return torch.as_strided(tensor, size, stride, tensor.storage_offset() + offset)
 
 
 class _Unbuilt:
@@ -76,13 +83,10 @@ class _Unbuilt:
     nothing. The module is dropped from Inductor's cache when the block
     ends, so that a real run loads it anew and builds its kernels."""
 
-    def __init__(self, name):
-        self.name = name
-
     def __call__(self, *args, **kwargs):
         if not _traced(args):
-            raise RuntimeError(f"metamem: kernel {self.name} was loaded for a trace, unbuilt, and is "
-                               "called on real tensors (another thread's compiled code, during a trace?)")
+            raise RuntimeError("metamem: a kernel loaded for a trace, unbuilt, is called on real tensors "
+                               "(another thread's compiled code, during a trace?)")
 
 
 def _dispatched_empty(device, pinned=False):
@@ -91,24 +95,6 @@ def _dispatched_empty(device, pinned=False):
     def empty(size, stride, dtype):
         return torch.empty_strided(size, stride, dtype=dtype, device=device, pin_memory=pinned)
     return empty
-
-
-def _views_traced(reinterpret):
-    """reinterpret_tensor(t, size, stride, offset) makes a plain TensorImpl
-    over t's storage in C++; of a traced tensor it is the same view."""
-    def view(tensor, size, stride, offset):
-        if _metamem.is_traced(tensor):
-            return torch.as_strided(tensor, size, stride, tensor.storage_offset() + offset)
-        return reinterpret(tensor, size, stride, offset)
-    return view
-
-
-def _skips_traced(check):
-    """assert_alignment reads a data pointer a traced tensor does not have."""
-    def checked(tensor, *args):
-        if not _metamem.is_traced(tensor):
-            check(tensor, *args)
-    return checked
 
 
 class CompilingAside:
@@ -140,9 +126,11 @@ class CompilingAside:
         self.patches.restore()
 
     def install(self):
-        if self.installed:
-            return
-        self.installed = True
+        if not self.installed:
+            self.installed = True
+            self._patch()
+
+    def _patch(self):
         import torch._dynamo.convert_frame as convert_frame
         from torch._functorch._aot_autograd import runtime_wrappers
 
@@ -197,19 +185,17 @@ class CompiledCode(CompilingAside):
             warnings.filters.remove(self.warning_filter)
             warnings._filters_mutated()
 
-    def install(self):
-        if self.installed:
-            return
-        super().install()
+    def _patch(self):
+        super()._patch()
         from torch._inductor.codecache import PyCodeCache
         from torch._inductor.output_code import CompiledFxGraph
 
         load = PyCodeCache.load_by_key_path.__func__
 
         def load_traceable(cls, *args, **kwargs):
-            known = set(map(id, cls.modules))
+            known = len(cls.modules)  # a module loaded anew is appended
             module = load(cls, *args, **kwargs)
-            if id(module) not in known:
+            if len(cls.modules) > known:
                 self.loaded.append(module)
             self._make_traceable(module)
             return module
@@ -241,7 +227,7 @@ class CompiledCode(CompilingAside):
         def unbuilt(async_compile, *args, **kwargs):
             if threading.get_ident() != self.owner:
                 return build(async_compile, *args, **kwargs)
-            return _Unbuilt(args[0] if args and isinstance(args[0], str) and len(args[0]) < 200 else build.__name__)
+            return _Unbuilt()
         return unbuilt
 
     def _drop_loaded(self):
@@ -274,13 +260,14 @@ class CompiledCode(CompilingAside):
             kernels = _KERNEL.findall(source.read())
         for name in kernels:
             kernel = getattr(module, name)
-            if not isinstance(kernel, _Unbuilt):  # built before the block
-                self.patches.set(module, name, _idle(kernel))
+            if not isinstance(kernel, _Unbuilt):  # built before the block: idle on traced tensors
+                self.patches.set(module, name, _instead_on_traced(kernel, _nothing))
         replacements = {
             "empty_strided_cpu": _dispatched_empty("cpu"),
             "empty_strided_cpu_pinned": _dispatched_empty("cpu", pinned=True),
-            "reinterpret_tensor": _views_traced(getattr(module, "reinterpret_tensor", None)),
-            "assert_alignment": _skips_traced(getattr(module, "assert_alignment", None)),
+            "reinterpret_tensor": _instead_on_traced(getattr(module, "reinterpret_tensor", None), _as_view),
+            # It reads a data pointer, which a traced tensor does not have.
+            "assert_alignment": _instead_on_traced(getattr(module, "assert_alignment", None), _nothing),
         }
         for name, value in replacements.items():
             if name in module.__dict__:
