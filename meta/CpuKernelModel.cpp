@@ -1233,7 +1233,22 @@ ScratchModel elementwise_model(const std::string& op) {
   return it == families.end() ? nullptr : it->second;
 }
 
+// CUDA's softmax backward (softmax_backward_cuda_out) first multiplies the
+// gradient by the output into a temporary, then reads it and the output
+// contiguous. The temporary takes the operands' promoted type, and the
+// gradient's layout, which is copied again if it is not contiguous.
+// Measured against real torch on the fake GPU: 512 MiB for 2 x 16 x 2048 x
+// 2048 f32 scores, the math attention's backward. Log-softmax's backward
+// makes no such temporary.
+std::int64_t cuda_softmax_backward(Args args, Args) {
+  const at::Tensor &grad = args[0].toTensor(), &output = args[1].toTensor();
+  const std::int64_t product =
+      grad.numel() * static_cast<std::int64_t>(c10::elementSize(c10::promoteTypes(grad.scalar_type(), output.scalar_type())));
+  return product + (grad.is_contiguous() ? 0 : product) + copy_unless_contiguous(output);
+}
+
 ScratchModel cuda_native_scratch_model(const std::string& qualified_name) {
+  if (qualified_name == "aten::_softmax_backward_data") return &cuda_softmax_backward;
   if (qualified_name == "aten::convolution") return &cuda_convolution;
   if (qualified_name == "aten::convolution_backward") return &cuda_convolution_backward;
   return nullptr;

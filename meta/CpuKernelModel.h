@@ -22,7 +22,7 @@ using ScratchModel = std::int64_t (*)(c10::ArrayRef<c10::IValue> arguments,
 ScratchModel cpu_scratch_model(const std::string& qualified_name);
 
 // The same for libtorch's own CUDA kernels, which a fake CUDA device (no
-// cuDNN) runs: the columns of its convolutions.
+// cuDNN) runs: the columns of its convolutions, softmax backward's product.
 ScratchModel cuda_native_scratch_model(const std::string& qualified_name);
 
 // The same for metamem's own ops (meta/FlashAttention.cpp), whose kernels

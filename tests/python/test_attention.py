@@ -97,6 +97,22 @@ def test_cudnn_holds_its_softmax_sum_and_dq_accumulator_in_backward():
     assert backward == forward + 3 * 2 * ELEMENTS + workspace
 
 
+def test_softmax_backward_holds_the_product_of_gradient_and_output_as_the_math_path_runs_it():
+    # CUDA's softmax backward first writes gradient x output to a temporary
+    # the size of the scores (softmax_backward_cuda_out); log-softmax's
+    # backward makes none. On the math path's 2 x 16 x 2048 x 2048 f32 scores
+    # that is 512 MiB, as real torch on the fake GPU holds (docs/accuracy.md).
+    def backward_peak(function):
+        with metamem.trace(device="cuda", gpu="H100-80GB"):
+            x = torch.randn(64, 2048, device="cuda", requires_grad=True)
+            y = function(x, -1)
+            before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            y.backward(torch.ones_like(y))
+            return torch.cuda.max_memory_allocated() - before
+    assert backward_peak(torch.softmax) - backward_peak(torch.log_softmax) == 64 * 2048 * 4
+
+
 def test_a_gpu_that_runs_no_enabled_backend_is_a_named_error():
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         with pytest.raises(RuntimeError, match="no backend enabled"):
