@@ -1,0 +1,271 @@
+"""A real GPU against metamem's fake cuda: the same code, measured where it
+runs for real and traced here.
+
+    python3 tests/python/real_gpu.py measure OUT.json     # on a machine with a GPU; no metamem needed
+    PYTHONPATH=build/python .venv/bin/python tests/python/real_gpu.py compare OUT.json [build/oracle]
+
+`measure` runs each case of CASES in a fresh process (as a trace starts
+from nothing) and records, per step, torch.cuda.max_memory_allocated() and
+max_memory_reserved() after a reset at the step's start, with the GPU, torch,
+cuDNN and library versions. `compare` traces each case on metamem's fake
+cuda for the GPU measured and prints both side by side; where the versions
+differ from the pinned ones, it says so beside the table, since a
+difference may then be the version's.
+
+The cases reach what the fake GPU of oracle/ cannot run (issue 47): every
+SDPA backend, cuDNN convolutions and batch norm, and compiled steps on the
+GPU (issue 46).
+"""
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+def attention(backend=None, dtype=torch.bfloat16, causal=True, mask=False, heads_kv=16, head_dim=128,
+              backward=True):
+    def run(step_end):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        b, h, s = 2, 16, 2048
+        q = torch.randn(b, h, s, head_dim, device="cuda", dtype=dtype, requires_grad=True)
+        k, v = (torch.randn(b, heads_kv, s, head_dim, device="cuda", dtype=dtype, requires_grad=True)
+                for _ in range(2))
+        bias = torch.randn(b, 1, s, s, device="cuda", dtype=dtype) if mask else None
+        chosen = sdpa_kernel(getattr(SDPBackend, backend)) if backend else contextlib.nullcontext()
+        with chosen:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal,
+                                                 enable_gqa=heads_kv != h)
+            if backward:
+                out.sum().backward()
+        step_end()
+    return run
+
+
+def adamw_steps(build, batch, autocast=None, compiled=False, steps=2):
+    """Two AdamW steps of build(), a step per reset of the peak."""
+    def run(step_end):
+        torch.manual_seed(0)
+        model = build()
+        optimizer = torch.optim.AdamW(model.parameters())
+        forward = torch.compile(model) if compiled else model
+        for _ in range(steps):
+            with torch.autocast("cuda", autocast) if autocast else contextlib.nullcontext():
+                loss = batch(forward)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            step_end()
+    return run
+
+
+def torchvision_net(name, cudnn=True):
+    def build():
+        import torchvision
+        torch.backends.cudnn.enabled = cudnn
+        return getattr(torchvision.models, name)(num_classes=10).cuda()
+    return build
+
+
+def images(forward):
+    x = torch.randn(8, 3, 224, 224, device="cuda")
+    return F.cross_entropy(forward(x), torch.zeros(8, dtype=torch.long, device="cuda"))
+
+
+def transformers_lm(kind, attn):
+    def build():
+        import transformers
+        if kind == "llama":
+            config = transformers.LlamaConfig(hidden_size=512, intermediate_size=1536, num_hidden_layers=2,
+                                              num_attention_heads=8, num_key_value_heads=4, vocab_size=1000,
+                                              max_position_embeddings=1024)
+            config._attn_implementation = attn
+            return transformers.LlamaForCausalLM(config).cuda()
+        config = transformers.GPT2Config(n_layer=2, n_embd=256, n_head=4, vocab_size=1000, n_positions=512,
+                                         bos_token_id=0, eos_token_id=0, loss_type="ForCausalLM")
+        config._attn_implementation = attn
+        return transformers.GPT2LMHeadModel(config).cuda()
+    return build
+
+
+def tokens(forward):
+    ids = torch.zeros(4, 512, dtype=torch.long, device="cuda")
+    return forward(ids, labels=ids).loss
+
+
+class Block(torch.nn.Module):  # tests/python/test_compile.py's block, on the GPU and wider
+    def __init__(self, width):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.attention = torch.nn.MultiheadAttention(width, 8, batch_first=True)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(),
+                                       torch.nn.Linear(4 * width, width))
+
+    def forward(self, x):
+        h = self.norm(x)
+        x = x + self.attention(h, h, h, need_weights=False)[0]
+        return x + self.mlp(self.norm(x))
+
+
+def small_lm():
+    width, vocab = 256, 1024
+    return torch.nn.Sequential(torch.nn.Embedding(vocab, width), Block(width), Block(width),
+                               torch.nn.Linear(width, vocab)).cuda()
+
+
+def lm_tokens(forward):
+    ids = torch.zeros(4, 256, dtype=torch.long, device="cuda")
+    return F.cross_entropy(forward(ids).flatten(0, 1), ids.flatten())
+
+
+CASES = {
+    "sdpa bf16 causal (default)": attention(),
+    "sdpa bf16 causal, forward only": attention(backward=False),
+    "sdpa bf16 causal CUDNN_ATTENTION": attention("CUDNN_ATTENTION"),
+    "sdpa bf16 causal FLASH_ATTENTION": attention("FLASH_ATTENTION"),
+    "sdpa bf16 causal EFFICIENT_ATTENTION": attention("EFFICIENT_ATTENTION"),
+    "sdpa bf16 causal MATH": attention("MATH"),
+    "sdpa bf16 grouped heads 16/4 (default)": attention(heads_kv=4),
+    "sdpa bf16 head_dim 64 (default)": attention(head_dim=64),
+    "sdpa bf16 float mask (default)": attention(causal=False, mask=True),
+    "sdpa f32 (default)": attention(dtype=torch.float32, causal=False),
+    "sdpa f16 EFFICIENT_ATTENTION": attention("EFFICIENT_ATTENTION", dtype=torch.float16),
+    "resnet18 f32 cuDNN on": adamw_steps(torchvision_net("resnet18"), images),
+    "resnet18 f32 cuDNN off": adamw_steps(torchvision_net("resnet18", cudnn=False), images),
+    "resnet18 bf16 autocast cuDNN on": adamw_steps(torchvision_net("resnet18"), images, torch.bfloat16),
+    "mobilenet_v2 f32 cuDNN on": adamw_steps(torchvision_net("mobilenet_v2"), images),
+    "mobilenet_v2 f32 cuDNN off": adamw_steps(torchvision_net("mobilenet_v2", cudnn=False), images),
+    "llama bf16 autocast sdpa": adamw_steps(transformers_lm("llama", "sdpa"), tokens, torch.bfloat16),
+    "llama bf16 autocast eager attention": adamw_steps(transformers_lm("llama", "eager"), tokens,
+                                                       torch.bfloat16),
+    "gpt2 f32 sdpa": adamw_steps(transformers_lm("gpt2", "sdpa"), tokens),
+    "gpt2 f32 eager attention": adamw_steps(transformers_lm("gpt2", "eager"), tokens),
+    "small LM f32 eager": adamw_steps(small_lm, lm_tokens),
+    "small LM f32 torch.compile": adamw_steps(small_lm, lm_tokens, compiled=True),
+    "small LM bf16 autocast torch.compile": adamw_steps(small_lm, lm_tokens, torch.bfloat16, compiled=True),
+}
+
+
+def versions():
+    import importlib.metadata as metadata
+    props = torch.cuda.get_device_properties(0)
+    found = {"gpu": props.name, "capability": f"{props.major}.{props.minor}", "total_memory": props.total_memory,
+             "torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()}
+    for package in ("torchvision", "transformers", "triton"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            found[package] = metadata.version(package)
+    return found
+
+
+def measure_one(name):
+    """In a fresh process: the case's steps, each (max allocated, max reserved)."""
+    torch.cuda.init()
+    steps = []
+
+    def step_end():
+        torch.cuda.synchronize()
+        steps.append([torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()])
+        torch.cuda.reset_peak_memory_stats()
+
+    torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    CASES[name](step_end)
+    return {"steps": steps, "seconds": round(time.perf_counter() - start, 2)}
+
+
+def measure(path, jobs=6):
+    found = versions()
+    pending = list(CASES)
+    running, results = {}, {}
+    while pending or running:
+        while pending and len(running) < jobs:
+            name = pending.pop(0)
+            running[name] = subprocess.Popen([sys.executable, __file__, "one", name], stdout=subprocess.PIPE,
+                                             stderr=subprocess.PIPE, text=True)
+        for name, child in list(running.items()):
+            if child.poll() is None:
+                continue
+            out, err = child.communicate()
+            # The last line is the result even where the process then fails on its way out.
+            done = out.strip().splitlines()[-1:] if out.strip().endswith("}") else []
+            results[name] = json.loads(done[0]) if done else \
+                {"error": err.strip().splitlines()[-1] if err.strip() else f"exit {child.returncode}",
+                 "stderr": err[-2000:]}
+            print(name, json.dumps(results[name])[:300], flush=True)
+            del running[name]
+            with open(path, "w") as out:  # after each case: a run cut short keeps what it measured
+                json.dump({"versions": found, "cases": results}, out, indent=1)
+        time.sleep(0.2)
+
+
+GPU_KEYS = {"H100": "H100-80GB", "H200": "H200", "A100": "A100-80GB", "T4": "T4"}
+
+
+def on_fake_gpu(oracle, gpu, name):
+    """The case run by the pinned torch on metamem's fake GPU (tests/python/real_torch_on_fake_gpu.py)."""
+    from real_torch_on_fake_gpu import PROLOGUE, measure as run_child
+    program = PROLOGUE + f"import runpy; sys.argv = [{__file__!r}, 'one', sys.argv[3]]; " \
+                         f"runpy.run_path({__file__!r}, run_name='__main__')"
+    try:
+        return run_child(oracle, gpu, program, name)
+    except RuntimeError as error:
+        return {"error": str(error).strip().splitlines()[-1]}
+
+
+def traced(gpu, name):
+    import metamem
+    try:
+        with metamem.trace(device="cuda", gpu=gpu) as t:
+            CASES[name](lambda: None)
+    except Exception as error:  # a case metamem cannot trace is a finding of the table
+        return {"error": f"{type(error).__name__}: {str(error).splitlines()[0]}"}
+    predicted = json.loads(t.to_json())["predicted"]
+    return {"steps": t.step_peaks, "allocated": predicted["allocator_allocated_peak_bytes"],
+            "reserved": t.reserved_peak_bytes}
+
+
+def measured_run(run):
+    """A measured run as traced() gives one: its steps' max allocated, the largest, max reserved."""
+    if "error" in run:
+        return run
+    return {"steps": [a for a, _ in run["steps"]], "allocated": max(a for a, _ in run["steps"]),
+            "reserved": max(r for _, r in run["steps"])}
+
+
+def cell(run):
+    if "error" in run:
+        return "fails: " + run["error"][:100].replace("|", "/")
+    return f"{', '.join(f'{a:,}' for a in run['steps'])} ({run['allocated']:,} / {run['reserved']:,})"
+
+
+def compare(path, oracle=None):
+    import metamem._metamem as native
+    measured = json.load(open(path))
+    found = measured["versions"]
+    key = next(key for word, key in GPU_KEYS.items() if word in found["gpu"])
+    print(f"real GPU: {found}\npinned: torch {torch.__version__}; metamem's {key}: {native.gpu(key)}\n")
+    print("Each cell: max allocated per step (the largest as allocated in blocks / max reserved). metamem's "
+          "steps are live bytes, not rounded to the allocator's blocks.\n")
+    print(f"| case | real {key} | real torch on the fake {key} | metamem, fake cuda |")
+    print("|---|---|---|---|")
+    for name, real in measured["cases"].items():
+        fake = on_fake_gpu(oracle, native.gpu(key), name) if oracle else {"error": "not run"}
+        print(f"| {name} | {cell(measured_run(real))} | {cell(measured_run(fake))} | {cell(traced(key, name))} |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["one"]:
+        print(json.dumps(measure_one(sys.argv[2])), flush=True)
+        os._exit(0)  # the fake GPU's runtime can abort on a normal exit; the result is out
+    elif sys.argv[1:2] == ["measure"]:
+        measure(sys.argv[2], *map(int, sys.argv[3:4]))
+    elif sys.argv[1:2] == ["compare"]:
+        compare(*sys.argv[2:4])
+    else:
+        print(__doc__)
+        sys.exit(2)
