@@ -1,7 +1,7 @@
 """A real GPU against metamem's fake cuda: the same code, measured where it
 runs for real and traced here.
 
-    python3 tests/python/real_gpu.py measure OUT.json     # on a machine with a GPU; no metamem needed
+    python3 tests/python/real_gpu.py measure OUT.json [JOBS [CASE...]]   # on a GPU machine; no metamem needed
     PYTHONPATH=build/python .venv/bin/python tests/python/real_gpu.py compare OUT.json [build/oracle]
 
 `measure` runs each case of CASES in a fresh process (as a trace starts
@@ -42,6 +42,28 @@ def attention(backend=None, dtype=torch.bfloat16, causal=True, mask=False, heads
                                                  enable_gqa=heads_kv != h)
             if backward:
                 out.sum().backward()
+        step_end()
+    return run
+
+
+def products(step_end):
+    """cuBLAS's workspace: an f32 product, then a bf16 product with bias (cuBLASLt), a step each."""
+    x = torch.randn(64, 1024, device="cuda")
+    w = torch.randn(1024, 1024, device="cuda")
+    y = x @ w
+    step_end()
+    xb, wb, bias = x.bfloat16(), w.bfloat16(), torch.randn(1024, device="cuda", dtype=torch.bfloat16)
+    z = torch.addmm(bias, xb, wb)
+    step_end()
+
+
+def convolution(channels, size, kernel, stride=1, dtype=torch.float32, in_channels=None):
+    """One convolution's forward and backward, batch 8, cuDNN as torch sets it by default."""
+    def run(step_end):
+        x = torch.randn(8, in_channels or channels, size, size, device="cuda", dtype=dtype, requires_grad=True)
+        conv = torch.nn.Conv2d(in_channels or channels, channels, kernel, stride, kernel // 2, bias=False).cuda()
+        conv.to(dtype)
+        conv(x).sum().backward()
         step_end()
     return run
 
@@ -134,6 +156,17 @@ CASES = {
     "sdpa bf16 float mask (default)": attention(causal=False, mask=True),
     "sdpa f32 (default)": attention(dtype=torch.float32, causal=False),
     "sdpa f16 EFFICIENT_ATTENTION": attention("EFFICIENT_ATTENTION", dtype=torch.float16),
+    "sdpa bf16 causal EFFICIENT_ATTENTION, forward only": attention("EFFICIENT_ATTENTION", backward=False),
+    "sdpa bf16 causal EFFICIENT_ATTENTION, head_dim 64": attention("EFFICIENT_ATTENTION", head_dim=64),
+    "sdpa f32 EFFICIENT_ATTENTION, head_dim 64": attention("EFFICIENT_ATTENTION", dtype=torch.float32,
+                                                           head_dim=64),
+    "sdpa bf16 causal EFFICIENT_ATTENTION, grouped heads 16/4": attention("EFFICIENT_ATTENTION", heads_kv=4),
+    "products f32, then bf16 with bias": products,
+    "conv 7x7 stride 2, 3 to 64 channels, 224², f32": convolution(64, 224, 7, 2, in_channels=3),
+    "conv 3x3, 64 channels, 56², f32": convolution(64, 56, 3),
+    "conv 3x3, 64 channels, 56², bf16": convolution(64, 56, 3, dtype=torch.bfloat16),
+    "conv 3x3, 256 channels, 14², f32": convolution(256, 14, 3),
+    "conv 1x1, 256 channels, 56², f32": convolution(256, 56, 1, in_channels=64),
     "resnet18 f32 cuDNN on": adamw_steps(torchvision_net("resnet18"), images),
     "resnet18 f32 cuDNN off": adamw_steps(torchvision_net("resnet18", cudnn=False), images),
     "resnet18 bf16 autocast cuDNN on": adamw_steps(torchvision_net("resnet18"), images, torch.bfloat16),
@@ -177,9 +210,9 @@ def measure_one(name):
     return {"steps": steps, "seconds": round(time.perf_counter() - start, 2)}
 
 
-def measure(path, jobs=6):
+def measure(path, jobs=6, *names):
     found = versions()
-    pending = list(CASES)
+    pending = list(names or CASES)
     running, results = {}, {}
     while pending or running:
         while pending and len(running) < jobs:
@@ -263,7 +296,7 @@ if __name__ == "__main__":
         print(json.dumps(measure_one(sys.argv[2])), flush=True)
         os._exit(0)  # the fake GPU's runtime can abort on a normal exit; the result is out
     elif sys.argv[1:2] == ["measure"]:
-        measure(sys.argv[2], *map(int, sys.argv[3:4]))
+        measure(sys.argv[2], *map(int, sys.argv[3:4]), *sys.argv[4:])
     elif sys.argv[1:2] == ["compare"]:
         compare(*sys.argv[2:4])
     else:
