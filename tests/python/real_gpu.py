@@ -279,7 +279,9 @@ def compare(path, oracle=None):
     import metamem._metamem as native
     measured = json.load(open(path))
     found = measured["versions"]
-    key = next(key for word, key in GPU_KEYS.items() if word in found["gpu"])
+    key = next((key for word, key in GPU_KEYS.items() if word in found["gpu"]), None)
+    if key is None:
+        sys.exit(f"{path} was measured on {found['gpu']}, which is none of {', '.join(GPU_KEYS.values())}")
     print(f"real GPU: {found}\npinned: torch {torch.__version__}; metamem's {key}: {native.gpu(key)}\n")
     print("Each cell: max allocated per step (the largest as allocated in blocks / max reserved). metamem's "
           "steps are live bytes, not rounded to the allocator's blocks.\n")
