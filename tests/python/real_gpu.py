@@ -16,6 +16,7 @@ The cases reach what the fake GPU of oracle/ cannot run (issue 47): every
 SDPA backend, cuDNN convolutions and batch norm, and compiled steps on the
 GPU (issue 46).
 """
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -25,6 +26,8 @@ import time
 
 import torch
 import torch.nn.functional as F
+
+from transformer_block import Block
 
 
 def attention(backend=None, dtype=torch.bfloat16, causal=True, mask=False, heads_kv=16, head_dim=128,
@@ -119,23 +122,9 @@ def tokens(forward):
     return forward(ids, labels=ids).loss
 
 
-class Block(torch.nn.Module):  # tests/python/test_compile.py's block, on the GPU and wider
-    def __init__(self, width):
-        super().__init__()
-        self.norm = torch.nn.LayerNorm(width)
-        self.attention = torch.nn.MultiheadAttention(width, 8, batch_first=True)
-        self.mlp = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(),
-                                       torch.nn.Linear(4 * width, width))
-
-    def forward(self, x):
-        h = self.norm(x)
-        x = x + self.attention(h, h, h, need_weights=False)[0]
-        return x + self.mlp(self.norm(x))
-
-
 def small_lm():
     width, vocab = 256, 1024
-    return torch.nn.Sequential(torch.nn.Embedding(vocab, width), Block(width), Block(width),
+    return torch.nn.Sequential(torch.nn.Embedding(vocab, width), Block(width, 8), Block(width, 8),
                                torch.nn.Linear(width, vocab)).cuda()
 
 
@@ -210,29 +199,24 @@ def measure_one(name):
     return {"steps": steps, "seconds": round(time.perf_counter() - start, 2)}
 
 
+def measure_in_child(name):
+    child = subprocess.run([sys.executable, __file__, "one", name], capture_output=True, text=True)
+    # The last line is the result even where the process then fails on its way out.
+    out, err = child.stdout.strip(), child.stderr.strip()
+    if out.endswith("}"):
+        return json.loads(out.splitlines()[-1])
+    return {"error": err.splitlines()[-1] if err else f"exit {child.returncode}", "stderr": err[-2000:]}
+
+
 def measure(path, jobs=6, *names):
-    found = versions()
-    pending = list(names or CASES)
-    running, results = {}, {}
-    while pending or running:
-        while pending and len(running) < jobs:
-            name = pending.pop(0)
-            running[name] = subprocess.Popen([sys.executable, __file__, "one", name], stdout=subprocess.PIPE,
-                                             stderr=subprocess.PIPE, text=True)
-        for name, child in list(running.items()):
-            if child.poll() is None:
-                continue
-            out, err = child.communicate()
-            # The last line is the result even where the process then fails on its way out.
-            done = out.strip().splitlines()[-1:] if out.strip().endswith("}") else []
-            results[name] = json.loads(done[0]) if done else \
-                {"error": err.strip().splitlines()[-1] if err.strip() else f"exit {child.returncode}",
-                 "stderr": err[-2000:]}
-            print(name, json.dumps(results[name])[:300], flush=True)
-            del running[name]
+    found, results = versions(), {}
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        children = {pool.submit(measure_in_child, name): name for name in names or CASES}
+        for child in concurrent.futures.as_completed(children):
+            results[children[child]] = child.result()
+            print(children[child], json.dumps(child.result())[:300], flush=True)
             with open(path, "w") as out:  # after each case: a run cut short keeps what it measured
                 json.dump({"versions": found, "cases": results}, out, indent=1)
-        time.sleep(0.2)
 
 
 GPU_KEYS = {"H100": "H100-80GB", "H200": "H200", "A100": "A100-80GB", "T4": "T4"}
@@ -242,6 +226,7 @@ def on_fake_gpu(oracle, gpu, name):
     """The case run by the pinned torch on metamem's fake GPU (tests/python/real_torch_on_fake_gpu.py)."""
     from real_torch_on_fake_gpu import PROLOGUE, measure as run_child
     program = PROLOGUE + f"import runpy; sys.argv = [{__file__!r}, 'one', sys.argv[3]]; " \
+                         f"sys.path.insert(0, {os.path.dirname(__file__)!r}); " \
                          f"runpy.run_path({__file__!r}, run_name='__main__')"
     try:
         return run_child(oracle, gpu, program, name)

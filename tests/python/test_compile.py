@@ -8,6 +8,7 @@ import torch
 import torch._functorch.config
 
 import metamem
+from transformer_block import Block
 
 VOCAB, WIDTH, BATCH, SEQ = 256, 64, 2, 32
 
@@ -19,25 +20,11 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-class Block(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.norm = torch.nn.LayerNorm(WIDTH)
-        self.attention = torch.nn.MultiheadAttention(WIDTH, 4, batch_first=True)
-        self.mlp = torch.nn.Sequential(torch.nn.Linear(WIDTH, 4 * WIDTH), torch.nn.GELU(),
-                                       torch.nn.Linear(4 * WIDTH, WIDTH))
-
-    def forward(self, x):
-        h = self.norm(x)
-        x = x + self.attention(h, h, h, need_weights=False)[0]
-        return x + self.mlp(self.norm(x))
-
-
 class LM(torch.nn.Module):
     def __init__(self, graph_break=False):
         super().__init__()
         self.embedding = torch.nn.Embedding(VOCAB, WIDTH)
-        self.blocks = torch.nn.ModuleList(Block() for _ in range(2))
+        self.blocks = torch.nn.ModuleList(Block(WIDTH, 4) for _ in range(2))
         self.head = torch.nn.Linear(WIDTH, VOCAB)
         self.graph_break = graph_break
 
