@@ -9,25 +9,28 @@
 namespace metamem {
 namespace {
 
-constexpr std::int64_t MiB = 1024 * 1024;
+constexpr int KiB = 1024;
+constexpr std::int64_t MiB = 1024 * KiB;
 
 // Memory is NVML's total (what nvidia-smi shows; Modal's table of the GPUs
 // it rents, "Why does an NVIDIA H100 80GB card offer 85.52 GB?"); the CUDA
 // runtime's totalGlobalMem, which torch reports, is a little less on some
 // cards (a T4: 15,360 MiB by NVML, 15,110 MiB by deviceQuery). SM counts,
-// compute capabilities, L2 sizes and threads per SM are NVIDIA's datasheets'
-// (the CUDA programming guide's table of compute capabilities). NCCL's
+// compute capabilities, L2 sizes, threads per SM and shared memory are
+// NVIDIA's datasheets' (the CUDA programming guide's table of compute
+// capabilities: 227/228 KiB on sm90, 163/164 on sm80, 99/100 on sm86 and
+// sm89, 64 on sm75). NCCL's
 // channels: 32 on NVSwitch H100/H200 nodes and 24 on A100 ones (two per
 // NVLink, at most NCCL's 32), 2 between PCIe cards.
 constexpr std::array kGpus = {
-    GpuSpec{"H100-80GB", "NVIDIA H100 80GB HBM3", 9, 0, 132, 81559 * MiB, 50 * MiB, 2048, 32},
-    GpuSpec{"H200", "NVIDIA H200", 9, 0, 132, 143771 * MiB, 50 * MiB, 2048, 32},
-    GpuSpec{"A100-80GB", "NVIDIA A100-SXM4-80GB", 8, 0, 108, 81920 * MiB, 40 * MiB, 2048, 24},
-    GpuSpec{"A100-40GB", "NVIDIA A100-SXM4-40GB", 8, 0, 108, 40960 * MiB, 40 * MiB, 2048, 24},
-    GpuSpec{"L40S", "NVIDIA L40S", 8, 9, 142, 46068 * MiB, 96 * MiB, 1536, 2},
-    GpuSpec{"A10", "NVIDIA A10", 8, 6, 72, 23028 * MiB, 6 * MiB, 1536, 2},
-    GpuSpec{"L4", "NVIDIA L4", 8, 9, 58, 23034 * MiB, 48 * MiB, 1536, 2},
-    GpuSpec{"T4", "Tesla T4", 7, 5, 40, 15360 * MiB, 4 * MiB, 1024, 2},
+    GpuSpec{"H100-80GB", "NVIDIA H100 80GB HBM3", 9, 0, 132, 81559 * MiB, 50 * MiB, 2048, 227 * KiB, 228 * KiB, 32},
+    GpuSpec{"H200", "NVIDIA H200", 9, 0, 132, 143771 * MiB, 50 * MiB, 2048, 227 * KiB, 228 * KiB, 32},
+    GpuSpec{"A100-80GB", "NVIDIA A100-SXM4-80GB", 8, 0, 108, 81920 * MiB, 40 * MiB, 2048, 163 * KiB, 164 * KiB, 24},
+    GpuSpec{"A100-40GB", "NVIDIA A100-SXM4-40GB", 8, 0, 108, 40960 * MiB, 40 * MiB, 2048, 163 * KiB, 164 * KiB, 24},
+    GpuSpec{"L40S", "NVIDIA L40S", 8, 9, 142, 46068 * MiB, 96 * MiB, 1536, 99 * KiB, 100 * KiB, 2},
+    GpuSpec{"A10", "NVIDIA A10", 8, 6, 72, 23028 * MiB, 6 * MiB, 1536, 99 * KiB, 100 * KiB, 2},
+    GpuSpec{"L4", "NVIDIA L4", 8, 9, 58, 23034 * MiB, 48 * MiB, 1536, 99 * KiB, 100 * KiB, 2},
+    GpuSpec{"T4", "Tesla T4", 7, 5, 40, 15360 * MiB, 4 * MiB, 1024, 64 * KiB, 64 * KiB, 2},
 };
 
 bool same_key(std::string_view a, std::string_view b) {

@@ -16,6 +16,9 @@ struct GpuSpec {
   std::int64_t total_memory;  // bytes
   std::int64_t l2_cache_size;  // bytes
   int max_threads_per_multi_processor;
+  // Shared memory: what a block may opt in to, and an SM's (by compute
+  // capability). Triton's and Inductor's kernel configurations fit in them.
+  int shared_memory_per_block_optin, shared_memory_per_multi_processor;
   // NCCL's ring channels between GPUs of one node, as NCCL_DEBUG=INFO logs
   // them ("Channel 00/32"): many over NVLink, a few over PCIe.
   int nccl_channels;

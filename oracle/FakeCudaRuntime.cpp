@@ -36,6 +36,8 @@ struct Device {
   int multi_processor_count = 132;  // torch sizes kernels' grids, and some scratch, by it
   int l2_cache_size = 50 << 20;
   int max_threads_per_multi_processor = 2048;  // kernels' launch bounds, which torch reads to size grids
+  int shared_memory_per_block_optin = 227 << 10;  // Triton's and Inductor's kernel configurations fit in it
+  int shared_memory_per_multi_processor = 228 << 10;
 
   int arch() const { return major * 10 + minor; }  // as kernels are built for it: 90 for sm90
 };
@@ -104,18 +106,6 @@ CUresult fake_cuDeviceGet(CUdevice* device, int ordinal) {
   return CUDA_SUCCESS;
 }
 
-CUresult fake_cuDeviceGetAttribute(int* value, CUdevice_attribute attribute, CUdevice) {
-  switch (attribute) {
-    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
-    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
-      *value = 1;
-      return CUDA_SUCCESS;
-    default:
-      *value = 0;
-      return CUDA_SUCCESS;
-  }
-}
-
 CUresult fake_cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocationProp*,
                                             CUmemAllocationGranularity_flags) {
   *granularity = kPage;
@@ -179,7 +169,7 @@ struct EntryPoint {
 };
 const EntryPoint kEntryPoints[] = {
     {"cuDeviceGet", reinterpret_cast<void*>(&fake_cuDeviceGet)},
-    {"cuDeviceGetAttribute", reinterpret_cast<void*>(&fake_cuDeviceGetAttribute)},
+    {"cuDeviceGetAttribute", reinterpret_cast<void*>(&metamem_fake_cuda_device_attribute)},
     {"cuMemGetAllocationGranularity", reinterpret_cast<void*>(&fake_cuMemGetAllocationGranularity)},
     {"cuMemAddressReserve", reinterpret_cast<void*>(&fake_cuMemAddressReserve)},
     {"cuMemAddressFree", reinterpret_cast<void*>(&fake_cuMemAddressFree)},
@@ -196,12 +186,52 @@ const EntryPoint kEntryPoints[] = {
 extern "C" {
 
 void metamem_fake_cuda_set_device(const char* name, std::size_t total_memory, int major, int minor,
-                                  int multi_processor_count, int l2_cache_size,
-                                  int max_threads_per_multi_processor) {
+                                  int multi_processor_count, int l2_cache_size, int max_threads_per_multi_processor,
+                                  int shared_memory_per_block_optin, int shared_memory_per_multi_processor) {
   FakeGpu& gpu = FakeGpu::get();
   std::lock_guard<std::mutex> lock(gpu.mutex);
   gpu.device = {name, total_memory, major, minor, multi_processor_count, l2_cache_size,
-                max_threads_per_multi_processor};
+                max_threads_per_multi_processor, shared_memory_per_block_optin, shared_memory_per_multi_processor};
+}
+
+CUresult metamem_fake_cuda_device_attribute(int* value, CUdevice_attribute attribute, CUdevice device) {
+  if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
+  cudaDeviceProp prop;
+  cudaGetDeviceProperties(&prop, 0);
+  switch (attribute) {
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *value = prop.major; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *value = prop.minor; break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *value = prop.multiProcessorCount; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *value = prop.maxThreadsPerBlock; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: *value = prop.maxThreadsPerMultiProcessor; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: *value = prop.maxBlocksPerMultiProcessor; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: *value = prop.maxThreadsDim[0]; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: *value = prop.maxThreadsDim[1]; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: *value = prop.maxThreadsDim[2]; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: *value = prop.maxGridSize[0]; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: *value = prop.maxGridSize[1]; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: *value = prop.maxGridSize[2]; break;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *value = prop.warpSize; break;
+    case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: *value = prop.l2CacheSize; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: *value = static_cast<int>(prop.sharedMemPerBlock); break;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN:
+      *value = static_cast<int>(prop.sharedMemPerBlockOptin);
+      break;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR:
+      *value = static_cast<int>(prop.sharedMemPerMultiprocessor);
+      break;
+    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK: *value = prop.regsPerBlock; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR: *value = prop.regsPerMultiprocessor; break;
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS:
+    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
+    case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY:
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
+      *value = 1;
+      break;
+    default: *value = 0;  // clock rates, bus width, ...: nothing that sizes memory reads them
+  }
+  return CUDA_SUCCESS;
 }
 
 std::size_t metamem_fake_cuda_used_memory() {
@@ -252,25 +282,18 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   prop->maxThreadsPerMultiProcessor = gpu.device.max_threads_per_multi_processor;
   prop->maxBlocksPerMultiProcessor = 32;
   prop->sharedMemPerBlock = 48 << 10;
+  prop->sharedMemPerBlockOptin = gpu.device.shared_memory_per_block_optin;
+  prop->sharedMemPerMultiprocessor = gpu.device.shared_memory_per_multi_processor;
   prop->regsPerBlock = prop->regsPerMultiprocessor = 65536;
   prop->concurrentKernels = prop->unifiedAddressing = prop->managedMemory = 1;
   return cudaSuccess;
 }
 
+// The runtime's attributes are the driver's, numbered alike.
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int device) {
-  cudaDeviceProp prop;
-  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) return cudaErrorInvalidDevice;
-  switch (attribute) {
-    case cudaDevAttrMultiProcessorCount: *value = prop.multiProcessorCount; break;
-    case cudaDevAttrComputeCapabilityMajor: *value = prop.major; break;
-    case cudaDevAttrComputeCapabilityMinor: *value = prop.minor; break;
-    case cudaDevAttrMaxThreadsPerBlock: *value = prop.maxThreadsPerBlock; break;
-    case cudaDevAttrMaxThreadsPerMultiProcessor: *value = prop.maxThreadsPerMultiProcessor; break;
-    case cudaDevAttrWarpSize: *value = prop.warpSize; break;
-    case cudaDevAttrL2CacheSize: *value = prop.l2CacheSize; break;
-    default: *value = 0;
-  }
-  return cudaSuccess;
+  return metamem_fake_cuda_device_attribute(value, static_cast<CUdevice_attribute>(attribute), device) == CUDA_SUCCESS
+             ? cudaSuccess
+             : fail(cudaErrorInvalidDevice);
 }
 
 cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
@@ -319,6 +342,19 @@ cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
   return cudaSuccess;
 }
 
+// Pinned host memory (an .item() stages its value there) is host memory.
+cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int) {
+  *ptr = std::calloc(size == 0 ? 1 : size, 1);
+  return *ptr ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+}
+cudaError_t cudaMallocHost(void** ptr, size_t size) { return cudaHostAlloc(ptr, size, 0); }
+cudaError_t cudaFreeHost(void* ptr) {
+  std::free(ptr);
+  return cudaSuccess;
+}
+cudaError_t cudaHostRegister(void*, size_t, unsigned int) { return cudaSuccess; }
+cudaError_t cudaHostUnregister(void*) { return cudaSuccess; }
+
 cudaError_t cudaMallocAsync(void**, size_t, cudaStream_t) { return fail(cudaErrorNotSupported); }
 cudaError_t cudaFreeAsync(void*, cudaStream_t) { return fail(cudaErrorNotSupported); }
 cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t*, int) { return fail(cudaErrorNotSupported); }
@@ -332,6 +368,7 @@ cudaError_t cudaMemPoolTrimTo(cudaMemPool_t, size_t) { return fail(cudaErrorNotS
 // reads zeros, as no kernel wrote anything)
 
 cudaError_t cudaLaunchKernel(const void*, dim3, dim3, void**, size_t, cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t*, const void*, void**) { return cudaSuccess; }
 cudaError_t cudaPeekAtLastError() { return last_error; }
 // Every kernel was built for the device (torch's CUTLASS kernels check).
 cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, const void*) {
@@ -347,7 +384,12 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, const voi
   *blocks = 1;
   return cudaSuccess;
 }
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* blocks, const void* kernel, int threads,
+                                                                    size_t shared, unsigned int) {
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, threads, shared);
+}
 cudaError_t cudaMemsetAsync(void*, int, size_t, cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaMemset(void*, int, size_t) { return cudaSuccess; }
 cudaError_t cudaMemcpy(void* to, const void*, size_t bytes, cudaMemcpyKind kind) {
   if (kind == cudaMemcpyDeviceToHost) std::memset(to, 0, bytes);
   return cudaSuccess;
@@ -377,6 +419,15 @@ cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int, int
   *stream = new_handle<cudaStream_t>();
   return cudaSuccess;
 }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
+  return cudaStreamCreateWithPriority(stream, flags, 0);
+}
+cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithPriority(stream, 0, 0); }
+cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamGetPriority(cudaStream_t, int* priority) {
+  *priority = 0;
+  return cudaSuccess;
+}
 cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaSuccess; }
@@ -401,8 +452,10 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
   *event = new_handle<cudaEvent_t>();
   return cudaSuccess;
 }
+cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, 0); }
 cudaError_t cudaEventDestroy(cudaEvent_t) { return cudaSuccess; }
 cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaEventRecordWithFlags(cudaEvent_t, cudaStream_t, unsigned int) { return cudaSuccess; }
 cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
 cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {

@@ -145,6 +145,8 @@ py::dict gpu_dict(const GpuSpec& gpu) {
   d["total_memory"] = gpu.total_memory;
   d["L2_cache_size"] = gpu.l2_cache_size;
   d["max_threads_per_multi_processor"] = gpu.max_threads_per_multi_processor;
+  d["shared_memory_per_block_optin"] = gpu.shared_memory_per_block_optin;
+  d["shared_memory_per_multiprocessor"] = gpu.shared_memory_per_multi_processor;
   d["cublas_workspace_bytes"] = cublas_workspace_bytes(gpu.major, gpu.minor);
   d["cuda_context_bytes"] = cuda_context_bytes(gpu);
   return d;

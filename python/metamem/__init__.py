@@ -23,7 +23,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from . import _distributed, _metamem
-from ._compile import CompiledCode, CompilingAside, UnsupportedCompileError
+from ._compile import CompiledCode, CompilingAside
+from ._compile_cuda import UnsupportedCompileError
 from ._cuda import FakeCudaRuntime, Patches
 from ._process import ProcessState
 
@@ -527,8 +528,8 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
         try:
             with contextlib.ExitStack() as stack:
                 devices = _distributed.local_world_size(world_size) if world_size else 1
-                stack.enter_context(FakeCudaRuntime(session, gpu_spec, devices) if device == "cuda"
-                                    else _CudaOnFakeCpu())
+                runtime = FakeCudaRuntime(session, gpu_spec, devices) if device == "cuda" else None
+                stack.enter_context(runtime or _CudaOnFakeCpu())
                 stack.enter_context(_CppMetaKernels(device))
                 stack.enter_context(_values_shown(placeholder=values == "placeholder"))
                 patches = Patches()
@@ -541,7 +542,7 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
                 if values == "placeholder":
                     stack.enter_context(_metamem.PlaceholderValues())
                 scopes = stack.enter_context(_ModuleScopes(session))
-                stack.enter_context(CompiledCode(session, scopes, device))
+                stack.enter_context(CompiledCode(session, scopes, runtime))
                 stack.enter_context(_swapped(modules, device))
                 for module in modules:
                     scopes.adopt(module)

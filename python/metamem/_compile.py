@@ -38,19 +38,12 @@ import warnings
 
 import torch
 
-from . import _metamem
+from . import _compile_cuda, _metamem
 from ._cuda import Patches
 
 # A kernel in the wrapper's source: `cpp_fused_add_0 = async_compile.cpp_pybinding(...)`.
 _KERNEL = re.compile(r"^(\w+) = async_compile\.\w+\(", re.M)
 _HOOKS_WARNING = r"Using `torch.compile\(module\)` when there are global hooks"
-
-
-class UnsupportedCompileError(NotImplementedError):
-    """torch.compile'd code a trace cannot follow (docs/compile.md): today,
-    any on fake cuda."""
-
-    __module__ = "metamem"
 
 
 def _traced(args):
@@ -87,6 +80,37 @@ class _Unbuilt:
         if not _traced(args):
             raise RuntimeError("metamem: a kernel loaded for a trace, unbuilt, is called on real tensors "
                                "(another thread's compiled code, during a trace?)")
+
+
+def _aligned(tensor):
+    """copy_if_misaligned of a traced tensor. Its address would be its
+    block's, which the caching allocator aligns to 512 bytes (the CPU's to
+    64), plus its offset: the offset alone tells whether Inductor's 16-byte
+    alignment holds, and a misaligned tensor is copied, as it would be."""
+    from torch._inductor.utils import ALIGNMENT, clone_preserve_strides
+
+    if tensor.storage_offset() * tensor.element_size() % ALIGNMENT:
+        return clone_preserve_strides(tensor)
+    return tensor
+
+
+def _aligned_inputs(original):
+    """Inductor's copy_misaligned_inputs, which reads data pointers, for
+    traced inputs: each misaligned one copied (_aligned); the pairs it
+    returns are those Inductor copies a mutation back through."""
+    def copy(new_inputs, check_inputs_idxs, return_pair_idxs=None):
+        if not _traced(new_inputs):
+            return original(new_inputs, check_inputs_idxs, return_pair_idxs)
+        old_tensors, new_tensors = [], []
+        for i in check_inputs_idxs:
+            aligned = _aligned(new_inputs[i])
+            if aligned is not new_inputs[i]:
+                if return_pair_idxs is not None and i in return_pair_idxs:
+                    old_tensors.append(new_inputs[i])
+                    new_tensors.append(aligned)
+                new_inputs[i] = aligned
+        return old_tensors, new_tensors
+    return copy
 
 
 def _dispatched_empty(device, pinned=False):
@@ -144,11 +168,20 @@ class CompilingAside:
             with self.aside():
                 try:
                     return compile_(*args, **kwargs)
+                except Exception as error:
+                    refused = self.refused(error)
+                    if refused is not None:
+                        raise refused from None
+                    raise
                 finally:
                     # Compiling leaves cycles: collected now, aside, rather
                     # than freed in the step whenever a collection runs.
                     gc.collect()
         return aside
+
+    def refused(self, error):
+        """The UnsupportedCompileError that compiling's `error` is, if any."""
+        return None
 
 
 @contextlib.contextmanager
@@ -162,13 +195,15 @@ def _outside_the_trace():
 class CompiledCode(CompilingAside):
     """While entered: torch.compile'd code on this thread's traced tensors
     compiles outside the trace and runs its wrapper in it, each graph's run
-    in a scope that names it ("GPT.[compiled 0 forward]")."""
+    in a scope that names it ("GPT.[compiled 0 forward]"). On fake cuda
+    (`cuda`, the trace's metamem._cuda.FakeCudaRuntime), Inductor compiles
+    for the traced GPU (metamem._compile_cuda)."""
 
-    def __init__(self, session, scopes, device):
+    def __init__(self, session, scopes, cuda=None):
         super().__init__(_outside_the_trace)
         self.session = session
         self.scopes = scopes
-        self.device = device
+        self.cuda = cuda
         self.wrappers = set()  # id() of the wrapper modules made traceable
         self.loaded = []  # the wrapper modules loaded during the block
         self.owner = threading.get_ident()
@@ -180,6 +215,8 @@ class CompiledCode(CompilingAside):
 
     def __exit__(self, *exc):
         super().__exit__(*exc)
+        if self.installed and self.cuda is not None:
+            _compile_cuda.uninstall()
         self._drop_loaded()
         if self.warning_filter in warnings.filters:
             warnings.filters.remove(self.warning_filter)
@@ -201,10 +238,15 @@ class CompiledCode(CompilingAside):
             return module
 
         self.patches.set(PyCodeCache, "load_by_key_path", classmethod(load_traceable))
+        from torch._inductor import utils
+
+        self.patches.set(utils, "copy_misaligned_inputs", _aligned_inputs(utils.copy_misaligned_inputs))
         from torch._inductor.async_compile import AsyncCompile
 
         for method in ("cpp", "cpp_pybinding"):
             self.patches.set(AsyncCompile, method, self._unbuilt(getattr(AsyncCompile, method)))
+        if self.cuda is not None:
+            _compile_cuda.install(self.patches, self.cuda, self.owner)
         for module in list(PyCodeCache.modules):
             self._make_traceable(module)
 
@@ -220,6 +262,9 @@ class CompiledCode(CompilingAside):
                 self.session.pop_scope()
 
         self.patches.set(CompiledFxGraph, "__call__", run_scoped)
+
+    def refused(self, error):
+        return _compile_cuda.refused(error) if self.cuda is not None else None
 
     def _unbuilt(self, build):
         """AsyncCompile's kernel builders, on the trace's thread: kernels
@@ -260,30 +305,18 @@ class CompiledCode(CompilingAside):
             kernels = _KERNEL.findall(source.read())
         for name in kernels:
             kernel = getattr(module, name)
-            if not isinstance(kernel, _Unbuilt):  # built before the block: idle on traced tensors
+            if not isinstance(kernel, _Unbuilt) and not _compile_cuda.unbuilt(kernel):
+                # built before the block: idle on traced tensors
                 self.patches.set(module, name, _instead_on_traced(kernel, _nothing))
         replacements = {
             "empty_strided_cpu": _dispatched_empty("cpu"),
             "empty_strided_cpu_pinned": _dispatched_empty("cpu", pinned=True),
+            "empty_strided_cuda": _dispatched_empty("cuda"),
             "reinterpret_tensor": _instead_on_traced(getattr(module, "reinterpret_tensor", None), _as_view),
-            # It reads a data pointer, which a traced tensor does not have.
+            # They read a data pointer, which a traced tensor does not have.
             "assert_alignment": _instead_on_traced(getattr(module, "assert_alignment", None), _nothing),
+            "copy_if_misaligned": _instead_on_traced(getattr(module, "copy_if_misaligned", None), _aligned),
         }
         for name, value in replacements.items():
             if name in module.__dict__:
                 self.patches.set(module, name, value)
-
-    def compiling(self, compile_):
-        if self.device != "cuda":
-            return super().compiling(compile_)
-
-        def refused(*args, **kwargs):
-            # Inductor compiles for a CUDA device by making real CUDA tensors
-            # (its pattern matcher's examples) and asking the CUDA driver
-            # (Triton's target): a fake GPU answers neither in this process.
-            raise UnsupportedCompileError(
-                "metamem: torch.compile'd code cannot be traced on fake cuda yet: Inductor needs a CUDA "
-                "driver to compile for a GPU. Trace the step on device=\"cpu\" (exact against the real "
-                "compiled CPU run) or without torch.compile (docs/compile.md)")
-
-        return refused

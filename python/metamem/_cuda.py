@@ -27,9 +27,18 @@ class Patches:
     def __init__(self):
         self.saved = []
 
-    def set(self, owner, name, value):
-        self.saved.append((owner, name, owner.__dict__.get(name, _MISSING)))
+    def set(self, owner, name, value, restore=_MISSING):
+        """owner.name = value until restore(); then what it was, or
+        `restore` where given."""
+        self.saved.append((owner, name, owner.__dict__.get(name, _MISSING) if restore is _MISSING else restore))
         setattr(owner, name, value)
+
+    def original(self, owner, name):
+        """owner.name as it was before these patches."""
+        for patched, patched_name, value in self.saved:
+            if patched is owner and patched_name == name and value is not _MISSING:
+                return value
+        return getattr(owner, name)
 
     def restore(self):
         for owner, name, value in reversed(self.saved):
@@ -45,6 +54,9 @@ class DeviceProperties:
     class cannot be made from Python)."""
 
     warp_size = 32
+    max_threads_per_block = 1024
+    shared_memory_per_block = 48 * 1024
+    clock_rate = memory_clock_rate = memory_bus_width = 0  # as the fake GPU answers: nothing here is timed
     is_integrated = 0
     is_multi_gpu_board = 0
     regs_per_multiprocessor = 65536
@@ -59,6 +71,8 @@ class DeviceProperties:
         self.multi_processor_count = gpu["multi_processor_count"]
         self.L2_cache_size = gpu["L2_cache_size"]
         self.max_threads_per_multi_processor = gpu["max_threads_per_multi_processor"]
+        self.shared_memory_per_block_optin = gpu["shared_memory_per_block_optin"]
+        self.shared_memory_per_multiprocessor = gpu["shared_memory_per_multiprocessor"]
         self.uuid = "00000000-0000-0000-0000-000000000000"
 
     def __repr__(self):
@@ -217,8 +231,9 @@ class FakeCudaRuntime:
             set_(C, "_cuda_getDeviceCount", lambda: self.devices)
             set_(C, "_cuda_getDevice", lambda: 0)
             set_(C, "_cuda_setDevice", _check_device)
-            set_(cuda, "_exchange_device", _check_device)
-            set_(cuda, "_maybe_exchange_device", _check_device)
+            # Two functions: Dynamo keys its handlers by function, one each.
+            set_(cuda, "_exchange_device", lambda device: _check_device(device))
+            set_(cuda, "_maybe_exchange_device", lambda device: _check_device(device))
             set_(cuda, "_get_device_properties", properties)
             set_(C, "_cuda_synchronize", lambda: None)
             set_(C, "_cuda_ipc_collect", lambda: None)
@@ -237,6 +252,10 @@ class FakeCudaRuntime:
             set_(C, "_cuda_getCurrentStream", lambda device=0: (current[0], 0, 1))
             set_(C, "_cuda_getDefaultStream", lambda device=0: (0, 0, 1))
             set_(C, "_cuda_setStream", set_stream)
+            # The raw stream handle Inductor's code gives its kernels.
+            set_(C, "_cuda_getCurrentRawStream", lambda device=0: current[0])
+            # Nothing captures a CUDA graph.
+            set_(torch.cuda.graphs, "_cuda_isCurrentStreamCapturing", lambda: False)
             # The default generator, one for every index (torch.manual_seed seeds them;
             # checkpoint saves its state).
             set_(cuda, "default_generators", (Generator(),) * self.devices)
@@ -246,6 +265,13 @@ class FakeCudaRuntime:
             set_(C, "_cuda_resetAccumulatedMemoryStats",
                  lambda device=0: session.reset_accumulated_memory_stats())
             set_(C, "_cuda_emptyCache", session.empty_cache)
+            # torch.accelerator's memory functions, the same figures.
+            set_(C, "_accelerator_isAllocatorInitialized", lambda: True)
+            set_(C, "_accelerator_getDeviceStats", memory_stats)
+            set_(C, "_accelerator_resetPeakStats", lambda device=0: session.reset_peak_memory_stats())
+            set_(C, "_accelerator_resetAccumulatedStats", lambda device=0: session.reset_accumulated_memory_stats())
+            set_(C, "_accelerator_emptyCache", session.empty_cache)
+            set_(C, "_accelerator_getMemoryInfo", lambda device=0: _CudaRuntime(self).cudaMemGetInfo(device))
             set_(C, "_cuda_memorySnapshot", lambda *args: {"segments": session.memory_segments(),
                                                             "device_traces": [[]], "allocator_settings": {}})
             set_(cuda, "cudart", lambda: _CudaRuntime(self))

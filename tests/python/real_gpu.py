@@ -2,7 +2,7 @@
 runs for real and traced here.
 
     python3 tests/python/real_gpu.py measure OUT.json [JOBS [CASE...]]   # on a GPU machine; no metamem needed
-    PYTHONPATH=build/python .venv/bin/python tests/python/real_gpu.py compare OUT.json [build/oracle]
+    PYTHONPATH=build/python .venv/bin/python tests/python/real_gpu.py compare OUT.json [build/oracle [CASE...]]
 
 `measure` runs each case of CASES in a fresh process (as a trace starts
 from nothing) and records, per step, torch.cuda.max_memory_allocated() and
@@ -260,7 +260,7 @@ def cell(run):
     return f"{', '.join(f'{a:,}' for a in run['steps'])} ({run['allocated']:,} / {run['reserved']:,})"
 
 
-def compare(path, oracle=None):
+def compare(path, oracle=None, *names):
     import metamem._metamem as native
     measured = json.load(open(path))
     found = measured["versions"]
@@ -273,6 +273,8 @@ def compare(path, oracle=None):
     print(f"| case | real {key} | real torch on the fake {key} | metamem, fake cuda |")
     print("|---|---|---|---|")
     for name, real in measured["cases"].items():
+        if names and name not in names:
+            continue
         fake = on_fake_gpu(oracle, native.gpu(key), name) if oracle else {"error": "not run"}
         print(f"| {name} | {cell(measured_run(real))} | {cell(measured_run(fake))} | {cell(traced(key, name))} |",
               flush=True)
@@ -285,7 +287,7 @@ if __name__ == "__main__":
     elif sys.argv[1:2] == ["measure"]:
         measure(sys.argv[2], *map(int, sys.argv[3:4]), *sys.argv[4:])
     elif sys.argv[1:2] == ["compare"]:
-        compare(*sys.argv[2:4])
+        compare(*sys.argv[2:])
     else:
         print(__doc__)
         sys.exit(2)

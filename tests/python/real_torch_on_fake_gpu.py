@@ -85,7 +85,8 @@ PROLOGUE = textwrap.dedent("""
     gpu = json.loads(sys.argv[2])
     ctypes.CDLL(sys.argv[1]).metamem_fake_cuda_set_device(
         gpu["name"].encode(), ctypes.c_size_t(gpu["total_memory"]), gpu["major"], gpu["minor"],
-        gpu["multi_processor_count"], gpu["L2_cache_size"], gpu["max_threads_per_multi_processor"])
+        gpu["multi_processor_count"], gpu["L2_cache_size"], gpu["max_threads_per_multi_processor"],
+        gpu["shared_memory_per_block_optin"], gpu["shared_memory_per_multiprocessor"])
 """)
 
 CHILD = PROLOGUE + textwrap.dedent("""

@@ -8,9 +8,7 @@ import torch
 import torch._functorch.config
 
 import metamem
-from transformer_block import Block
-
-VOCAB, WIDTH, BATCH, SEQ = 256, 64, 2, 32
+from compiled_steps import two_adamw_steps
 
 
 @pytest.fixture(autouse=True)
@@ -18,63 +16,6 @@ def fresh_dynamo():
     # Every test builds its models anew: without a reset, their shared
     # forward code would reach Dynamo's recompile limit as the file goes on.
     torch._dynamo.reset()
-
-
-class LM(torch.nn.Module):
-    def __init__(self, graph_break=False):
-        super().__init__()
-        self.embedding = torch.nn.Embedding(VOCAB, WIDTH)
-        self.blocks = torch.nn.ModuleList(Block(WIDTH, 4) for _ in range(2))
-        self.head = torch.nn.Linear(WIDTH, VOCAB)
-        self.graph_break = graph_break
-
-    def forward(self, ids):
-        x = self.embedding(ids)
-        for block in self.blocks:
-            x = block(x)
-        if self.graph_break:  # eager code between two compiled graphs
-            torch._dynamo.graph_break()
-        return self.head(x)
-
-
-def compiled(model, how):
-    """The model as the step calls it, and the loss function, compiled `how`."""
-    loss = torch.nn.functional.cross_entropy
-    if how == "torch.compile(model)":
-        return torch.compile(model), loss
-    if how == "model.compile()":
-        model.compile()
-        return model, loss
-    if how == "each block":
-        for block in model.blocks:
-            block.compile()
-        return model, loss
-    if how == "the loss":
-        return model, torch.compile(loss)
-    if how == "fullgraph":
-        return torch.compile(model, fullgraph=True), loss
-    if how == "graph break":
-        model.graph_break = True
-        return torch.compile(model), loss
-    assert how == "eager"
-    return model, loss
-
-
-def two_adamw_steps(how, batches=(BATCH, BATCH), compile_step=False):
-    """The whole run: the model built, compiled and stepped; the same for
-    the trace and the real run."""
-    def run():
-        torch.manual_seed(0)
-        model = LM()
-        optimizer = torch.optim.AdamW(model.parameters())
-        forward, loss_fn = compiled(model, how)
-        optimizer_step = torch.compile(optimizer.step) if compile_step else optimizer.step
-        for batch in batches:
-            ids = torch.randint(0, VOCAB, (batch, SEQ))
-            loss_fn(forward(ids).flatten(0, 1), ids.flatten()).backward()
-            optimizer_step()
-            optimizer.zero_grad()
-    return run
 
 
 def traced_and_real(run):
@@ -173,11 +114,3 @@ def test_compiled_code_outside_the_block_is_untouched():
     # The graph compiled for real tensors runs its kernels as before.
     assert torch.equal(forward(x), before)
     assert torch.allclose(before, model(x))
-
-
-def test_fake_cuda_names_what_it_cannot_follow():
-    model = torch.nn.Linear(8, 8)
-    with pytest.raises(metamem.UnsupportedCompileError, match="cannot be traced on fake cuda yet"):
-        with metamem.trace(device="cuda"):
-            torch.compile(model.cuda())(torch.randn(2, 8, device="cuda"))
-    assert torch.randn(3).shape == (3,)  # the process goes on

@@ -1,0 +1,201 @@
+"""torch.compile for the traced GPU (docs/compile.md, "Fake cuda").
+
+A process without a GPU has no CUDA for Inductor to ask. While a fake-cuda
+trace compiles, each question Inductor and Triton ask of CUDA is answered
+for the traced GPU, and no kernel is built:
+
+- Triton's active driver is one whose target and properties are the traced
+  GPU's (Triton's own CudaDriver builds a module that loads libcuda).
+- FakeTensorMode, which Dynamo, AOTAutograd and Inductor's pattern matcher
+  compile under, avoids device initialization as on a machine without a
+  GPU: its torch.tensor(..., device="cuda") stays fake rather than asking
+  the CUDA runtime.
+- Inductor's constant folding computes values it then reads (a uniform
+  tensor's value, to replace it by a scalar): on a GPU it makes them there;
+  in a trace it makes them on the CPU, where the values are the same.
+- Triton kernels are loaded from their source but not compiled to cubins:
+  each configuration gets a launcher that launches nothing. A kernel with
+  several configurations autotunes at its first call, as on a GPU, and its
+  benchmarking allocates as there (the benchmarker's L2-clearing buffer,
+  clones of the arguments the kernel mutates). Every configuration times
+  0 ms, as on the fake GPU, so the first is chosen. The trace's choice is
+  not written to Inductor's autotune cache: it is nobody's best.
+
+Every name is put back when the block ends; Dynamo's table of special
+functions, which keys torch.cuda's functions as they were when it was
+built, is built afresh on entry and on exit.
+"""
+
+import sys
+import threading
+import traceback
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+class UnsupportedCompileError(NotImplementedError):
+    """torch.compile'd code a trace cannot follow (docs/compile.md)."""
+
+    __module__ = "metamem"
+
+
+def _traced_gpu_driver(gpu):
+    """Triton's CUDA driver for the traced GPU, made without its C module."""
+    from triton.backends.driver import GPUDriver
+    from triton.backends.nvidia.driver import CudaDriver, CudaLauncher
+
+    class TracedGpuDriver(CudaDriver):
+        def __init__(self):
+            self.utils = _TracedGpuUtils(gpu)
+            self.launcher_cls = CudaLauncher
+            GPUDriver.__init__(self)  # torch.cuda's device and capability: the trace's
+            self.get_current_stream = torch._C._cuda_getCurrentRawStream
+
+    return TracedGpuDriver()
+
+
+class _TracedGpuUtils:
+    """What Inductor reads of Triton's driver utilities: the device's
+    properties, as the fake GPU's driver answers them."""
+
+    def __init__(self, gpu):
+        self.gpu = gpu
+
+    def get_device_properties(self, device):
+        return {"max_shared_mem": self.gpu["shared_memory_per_block_optin"], "max_num_regs": 65536,
+                "multiprocessor_count": self.gpu["multi_processor_count"], "warpSize": 32,
+                "sm_clock_rate": 0, "mem_clock_rate": 0, "mem_bus_width": 0}
+
+
+class _ValuesOnCpu(TorchDispatchMode):
+    """While active: what would be made on the GPU is made on the CPU."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        device = kwargs.get("device")
+        if device is not None and torch.device(device).type == "cuda":
+            kwargs["device"] = torch.device("cpu")
+        return func(*args, **kwargs)
+
+
+def _on_cpu(run):
+    def run_on_cpu(*args, **kwargs):
+        with _ValuesOnCpu():
+            return run(*args, **kwargs)
+    return run_on_cpu
+
+
+def refused(error):
+    """The UnsupportedCompileError that an error of compiling for fake cuda
+    is: metamem's own, which Dynamo wraps; or, where compiling reached the
+    CUDA runtime this process lacks, one naming where. None otherwise."""
+    seen = []
+    while error is not None and error not in seen:
+        seen.append(error)
+        if isinstance(error, UnsupportedCompileError):
+            return error
+        if isinstance(error, torch.AcceleratorError) and "cudaErrorInsufficientDriver" in str(error):
+            frames = traceback.extract_tb(error.__traceback__)
+            where = next((f"{frame.filename.split('site-packages/')[-1]}:{frame.lineno} ({frame.name})"
+                          for frame in reversed(frames) if "/torch/" in frame.filename), "torch")
+            return UnsupportedCompileError(
+                f"metamem: compiling for fake cuda reached the CUDA runtime, which this process does not have, "
+                f"at {where}; a trace cannot follow this compiled code yet (docs/compile.md)")
+        error = getattr(error, "inner_exception", None) or error.__cause__ or error.__context__
+    return None
+
+
+def _refusing_what_a_trace_cannot_follow(compile_fx):
+    """Inductor's entry, refusing the modes a trace cannot follow yet, by
+    name, before they reach for a GPU."""
+    def checked(model, example_inputs, *args, config_patches=None, **kwargs):
+        from torch._inductor import config
+
+        with config.patch(config_patches or {}):
+            mode = ("CUDA graphs (mode=\"reduce-overhead\")" if config.triton.cudagraphs else
+                    "max-autotune (it benchmarks its templates on the GPU while it compiles)"
+                    if config.max_autotune or config.max_autotune_gemm else None)
+        if mode:
+            raise UnsupportedCompileError(f"metamem: torch.compile with {mode} cannot be traced on fake cuda "
+                                          "yet; the default mode can (docs/compile.md)")
+        return compile_fx(model, example_inputs, *args, config_patches=config_patches, **kwargs)
+    return checked
+
+
+class _IdleLauncher:
+    """A configuration's launcher, not built: it launches nothing. As a
+    built one on the fake GPU, it reports no registers, spills or shared
+    memory."""
+
+    n_regs = n_spills = shared = 0
+    cache_hash = None
+    store_cubin = False
+
+    def __init__(self, config):
+        self.config = config
+
+    def __call__(self, *args, stream=None, **kwargs):
+        return None
+
+
+def unbuilt(kernel):
+    """Whether `kernel` is a Triton kernel loaded for a trace."""
+    launchers = getattr(kernel, "launchers", None)
+    return bool(launchers) and all(isinstance(launcher, _IdleLauncher) for launcher in launchers)
+
+
+def install(patches, cuda, owner):
+    """Patches (metamem._cuda.Patches) that let `owner`'s thread compile for
+    the GPU of `cuda`, a trace's metamem._cuda.FakeCudaRuntime."""
+    from torch._dynamo import device_interface
+    from torch._dynamo.variables.torch import TorchInGraphFunctionVariable
+    from torch._inductor import compile_fx
+    from torch._inductor.async_compile import AsyncCompile
+    from torch._inductor.codecache import _load_triton_kernel_from_source
+    from torch._inductor.constant_folding import ConstantFolder
+    from torch._inductor.runtime.benchmarking import benchmarker
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    gpu = cuda.gpu
+    TorchInGraphFunctionVariable._get_handlers.cache_clear()
+    patches.set(FakeTensorMode, "avoid_device_init", property(lambda mode: True))
+    # Dynamo's interface to torch.cuda holds what torch.cuda had when Dynamo
+    # was imported (before the trace, or in it): the trace's for the block,
+    # torch's after it.
+    interface = device_interface.CudaInterface
+    for name, function in (("Event", None), ("Stream", None), ("exchange_device", "_exchange_device"),
+                           ("maybe_exchange_device", "_maybe_exchange_device")):
+        wrap = staticmethod if function else (lambda value: value)
+        patches.set(interface, name, wrap(getattr(torch.cuda, function or name)),
+                    restore=wrap(cuda.patches.original(torch.cuda, function or name)))
+    patches.set(interface, "get_raw_stream", staticmethod(lambda device=0: torch._C._cuda_getCurrentRawStream(device)),
+                restore=staticmethod(cuda.patches.original(torch._C, "_cuda_getCurrentRawStream")))
+    # Its workers' properties, cached for the process: the traced GPU's now.
+    device_interface.caching_worker_device_properties.pop("cuda", None)
+    patches.set(sys.modules["triton.runtime.driver"].driver, "_active", _traced_gpu_driver(gpu))
+    patches.set(ConstantFolder, "run", _on_cpu(ConstantFolder.run))
+    patches.set(compile_fx, "compile_fx", _refusing_what_a_trace_cannot_follow(compile_fx.compile_fx))
+    # A cached size would be the last GPU's.
+    patches.set(benchmarker, "L2_cache_size", gpu["L2_cache_size"])
+    build = AsyncCompile.triton
+
+    def loaded_unbuilt(async_compile, kernel_name, source_code, device_str="cuda"):
+        if threading.get_ident() != owner:
+            return build(async_compile, kernel_name, source_code, device_str)
+        kernel = _load_triton_kernel_from_source(kernel_name, source_code)
+        kernel.launchers = [_IdleLauncher(config) for config in kernel.configs]
+        kernel.save_cache_hook = None
+        return kernel
+
+    patches.set(AsyncCompile, "triton", loaded_unbuilt)
+
+
+def uninstall():
+    """What install leaves that Patches does not put back: caches of what
+    the traced GPU answered."""
+    from torch._dynamo import device_interface
+    from torch._dynamo.variables.torch import TorchInGraphFunctionVariable
+
+    TorchInGraphFunctionVariable._get_handlers.cache_clear()
+    device_interface.caching_worker_device_properties.pop("cuda", None)

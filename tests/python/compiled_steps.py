@@ -1,0 +1,85 @@
+"""The compiled training steps of test_compile.py (traced on a fake cpu)
+and test_compile_cuda.py (traced on fake cuda), each checked against the
+same step run for real: a two-block causal LM compiled every way users
+compile it, two AdamW steps. It imports only torch: real torch on the fake
+GPU runs it in a process without metamem."""
+
+import contextlib
+
+import torch
+
+from transformer_block import Block
+
+VOCAB, WIDTH, BATCH, SEQ = 256, 64, 2, 32
+
+
+class LM(torch.nn.Module):
+    def __init__(self, graph_break=False):
+        super().__init__()
+        self.embedding = torch.nn.Embedding(VOCAB, WIDTH)
+        self.blocks = torch.nn.ModuleList(Block(WIDTH, 4) for _ in range(2))
+        self.head = torch.nn.Linear(WIDTH, VOCAB)
+        self.graph_break = graph_break
+
+    def forward(self, ids):
+        x = self.embedding(ids)
+        for block in self.blocks:
+            x = block(x)
+        if self.graph_break:  # eager code between two compiled graphs
+            torch._dynamo.graph_break()
+        return self.head(x)
+
+
+def compiled(model, how):
+    """The model as the step calls it, and the loss function, compiled `how`."""
+    loss = torch.nn.functional.cross_entropy
+    if how == "torch.compile(model)":
+        return torch.compile(model), loss
+    if how == "model.compile()":
+        model.compile()
+        return model, loss
+    if how == "each block":
+        for block in model.blocks:
+            block.compile()
+        return model, loss
+    if how == "the loss":
+        return model, torch.compile(loss)
+    if how == "fullgraph":
+        return torch.compile(model, fullgraph=True), loss
+    if how == "graph break":
+        model.graph_break = True
+        return torch.compile(model), loss
+    assert how == "eager"
+    return model, loss
+
+
+def two_adamw_steps(how, batches=(BATCH, BATCH), compile_step=False, device="cpu", bf16=False, seq=SEQ):
+    """The whole run: the model built, compiled and stepped; the same for
+    the trace and the real run. On cuda, run() returns each step's max
+    allocated and max reserved. There attention takes the math kernel in
+    f32 (the fake GPU cannot run the memory-efficient one,
+    docs/attention.md) and flash attention under bf16 autocast."""
+    def run():
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        torch.manual_seed(0)
+        model = LM().to(device)
+        optimizer = torch.optim.AdamW(model.parameters())
+        forward, loss_fn = compiled(model, how)
+        optimizer_step = torch.compile(optimizer.step) if compile_step else optimizer.step
+        peaks = []
+        for batch in batches:
+            if device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            ids = torch.randint(0, VOCAB, (batch, seq), device=device)
+            kernel = SDPBackend.FLASH_ATTENTION if bf16 else SDPBackend.MATH
+            with (torch.autocast(device, torch.bfloat16, enabled=bf16),
+                  sdpa_kernel(kernel) if device == "cuda" else contextlib.nullcontext()):
+                loss = loss_fn(forward(ids).flatten(0, 1), ids.flatten())
+            loss.backward()
+            optimizer_step()
+            optimizer.zero_grad()
+            if device == "cuda":
+                peaks.append([torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()])
+        return peaks or None
+    return run

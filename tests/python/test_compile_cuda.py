@@ -1,0 +1,171 @@
+"""torch.compile'd training steps traced on fake cuda (issue 46), against
+the same compiled step run by the pinned torch on metamem's fake GPU
+(tests/python/real_torch_on_fake_gpu.py): Dynamo, AOTAutograd, Inductor and
+Triton as they run for a GPU, kernels launched as no-ops. Max allocated and
+max reserved of every step, to the byte. Each side compiles from a cold
+Inductor cache of its own, so that each autotunes its kernels at their
+first call: the first step holds the autotuner's benchmarking buffers."""
+
+import json
+import os
+
+import pytest
+import torch
+
+import metamem
+import metamem._metamem as native
+from compiled_steps import two_adamw_steps
+
+ORACLE = os.environ.get("METAMEM_ORACLE", "")
+GPU = "H100-80GB"
+# Where activations, not the cuBLAS workspace, make the peak: 8,192 tokens.
+SHAPE = {"batches": [32, 32], "seq": 256}
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# The child: the steps module from this folder, its arguments as JSON.
+CHILD = f"""
+sys.path.insert(0, {HERE!r})
+from compiled_steps import two_adamw_steps
+print(json.dumps(two_adamw_steps(device="cuda", **json.loads(sys.argv[3]))()))
+"""
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+
+
+def on_fake_gpu(cache, **step):
+    """Each step's max allocated and max reserved, real torch on the fake GPU."""
+    if not os.path.exists(os.path.join(ORACLE, "libmetamem_fake_cuda_preload.so")):
+        pytest.skip(f"METAMEM_ORACLE={ORACLE!r} holds no fake CUDA libraries (the CUDA Toolkit's headers or the "
+                    "torch wheel's libc10_cuda.so were missing when it was built)")
+    from real_torch_on_fake_gpu import PROLOGUE, measure
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+    return measure(ORACLE, native.gpu(GPU), PROLOGUE + CHILD, json.dumps({**SHAPE, **step}))
+
+
+def traced(cache, **step):
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+    with metamem.trace(device="cuda", gpu=GPU) as t:
+        peaks = two_adamw_steps(device="cuda", **{**SHAPE, **step})()
+    return t, peaks
+
+
+@pytest.fixture
+def caches(tmp_path, monkeypatch):
+    """A cold Inductor cache for each side; the process's own put back."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "unused"))
+    return tmp_path / "trace", tmp_path / "real"
+
+
+# Blocks compiled one by one and a compiled loss leave eager code whose
+# CUDA reductions hold a staging buffer the trace lacks (docs/compile.md).
+@pytest.mark.parametrize("how", ["torch.compile(model)", "fullgraph", "graph break"])
+def test_a_compiled_step_is_exact_against_real_torch_on_the_fake_gpu(how, caches):
+    t, peaks = traced(caches[0], how=how)
+    assert peaks == on_fake_gpu(caches[1], how=how)
+    assert len(t.step_peaks) == 2
+
+
+def test_bf16_autocast_with_flash_attention_allocates_exactly(caches):
+    t, peaks = traced(caches[0], how="torch.compile(model)", bf16=True)
+    real = on_fake_gpu(caches[1], how="torch.compile(model)", bf16=True)
+    assert [allocated for allocated, _ in peaks] == [allocated for allocated, _ in real]
+    # The second step's reserved is 2 MiB under: one more small-pool
+    # segment in the real run, not yet explained (docs/compile.md).
+    assert peaks[0] == real[0] and 0 <= real[1][1] - peaks[1][1] <= 2 << 20
+
+
+def test_recompiles_on_new_batch_sizes_are_exact(caches):
+    t, peaks = traced(caches[0], how="torch.compile(model)", batches=[16, 24, 32])
+    assert peaks == on_fake_gpu(caches[1], how="torch.compile(model)", batches=[16, 24, 32])
+    assert len(peaks) == len(t.step_peaks) == 3
+
+
+def test_an_autotune_cache_is_read_as_a_real_run_reads_it(caches):
+    # Every configuration times 0 ms in a trace: it writes no choice to
+    # Inductor's autotune cache, so that a real run after it still
+    # autotunes; after a real run, a trace reads its choices and, as a real
+    # run would, benchmarks nothing.
+    cache = caches[1]
+    _, cold = traced(cache, how="torch.compile(model)")
+    assert on_fake_gpu(cache, how="torch.compile(model)") == cold
+    _, warm = traced(cache, how="torch.compile(model)")
+    assert warm == on_fake_gpu(cache, how="torch.compile(model)")
+    # Benchmarking held an L2-sized buffer in the cold first step, and
+    # segments it took stay reserved; the second steps allocate alike.
+    assert cold[0][0] > warm[0][0] and cold[1][0] == warm[1][0] and cold[1][1] > warm[1][1]
+
+
+
+@pytest.mark.parametrize("mode, named", [("reduce-overhead", "CUDA graphs"), ("max-autotune", "CUDA graphs"),
+                                         ("max-autotune-no-cudagraphs", "max-autotune")])
+def test_modes_a_trace_cannot_follow_yet_are_named(mode, named, caches):
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(caches[0])
+    model = torch.nn.Linear(8, 8)
+    with pytest.raises(metamem.UnsupportedCompileError, match=named):
+        with metamem.trace(device="cuda"):
+            torch.compile(model.cuda(), mode=mode)(torch.randn(2, 8, device="cuda"))
+    assert torch.randn(3).shape == (3,)  # the process goes on
+
+
+def test_compiled_code_that_reaches_the_cuda_runtime_is_named(caches):
+    # Dynamo makes a compiled AdamW's state with capturable step counters on
+    # the GPU while it compiles: not followed yet, and said where.
+    with pytest.raises(metamem.UnsupportedCompileError, match=r"reached the CUDA runtime.*adam.py"):
+        traced(caches[0], how="torch.compile(model)", compile_step=True)
+
+
+def test_leaving_the_block_puts_back_what_compiling_for_the_gpu_changed(caches):
+    import sys
+
+    from torch._dynamo.device_interface import CudaInterface
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    driver = sys.modules["triton.runtime.driver"].driver
+    before = (CudaInterface.Event, CudaInterface.Stream, CudaInterface.exchange_device, driver._active,
+              FakeTensorMode.avoid_device_init)
+    traced(caches[0], how="torch.compile(model)")
+    assert (CudaInterface.Event, CudaInterface.Stream, CudaInterface.exchange_device, driver._active,
+            FakeTensorMode.avoid_device_init) == before
+    assert not torch.cuda.is_available()
+
+CASES = {
+    "torch.compile(model)": {"how": "torch.compile(model)"},
+    "model.compile()": {"how": "model.compile()"},
+    "each block's .compile()": {"how": "each block"},
+    "only the loss": {"how": "the loss"},
+    "fullgraph=True": {"how": "fullgraph"},
+    "a graph break": {"how": "graph break"},
+    "bf16 autocast, flash attention": {"how": "torch.compile(model)", "bf16": True},
+    "batch 16, 24, 32 (recompiles)": {"how": "torch.compile(model)", "batches": [16, 24, 32]},
+    "eager (not compiled)": {"how": "eager"},
+}
+
+
+def table():
+    """docs/compile.md's table: every case, each side from a cold cache."""
+    import tempfile
+    import time
+
+    print(f"| how | trace: allocated / reserved per step | real torch on the fake {GPU} | trace | real |")
+    print("|---|---|---|---|---|")
+    for name, step in CASES.items():
+        with tempfile.TemporaryDirectory() as cache:
+            torch._dynamo.reset()
+            start = time.perf_counter()
+            _, peaks = traced(os.path.join(cache, "trace"), **step)
+            trace_s = time.perf_counter() - start
+            start = time.perf_counter()
+            real = on_fake_gpu(os.path.join(cache, "real"), **step)
+            real_s = time.perf_counter() - start
+        cells = ["; ".join(f"{a:,} / {r:,}" for a, r in run) for run in (peaks, real)]
+        print(f"| {name} | {cells[0]} | {'equal' if real == peaks else cells[1]} | {trace_s:.1f} s | {real_s:.1f} s |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    # METAMEM_ORACLE=build/oracle PYTHONPATH=build/python:tests/python .venv/bin/python tests/python/test_compile_cuda.py
+    table()
