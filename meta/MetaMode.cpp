@@ -619,6 +619,7 @@ void register_meta_kernels() {
 bool meta_mode_active() { return g_mode.active.load(); }
 
 OutsideMetaMode::OutsideMetaMode() : keys_(keys_outside_meta_mode()) {}
+InsideMetaMode::InsideMetaMode() : keys_(meta_mode_keys()) {}
 
 PlaceholderValues::PlaceholderValues() : previous_(g_placeholder_values.exchange(true)) {}
 PlaceholderValues::~PlaceholderValues() { g_placeholder_values.store(previous_); }

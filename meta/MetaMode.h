@@ -130,6 +130,17 @@ class OutsideMetaMode {
   c10::impl::ForceDispatchKeyGuard keys_;
 };
 
+// While alive inside an OutsideMetaMode, ops dispatch as in the active
+// MetaMode again: what a compile does on the device in a real run
+// (Inductor benchmarking a padded matmul) is traced.
+class InsideMetaMode {
+ public:
+  InsideMetaMode();
+
+ private:
+  c10::impl::ForceDispatchKeyGuard keys_;
+};
+
 // While alive, this thread counts as inside a meta call (in_meta_call):
 // what it allocates on the CPU is a kernel's or the trace's own, not the
 // step's.

@@ -531,6 +531,8 @@ PYBIND11_MODULE(_metamem, m) {
   // `with OutsideTrace():` ops dispatch as outside the trace (FakeTensorMode's
   // meta tensors stay plain meta tensors).
   bind_guard<metamem::OutsideMetaMode>(m, "OutsideTrace");
+  // `with InsideTrace():` within OutsideTrace, ops dispatch as in the trace again.
+  bind_guard<metamem::InsideMetaMode>(m, "InsideTrace");
   // `with UncountedCpu():` this thread's CPU allocations are not the step's
   // (compiling), in a trace and in achieved_cpu.
   bind_guard<metamem::UncountedCpuAllocations>(m, "UncountedCpu");

@@ -13,6 +13,11 @@ for the traced GPU, and no kernel is built:
 - Inductor's constant folding computes values it then reads (a uniform
   tensor's value, to replace it by a scalar): on a GPU it makes them there;
   in a trace it makes them on the CPU, where the values are the same.
+- What a compile runs on the GPU in a real run runs in the trace: Inductor
+  benchmarks a matmul whose shapes are misaligned (GPT-2's vocabulary of
+  50,257) against a padded one on GPU tensors it makes, and a real run
+  counts them. Both time 0 ms, on the fake GPU as in the trace, so the
+  matmul is not padded. The decision is not written to Inductor's cache.
 - Triton kernels are loaded from their source but not compiled to cubins:
   each configuration gets a launcher that launches nothing. A kernel with
   several configurations autotunes at its first call, as on a GPU, and its
@@ -32,6 +37,8 @@ import traceback
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from . import _metamem
 
 
 class UnsupportedCompileError(NotImplementedError):
@@ -106,6 +113,13 @@ def refused(error):
     return None
 
 
+def _in_the_trace(function):
+    def traced(*args, **kwargs):
+        with _metamem.InsideTrace():
+            return function(*args, **kwargs)
+    return traced
+
+
 def _refusing_what_a_trace_cannot_follow(compile_fx):
     """Inductor's entry, refusing the modes a trace cannot follow yet, by
     name, before they reach for a GPU."""
@@ -154,6 +168,7 @@ def install(patches, cuda, owner):
     from torch._inductor.async_compile import AsyncCompile
     from torch._inductor.codecache import _load_triton_kernel_from_source
     from torch._inductor.constant_folding import ConstantFolder
+    from torch._inductor.fx_passes import pad_mm
     from torch._inductor.runtime.benchmarking import benchmarker
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -176,6 +191,9 @@ def install(patches, cuda, owner):
     patches.set(sys.modules["triton.runtime.driver"].driver, "_active", _traced_gpu_driver(gpu))
     patches.set(ConstantFolder, "run", _on_cpu(ConstantFolder.run))
     patches.set(compile_fx, "compile_fx", _refusing_what_a_trace_cannot_follow(compile_fx.compile_fx))
+    patches.set(pad_mm, "_should_pad", _in_the_trace(pad_mm._should_pad))
+    for name in ("set_cached_should_pad", "set_cached_base_mm_benchmark_time"):
+        patches.set(pad_mm, name, lambda *args: None)
     # A cached size would be the last GPU's.
     patches.set(benchmarker, "L2_cache_size", gpu["L2_cache_size"])
     build = AsyncCompile.triton

@@ -83,3 +83,16 @@ def two_adamw_steps(how, batches=(BATCH, BATCH), compile_step=False, device="cpu
                 peaks.append([torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()])
         return peaks or None
     return run
+
+
+def misaligned_head(device="cuda"):
+    """A compiled vocabulary head of 1,001 outputs over 8,192 tokens: its
+    products' shapes are misaligned, and Inductor benchmarks each against a
+    padded one while it compiles. Returns max allocated and max reserved."""
+    def run():
+        torch.manual_seed(0)
+        head = torch.nn.Linear(64, 1001).to(device)
+        x = torch.randn(8192, 64, device=device, requires_grad=True)
+        torch.compile(head)(x).sum().backward()
+        return [[torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()]]
+    return run

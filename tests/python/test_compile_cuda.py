@@ -14,7 +14,7 @@ import torch
 
 import metamem
 import metamem._metamem as native
-from compiled_steps import two_adamw_steps
+from compiled_steps import misaligned_head, two_adamw_steps
 
 ORACLE = os.environ.get("METAMEM_ORACLE", "")
 GPU = "H100-80GB"
@@ -22,11 +22,12 @@ GPU = "H100-80GB"
 SHAPE = {"batches": [32, 32], "seq": 256}
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-# The child: the steps module from this folder, its arguments as JSON.
+# The child: a step of compiled_steps, by name, its arguments as JSON.
 CHILD = f"""
 sys.path.insert(0, {HERE!r})
-from compiled_steps import two_adamw_steps
-print(json.dumps(two_adamw_steps(device="cuda", **json.loads(sys.argv[3]))()))
+import compiled_steps
+step = json.loads(sys.argv[3])
+print(json.dumps(getattr(compiled_steps, step.pop("function"))(device="cuda", **step)()))
 """
 
 
@@ -35,7 +36,7 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-def on_fake_gpu(cache, **step):
+def on_fake_gpu(cache, function="two_adamw_steps", **step):
     """Each step's max allocated and max reserved, real torch on the fake GPU."""
     if not os.path.exists(os.path.join(ORACLE, "libmetamem_fake_cuda_preload.so")):
         pytest.skip(f"METAMEM_ORACLE={ORACLE!r} holds no fake CUDA libraries (the CUDA Toolkit's headers or the "
@@ -43,7 +44,8 @@ def on_fake_gpu(cache, **step):
     from real_torch_on_fake_gpu import PROLOGUE, measure
 
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
-    return measure(ORACLE, native.gpu(GPU), PROLOGUE + CHILD, json.dumps({**SHAPE, **step}))
+    step = {**SHAPE, **step} if function == "two_adamw_steps" else step
+    return measure(ORACLE, native.gpu(GPU), PROLOGUE + CHILD, json.dumps({"function": function, **step}))
 
 
 def traced(cache, **step):
@@ -109,6 +111,17 @@ def test_modes_a_trace_cannot_follow_yet_are_named(mode, named, caches):
         with metamem.trace(device="cuda"):
             torch.compile(model.cuda(), mode=mode)(torch.randn(2, 8, device="cuda"))
     assert torch.randn(3).shape == (3,)  # the process goes on
+
+
+def test_a_misaligned_product_is_benchmarked_padded_while_compiling_as_on_a_gpu(caches):
+    # Inductor times the product against a padded one on GPU tensors it
+    # makes while compiling; a real run counts them. The trace does the
+    # same, and writes no decision to Inductor's cache.
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(caches[0])
+    with metamem.trace(device="cuda", gpu=GPU):
+        peaks = misaligned_head()()
+    assert peaks == on_fake_gpu(caches[1], "misaligned_head")
+    assert os.path.isdir(caches[1] / "cache") and not os.path.exists(caches[0] / "cache")
 
 
 def test_compiled_code_that_reaches_the_cuda_runtime_is_named(caches):

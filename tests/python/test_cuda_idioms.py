@@ -148,6 +148,10 @@ def test_memory_statistics_follow_the_simulated_caching_allocator():
         assert torch.cuda.max_memory_reserved() == 32 * MiB  # peaks stay until reset
         assert torch.cuda.memory_stats()["num_device_free"] == 1
         assert "Allocated memory" in torch.cuda.memory_summary()
+        # torch.accelerator's device-generic functions read the same allocator.
+        assert torch.accelerator.memory_allocated() == 4096
+        assert torch.accelerator.max_memory_reserved() == 32 * MiB
+        assert torch.accelerator.get_memory_info() == torch.cuda.mem_get_info()
         del x
     assert t.reserved_peak_bytes == 32 * MiB  # the block's, as torch.cuda.max_memory_reserved() ended it
     with metamem.trace(device="cpu") as cpu:
