@@ -22,7 +22,7 @@
 namespace metamem {
 namespace {
 
-ComputeCapability g_traced_gpu;
+GpuTraits g_traced_gpu;
 
 // The cuDNN that torch==2.14.1 installs (nvidia-cudnn-cu13==9.24.0.43), as
 // versionRuntimeCuDNN() reports it: what cuDNN attention's constraints and
@@ -34,11 +34,11 @@ constexpr long kCudnnVersion = 92400;
 // and sm10x depend on it.
 constexpr bool kCudnnFrontendTakesD256 = true;
 
-bool at_least(ComputeCapability gpu, int major, int minor) {
+bool at_least(GpuTraits gpu, int major, int minor) {
   return gpu.major > major || (gpu.major == major && gpu.minor >= minor);
 }
 
-bool within(ComputeCapability gpu, ComputeCapability low, ComputeCapability high) {
+bool within(GpuTraits gpu, GpuTraits low, GpuTraits high) {
   return at_least(gpu, low.major, low.minor) && !at_least(gpu, high.major, high.minor + 1);
 }
 
@@ -46,14 +46,14 @@ bool low_precision(const sdp::sdp_params& p) {
   return p.query.scalar_type() == at::kHalf || p.query.scalar_type() == at::kBFloat16;
 }
 
-bool low_precision_dtypes(const sdp::sdp_params& p, ComputeCapability gpu) {
+bool low_precision_dtypes(const sdp::sdp_params& p, GpuTraits gpu) {
   if (gpu.major >= 8) return sdp::check_tensor_dtype(p, std::array{at::kHalf, at::kBFloat16}, false);
   return sdp::check_tensor_dtype(p, std::array{at::kHalf}, false);
 }
 
 // The operands' alignment in elements CUTLASS's GEMMs need
 // (minimum_gemm_alignment in sdp_utils.cpp).
-std::int64_t gemm_alignment(const sdp::sdp_params& p, ComputeCapability gpu) {
+std::int64_t gemm_alignment(const sdp::sdp_params& p, GpuTraits gpu) {
   const bool half = low_precision(p);
   const bool tensor_cores = gpu.major >= 8 || (gpu.major >= 7 && half);
   std::int64_t alignment = gpu.major >= 8 ? 4 : 1;
@@ -66,7 +66,7 @@ bool dense_and_4d(const sdp::sdp_params& p) {
          sdp::check_nonzero_sequence_lengths_dense(p, false);
 }
 
-bool can_use_flash(const sdp::sdp_params& p, ComputeCapability gpu) {
+bool can_use_flash(const sdp::sdp_params& p, GpuTraits gpu) {
   if (!sdp::check_runtime_disabled_flash(p, false) || !dense_and_4d(p) || !sdp::check_for_attn_mask(p, false))
     return false;
   const std::int64_t d = p.query.size(3);
@@ -82,7 +82,7 @@ bool can_use_flash(const sdp::sdp_params& p, ComputeCapability gpu) {
          sdp::check_last_dim_stride_equals_1_dense<true>(p, false);
 }
 
-bool can_use_mem_efficient(const sdp::sdp_params& p, ComputeCapability gpu) {
+bool can_use_mem_efficient(const sdp::sdp_params& p, GpuTraits gpu) {
   if (!sdp::check_runtime_disabled_mem_efficient(p, false) || !within(gpu, {5, 0}, {12, 1}) || !dense_and_4d(p))
     return false;
   const std::int64_t alignment = gemm_alignment(p, gpu);
@@ -98,14 +98,14 @@ bool can_use_mem_efficient(const sdp::sdp_params& p, ComputeCapability gpu) {
   return sdp::check_tensor_dtype(p, std::array{at::kHalf, at::kFloat}, false);
 }
 
-bool hopper_or_blackwell(ComputeCapability gpu) { return (gpu.major == 9 && gpu.minor == 0) || gpu.major == 10; }
+bool hopper_or_blackwell(GpuTraits gpu) { return (gpu.major == 9 && gpu.minor == 0) || gpu.major == 10; }
 
-bool cudnn_takes_d256(ComputeCapability gpu) {
+bool cudnn_takes_d256(GpuTraits gpu) {
   const bool sm107_too_old = gpu.major == 10 && gpu.minor == 7 && kCudnnVersion <= 92500;
   return hopper_or_blackwell(gpu) && !sm107_too_old && kCudnnVersion > 92200 && kCudnnFrontendTakesD256;
 }
 
-bool cudnn_shapes(const sdp::sdp_params& p, ComputeCapability gpu) {
+bool cudnn_shapes(const sdp::sdp_params& p, GpuTraits gpu) {
   constexpr std::int64_t kMaxDim = 65535;
   if (p.query.size(0) > kMaxDim || p.query.size(1) > kMaxDim) return false;
   const std::int64_t s_q = p.query.size(2), s_k = p.key.size(2);
@@ -123,7 +123,7 @@ bool cudnn_shapes(const sdp::sdp_params& p, ComputeCapability gpu) {
   return true;
 }
 
-bool can_use_cudnn(const sdp::sdp_params& p, ComputeCapability gpu) {
+bool can_use_cudnn(const sdp::sdp_params& p, GpuTraits gpu) {
   auto& ctx = at::globalContext();
   if (!ctx.userEnabledCuDNNSDP() || !dense_and_4d(p)) return false;
   if (ctx.deterministicAlgorithms() && !ctx.deterministicAlgorithmsWarnOnly()) return false;
@@ -136,7 +136,7 @@ bool can_use_cudnn(const sdp::sdp_params& p, ComputeCapability gpu) {
 
 // torch's order unless the user set one: on Hopper and Blackwell with
 // cuDNN newer than 9.15 torch puts cuDNN first at its first SDPA call.
-std::array<at::SDPBackend, at::num_sdp_backends> priority_order(ComputeCapability gpu) {
+std::array<at::SDPBackend, at::num_sdp_backends> priority_order(GpuTraits gpu) {
   auto order = at::globalContext().sDPPriorityOrder();
   constexpr std::array<at::SDPBackend, at::num_sdp_backends> kDefault{
       at::SDPBackend::flash_attention, at::SDPBackend::efficient_attention, at::SDPBackend::math,
@@ -152,7 +152,7 @@ std::int64_t traced_choice(const at::Tensor& query, const at::Tensor& key, const
                            const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                            std::optional<double>, bool enable_gqa) {
   const sdp::sdp_params p{query, key, value, attn_mask, dropout_p, is_causal, enable_gqa};
-  const ComputeCapability gpu = g_traced_gpu;
+  const GpuTraits gpu = g_traced_gpu;
   auto& ctx = at::globalContext();
   for (const at::SDPBackend backend : priority_order(gpu)) {
     switch (backend) {
@@ -307,9 +307,9 @@ Gradients cudnn_backward(const Tensor&, const Tensor& q, const Tensor& k, const 
 
 }  // namespace
 
-ComputeCapability traced_gpu() { return g_traced_gpu; }
+GpuTraits traced_gpu() { return g_traced_gpu; }
 
-TracedGpuScope::TracedGpuScope(ComputeCapability gpu) : previous_(g_traced_gpu) { g_traced_gpu = gpu; }
+TracedGpuScope::TracedGpuScope(GpuTraits gpu) : previous_(g_traced_gpu) { g_traced_gpu = gpu; }
 
 TracedGpuScope::~TracedGpuScope() { g_traced_gpu = previous_; }
 

@@ -10,25 +10,27 @@
 
 namespace metamem {
 
-// A GPU's compute capability: what torch's choice of kernels depends on.
-struct ComputeCapability {
+// What torch's CUDA kernels choose by: the GPU's compute capability (SDPA's
+// backend), its SMs and threads per SM (a reduction's blocks).
+struct GpuTraits {
   int major = 9, minor = 0;
+  int multi_processor_count = 132, max_threads_per_multi_processor = 2048;
 };
 
 // The GPU fake-cuda traces are for now.
-ComputeCapability traced_gpu();
+GpuTraits traced_gpu();
 
-// While alive, fake-cuda traces are for a GPU of compute capability `gpu`;
-// otherwise for an H100 (9.0).
+// While alive, fake-cuda traces are for the GPU `gpu`; otherwise for an
+// H100.
 class TracedGpuScope {
  public:
-  explicit TracedGpuScope(ComputeCapability gpu);
+  explicit TracedGpuScope(GpuTraits gpu);
   ~TracedGpuScope();
   TracedGpuScope(const TracedGpuScope&) = delete;
   TracedGpuScope& operator=(const TracedGpuScope&) = delete;
 
  private:
-  ComputeCapability previous_;
+  GpuTraits previous_;
 };
 
 // Puts metamem's choice of SDPA backend in torch's CUDA slot and returns

@@ -18,6 +18,7 @@
 #include "meta/CpuKernelModel.h"
 #include "meta/CublasWorkspace.h"
 #include "meta/CudaAttention.h"
+#include "meta/CudaReduction.h"
 #include "meta/KnownValues.h"
 #include "meta/MetaKernels.h"
 #include "meta/MetaTensor.h"
@@ -101,6 +102,7 @@ using BufferList = c10::SmallVector<BufferId, 8>;
 // Kernels' temporaries by op on each fake device, filled when the kernel is
 // registered and only read afterwards.
 std::unordered_map<const c10::OperatorName*, ScratchModel> g_cpu_scratch, g_cuda_scratch;
+std::unordered_map<const c10::OperatorName*, ReductionStagingModel> g_cuda_staging;
 
 // The ops that call cuBLAS on CUDA, likewise.
 std::unordered_set<const c10::OperatorName*> g_cublas_ops;
@@ -123,6 +125,22 @@ void report_scratch(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> ar
   observer->on_free(id);
 }
 
+// A CUDA reduction's staging buffer and semaphores, made in that order after
+// its output and freed in the reverse order.
+void report_reduction_staging(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
+                              c10::ArrayRef<c10::IValue> returns, MetaObserver* observer) {
+  if (observer == nullptr || !g_mode.device.is_cuda()) return;
+  const auto model = g_cuda_staging.find(&op.operator_name());
+  if (model == g_cuda_staging.end()) return;
+  const ReductionStaging staging = model->second(arguments, returns);
+  if (staging.buffer <= 0) return;
+  const BufferId buffer = g_next_buffer.fetch_add(1), semaphores = g_next_buffer.fetch_add(1);
+  observer->on_alloc(buffer, static_cast<std::size_t>(staging.buffer));
+  observer->on_alloc(semaphores, static_cast<std::size_t>(staging.semaphores));
+  observer->on_free(semaphores);
+  observer->on_free(buffer);
+}
+
 // A fake CUDA device's cuBLAS calls need the workspace torch makes at a
 // stream's first and keeps, after the op's outputs exist, as the kernel asks
 // for its handle then. An empty product calls no cuBLAS.
@@ -133,7 +151,7 @@ void report_cublas_workspace(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
     if (value.isTensor() && value.toTensor().numel() == 0) return;
   std::int64_t bytes = g_mode.cublas_workspace_bytes.load(std::memory_order_relaxed);
   if (bytes < 0) {
-    const ComputeCapability gpu = traced_gpu();
+    const GpuTraits gpu = traced_gpu();
     bytes = cublas_workspace_bytes(gpu.major, gpu.minor);
     g_mode.cublas_workspace_bytes.store(bytes, std::memory_order_relaxed);
   }
@@ -398,6 +416,7 @@ void meta_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::ArrayRef<c10::IValue> returns(stack->data() + stack->size() - n_returns, n_returns);
   report_cublas_workspace(op, returns, observer);
   report_scratch(op, original_args, returns, observer);
+  report_reduction_staging(op, original_args, returns, observer);
   if (observer != nullptr) observer->on_op(op, inputs, outputs, original_args, returns);
   learn_values(op, original_args, returns);
 }
@@ -461,6 +480,8 @@ void register_meta_kernel() {
       g_cpu_scratch.emplace(&op->operator_name(), model);
     if (ScratchModel model = cuda_scratch_model(qualified)) g_cuda_scratch.emplace(&op->operator_name(), model);
     if (ScratchModel model = cuda_native_scratch_model(qualified)) g_cuda_scratch.emplace(&op->operator_name(), model);
+    if (ReductionStagingModel model = cuda_reduction_staging_model(qualified))
+      g_cuda_staging.emplace(&op->operator_name(), model);
     if (ScratchModel model = device_scratch_model(qualified)) {
       g_cpu_scratch.emplace(&op->operator_name(), model);
       g_cuda_scratch.emplace(&op->operator_name(), model);

@@ -246,8 +246,11 @@ struct ThreadState {
 };
 
 struct TracedGpu {
-  TracedGpu(int major, int minor) : gpu{major, minor} {}
-  metamem::ComputeCapability gpu;
+  explicit TracedGpu(const std::string& key) {
+    const GpuSpec& spec = metamem::find_gpu(key);
+    gpu = {spec.major, spec.minor, spec.multi_processor_count, spec.max_threads_per_multi_processor};
+  }
+  metamem::GpuTraits gpu;
   std::optional<metamem::TracedGpuScope> guard;
 };
 
@@ -536,10 +539,10 @@ PYBIND11_MODULE(_metamem, m) {
   // `with UncountedCpu():` this thread's CPU allocations are not the step's
   // (compiling), in a trace and in achieved_cpu.
   bind_guard<metamem::UncountedCpuAllocations>(m, "UncountedCpu");
-  // `with TracedGpu(major, minor):` fake-cuda kernels are chosen for a GPU
-  // of that compute capability.
+  // `with TracedGpu(key):` fake-cuda kernels are chosen for that GPU of
+  // metamem's table.
   py::class_<TracedGpu>(m, "TracedGpu")
-      .def(py::init<int, int>())
+      .def(py::init<const std::string&>())
       .def("__enter__", [](TracedGpu& scope) { scope.guard.emplace(scope.gpu); })
       .def("__exit__", [](TracedGpu& scope, const py::args&) { scope.guard.reset(); });
   py::class_<Result>(m, "Result")

@@ -94,7 +94,7 @@ TEST(FakeCuda, AttentionRunsTheTracedGpusKernel) {
         [](Tensors& t) { return at::scaled_dot_product_attention(t[0], t[1], t[2], {}, 0.0, true).sum(); });
   };
   struct Case {
-    ComputeCapability gpu;
+    GpuTraits gpu;
     c10::ScalarType dtype;
     const char* kernel;
   };

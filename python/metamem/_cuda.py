@@ -200,7 +200,7 @@ class FakeCudaRuntime:
         self.properties = DeviceProperties(gpu)
         self.patches = Patches()
         # Kernel choices (SDPA's backend) follow the GPU's compute capability.
-        self.kernels_for = _metamem.TracedGpu(gpu["major"], gpu["minor"])
+        self.kernels_for = _metamem.TracedGpu(gpu["key"])
 
     def free_bytes(self):
         """cudaMemGetInfo's free: the GPU's memory less the CUDA context

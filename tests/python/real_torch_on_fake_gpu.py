@@ -14,6 +14,10 @@ model (estimator/Gpu.h, cublas_workspace_bytes):
 - another stream gets one of its own;
 - cuBLASLt (a bf16 product with bias) shares it.
 
+Sums in twelve shapes (bias gradients, a loss, batch statistics; f32,
+bf16, f16) on an H100, an A100 and a T4: what each holds beyond its output
+(a reduction's staging buffer and semaphores, meta/CudaReduction.h).
+
 And whole training steps (an MLP; GPT-2 with matmul attention, from
 transformers; torchvision's ResNet-18 and MobileNet V2 with cuDNN off; two
 AdamW steps) on
@@ -76,6 +80,29 @@ STEPS = textwrap.dedent("""
             peaks.append(torch.cuda.max_memory_allocated())
         return peaks
 """)
+# Sums whose blocks split each output's inputs and combine through a staging
+# buffer (meta/CudaReduction.h), and some whose blocks do not: what each
+# allocates beyond its output, in the shapes of bias gradients, losses and
+# batch statistics, in f32, bf16 and f16.
+REDUCTIONS = textwrap.dedent("""
+    import torch
+
+    def staging():
+        cases = [((8192, 256), [0], torch.float32), ((8192, 768), [0], torch.float32),
+                 ((2, 256, 768), [0, 1], torch.float32), ((8192, 256), [0], torch.bfloat16),
+                 ((8192, 256), [0], torch.float16), ((64, 2048, 2048), [2], torch.float32),
+                 ((1000000,), None, torch.float32), ((512, 50257), [0], torch.float32),
+                 ((4096, 1024), [1], torch.float32), ((16, 3, 224, 224), [0, 2, 3], torch.float32),
+                 ((300, 7), [0], torch.float32), ((128, 4096), [0], torch.float32)]
+        beyond = []
+        for shape, dims, dtype in cases:
+            x = torch.empty(shape, device="cuda", dtype=dtype)
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            y = x.sum() if dims is None else x.sum(dims)
+            beyond.append(torch.cuda.max_memory_allocated() - before - y.untyped_storage().nbytes())
+        return beyond
+""")
 MODELS = ("mlp", "gpt2", "resnet18", "mobilenet_v2")
 STEP_GPUS = ("H100-80GB", "A100-80GB", "T4")  # each workspace size and a few architectures
 
@@ -116,6 +143,8 @@ CHILD = PROLOGUE + textwrap.dedent("""
 """)
 
 # A fresh process per model, as a trace is: the first product makes the workspace.
+CHILD_REDUCTIONS = PROLOGUE + REDUCTIONS + "print(json.dumps(staging()))\n"
+
 CHILD_STEPS = PROLOGUE + textwrap.dedent("""
     exec(sys.argv[3])
     print(json.dumps(step_peaks(sys.argv[4])))
@@ -145,8 +174,9 @@ def main():
         return 77
     import metamem
     import metamem._metamem as native
-    steps = {}
+    steps, reductions = {}, {}
     exec(STEPS, steps)
+    exec(REDUCTIONS, reductions)
     failures = 0
     for key in native.gpu_keys():
         gpu = native.gpu(key)
@@ -159,6 +189,14 @@ def main():
             failures += not ok
             print(f"{key:<10} {what:<26} {seen[what]:>11,} B beyond its tensors"
                   f"{'' if ok else f'  DIFFERS: metamem says {bytes_:,}'}")
+        if key in STEP_GPUS:
+            with metamem.trace(device="cuda", gpu=key):
+                traced = reductions["staging"]()
+            real = measure(oracle, gpu, CHILD_REDUCTIONS)
+            ok = real == traced
+            failures += not ok
+            print(f"{key:<10} {'sums beyond their outputs':<26} {', '.join(f'{b:,}' for b in real)} B"
+                  f"{'' if ok else f'  DIFFERS: metamem traced ' + ', '.join(f'{b:,}' for b in traced)}")
         for name in MODELS if key in STEP_GPUS else ():
             with metamem.trace(device="cuda", gpu=key):
                 traced = steps["step_peaks"](name)

@@ -1,0 +1,168 @@
+#include "meta/CudaReduction.h"
+
+#include <ATen/ATen.h>
+#include <ATen/TensorIterator.h>
+#include <ATen/native/ReduceOpsUtils.h>
+
+#include <algorithm>
+#include <optional>
+
+#include "meta/CudaAttention.h"
+#include "meta/MetaMode.h"
+
+namespace metamem {
+namespace {
+
+std::int64_t div_up(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+// The largest power of two not above n (at least 1).
+int last_pow2(int n) {
+  n |= n >> 1;
+  n |= n >> 2;
+  n |= n >> 4;
+  n |= n >> 8;
+  n |= n >> 16;
+  return std::max(1, n - (n >> 1));
+}
+
+constexpr int kWarpSize = 32;
+
+// What a reduction's kernel is compiled for: its accumulator's size, its
+// input element's, and how many input elements a thread loads at once
+// where it vectorizes along the input.
+struct Kernel {
+  int accumulator_bytes, input_bytes, input_vec_size, max_threads;
+};
+
+// torch's ReduceConfig (ATen/native/cuda/Reduce.cuh, setReduceConfig): how
+// the outputs and each output's inputs are split across lanes, warps and
+// thread blocks. Only what decides the staging buffer is kept.
+class LaunchShape {
+ public:
+  // `input_offset`: the input's storage offset, in elements.
+  LaunchShape(const at::TensorIterator& iter, std::int64_t input_offset, const Kernel& kernel, const GpuTraits& gpu)
+      : num_outputs_(iter.num_output_elements()), num_inputs_(iter.numel() / num_outputs_),
+        accumulator_bytes_(kernel.accumulator_bytes) {
+    const int input = iter.ntensors() - 1;
+    const int reduce_dims = iter.num_reduce_dims();
+    std::int64_t dim0 = 1, dim1 = 1, fastest_stride = kernel.input_bytes;
+    bool reduce_fastest = true;
+    if (iter.ndim() > 0) {
+      const auto strides = iter.strides(input);
+      reduce_fastest = reduce_dims == iter.ndim() || strides[0] < strides[reduce_dims];
+      dim0 = reduce_fastest ? num_inputs_ : num_outputs_;
+      dim1 = reduce_fastest ? num_outputs_ : num_inputs_;
+      fastest_stride = strides[reduce_fastest ? 0 : reduce_dims];
+    }
+    if (fastest_stride == kernel.input_bytes) {
+      if (reduce_fastest && dim0 >= 128 && reduce_dims == 1) {
+        dim0 /= kernel.input_vec_size;
+      } else if (!reduce_fastest) {
+        output_vec_size_ = output_vec_size(iter, input_offset, kernel.input_bytes);
+        dim0 /= output_vec_size_;
+      }
+    }
+    set_block_dimension(dim0, dim1, kernel.max_threads / output_vec_size_);
+    block_x_reduce_ = iter.ndim() == 0 || reduce_fastest;
+    (block_x_reduce_ ? step_input_ : step_output_) *= block_width_;
+
+    constexpr int min_values_per_thread = 16, max_values_per_thread = 256;
+    const bool split_across_warps = values_per_thread() >= std::min(block_height_ * 16, max_values_per_thread);
+    (split_across_warps ? step_input_ : step_output_) *= block_height_;
+
+    const int blocks_per_sm = gpu.max_threads_per_multi_processor / (block_width_ * block_height_);
+    const std::int64_t target_grid_size = std::int64_t{gpu.multi_processor_count} * blocks_per_sm;
+    const std::int64_t grid = grid_x();
+    if (split_across_warps && values_per_thread() >= max_values_per_thread && grid <= target_grid_size) {
+      ctas_per_output_ = std::clamp(div_up(target_grid_size, grid), div_up(values_per_thread(), max_values_per_thread),
+                                    div_up(values_per_thread(), min_values_per_thread));
+      if (ctas_per_output_ > 1) step_input_ *= ctas_per_output_;
+    }
+  }
+
+  ReductionStaging staging() const {
+    if (ctas_per_output_ <= 1) return {};
+    std::int64_t buffer = std::int64_t{accumulator_bytes_} * num_outputs_ * ctas_per_output_;
+    if (!block_x_reduce_) buffer *= block_width_ * output_vec_size_;
+    return {buffer, static_cast<std::int64_t>(sizeof(int)) * grid_x()};
+  }
+
+ private:
+  void set_block_dimension(std::int64_t dim0, std::int64_t dim1, int max_threads) {
+    const int dim0_pow2 = dim0 < max_threads ? last_pow2(static_cast<int>(dim0)) : max_threads;
+    const int dim1_pow2 = dim1 < max_threads ? last_pow2(static_cast<int>(dim1)) : max_threads;
+    block_width_ = std::min(dim0_pow2, kWarpSize);
+    block_height_ = std::min(dim1_pow2, max_threads / block_width_);
+    block_width_ = std::min(dim0_pow2, max_threads / block_height_);
+  }
+
+  // How many outputs a thread's vector load covers: the input's offset,
+  // the output dimension's size and the other strides must divide by it.
+  // The caching allocator's blocks are 512-byte aligned, so the offset
+  // stands for the address.
+  static int output_vec_size(const at::TensorIterator& iter, std::int64_t input_offset, int input_bytes) {
+    int vec_size = 4;
+    const auto update = [&vec_size](std::int64_t n) {
+      while (n % vec_size != 0) vec_size /= 2;
+    };
+    update(input_offset);
+    const int output_index = iter.num_reduce_dims();
+    update(iter.shape()[output_index]);
+    const auto strides = iter.strides(iter.noutputs());
+    for (int j = 0; j < static_cast<int>(strides.size()); ++j)
+      if (j != output_index) update(strides[j] / input_bytes);
+    return vec_size;
+  }
+
+  std::int64_t values_per_thread() const { return div_up(num_inputs_, step_input_); }
+  std::int64_t grid_x() const { return div_up(num_outputs_ / output_vec_size_, step_output_); }
+
+  std::int64_t num_outputs_, num_inputs_;
+  int accumulator_bytes_;
+  int output_vec_size_ = 1;
+  int block_width_ = 1, block_height_ = 1;
+  bool block_x_reduce_ = true;
+  std::int64_t step_input_ = 1, step_output_ = 1, ctas_per_output_ = 1;
+};
+
+// aten::sum and aten::sum.dim_IntList: the iterator torch's sum_out builds
+// (make_reduction_from_out_ty), over plain meta tensors of the same layout,
+// and sum_kernel_cuda's kernel for its input type: 16-bit floats
+// accumulate in float and load 8 at once.
+ReductionStaging sum_staging(c10::ArrayRef<c10::IValue> arguments, c10::ArrayRef<c10::IValue> returns) {
+  const at::Tensor& self = arguments[0].toTensor();
+  const at::Tensor& result = returns[0].toTensor();
+  const bool low_precision = self.scalar_type() == at::kHalf || self.scalar_type() == at::kBFloat16;
+  const at::ScalarType in_dtype =
+      low_precision && result.scalar_type() == at::kFloat ? self.scalar_type() : result.scalar_type();
+  // A cast input is another tensor first; complex halves take a jitted kernel.
+  if (self.scalar_type() != in_dtype || self.scalar_type() == at::kComplexHalf || self.numel() == 0) return {};
+  std::optional<at::DimVector> dims;
+  bool keepdim = false;
+  if (arguments.size() > 2 && arguments[1].isIntList()) dims = at::DimVector(arguments[1].toDimVector());
+  if (arguments.size() > 2 && arguments[2].isBool()) keepdim = arguments[2].toBool();
+
+  OutsideMetaMode outside;
+  const at::Tensor input = at::empty_strided(self.sizes(), self.strides(), self.options().device(c10::kMeta));
+  const at::Tensor output =
+      at::empty_strided(result.sizes(), result.strides(), result.options().device(c10::kMeta));
+  const auto mask = at::native::make_dim_mask(dims ? at::OptionalIntArrayRef(*dims) : std::nullopt, input.dim());
+  at::Tensor viewed = at::native::review_reduce_result(output, input.dim(), mask, keepdim);
+  at::TensorIterator iter = at::TensorIterator::reduce_op(viewed, input);
+  // Past 32-bit indexing the kernel runs on sub-iterators: not modelled.
+  if (!iter.can_use_32bit_indexing()) return {};
+  const int input_bytes = static_cast<int>(self.element_size());
+  const bool complex_double = self.scalar_type() == at::kComplexDouble;
+  const Kernel kernel{low_precision ? 4 : input_bytes, input_bytes, input_bytes == 2 ? 8 : 4,
+                      complex_double ? 256 : 512};
+  return LaunchShape(iter, self.storage_offset(), kernel, traced_gpu()).staging();
+}
+
+}  // namespace
+
+ReductionStagingModel cuda_reduction_staging_model(const std::string& qualified_name) {
+  if (qualified_name == "aten::sum" || qualified_name == "aten::sum.dim_IntList") return &sum_staging;
+  return nullptr;
+}
+
+}  // namespace metamem

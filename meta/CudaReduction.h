@@ -1,0 +1,31 @@
+// CUDA reductions on a fake device: what torch's gpu_reduce_kernel holds
+// beside its output. A reduction of many inputs into few outputs (a bias
+// gradient: 8,192 rows summed into 256) splits each output's inputs across
+// thread blocks, which combine their partial results through a staging
+// buffer in global memory and count themselves done with semaphores. Both
+// are allocated from the caching allocator after the output and freed when
+// the kernel has been launched.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+#include <c10/util/ArrayRef.h>
+
+#include <cstdint>
+#include <string>
+
+namespace metamem {
+
+// Bytes of the staging buffer and of the semaphores, in the order they are
+// allocated; both 0 where the blocks of an output do not split its inputs.
+struct ReductionStaging {
+  std::int64_t buffer = 0, semaphores = 0;
+};
+
+using ReductionStagingModel = ReductionStaging (*)(c10::ArrayRef<c10::IValue> arguments,
+                                                   c10::ArrayRef<c10::IValue> returns);
+
+// The model of op `qualified_name` ("aten::sum.dim_IntList") for the traced
+// GPU (meta/CudaAttention.h's traced_gpu()), or nullptr.
+ReductionStagingModel cuda_reduction_staging_model(const std::string& qualified_name);
+
+}  // namespace metamem
