@@ -154,6 +154,7 @@ CASES = {
     "bf16 autocast, flash attention": {"how": "torch.compile(model)", "bf16": True},
     "batch 16, 24, 32 (recompiles)": {"how": "torch.compile(model)", "batches": [16, 24, 32]},
     "eager (not compiled)": {"how": "eager"},
+    "bf16 autocast, eager": {"how": "eager", "bf16": True},
 }
 
 
