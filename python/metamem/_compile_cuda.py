@@ -179,13 +179,14 @@ def install(patches, cuda, owner):
     # was imported (before the trace, or in it): the trace's for the block,
     # torch's after it.
     interface = device_interface.CudaInterface
-    for name, function in (("Event", None), ("Stream", None), ("exchange_device", "_exchange_device"),
-                           ("maybe_exchange_device", "_maybe_exchange_device")):
-        wrap = staticmethod if function else (lambda value: value)
-        patches.set(interface, name, wrap(getattr(torch.cuda, function or name)),
-                    restore=wrap(cuda.patches.original(torch.cuda, function or name)))
-    patches.set(interface, "get_raw_stream", staticmethod(lambda device=0: torch._C._cuda_getCurrentRawStream(device)),
-                restore=staticmethod(cuda.patches.original(torch._C, "_cuda_getCurrentRawStream")))
+    for name, module, attribute, wrap in (
+            ("Event", torch.cuda, "Event", lambda value: value),
+            ("Stream", torch.cuda, "Stream", lambda value: value),
+            ("exchange_device", torch.cuda, "_exchange_device", staticmethod),
+            ("maybe_exchange_device", torch.cuda, "_maybe_exchange_device", staticmethod),
+            ("get_raw_stream", torch._C, "_cuda_getCurrentRawStream", staticmethod)):
+        patches.set(interface, name, wrap(getattr(module, attribute)),
+                    restore=wrap(cuda.patches.original(module, attribute)))
     # Its workers' properties, cached for the process: the traced GPU's now.
     device_interface.caching_worker_device_properties.pop("cuda", None)
     patches.set(sys.modules["triton.runtime.driver"].driver, "_active", _traced_gpu_driver(gpu))

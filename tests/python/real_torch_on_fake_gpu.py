@@ -142,9 +142,9 @@ CHILD = PROLOGUE + textwrap.dedent("""
     print(json.dumps(seen))
 """)
 
-# A fresh process per model, as a trace is: the first product makes the workspace.
 CHILD_REDUCTIONS = PROLOGUE + REDUCTIONS + "print(json.dumps(staging()))\n"
 
+# A fresh process per model, as a trace is: the first product makes the workspace.
 CHILD_STEPS = PROLOGUE + textwrap.dedent("""
     exec(sys.argv[3])
     print(json.dumps(step_peaks(sys.argv[4])))

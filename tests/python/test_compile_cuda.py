@@ -36,6 +36,11 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
+def cold(cache):
+    """Inductor's cache for what follows, on either side: `cache`."""
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+
+
 def on_fake_gpu(cache, function="two_adamw_steps", **step):
     """Each step's max allocated and max reserved, real torch on the fake GPU."""
     if not os.path.exists(os.path.join(ORACLE, "libmetamem_fake_cuda_preload.so")):
@@ -43,13 +48,13 @@ def on_fake_gpu(cache, function="two_adamw_steps", **step):
                     "torch wheel's libc10_cuda.so were missing when it was built)")
     from real_torch_on_fake_gpu import PROLOGUE, measure
 
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+    cold(cache)
     step = {**SHAPE, **step} if function == "two_adamw_steps" else step
     return measure(ORACLE, native.gpu(GPU), PROLOGUE + CHILD, json.dumps({"function": function, **step}))
 
 
 def traced(cache, **step):
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+    cold(cache)
     with metamem.trace(device="cuda", gpu=GPU) as t:
         peaks = two_adamw_steps(device="cuda", **{**SHAPE, **step})()
     return t, peaks
@@ -100,11 +105,10 @@ def test_an_autotune_cache_is_read_as_a_real_run_reads_it(caches):
     assert cold[0][0] > warm[0][0] and cold[1][0] == warm[1][0] and cold[1][1] > warm[1][1]
 
 
-
 @pytest.mark.parametrize("mode, named", [("reduce-overhead", "CUDA graphs"), ("max-autotune", "CUDA graphs"),
                                          ("max-autotune-no-cudagraphs", "max-autotune")])
 def test_modes_a_trace_cannot_follow_yet_are_named(mode, named, caches):
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(caches[0])
+    cold(caches[0])
     model = torch.nn.Linear(8, 8)
     with pytest.raises(metamem.UnsupportedCompileError, match=named):
         with metamem.trace(device="cuda"):
@@ -116,7 +120,7 @@ def test_a_misaligned_product_is_benchmarked_padded_while_compiling_as_on_a_gpu(
     # Inductor times the product against a padded one on GPU tensors it
     # makes while compiling; a real run counts them. The trace does the
     # same, and writes no decision to Inductor's cache.
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(caches[0])
+    cold(caches[0])
     with metamem.trace(device="cuda", gpu=GPU):
         peaks = misaligned_head()()
     assert peaks == on_fake_gpu(caches[1], "misaligned_head")
@@ -143,6 +147,7 @@ def test_leaving_the_block_puts_back_what_compiling_for_the_gpu_changed(caches):
     assert (CudaInterface.Event, CudaInterface.Stream, CudaInterface.exchange_device, driver._active,
             FakeTensorMode.avoid_device_init) == before
     assert not torch.cuda.is_available()
+
 
 CASES = {
     "torch.compile(model)": {"how": "torch.compile(model)"},
