@@ -22,6 +22,12 @@ therefore compiles as torch does and runs the compiled wrapper itself:
   each of them does what it did: the trace's thread alone is changed, and
   only while the block runs.
 
+An optimizer's compiled step: Dynamo runs the optimizer's _init_group for
+real while it compiles, making its state (on the GPU in a real run), so
+the trace runs it inside the trace; and Dynamo drops the record_function
+scope by which torch.optim marks a step, so the trace puts it back around
+the step's graph.
+
 Guards on a compiled frame check its tensors' dispatch keys: a traced
 tensor never runs code compiled for real ones, nor the reverse, and a graph
 compiled before the block is compiled again (from Inductor's caches) for
@@ -207,6 +213,10 @@ class CompiledCode(CompilingAside):
         self.wrappers = set()  # id() of the wrapper modules made traceable
         self.loaded = []  # the wrapper modules loaded during the block
         self.owner = threading.get_ident()
+        self.optimizer = None  # the optimizer whose step the frame compiling now traces
+        # id() of each graph that is an optimizer's step: (the graph, kept
+        # for the block so that its id stays its own; the optimizer's class)
+        self.optimizer_steps = {}
 
     def __enter__(self):
         warnings.filterwarnings("ignore", message=_HOOKS_WARNING)
@@ -255,13 +265,54 @@ class CompiledCode(CompilingAside):
         def run_scoped(graph, inputs):
             if not _traced(inputs) or graph.fx_kwargs.get("is_backward", False):
                 return run(graph, inputs)
-            self.session.push_scope(self._scope(graph))
+            optimizer = self.optimizer_steps.get(id(graph), (None, None))[1]
+            self.session.push_scope(self._scope(graph, f"{optimizer}.step" if optimizer else "forward"))
             try:
-                return run(graph, inputs)
+                if optimizer is None:
+                    return run(graph, inputs)
+                # Dynamo drops the record_function scope by which torch.optim
+                # marks a step and a trace tells steps apart: it is put back.
+                with torch.autograd.profiler.record_function(f"Optimizer.step#{optimizer}.step"):
+                    return run(graph, inputs)
             finally:
                 self.session.pop_scope()
 
         self.patches.set(CompiledFxGraph, "__call__", run_scoped)
+        post_compile = CompiledFxGraph.post_compile
+
+        def noting_optimizer_steps(graph, *args, **kwargs):
+            if self.optimizer is not None and threading.get_ident() == self.owner:
+                self.optimizer_steps[id(graph)] = (graph, self.optimizer)
+                self.optimizer = None
+            return post_compile(graph, *args, **kwargs)
+
+        self.patches.set(CompiledFxGraph, "post_compile", noting_optimizer_steps)
+        from torch._dynamo.variables.optimizer import OptimizerVariable
+
+        self.patches.set(OptimizerVariable, "call_method", self._initializing(OptimizerVariable.call_method))
+
+    def compiling(self, compile_):
+        aside = super().compiling(compile_)
+
+        @functools.wraps(compile_)
+        def afresh(*args, **kwargs):
+            self.optimizer = None
+            return aside(*args, **kwargs)
+        return afresh
+
+    def _initializing(self, call_method):
+        """Dynamo's OptimizerVariable.call_method. Dynamo runs an optimizer's
+        _init_group for real while it compiles its step: the state it makes
+        (and the step counters it moves to the GPU) are the trace's, as a
+        real run makes them on the device. The graph compiled is that
+        optimizer's step."""
+        def call(variable, tx, name, *args, **kwargs):
+            if name != "_init_group" or threading.get_ident() != self.owner:
+                return call_method(variable, tx, name, *args, **kwargs)
+            self.optimizer = type(variable.value).__name__
+            with _metamem.InsideTrace():
+                return call_method(variable, tx, name, *args, **kwargs)
+        return call
 
     def refused(self, error):
         return _compile_cuda.refused(error) if self.cuda is not None else None
@@ -288,10 +339,10 @@ class CompiledCode(CompilingAside):
                     del cache[key]
         self.loaded.clear()
 
-    def _scope(self, graph):
+    def _scope(self, graph, what):
         """A forward graph runs in the module that called it; its backward
         is one autograd node, whose memory the tables give its forward."""
-        name = f"[compiled {graph.fx_kwargs.get('graph_id')} forward]"
+        name = f"[compiled {graph.fx_kwargs.get('graph_id')} {what}]"
         parent = self.scopes.current()
         return f"{parent}.{name}" if parent else name
 

@@ -11,8 +11,9 @@ for the traced GPU, and no kernel is built:
   GPU: its torch.tensor(..., device="cuda") stays fake rather than asking
   the CUDA runtime.
 - Inductor's constant folding computes values it then reads (a uniform
-  tensor's value, to replace it by a scalar): on a GPU it makes them there;
-  in a trace it makes them on the CPU, where the values are the same.
+  tensor's value, to replace it by a scalar), and make_fx keeps a real
+  copy of each small constant it traces: on a GPU they are made there; in
+  a trace they are made on the CPU, where the values are the same.
 - What a compile runs on the GPU in a real run runs in the trace: Inductor
   benchmarks a matmul whose shapes are misaligned (GPT-2's vocabulary of
   50,257) against a padded one on GPU tensors it makes, and a real run
@@ -31,6 +32,7 @@ functions, which keys torch.cuda's functions as they were when it was
 built, is built afresh on entry and on exit.
 """
 
+import contextlib
 import sys
 import threading
 import traceback
@@ -83,14 +85,27 @@ class _ValuesOnCpu(TorchDispatchMode):
         device = kwargs.get("device")
         if device is not None and torch.device(device).type == "cuda":
             kwargs["device"] = torch.device("cpu")
+        # prims.device_put(a, device) takes it positionally
+        args = [torch.device("cpu") if isinstance(arg, torch.device) and arg.type == "cuda" else arg for arg in args]
         return func(*args, **kwargs)
 
 
-def _on_cpu(run):
+def _values_on_cpu(owner):
+    """On `owner`'s thread, _ValuesOnCpu; on another, nothing changes."""
+    return _ValuesOnCpu() if threading.get_ident() == owner else contextlib.nullcontext()
+
+
+def _on_cpu(run, owner):
     def run_on_cpu(*args, **kwargs):
-        with _ValuesOnCpu():
+        with _values_on_cpu(owner):
             return run(*args, **kwargs)
     return run_on_cpu
+
+
+@contextlib.contextmanager
+def _both(first, second):
+    with first, second:
+        yield
 
 
 def refused(error):
@@ -171,6 +186,7 @@ def install(patches, cuda, owner):
     from torch._inductor.fx_passes import pad_mm
     from torch._inductor.runtime.benchmarking import benchmarker
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental import proxy_tensor
 
     gpu = cuda.gpu
     TorchInGraphFunctionVariable._get_handlers.cache_clear()
@@ -190,7 +206,12 @@ def install(patches, cuda, owner):
     # Its workers' properties, cached for the process: the traced GPU's now.
     device_interface.caching_worker_device_properties.pop("cuda", None)
     patches.set(sys.modules["triton.runtime.driver"].driver, "_active", _traced_gpu_driver(gpu))
-    patches.set(ConstantFolder, "run", _on_cpu(ConstantFolder.run))
+    patches.set(ConstantFolder, "run", _on_cpu(ConstantFolder.run, owner))
+    # make_fx keeps a real value beside each small constant it traces (the
+    # scalar that _foreach_lerp's decomposition moves to the GPU, for .item()
+    # and constant propagation): on the CPU, as above.
+    unset_fake = proxy_tensor.unset_fake_temporarily
+    patches.set(proxy_tensor, "unset_fake_temporarily", lambda: _both(unset_fake(), _values_on_cpu(owner)))
     patches.set(compile_fx, "compile_fx", _refusing_what_a_trace_cannot_follow(compile_fx.compile_fx))
     patches.set(pad_mm, "_should_pad", _in_the_trace(pad_mm._should_pad))
     for name in ("set_cached_should_pad", "set_cached_base_mm_benchmark_time"):

@@ -46,11 +46,12 @@ def test_the_trace_follows_the_compiled_code_not_the_eager_one():
 
 def test_a_compiled_optimizer_step_is_within_half_a_percent():
     t, real = traced_and_real(two_adamw_steps("torch.compile(model)", compile_step=True))
+    # Dynamo drops the record_function scope by which torch.optim marks a
+    # step; the trace puts it back around the compiled step's graph.
+    assert len(t.step_peaks) == 2
+    assert t.json()["optimizer"] == "AdamW"
     # 6,144 B over on 2.3 MB, in the compiled step's fallback ops, not yet
-    # explained (docs/compile.md); and the
-    # compiled step drops torch.optim's record_function, by which a trace
-    # tells steps apart: the block is one step.
-    assert len(t.step_peaks) == 1
+    # explained (docs/compile.md).
     assert 0 <= t.peak_bytes - real <= real // 200
 
 
