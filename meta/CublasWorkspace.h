@@ -1,8 +1,10 @@
 // cuBLAS's workspace on a fake CUDA device. torch 2.x allocates it through
-// the caching allocator at a stream's first cuBLAS call and keeps it for
-// the process; later calls on the stream, backward's device thread and
-// other host threads take no other, and cuBLASLt shares it (measured from
-// the pinned wheel on the fake GPU: tests/python/real_torch_on_fake_gpu.py).
+// the caching allocator at the first cuBLAS call of a handle on a stream
+// and keeps it for the process. Each host thread has a handle of its own
+// (autograd's device thread, where backward runs, too), so each thread
+// makes one per stream; cuBLASLt shares it (measured from the pinned wheel
+// on the fake GPU, tests/python/real_torch_on_fake_gpu.py, which matched a
+// real H200 once its cuBLAS handles were distinct).
 #pragma once
 
 #include <cstdint>

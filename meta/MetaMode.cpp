@@ -6,6 +6,7 @@
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/SmallVector.h>
+#include <torch/csrc/autograd/graph_task.h>
 
 #include <atomic>
 #include <memory>
@@ -141,9 +142,12 @@ void report_reduction_staging(const c10::OperatorHandle& op, c10::ArrayRef<c10::
   observer->on_free(buffer);
 }
 
-// A fake CUDA device's cuBLAS calls need the workspace torch makes at a
-// stream's first and keeps, after the op's outputs exist, as the kernel asks
-// for its handle then. An empty product calls no cuBLAS.
+// A fake CUDA device's cuBLAS calls need the workspace torch makes at the
+// first call of a handle on a stream and keeps, after the op's outputs
+// exist, as the kernel asks for its handle then. An empty product calls no
+// cuBLAS. torch's handle pool gives each host thread a handle of its own,
+// and CUDA backward runs on autograd's device thread: in a trace it may run
+// on the calling thread, so a call inside a graph task takes that thread's.
 void report_cublas_workspace(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> returns,
                              MetaObserver* observer) {
   if (observer == nullptr || !g_mode.device.is_cuda() || g_cublas_ops.count(&op.operator_name()) == 0) return;
@@ -155,7 +159,9 @@ void report_cublas_workspace(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
     bytes = cublas_workspace_bytes(gpu.major, gpu.minor);
     g_mode.cublas_workspace_bytes.store(bytes, std::memory_order_relaxed);
   }
-  observer->on_workspace(static_cast<std::size_t>(bytes));
+  const bool in_backward = torch::autograd::get_current_graph_task_id() != -1;
+  observer->on_workspace(static_cast<std::size_t>(bytes),
+                         in_backward ? std::thread::id() : std::this_thread::get_id());
 }
 
 // The thread's keys as they were outside MetaMode, and without metamem's

@@ -21,6 +21,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace c10 {
@@ -39,10 +40,12 @@ class MetaObserver {
   virtual ~MetaObserver() = default;
   virtual void on_alloc(BufferId id, std::size_t bytes) = 0;
   virtual void on_free(BufferId id) = 0;
-  // A library call that needs the workspace its library makes at a stream's
-  // first call and keeps (cuBLAS's on a fake CUDA device): reported at every
-  // call, for the observer to make it (a new_buffer_id()) once per stream.
-  virtual void on_workspace(std::size_t bytes) {}
+  // A library call that needs the workspace its library makes at the first
+  // call of a handle on a stream and keeps (cuBLAS's on a fake CUDA device):
+  // reported at every call, for the observer to make it (a new_buffer_id())
+  // once per handle and stream. `handle_thread` is the host thread whose
+  // handle the call takes, std::thread::id() for autograd's device thread.
+  virtual void on_workspace(std::size_t bytes, std::thread::id handle_thread) {}
   // After `op` ran; buffers it created were reported by on_alloc just before.
   // `arguments` and `returns` are the op's MetaTensors and other values.
   virtual void on_op(const c10::OperatorHandle& op, c10::ArrayRef<BufferId> inputs,

@@ -12,8 +12,11 @@ int token;
 
 extern "C" {
 
+// Each handle is its own, as the real library's are: torch keeps a cuBLAS
+// workspace per (handle, stream), and its handle pool gives each host
+// thread (autograd's device thread among them) a handle of its own.
 int cublasCreate_v2(void** handle) {
-  *handle = &token;
+  *handle = new int;  // never destroyed, as torch never destroys its handles
   return 0;
 }
 int cublasGetMathMode(void*, int* mode) {

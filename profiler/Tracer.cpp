@@ -10,6 +10,8 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -96,11 +98,9 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
     record_free(id);
   }
 
-  void on_workspace(std::size_t bytes) override {
+  void on_workspace(std::size_t bytes, std::thread::id handle_thread) override {
     std::lock_guard<std::mutex> lock(mutex_);
-    const std::uint32_t stream = std::uint32_t{1} << stream_;
-    if (streams_with_workspace_ & stream) return;
-    streams_with_workspace_ |= stream;
+    if (!workspaces_.emplace(handle_thread, stream_).second) return;
     record_alloc(new_buffer_id(), bytes);
     trace_.buffers.back().category = Category::Workspace;
   }
@@ -413,7 +413,7 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
   bool forward_pending_ = false;
   std::int64_t live_ = 0;
   int stream_ = 0;  // the current CUDA stream
-  std::uint32_t streams_with_workspace_ = 0;  // a bit each: cuBLAS made its workspace there
+  std::set<std::pair<std::thread::id, int>> workspaces_;  // (handle's thread, stream): cuBLAS made one
   AllocationObserver* observer_ = nullptr;
   BufferId first_id_ = 0;  // buffer ids of one trace are consecutive
   std::size_t events_at_last_op_ = 0;

@@ -48,13 +48,16 @@ TEST(FakeCuda, WeightReusedTwice) {
       [] { return Tensors{torch::randn({64, 64}).requires_grad_(), torch::randn({32, 64})}; },
       [](Tensors& t) { return torch::mm(torch::relu(torch::mm(t[1], t[0])), t[0]).sum(); });
   const Trace cuda = trace_step(build, kCuda);
+  // cuBLAS's workspaces: forward's, and backward's on autograd's device thread
   EXPECT_EQ(cuda.measured().peak_bytes,
-            trace_step(build, c10::Device(c10::kCPU)).measured().peak_bytes + cublas_workspace_bytes(9, 0));
+            trace_step(build, c10::Device(c10::kCPU)).measured().peak_bytes + 2 * cublas_workspace_bytes(9, 0));
 }
 
-// The first product on fake cuda makes cuBLAS's workspace, kept to the end
-// and made once; the traced GPU sizes it, as does CUBLAS_WORKSPACE_CONFIG.
-TEST(FakeCuda, TheFirstProductMakesCublassWorkspace) {
+// On fake cuda the first product of a thread makes cuBLAS's workspace for
+// its handle, kept to the end and made once: forward's, and backward's (on
+// autograd's device thread in a real run). The traced GPU sizes it, as does
+// CUBLAS_WORKSPACE_CONFIG.
+TEST(FakeCuda, EachThreadsFirstProductMakesCublassWorkspace) {
   using testing::Tensors;
   const StepBuilder build = testing::function_step(
       [] { return Tensors{torch::randn({64, 64}).requires_grad_(), torch::randn({32, 64})}; },
@@ -68,10 +71,10 @@ TEST(FakeCuda, TheFirstProductMakesCublassWorkspace) {
       }
     return bytes;
   };
-  EXPECT_EQ(workspaces(trace_step(build, kCuda)), std::vector<std::int64_t>{32 << 20});  // an H100 by default
+  EXPECT_EQ(workspaces(trace_step(build, kCuda)), std::vector<std::int64_t>(2, 32 << 20));  // an H100 by default
   {
     const TracedGpuScope a100({8, 0});
-    EXPECT_EQ(workspaces(trace_step(build, kCuda)), std::vector<std::int64_t>{(8 << 20) + (128 << 10)});
+    EXPECT_EQ(workspaces(trace_step(build, kCuda)), std::vector<std::int64_t>(2, (8 << 20) + (128 << 10)));
   }
   EXPECT_TRUE(workspaces(trace_step(build, c10::Device(c10::kCPU))).empty());
   setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:2:16:8", 1);

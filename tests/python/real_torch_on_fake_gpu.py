@@ -151,8 +151,12 @@ CHILD_STEPS = PROLOGUE + textwrap.dedent("""
 """)
 
 
-def measure(oracle, gpu, program, *args):
+def measure(oracle, gpu, program, *args, torch_site=None):
+    """The child's last line, as JSON: `program` run by real torch on the
+    fake `gpu`; the torch of the folder `torch_site` where one is given."""
     env = dict(os.environ)
+    if torch_site:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (torch_site, env.get("PYTHONPATH"))))
     env["LD_PRELOAD"] = " ".join(os.path.join(oracle, lib) for lib in
                                  ("libmetamem_fake_cuda_preload.so", "libmetamem_fake_cublas.so"))
     env["LD_LIBRARY_PATH"] = os.path.join(oracle, "driver") + ":" + env.get("LD_LIBRARY_PATH", "")
@@ -181,8 +185,8 @@ def main():
     for key in native.gpu_keys():
         gpu = native.gpu(key)
         workspace = gpu["cublas_workspace_bytes"]
-        expected = {"first product": workspace, "second product": 0, "backward": 0, "another thread": 0,
-                    "another stream": workspace, "cuBLASLt, bf16 with bias": 0}
+        expected = {"first product": workspace, "second product": 0, "backward": workspace,
+                    "another thread": workspace, "another stream": workspace, "cuBLASLt, bf16 with bias": 0}
         seen = measure(oracle, gpu, CHILD)
         for what, bytes_ in expected.items():
             ok = seen[what] == bytes_
