@@ -81,6 +81,7 @@ std::int64_t BatchLine::largest_batch_live_within(std::int64_t bytes) const {
 BatchTrial LineTrials::operator()(std::int64_t batch) {
   if (const auto found = trials_.find(batch); found != trials_.end()) return found->second;
   if (line_ && batch >= line_->first_batch()) return read_off_line(batch);
+  if (line_failed_) return traced(batch);
   if (largest_fit_ && largest_fit_->first + 1 < batch && trials_.count(largest_fit_->first + 1) == 0) {
     // A line needs consecutive batches; if the next one fails, so does this.
     if (!traced(largest_fit_->first + 1).fits) return trials_[batch] = BatchTrial{};
@@ -91,6 +92,7 @@ BatchTrial LineTrials::operator()(std::int64_t batch) {
 
 BatchTrial LineTrials::read_off_line(std::int64_t batch) {
   ++line_reads_;
+  read_.insert(batch);
   return trials_[batch] = measure_(line_->at(batch));
 }
 
@@ -98,9 +100,39 @@ std::int64_t LineTrials::largest_fitting(std::int64_t fits, std::int64_t memory,
   constexpr int kTries = 32;
   if (!line_) return fits;
   const std::int64_t most = std::min(max_batch, line_->largest_batch_live_within(memory));
+  std::int64_t found = fits;
   for (std::int64_t batch = most; batch > fits && most - batch < kTries; --batch)
-    if ((*this)(batch).fits) return batch;
-  return fits;
+    if ((*this)(batch).fits) {
+      found = batch;
+      break;
+    }
+  // A line holds while the step keeps the buffers of its two batches, and a
+  // larger batch can change them: a CUDA reduction splits its rows over
+  // more blocks, with a staging buffer, past some batch. So its answer and
+  // the batch after it are traced; where the first does not fit or the
+  // second does, the line and what was read off it are dropped, and the
+  // answer is bisected with traces.
+  if (fits_when_traced(found) && (found == max_batch || !fits_when_traced(found + 1))) return found;
+  line_.reset();
+  line_failed_ = true;
+  for (const std::int64_t batch : read_) trials_.erase(batch);
+  read_.clear();
+  std::int64_t low = 0, high = max_batch + 1;  // the largest traced batch that fits, the next that does not
+  for (const auto& [batch, trial] : trials_)
+    if (trial.fits) low = std::max(low, batch);
+  for (const auto& [batch, trial] : trials_)
+    if (!trial.fits && batch > low) high = std::min(high, batch);
+  while (high - low > 1) {
+    const std::int64_t middle = low + (high - low) / 2;
+    (traced(middle).fits ? low : high) = middle;
+  }
+  return low;
+}
+
+bool LineTrials::fits_when_traced(std::int64_t batch) {
+  if (read_.erase(batch) != 0) trials_.erase(batch);
+  const auto known = trials_.find(batch);
+  return (known != trials_.end() ? known->second : traced(batch)).fits;
 }
 
 BatchTrial LineTrials::traced(std::int64_t batch) {
@@ -109,7 +141,7 @@ BatchTrial LineTrials::traced(std::int64_t batch) {
   if (!traced) return trials_[batch] = BatchTrial{};
   const BatchTrial trial = trials_[batch] = traced->trial;
   if (!trial.fits) return trial;
-  if (largest_fit_ && largest_fit_->first + 1 == batch && !line_)
+  if (largest_fit_ && largest_fit_->first + 1 == batch && !line_ && !line_failed_)
     line_ = BatchLine::through(std::move(largest_fit_->second), largest_fit_->first, traced->trace);
   if (!largest_fit_ || batch > largest_fit_->first) largest_fit_.emplace(batch, std::move(traced->trace));
   return trial;

@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -69,8 +70,10 @@ class LineTrials {
   // With a line, the largest batch up to `max_batch` that fits, read off it
   // (the allocator's fragmentation can let a batch fit past one that does
   // not): the batches below the most whose live bytes fit in `memory` are
-  // tried from the top, a few dozen at most. Otherwise, or when none of
-  // those fits, `fits`: a batch known to fit.
+  // tried from the top, a few dozen at most; the one found and the next are
+  // then traced to confirm the line there, and where it does not hold the
+  // answer is bisected with traces. Otherwise, or when none of those fits,
+  // `fits`: a batch known to fit.
   std::int64_t largest_fitting(std::int64_t fits, std::int64_t memory, std::int64_t max_batch);
   int traces() const { return traces_; }
   int line_reads() const { return line_reads_; }  // batches read off the line
@@ -78,12 +81,17 @@ class LineTrials {
  private:
   BatchTrial traced(std::int64_t batch);
   BatchTrial read_off_line(std::int64_t batch);
+  // Whether `batch` fits, as its trace says (traced now if it was read off
+  // the line, or not tried).
+  bool fits_when_traced(std::int64_t batch);
 
   TraceAt trace_;
   Measure measure_;
   std::map<std::int64_t, BatchTrial> trials_;
   std::optional<std::pair<std::int64_t, Trace>> largest_fit_;  // the largest batch traced that fitted
   std::optional<BatchLine> line_;
+  std::set<std::int64_t> read_;  // the batches of trials_ read off the line
+  bool line_failed_ = false;     // a line did not hold: every batch is traced
   int traces_ = 0, line_reads_ = 0;
 };
 

@@ -76,7 +76,11 @@ double recomputed_share(const BatchTrial& trial) {
 }
 
 // A step's trace and what it needs, unless it needs more than `memory`
-// (the trace stops there).
+// (the trace stops there). On CUDA what it needs is what `profile` reports
+// and a batch read off a line needs (needed_bytes): the segments of an
+// allocator that never runs short. One given only `memory` would release
+// its cached segments and retry where it runs short, and can fit a batch
+// that way; the search does not count on that.
 std::optional<LineTrials::Traced> trace_within(const ModelFlags& m, const StepBuilder& step,
                                                const StepOptions& options, std::int64_t memory) {
   const bool cuda = m.device == "cuda";
@@ -85,7 +89,7 @@ std::optional<LineTrials::Traced> trace_within(const ModelFlags& m, const StepBu
   try {
     Trace trace = trace_step(step, c10::Device(m.device), options,
                              cuda ? static_cast<AllocationObserver*>(&reserved) : &live);
-    const BatchTrial trial = trial_of(trace, cuda ? reserved.reserved_bytes() : trace.measured().peak_bytes, memory);
+    const BatchTrial trial = trial_of(trace, needed_bytes(m, trace), memory);
     return LineTrials::Traced{std::move(trace), trial};
   } catch (const MemoryExceeded&) {
     return std::nullopt;
