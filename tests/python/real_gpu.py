@@ -3,6 +3,7 @@ runs for real and traced here.
 
     python3 tests/python/real_gpu.py measure OUT.json [JOBS [CASE...]]   # on a GPU machine; no metamem needed
     PYTHONPATH=build/python .venv/bin/python tests/python/real_gpu.py compare OUT.json [build/oracle [CASE...]]
+    MEASURED_TORCH=SITE ... compare ...   # also the real GPU's torch, installed in SITE, on the fake GPU
 
 `measure` runs each case of CASES in a fresh process (as a trace starts
 from nothing) and records, per step, torch.cuda.max_memory_allocated() and
@@ -88,6 +89,31 @@ def adamw_steps(build, batch, autocast=None, compiled=False, steps=2):
     return run
 
 
+def compiled_lm(**step):
+    """compiled_steps' test LM (two blocks, width 64) at batch 32 x 256, two
+    AdamW steps, compiled as `step` says; the run returns its steps."""
+    def run(step_end):
+        from compiled_steps import two_adamw_steps
+        return two_adamw_steps(device="cuda", batches=[32, 32], seq=256, **step)()
+    return run
+
+
+def batch_norm(dtype=torch.float32):
+    """BatchNorm2d over 64 channels at 8 x 56², forward and backward, cuDNN as torch sets it by default."""
+    def run(step_end):
+        x = torch.randn(8, 64, 56, 56, device="cuda", dtype=dtype, requires_grad=True)
+        torch.nn.BatchNorm2d(64).cuda()(x).sum().backward()
+        step_end()
+    return run
+
+
+def lstm(step_end):
+    """A 2-layer LSTM, width 512, 128 steps of batch 16, forward and backward (cuDNN by default)."""
+    x = torch.randn(128, 16, 512, device="cuda", requires_grad=True)
+    torch.nn.LSTM(512, 512, 2).cuda()(x)[0].sum().backward()
+    step_end()
+
+
 def torchvision_net(name, cudnn=True):
     def build():
         import torchvision
@@ -169,6 +195,17 @@ CASES = {
     "small LM f32 eager": adamw_steps(small_lm, lm_tokens),
     "small LM f32 torch.compile": adamw_steps(small_lm, lm_tokens, compiled=True),
     "small LM bf16 autocast torch.compile": adamw_steps(small_lm, lm_tokens, torch.bfloat16, compiled=True),
+    "test LM eager": compiled_lm(how="eager"),
+    "test LM torch.compile(model)": compiled_lm(how="torch.compile(model)"),
+    "test LM each block compiled": compiled_lm(how="each block"),
+    "test LM only the loss compiled": compiled_lm(how="the loss"),
+    "test LM graph break": compiled_lm(how="graph break"),
+    "test LM torch.compile(model) and optimizer.step": compiled_lm(how="torch.compile(model)", compile_step=True),
+    "test LM bf16 autocast flash torch.compile(model)": compiled_lm(how="torch.compile(model)", bf16=True),
+    "test LM bf16 autocast flash eager": compiled_lm(how="eager", bf16=True),
+    "batch norm 64 channels 56², f32": batch_norm(),
+    "batch norm 64 channels 56², bf16": batch_norm(torch.bfloat16),
+    "LSTM 2 layers width 512, 128 x 16, f32": lstm,
 }
 
 
@@ -176,6 +213,7 @@ def versions():
     import importlib.metadata as metadata
     props = torch.cuda.get_device_properties(0)
     found = {"gpu": props.name, "capability": f"{props.major}.{props.minor}", "total_memory": props.total_memory,
+             "L2_cache_size": props.L2_cache_size, "multi_processor_count": props.multi_processor_count,
              "torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()}
     for package in ("torchvision", "transformers", "triton"):
         with contextlib.suppress(metadata.PackageNotFoundError):
@@ -195,12 +233,33 @@ def measure_one(name):
 
     torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    CASES[name](step_end)
+    steps = CASES[name](step_end) or steps  # a case may measure its own steps
     return {"steps": steps, "seconds": round(time.perf_counter() - start, 2)}
 
 
+@contextlib.contextmanager
+def cold_inductor_cache():
+    """An Inductor cache of its own for what runs inside (a trace, or real torch
+    on the fake GPU): each compiles and autotunes from nothing, as the first
+    run does."""
+    import tempfile
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    with tempfile.TemporaryDirectory() as cache:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+        try:
+            yield
+        finally:
+            if before is None:
+                del os.environ["TORCHINDUCTOR_CACHE_DIR"]
+            else:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
+
+
 def measure_in_child(name):
-    child = subprocess.run([sys.executable, __file__, "one", name], capture_output=True, text=True)
+    import tempfile
+    with tempfile.TemporaryDirectory() as cache:  # cold, as cold_inductor_cache; children run side by side
+        child = subprocess.run([sys.executable, __file__, "one", name], capture_output=True, text=True,
+                               env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache})
     # The last line is the result even where the process then fails on its way out.
     out, err = child.stdout.strip(), child.stderr.strip()
     if out.endswith("}"):
@@ -222,14 +281,17 @@ def measure(path, jobs=6, *names):
 GPU_KEYS = {"H100": "H100-80GB", "H200": "H200", "A100": "A100-80GB", "T4": "T4"}
 
 
-def on_fake_gpu(oracle, gpu, name):
-    """The case run by the pinned torch on metamem's fake GPU (tests/python/real_torch_on_fake_gpu.py)."""
+def on_fake_gpu(oracle, gpu, name, torch_site=None):
+    """The case run by the pinned torch on metamem's fake GPU
+    (tests/python/real_torch_on_fake_gpu.py), or by the torch installed in
+    the folder `torch_site`."""
     from real_torch_on_fake_gpu import PROLOGUE, measure as run_child
     program = PROLOGUE + f"import runpy; sys.argv = [{__file__!r}, 'one', sys.argv[3]]; " \
                          f"sys.path.insert(0, {os.path.dirname(__file__)!r}); " \
                          f"runpy.run_path({__file__!r}, run_name='__main__')"
     try:
-        return run_child(oracle, gpu, program, name)
+        with cold_inductor_cache():
+            return run_child(oracle, gpu, program, name, torch_site=torch_site)
     except RuntimeError as error:
         return {"error": str(error).strip().splitlines()[-1]}
 
@@ -237,7 +299,8 @@ def on_fake_gpu(oracle, gpu, name):
 def traced(gpu, name):
     import metamem
     try:
-        with metamem.trace(device="cuda", gpu=gpu) as t:
+        torch._dynamo.reset()
+        with cold_inductor_cache(), metamem.trace(device="cuda", gpu=gpu) as t:
             CASES[name](lambda: None)
     except Exception as error:  # a case metamem cannot trace is a finding of the table
         return {"error": f"{type(error).__name__}: {str(error).splitlines()[0]}"}
@@ -270,13 +333,19 @@ def compare(path, oracle=None, *names):
     print(f"real GPU: {found}\npinned: torch {torch.__version__}; metamem's {key}: {native.gpu(key)}\n")
     print("Each cell: max allocated per step (the largest as allocated in blocks / max reserved). metamem's "
           "steps are live bytes, not rounded to the allocator's blocks.\n")
-    print(f"| case | real {key} | real torch on the fake {key} | metamem, fake cuda |")
-    print("|---|---|---|---|")
+    # The real GPU's own torch version on the fake GPU, where a folder holds it
+    # (docs/accuracy.md): a difference from the real GPU is then the fake GPU's.
+    torch_site = os.environ.get("MEASURED_TORCH")
+    same_version = f" | torch {found['torch']} on the fake {key}" if torch_site and oracle else ""
+    print(f"| case | real {key}{same_version} | real torch on the fake {key} | metamem, fake cuda |")
+    print("|---|---|---|---|" + ("---|" if same_version else ""))
     for name, real in measured["cases"].items():
         if names and name not in names:
             continue
-        fake = on_fake_gpu(oracle, native.gpu(key), name) if oracle else {"error": "not run"}
-        print(f"| {name} | {cell(measured_run(real))} | {cell(measured_run(fake))} | {cell(traced(key, name))} |",
+        gpu = native.gpu(key)
+        fake = on_fake_gpu(oracle, gpu, name) if oracle else {"error": "not run"}
+        same = f" | {cell(measured_run(on_fake_gpu(oracle, gpu, name, torch_site)))}" if same_version else ""
+        print(f"| {name} | {cell(measured_run(real))}{same} | {cell(measured_run(fake))} | {cell(traced(key, name))} |",
               flush=True)
 
 
