@@ -19,12 +19,13 @@ constexpr std::int64_t MiB = 1024 * KiB;
 // compute capabilities, L2 sizes, threads per SM and shared memory are
 // NVIDIA's datasheets' (the CUDA programming guide's table of compute
 // capabilities: 227/228 KiB on sm90, 163/164 on sm80, 99/100 on sm86 and
-// sm89, 64 on sm75). NCCL's
+// sm89, 64 on sm75), but the H200's L2, 60 MiB as torch reads it on a real
+// one (2026-11-27; Inductor's benchmarker clears that much). NCCL's
 // channels: 32 on NVSwitch H100/H200 nodes and 24 on A100 ones (two per
 // NVLink, at most NCCL's 32), 2 between PCIe cards.
 constexpr std::array kGpus = {
     GpuSpec{"H100-80GB", "NVIDIA H100 80GB HBM3", 9, 0, 132, 81559 * MiB, 50 * MiB, 2048, 227 * KiB, 228 * KiB, 32},
-    GpuSpec{"H200", "NVIDIA H200", 9, 0, 132, 143771 * MiB, 50 * MiB, 2048, 227 * KiB, 228 * KiB, 32},
+    GpuSpec{"H200", "NVIDIA H200", 9, 0, 132, 143771 * MiB, 60 * MiB, 2048, 227 * KiB, 228 * KiB, 32},
     GpuSpec{"A100-80GB", "NVIDIA A100-SXM4-80GB", 8, 0, 108, 81920 * MiB, 40 * MiB, 2048, 163 * KiB, 164 * KiB, 24},
     GpuSpec{"A100-40GB", "NVIDIA A100-SXM4-40GB", 8, 0, 108, 40960 * MiB, 40 * MiB, 2048, 163 * KiB, 164 * KiB, 24},
     GpuSpec{"L40S", "NVIDIA L40S", 8, 9, 142, 46068 * MiB, 96 * MiB, 1536, 99 * KiB, 100 * KiB, 2},

@@ -438,7 +438,10 @@ std::int64_t triangle(Args args, Args returns) {
   return 0;
 }
 
-// The dense embedding gradient reads a contiguous gradient and indices.
+// The dense embedding gradient reads a contiguous gradient and indices, on
+// CUDA too (embedding_dense_backward_cuda). Past 3,072 indices, or scaled by
+// frequency, CUDA then sorts them and sizes further buffers by how many are
+// distinct, which it reads back from the GPU: those are not modelled.
 std::int64_t embedding_dense_backward(Args args, Args) {
   return copy_unless_contiguous(args[0].toTensor()) + copy_unless_contiguous(args[1].toTensor());
 }
@@ -1251,6 +1254,7 @@ ScratchModel cuda_native_scratch_model(const std::string& qualified_name) {
   if (qualified_name == "aten::_softmax_backward_data") return &cuda_softmax_backward;
   if (qualified_name == "aten::convolution") return &cuda_convolution;
   if (qualified_name == "aten::convolution_backward") return &cuda_convolution_backward;
+  if (qualified_name == "aten::embedding_dense_backward") return &embedding_dense_backward;
   return nullptr;
 }
 

@@ -61,6 +61,36 @@ def products(step_end):
     step_end()
 
 
+def cublas_threads(step_end):
+    """A product on the main thread, then one on a new thread, twice: torch's
+    cuBLAS handle pool gives a thread a handle of its own, and the second
+    thread the first's back once the first has ended, with its workspace."""
+    import threading
+    x, w = torch.randn(64, 1024, device="cuda"), torch.randn(1024, 1024, device="cuda")
+    x @ w
+    step_end()
+    for _ in range(2):
+        thread = threading.Thread(target=lambda: x @ w)
+        thread.start()
+        thread.join()
+        step_end()
+
+
+def embedding_backward(distinct):
+    """GPT-2's embedding (50,257 x 768) over 2 x 256 token ids, forward and
+    backward. CUDA's embedding_dense_backward sorts the ids and sizes its
+    buffers by how many are distinct, which it reads back from the GPU: the
+    fake GPU reads zeros, one id."""
+    def run(step_end):
+        torch.manual_seed(0)
+        embedding = torch.nn.Embedding(50257, 768).cuda()
+        ids = (torch.randint(0, 50257, (2, 256), device="cuda") if distinct
+               else torch.zeros(2, 256, dtype=torch.long, device="cuda"))
+        embedding(ids).sum().backward()
+        step_end()
+    return run
+
+
 def convolution(channels, size, kernel, stride=1, dtype=torch.float32, in_channels=None):
     """One convolution's forward and backward, batch 8, cuDNN as torch sets it by default."""
     def run(step_end):
@@ -206,6 +236,9 @@ CASES = {
     "batch norm 64 channels 56², f32": batch_norm(),
     "batch norm 64 channels 56², bf16": batch_norm(torch.bfloat16),
     "LSTM 2 layers width 512, 128 x 16, f32": lstm,
+    "products on the main thread, a thread, another after it": cublas_threads,
+    "embedding backward, GPT-2's vocabulary, random ids": embedding_backward(True),
+    "embedding backward, GPT-2's vocabulary, all ids 0": embedding_backward(False),
 }
 
 
