@@ -49,6 +49,8 @@ def compiled(model, how):
     if how == "graph break":
         model.graph_break = True
         return torch.compile(model), loss
+    if how.startswith("mode="):  # "mode=reduce-overhead", ...: measured on a real GPU (real_gpu.py)
+        return torch.compile(model, mode=how.removeprefix("mode=")), loss
     assert how == "eager"
     return model, loss
 

@@ -124,7 +124,7 @@ def compiled_lm(**step):
     AdamW steps, compiled as `step` says; the run returns its steps."""
     def run(step_end):
         from compiled_steps import two_adamw_steps
-        return two_adamw_steps(device="cuda", batches=[32, 32], seq=256, **step)()
+        return two_adamw_steps(device="cuda", **{"batches": [32, 32], "seq": 256, **step})()
     return run
 
 
@@ -233,6 +233,11 @@ CASES = {
     "test LM torch.compile(model) and optimizer.step": compiled_lm(how="torch.compile(model)", compile_step=True),
     "test LM bf16 autocast flash torch.compile(model)": compiled_lm(how="torch.compile(model)", bf16=True),
     "test LM bf16 autocast flash eager": compiled_lm(how="eager", bf16=True),
+    # CUDA graphs warm up at the first call and record at the second: four steps.
+    "test LM torch.compile(model, mode=\"reduce-overhead\")": compiled_lm(how="mode=reduce-overhead",
+                                                                          batches=[32] * 4),
+    "test LM torch.compile(model, mode=\"max-autotune-no-cudagraphs\")":
+        compiled_lm(how="mode=max-autotune-no-cudagraphs"),
     "batch norm 64 channels 56², f32": batch_norm(),
     "batch norm 64 channels 56², bf16": batch_norm(torch.bfloat16),
     "LSTM 2 layers width 512, 128 x 16, f32": lstm,
