@@ -148,6 +148,9 @@ void report_reduction_staging(const c10::OperatorHandle& op, c10::ArrayRef<c10::
 // cuBLAS. torch's handle pool gives each host thread a handle of its own,
 // and CUDA backward runs on autograd's device thread: in a trace it may run
 // on the calling thread, so a call inside a graph task takes that thread's.
+// A handle is keyed by its thread's id. The pool gives an ended thread's
+// handle to the next thread (a real H200 showed it), and glibc usually
+// gives that thread the ended one's id, so the two agree there.
 void report_cublas_workspace(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> returns,
                              MetaObserver* observer) {
   if (observer == nullptr || !g_mode.device.is_cuda() || g_cublas_ops.count(&op.operator_name()) == 0) return;
