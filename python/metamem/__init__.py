@@ -316,8 +316,11 @@ def _backward_marked(session, scopes):
 @contextlib.contextmanager
 def _swapped(modules, device):
     """Each module's parameters and buffers replaced by fake-device ones of the
-    same shape (no data is copied), the originals put back afterwards."""
+    same shape (no data is copied), the originals put back afterwards. A
+    tensor that two modules share (a language model's head tied to its
+    embedding) is replaced by one fake tensor: tied weights stay tied."""
     saved = []
+    fakes = {}  # id of each tensor replaced: its replacement
     for module in modules:
         for sub in module.modules():
             for store in (sub._parameters, sub._buffers):
@@ -325,10 +328,12 @@ def _swapped(modules, device):
                     if tensor is None:
                         continue
                     saved.append((store, name, tensor))
-                    fake = torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype, device=device)
-                    if isinstance(tensor, torch.nn.Parameter):
-                        fake = torch.nn.Parameter(fake, requires_grad=tensor.requires_grad)
-                    store[name] = fake
+                    if id(tensor) not in fakes:
+                        fake = torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype, device=device)
+                        if isinstance(tensor, torch.nn.Parameter):
+                            fake = torch.nn.Parameter(fake, requires_grad=tensor.requires_grad)
+                        fakes[id(tensor)] = fake
+                    store[name] = fakes[id(tensor)]
     try:
         yield
     finally:

@@ -216,6 +216,34 @@ def test_model_built_before_the_block_runs_on_the_fake_device_and_is_restored():
     assert t.peak_bytes > 0
 
 
+def test_tied_weights_of_a_model_built_before_the_block_stay_tied():
+    class TiedLM(torch.nn.Module):  # the head's weight is the embedding's, as in GPT-2 and BERT
+        def __init__(self):
+            super().__init__()
+            self.embedding = torch.nn.Embedding(256, 64)
+            self.head = torch.nn.Linear(64, 256, bias=False)
+            self.head.weight = self.embedding.weight
+
+        def forward(self, ids):
+            return self.head(self.embedding(ids))
+
+    model = TiedLM()
+
+    def step():
+        opt = torch.optim.AdamW(model.parameters())
+        ids = torch.randint(0, 256, (2, 32))
+        torch.nn.functional.cross_entropy(model(ids).flatten(0, 1), ids.flatten()).backward()
+        opt.step()
+        model.zero_grad(set_to_none=True)
+
+    with metamem.trace(device="cpu", modules=[model]):
+        assert model.head.weight is model.embedding.weight
+    # One weight, one gradient, one pair of AdamW moments: 256 x 64 x 4 B each.
+    traced, achieved = trace_and_run(step, modules=[model])
+    assert traced == achieved
+    assert model.head.weight is model.embedding.weight
+
+
 def test_fake_cuda_looks_like_a_gpu_and_allocates_nothing():
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with metamem.trace(device="cuda") as t:
