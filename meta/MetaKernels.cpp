@@ -73,14 +73,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
     at::IntArrayRef, bool transposed, at::IntArrayRef, std::int64_t groups,
     std::array<bool, 3> output_mask) {
   // Both backends compute a 2-d convolution channels last when its input or
-  // weight is: the weight's gradient comes out in that layout (and autograd
-  // copies it into the parameter's).
+  // weight is, and contiguous otherwise, whatever the input's strides (a
+  // permuted view, as compiled ConvNeXt blocks pass): both gradients come out
+  // in that layout (and autograd copies the weight's into the parameter's).
   const bool channels_last = input.dim() == 4 && (input.suggest_memory_format() == at::MemoryFormat::ChannelsLast ||
                                                   weight.suggest_memory_format() == at::MemoryFormat::ChannelsLast);
-  return {output_mask[0] ? at::empty_like(input) : at::Tensor(),
-          output_mask[1] ? at::empty_like(weight, channels_last ? at::MemoryFormat::ChannelsLast
-                                                                : at::MemoryFormat::Contiguous)
-                         : at::Tensor(),
+  const auto layout = channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+  return {output_mask[0] ? at::empty_like(input, layout) : at::Tensor(),
+          output_mask[1] ? at::empty_like(weight, layout) : at::Tensor(),
           output_mask[2] ? at::empty(bias_sizes ? bias_sizes->vec() : std::vector<std::int64_t>{weight.size(0)},
                                      weight.options())
                          : at::Tensor()};

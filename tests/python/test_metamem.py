@@ -195,6 +195,29 @@ def test_sdpa_on_cpu_is_its_flash_kernel(dtype, mask, causal, length):
     assert traced - achieved in [k * row_sum for k in range(workers)]
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "permuted"])
+def test_convolution_gradients_have_the_layout_the_cpu_kernel_gives(layout):
+    # Inductor asserts the strides of what an extern kernel returns: a
+    # compiled ConvNeXt passes its depthwise convolutions a permuted view.
+    def gradients(device):
+        torch.manual_seed(0)
+        x = torch.randn(2, 2, 32, 2, device=device).permute(0, 2, 1, 3)  # (2, 32, 2, 2), strides (128, 2, 64, 1)
+        if layout == "contiguous":
+            x = x.contiguous()
+        elif layout == "channels_last":
+            x = x.contiguous(memory_format=torch.channels_last)
+        weight = torch.randn(32, 1, 7, 7, device=device)
+        grad_output = torch.randn(2, 32, 2, 2, device=device)
+        grads = torch.ops.aten.convolution_backward(grad_output, x, weight, [32], [1, 1], [3, 3], [1, 1], False,
+                                                    [0, 0], 32, [True, True, True])
+        return [(g.shape, g.stride()) for g in grads]
+
+    real = gradients("cpu")
+    with metamem.trace(device="cpu"):
+        traced = gradients("cpu")
+    assert traced == real
+
+
 def test_model_built_before_the_block_runs_on_the_fake_device_and_is_restored():
     model = torchvision.models.resnet18(num_classes=10)
     weight = model.conv1.weight
