@@ -190,6 +190,7 @@ def install(patches, cuda, owner):
 
     gpu = cuda.gpu
     TorchInGraphFunctionVariable._get_handlers.cache_clear()
+    _forget_what_was_asked_of_the_gpu()
     patches.set(FakeTensorMode, "avoid_device_init", property(lambda mode: True))
     # Dynamo's interface to torch.cuda holds what torch.cuda had when Dynamo
     # was imported (before the trace, or in it): the trace's for the block,
@@ -239,3 +240,19 @@ def uninstall():
 
     TorchInGraphFunctionVariable._get_handlers.cache_clear()
     device_interface.caching_worker_device_properties.pop("cuda", None)
+    _forget_what_was_asked_of_the_gpu()
+
+
+def _forget_what_was_asked_of_the_gpu():
+    """Empties the caches of Triton's and Inductor's questions about the
+    GPU (has_triton, Triton's backend and its target, is_big_gpu, the SM
+    count, ...): answered before a trace (a process without a GPU has no
+    Triton), or for another traced GPU, they would be wrong in it; answered
+    in a trace, they would be wrong after it."""
+    from torch._inductor import utils as inductor_utils
+    from torch.utils import _triton
+
+    for module in (_triton, inductor_utils):
+        for value in vars(module).values():
+            if callable(getattr(value, "cache_clear", None)) and getattr(value, "__module__", None) == module.__name__:
+                value.cache_clear()
