@@ -290,6 +290,9 @@ class CompiledCode(CompilingAside):
         from torch._dynamo.variables.optimizer import OptimizerVariable
 
         self.patches.set(OptimizerVariable, "call_method", self._initializing(OptimizerVariable.call_method))
+        from torch._dynamo import convert_frame
+
+        self.patches.set(convert_frame, "CheckFunctionManager", self._guarding(convert_frame.CheckFunctionManager))
 
     def compiling(self, compile_):
         aside = super().compiling(compile_)
@@ -313,6 +316,22 @@ class CompiledCode(CompilingAside):
             with _metamem.InsideTrace():
                 return call_method(variable, tx, name, *args, **kwargs)
         return call
+
+    def _guarding(self, check_function_manager):
+        """Dynamo's guard builder, on the trace's thread with the trace's
+        dispatch keys. A tensor guard keeps the tensor's dispatch keys as
+        the thread's keys change them (included added, excluded taken
+        away) when it is built, and compares them with those at each call.
+        The trace includes PrivateUse1 and excludes BackendSelect; compiling
+        aside does not. Guards built aside failed at every later call in the
+        trace: each call recompiled, until Dynamo's recompile limit (a
+        torchtitan model's blocks compiled fullgraph reach it in step 2)."""
+        def built(*args, **kwargs):
+            if threading.get_ident() != self.owner:
+                return check_function_manager(*args, **kwargs)
+            with _metamem.InsideTrace():
+                return check_function_manager(*args, **kwargs)
+        return built
 
     def refused(self, error):
         return _compile_cuda.refused(error) if self.cuda is not None else None

@@ -8,7 +8,7 @@ import torch
 import torch._functorch.config
 
 import metamem
-from compiled_steps import two_adamw_steps
+from compiled_steps import BATCH, two_adamw_steps
 
 
 @pytest.fixture(autouse=True)
@@ -53,6 +53,17 @@ def test_a_compiled_optimizer_step_is_within_half_a_percent():
     # 6,144 B over on 2.3 MB, in the compiled step's fallback ops, not yet
     # explained (docs/compile.md).
     assert 0 <= t.peak_bytes - real <= real // 200
+
+
+def test_a_compiled_model_compiles_once_however_many_steps_the_trace_runs():
+    # Dynamo's guards hold the thread's dispatch keys: built while compiling
+    # (outside the trace) and checked in it, they must agree, or each call
+    # recompiles until Dynamo's recompile limit, then runs eagerly.
+    run = two_adamw_steps("each block", batches=(BATCH,) * 3)
+    with torch._dynamo.config.patch(error_on_recompile=True), metamem.trace(device="cpu") as t:
+        run()
+    assert len(t.step_peaks) == 3
+    assert max(t.step_peaks) - metamem.achieved_cpu(run) in (0, 128)  # the per-block row's 128 B (above)
 
 
 def test_dynamic_shapes_and_recompiles_are_exact():
