@@ -41,6 +41,9 @@ struct ModeState {
   // cuBLAS's workspace on the traced GPU, read at the first product (after
   // the trace's GPU is set) rather than at every one; -1 until then.
   std::atomic<std::int64_t> cublas_workspace_bytes{-1};
+  // The meta kernel as PrivateUse1 kernel of the ops a GPU runs fused and a
+  // CPU decomposes (cuda_only_ops), for a fake-cuda trace's length.
+  std::vector<c10::RegistrationHandleRAII> cuda_only_kernels;
 };
 
 ModeState g_mode;
@@ -454,6 +457,31 @@ bool runs_as_one_op(const c10::OperatorHandle& op, const std::string& qualified)
          op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
 }
 
+// Ops whose CUDA kernel is native and which decompose elsewhere
+// (CompositeImplicitAutograd, no CPU kernel: _fused_rms_norm). On a GPU
+// they run fused under their own autograd formula, which saves less than
+// the decomposition's; on a CPU they decompose. So a fake-cuda trace gives
+// them the meta kernel as their PrivateUse1 kernel for its length, and a
+// fake-cpu trace lets them decompose.
+std::vector<c10::OperatorName>& cuda_only_ops() {
+  static std::vector<c10::OperatorName> ops;
+  return ops;
+}
+
+bool runs_fused_on_cuda_only(const c10::OperatorHandle& op) {
+  return op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) &&
+         op.hasKernelForDispatchKey(c10::DispatchKey::CUDA) && !op.hasKernelForDispatchKey(c10::DispatchKey::CPU);
+}
+
+std::vector<c10::RegistrationHandleRAII> register_cuda_only_kernels() {
+  std::vector<c10::RegistrationHandleRAII> handles;
+  for (const auto& name : cuda_only_ops())
+    handles.push_back(c10::Dispatcher::singleton().registerImpl(
+        name, c10::DispatchKey::PrivateUse1, c10::KernelFunction::makeFromBoxedFunction<&meta_kernel>(),
+        c10::nullopt, nullptr, "metamem: fused on a GPU"));
+  return handles;
+}
+
 // Ops whose CPU and CUDA kernels are one function written in at:: ops,
 // reading no data: a trace runs that function on MetaTensors, so that its
 // temporaries are traced as either device makes them.
@@ -519,6 +547,7 @@ void register_meta_kernel() {
           c10::nullopt, nullptr, "metamem: the backends' shared code"));
       continue;
     }
+    if (runs_fused_on_cuda_only(*op)) cuda_only_ops().push_back(name);
     if (!runs_as_one_op(*op, qualified)) continue;
     handles->push_back(dispatcher.registerImpl(
         name, c10::DispatchKey::PrivateUse1,
@@ -565,11 +594,15 @@ MetaMode::MetaMode(c10::Device fake_device, MetaObserver* observer) : keys_(meta
                       : fake_device;
   g_mode.observer.store(observer, std::memory_order_release);
   g_mode.cublas_workspace_bytes.store(-1, std::memory_order_relaxed);
-  if (g_mode.device.is_cuda()) fake_cuda_.emplace();
+  if (g_mode.device.is_cuda()) {
+    fake_cuda_.emplace();
+    g_mode.cuda_only_kernels = register_cuda_only_kernels();
+  }
 }
 
 MetaMode::~MetaMode() {
   g_mode.observer.store(nullptr, std::memory_order_release);
+  g_mode.cuda_only_kernels.clear();
   fake_cuda_.reset();
   g_mode.active.store(false);
   retire_meta_tensors();

@@ -18,7 +18,7 @@ Sums in twelve shapes (bias gradients, a loss, batch statistics; f32,
 bf16, f16) on an H100, an A100 and a T4: what each holds beyond its output
 (a reduction's staging buffer and semaphores, meta/CudaReduction.h).
 
-And whole training steps (an MLP; GPT-2 with matmul attention, from
+And whole training steps (an MLP, and one with RMSNorm; GPT-2 with matmul attention, from
 transformers; torchvision's ResNet-18 and MobileNet V2 with cuDNN off; two
 AdamW steps) on
 an H100, an A100 and a T4:
@@ -44,6 +44,13 @@ STEPS = textwrap.dedent("""
         return torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024),
                                    torch.nn.LayerNorm(1024), torch.nn.Linear(1024, 10)).cuda()
 
+    def rms_mlp():
+        # RMSNorm, as Llama-like models have it: fused on a GPU (one kernel,
+        # its own backward), decomposed on a CPU.
+        return torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.RMSNorm(4096), torch.nn.GELU(),
+                                   torch.nn.Linear(4096, 1024), torch.nn.RMSNorm(1024),
+                                   torch.nn.Linear(1024, 10)).cuda()
+
     def gpt2():
         import transformers
         config = transformers.GPT2Config(n_layer=2, n_embd=256, n_head=4, vocab_size=1000, n_positions=256,
@@ -62,14 +69,16 @@ STEPS = textwrap.dedent("""
         if name in ("resnet18", "mobilenet_v2"):
             x = torch.randn(2, 3, 64, 64, device="cuda")
             return torch.nn.functional.cross_entropy(model(x), torch.zeros(2, dtype=torch.long, device="cuda"))
-        if name == "mlp":
-            x = torch.randn(256, 1024, device="cuda")
-            return torch.nn.functional.cross_entropy(model(x), torch.zeros(256, dtype=torch.long, device="cuda"))
+        if name in ("mlp", "rms_mlp"):
+            rows = 256 if name == "mlp" else 8192  # where activations, which the norms save, make the peak
+            x = torch.randn(rows, 1024, device="cuda")
+            return torch.nn.functional.cross_entropy(model(x), torch.zeros(rows, dtype=torch.long, device="cuda"))
         ids = torch.zeros(4, 128, dtype=torch.long, device="cuda")
         return model(ids, labels=ids).loss
 
     def step_peaks(name, steps=2):
-        model = mlp() if name == "mlp" else gpt2() if name == "gpt2" else torchvision_model(name)
+        builders = {"mlp": mlp, "rms_mlp": rms_mlp, "gpt2": gpt2}
+        model = builders[name]() if name in builders else torchvision_model(name)
         opt = torch.optim.AdamW(model.parameters())
         peaks = []
         for _ in range(steps):
@@ -103,7 +112,7 @@ REDUCTIONS = textwrap.dedent("""
             beyond.append(torch.cuda.max_memory_allocated() - before - y.untyped_storage().nbytes())
         return beyond
 """)
-MODELS = ("mlp", "gpt2", "resnet18", "mobilenet_v2")
+MODELS = ("mlp", "rms_mlp", "gpt2", "resnet18", "mobilenet_v2")
 STEP_GPUS = ("H100-80GB", "A100-80GB", "T4")  # each workspace size and a few architectures
 
 # A child's start: the fake runtime (argv[1]) is told the GPU (argv[2]) before torch asks it.
