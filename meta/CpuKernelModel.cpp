@@ -136,15 +136,21 @@ std::int64_t cuda_columns_bytes(const at::Tensor& input, const at::Tensor& weigh
          (std::any_of(dilation.begin(), dilation.end(), [](std::int64_t d) { return d != 1; }) ? 1 : input.size(0));
 }
 
+// A 2-d input that is not contiguous (channels last, or a permuted view as
+// ConvNeXt's blocks pass) is first copied contiguous, beside the columns.
 std::int64_t cuda_convolution(Args args, Args returns) {
+  const at::Tensor& input = args[0].toTensor();
   if (args[6].toBool()) return 0;
-  return cuda_columns_bytes(args[0].toTensor(), args[1].toTensor(), returns[0].toTensor().sizes(),
-                            args[3].toIntVector(), args[4].toIntVector(), args[5].toIntVector(), args[8].toInt());
+  return (input.dim() == 4 ? copy_unless_contiguous(input) : 0) +
+         cuda_columns_bytes(input, args[1].toTensor(), returns[0].toTensor().sizes(), args[3].toIntVector(),
+                            args[4].toIntVector(), args[5].toIntVector(), args[8].toInt());
 }
 
 // Backward makes the input's gradient through columns of one batch item,
 // even for a 1x1 kernel, which live until the weight's gradient is
-// allocated; then the weight's gradient through the forward's columns.
+// allocated; then the weight's gradient through the forward's columns. An
+// input that is not contiguous is copied first, as in the forward; a
+// depthwise backward reads it as it is.
 std::int64_t cuda_convolution_backward(Args args, Args) {
   const at::Tensor &grad_output = args[0].toTensor(), &input = args[1].toTensor(), &weight = args[2].toTensor();
   const auto mask = args[10].toBoolList();
@@ -157,7 +163,7 @@ std::int64_t cuda_convolution_backward(Args args, Args) {
       mask[1] ? cuda_columns_bytes(input, weight, grad_output.sizes(), args[4].toIntVector(), args[5].toIntVector(),
                                    args[6].toIntVector(), 1)
               : 0;
-  return std::max(input_columns, weight_columns);
+  return copy_unless_contiguous(input) + std::max(input_columns, weight_columns);
 }
 
 // convolution_backward(grad_output, input, weight, bias_sizes, stride,

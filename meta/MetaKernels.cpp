@@ -64,7 +64,10 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
               weight.sizes(), " with groups=", groups);
   auto size = conv_output_size(input, weight, stride, padding, dilation, transposed,
                                output_padding, groups);
-  return at::empty(size, input.options().memory_format(input.suggest_memory_format()));
+  // CUDA's own kernels (a fake GPU has no cuDNN) compute contiguously,
+  // whatever the input's layout.
+  return at::empty(size, input.options().memory_format(models_cpu() ? input.suggest_memory_format()
+                                                                    : at::MemoryFormat::Contiguous));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
@@ -72,12 +75,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
     at::OptionalIntArrayRef bias_sizes, at::IntArrayRef stride, at::IntArrayRef padding,
     at::IntArrayRef, bool transposed, at::IntArrayRef, std::int64_t groups,
     std::array<bool, 3> output_mask) {
-  // Both backends compute a 2-d convolution channels last when its input or
-  // weight is, and contiguous otherwise, whatever the input's strides (a
-  // permuted view, as compiled ConvNeXt blocks pass): both gradients come out
-  // in that layout (and autograd copies the weight's into the parameter's).
-  const bool channels_last = input.dim() == 4 && (input.suggest_memory_format() == at::MemoryFormat::ChannelsLast ||
-                                                  weight.suggest_memory_format() == at::MemoryFormat::ChannelsLast);
+  // The CPU's backends compute a 2-d convolution channels last when its
+  // input or weight is, and contiguous otherwise, whatever the input's
+  // strides (a permuted view, as compiled ConvNeXt blocks pass); CUDA's own
+  // kernels always contiguously. Both gradients come out in that layout (and
+  // autograd copies the weight's into the parameter's).
+  const bool channels_last = models_cpu() && input.dim() == 4 &&
+                             (input.suggest_memory_format() == at::MemoryFormat::ChannelsLast ||
+                              weight.suggest_memory_format() == at::MemoryFormat::ChannelsLast);
   const auto layout = channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
   return {output_mask[0] ? at::empty_like(input, layout) : at::Tensor(),
           output_mask[1] ? at::empty_like(weight, layout) : at::Tensor(),
@@ -211,7 +216,10 @@ at::Tensor upsample_nearest3d(const at::Tensor& input, at::OptionalIntArrayRef o
     size[d] = output_size ? (*output_size)[i]
                           : static_cast<std::int64_t>(std::floor(static_cast<double>(size[d]) * (*scale_factors)[i]));
   }
-  return at::empty(size, input.options().memory_format(input.suggest_memory_format()));
+  // CUDA's own kernels (a fake GPU has no cuDNN) compute contiguously,
+  // whatever the input's layout.
+  return at::empty(size, input.options().memory_format(models_cpu() ? input.suggest_memory_format()
+                                                                    : at::MemoryFormat::Contiguous));
 }
 
 // Unpooling writes a zeroed (batch,) channels, output_size tensor.

@@ -18,7 +18,7 @@ Sums in twelve shapes (bias gradients, a loss, batch statistics; f32,
 bf16, f16) on an H100, an A100 and a T4: what each holds beyond its output
 (a reduction's staging buffer and semaphores, meta/CudaReduction.h).
 
-And whole training steps (an MLP, and one with RMSNorm; GPT-2 with matmul attention, from
+And whole training steps (an MLP, one with RMSNorm, convolutions of a channels-last view; GPT-2 with matmul attention, from
 transformers; torchvision's ResNet-18 and MobileNet V2 with cuDNN off; two
 AdamW steps) on
 an H100, an A100 and a T4:
@@ -51,6 +51,24 @@ STEPS = textwrap.dedent("""
                                    torch.nn.Linear(4096, 1024), torch.nn.RMSNorm(1024),
                                    torch.nn.Linear(1024, 10)).cuda()
 
+    def permuted_conv():
+        # Convolutions of a channels-last view, as ConvNeXt's blocks make
+        # them: CUDA's own kernels copy it contiguous and answer contiguously.
+        torch.backends.cudnn.enabled = False
+
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.proj = torch.nn.Linear(64, 64)
+                self.depthwise = torch.nn.Conv2d(64, 64, 7, padding=3, groups=64)
+                self.dense = torch.nn.Conv2d(64, 64, 3, padding=1)
+                self.head = torch.nn.Linear(64, 10)
+
+            def forward(self, x):  # (N, H, W, C)
+                x = self.proj(x).permute(0, 3, 1, 2)
+                return self.head((self.depthwise(x) + self.dense(x)).mean((2, 3)))
+        return Net().cuda()
+
     def gpt2():
         import transformers
         config = transformers.GPT2Config(n_layer=2, n_embd=256, n_head=4, vocab_size=1000, n_positions=256,
@@ -69,6 +87,9 @@ STEPS = textwrap.dedent("""
         if name in ("resnet18", "mobilenet_v2"):
             x = torch.randn(2, 3, 64, 64, device="cuda")
             return torch.nn.functional.cross_entropy(model(x), torch.zeros(2, dtype=torch.long, device="cuda"))
+        if name == "permuted_conv":
+            x = torch.randn(32, 32, 32, 64, device="cuda")
+            return torch.nn.functional.cross_entropy(model(x), torch.zeros(32, dtype=torch.long, device="cuda"))
         if name in ("mlp", "rms_mlp"):
             rows = 256 if name == "mlp" else 8192  # where activations, which the norms save, make the peak
             x = torch.randn(rows, 1024, device="cuda")
@@ -77,7 +98,7 @@ STEPS = textwrap.dedent("""
         return model(ids, labels=ids).loss
 
     def step_peaks(name, steps=2):
-        builders = {"mlp": mlp, "rms_mlp": rms_mlp, "gpt2": gpt2}
+        builders = {"mlp": mlp, "rms_mlp": rms_mlp, "permuted_conv": permuted_conv, "gpt2": gpt2}
         model = builders[name]() if name in builders else torchvision_model(name)
         opt = torch.optim.AdamW(model.parameters())
         peaks = []
@@ -112,7 +133,7 @@ REDUCTIONS = textwrap.dedent("""
             beyond.append(torch.cuda.max_memory_allocated() - before - y.untyped_storage().nbytes())
         return beyond
 """)
-MODELS = ("mlp", "rms_mlp", "gpt2", "resnet18", "mobilenet_v2")
+MODELS = ("mlp", "rms_mlp", "permuted_conv", "gpt2", "resnet18", "mobilenet_v2")
 STEP_GPUS = ("H100-80GB", "A100-80GB", "T4")  # each workspace size and a few architectures
 
 # A child's start: the fake runtime (argv[1]) is told the GPU (argv[2]) before torch asks it.
