@@ -149,8 +149,10 @@ std::int64_t cuda_convolution(Args args, Args returns) {
 // Backward makes the input's gradient through columns of one batch item,
 // even for a 1x1 kernel, which live until the weight's gradient is
 // allocated; then the weight's gradient through the forward's columns. An
-// input that is not contiguous is copied first, as in the forward; a
-// depthwise backward reads it as it is.
+// input or a gradient that is not contiguous is copied first. A depthwise
+// backward reads its input as it is, and copies such a gradient (not
+// modelled: its copy and its own small buffers overlap in an order not
+// found yet).
 std::int64_t cuda_convolution_backward(Args args, Args) {
   const at::Tensor &grad_output = args[0].toTensor(), &input = args[1].toTensor(), &weight = args[2].toTensor();
   const auto mask = args[10].toBoolList();
@@ -163,7 +165,7 @@ std::int64_t cuda_convolution_backward(Args args, Args) {
       mask[1] ? cuda_columns_bytes(input, weight, grad_output.sizes(), args[4].toIntVector(), args[5].toIntVector(),
                                    args[6].toIntVector(), 1)
               : 0;
-  return copy_unless_contiguous(input) + std::max(input_columns, weight_columns);
+  return copy_unless_contiguous(input) + copy_unless_contiguous(grad_output) + std::max(input_columns, weight_columns);
 }
 
 // convolution_backward(grad_output, input, weight, bias_sizes, stride,

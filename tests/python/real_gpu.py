@@ -28,6 +28,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+import compiled_models
 from transformer_block import Block
 
 
@@ -126,6 +127,15 @@ def compiled_lm(**step):
     def run(step_end):
         from compiled_steps import two_adamw_steps
         return two_adamw_steps(device="cuda", **{"batches": [32, 32], "seq": 256, **step})()
+    return run
+
+
+def zoo_model(name, compile):
+    """compiled_models' `name` at its cuda size, eager or compiled, two
+    AdamW steps with the math attention kernel; the run returns its steps."""
+    def run(step_end):
+        from compiled_models import two_adamw_steps
+        return two_adamw_steps(name, "cuda", compile)[1]()
     return run
 
 
@@ -245,6 +255,8 @@ CASES = {
     "products on the main thread, a thread, another after it": cublas_threads,
     "embedding backward, GPT-2's vocabulary, random ids": embedding_backward(True),
     "embedding backward, GPT-2's vocabulary, all ids 0": embedding_backward(False),
+    **{f"{name}, {how}": zoo_model(name, how == "compiled") for name in compiled_models.MODELS
+       for how in ("eager", "compiled")},
 }
 
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch._functorch.config
 
+import compiled_models
 import metamem
 from compiled_steps import BATCH, two_adamw_steps
 
@@ -126,3 +127,13 @@ def test_compiled_code_outside_the_block_is_untouched():
     # The graph compiled for real tensors runs its kernels as before.
     assert torch.equal(forward(x), before)
     assert torch.allclose(before, model(x))
+
+
+@pytest.mark.parametrize("name", ["Llama", "BERT"])  # BERT's head is tied to its embedding
+def test_transformers_models_compiled_are_exact(name):
+    # compile_sweep.py runs all ten models of compiled_models.py.
+    model, run = compiled_models.two_adamw_steps(name, "cpu")
+    with metamem.trace(device="cpu", modules=[model]) as t:
+        run()
+    model, run = compiled_models.two_adamw_steps(name, "cpu")
+    assert max(t.step_peaks) == metamem.achieved_cpu(run, modules=[model])

@@ -164,19 +164,38 @@ def test_compiled_code_that_reaches_the_cuda_runtime_is_named():
     assert refused(RuntimeError("another error")) is None
 
 
+def test_a_transformers_model_compiled_is_exact_against_real_torch_on_the_fake_gpu(caches):
+    # GPT-2 (its head tied, a graph break before its loss) at 32 x 256;
+    # compile_sweep.py runs all ten models of compiled_models.py.
+    import compile_sweep
+
+    if not os.path.exists(os.path.join(ORACLE, "libmetamem_fake_cuda_preload.so")):
+        pytest.skip(f"METAMEM_ORACLE={ORACLE!r} holds no fake CUDA libraries")
+    traced, real, _, _ = compile_sweep.on_cuda("GPT-2", True, ORACLE)
+    assert traced == real
+
+
 def test_leaving_the_block_puts_back_what_compiling_for_the_gpu_changed(caches):
     import sys
 
     from torch._dynamo.device_interface import CudaInterface
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from torch.utils._triton import has_triton
+
     driver = sys.modules["triton.runtime.driver"].driver
+    # Asked before the block, as a compile for the CPU asks it, the answer
+    # is cached: without a GPU, no Triton. The trace compiles for its GPU
+    # all the same, and the process's answer is its own again after it.
+    triton_here = has_triton()
     before = (CudaInterface.Event, CudaInterface.Stream, CudaInterface.exchange_device, driver._active,
               FakeTensorMode.avoid_device_init)
-    traced(caches[0], how="torch.compile(model)")
+    t, peaks = traced(caches[0], how="torch.compile(model)")
+    assert len(peaks) == 2
     assert (CudaInterface.Event, CudaInterface.Stream, CudaInterface.exchange_device, driver._active,
             FakeTensorMode.avoid_device_init) == before
     assert not torch.cuda.is_available()
+    assert has_triton() == triton_here
 
 
 CASES = {

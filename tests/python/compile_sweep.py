@@ -1,0 +1,158 @@
+"""Compiled training steps of ten models (compiled_models.py), each traced
+and run for real, eager and compiled: on a fake cpu against the real run
+(Inductor's C++ backend, metamem.achieved_cpu), on fake cuda for an H100
+against real torch on the fake GPU (max allocated and max reserved of both
+steps). Each side compiles from a cold Inductor cache of its own.
+
+    METAMEM_ORACLE=build/oracle PYTHONPATH=build/python:tests/python .venv/bin/python \\
+        tests/python/compile_sweep.py ["Llama,BERT"] [--markdown] [--check]
+
+--check exits 1 unless every model is exact on both devices. Without
+METAMEM_ORACLE (or where it holds no fake CUDA libraries) the fake-cuda
+column is the trace alone.
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import torch
+
+import metamem
+import metamem._metamem as native
+from compiled_models import MODELS, two_adamw_steps
+from sweep_failure import why
+
+GPU = "H100-80GB"
+HERE = os.path.dirname(os.path.abspath(__file__))
+# The child collects the garbage each compile leaves, as a trace and
+# metamem.achieved_cpu do (docs/compile.md): without it, the run holds
+# whatever that garbage references until Python's next collection.
+CHILD = f"""
+import gc
+import torch._dynamo.convert_frame as convert_frame
+from torch._functorch._aot_autograd import runtime_wrappers
+
+def collecting(compile_):
+    def compiled(*args, **kwargs):
+        try:
+            return compile_(*args, **kwargs)
+        finally:
+            gc.collect()
+    return compiled
+
+convert_frame._compile = collecting(convert_frame._compile)
+backward = runtime_wrappers._AutogradBackwardCompiler
+backward.get_or_compile = collecting(backward.get_or_compile)
+sys.path.insert(0, {HERE!r})
+from compiled_models import two_adamw_steps
+name, compile = json.loads(sys.argv[3])
+print(json.dumps(two_adamw_steps(name, "cuda", compile)[1]()))
+"""
+
+
+def timed(function):
+    start = time.perf_counter()
+    result = function()
+    return result, time.perf_counter() - start
+
+
+def cold_cache():
+    """A cold Inductor cache for what follows (and the child it starts)."""
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-")
+    torch._dynamo.reset()
+
+
+def on_cpu(name, compile):
+    """(traced, real, trace seconds, real seconds): peak bytes of two steps."""
+    cold_cache()
+    model, run = two_adamw_steps(name, "cpu", compile)
+    with metamem.trace(device="cpu", modules=[model]) as t:
+        _, trace_seconds = timed(run)
+    model, run = two_adamw_steps(name, "cpu", compile)
+    real, real_seconds = timed(lambda: metamem.achieved_cpu(run, modules=[model]))
+    return max(t.step_peaks), real, trace_seconds, real_seconds
+
+
+def on_cuda(name, compile, oracle):
+    """(traced, real or None, trace seconds, real seconds): each step's
+    [max allocated, max reserved]."""
+    cold_cache()
+    model, run = two_adamw_steps(name, "cuda", compile)
+    with metamem.trace(device="cuda", gpu=GPU, modules=[model]):
+        traced, trace_seconds = timed(run)
+    if not oracle:
+        return traced, None, trace_seconds, 0.0
+    from real_torch_on_fake_gpu import PROLOGUE, measure
+
+    cold_cache()
+    real, real_seconds = timed(lambda: measure(oracle, native.gpu(GPU), PROLOGUE + CHILD, json.dumps([name, compile])))
+    return traced, real, trace_seconds, real_seconds
+
+
+def compared(traced, real):
+    """'exact', or how far the trace is from the real run."""
+    if real is None:
+        return "not run"
+    if traced == real:
+        return "exact"
+    if isinstance(traced, int):
+        return f"{traced - real:+,} B"
+    return "; ".join(f"{t[0] - r[0]:+,} / {t[1] - r[1]:+,} B" for t, r in zip(traced, real))
+
+
+def steps(peaks):
+    return "; ".join(f"{a / 2**20:.2f} / {r / 2**20:.0f}" for a, r in peaks)
+
+
+def sweep_one(name, oracle):
+    row = {"name": name}
+    for compile in (False, True):
+        kind = "compiled" if compile else "eager"
+        try:
+            traced, real, trace_s, real_s = on_cpu(name, compile)
+            row[f"cpu {kind}"] = (f"{traced:,}", compared(traced, real), f"{trace_s:.1f} / {real_s:.1f} s")
+        except Exception as error:  # a sweep reports every model
+            row[f"cpu {kind}"] = ("-", why(error), "")
+        try:
+            traced, real, trace_s, real_s = on_cuda(name, compile, oracle)
+            row[f"cuda {kind}"] = (steps(traced), compared(traced, real), f"{trace_s:.1f} / {real_s:.1f} s")
+        except Exception as error:
+            row[f"cuda {kind}"] = ("-", why(error), "")
+    return row
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("models", nargs="?", default=",".join(MODELS), help="model names, comma-separated")
+    parser.add_argument("--markdown", action="store_true", help="print Markdown tables")
+    parser.add_argument("--check", action="store_true", help="exit 1 unless every model is exact")
+    args = parser.parse_args()
+    oracle = os.environ.get("METAMEM_ORACLE", "")
+    if oracle and not os.path.exists(os.path.join(oracle, "libmetamem_fake_cuda_preload.so")):
+        oracle = ""
+    rows, start = [], time.perf_counter()
+    for name in args.models.split(","):
+        row = sweep_one(name, oracle)
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr if args.markdown else sys.stdout, flush=True)
+    if args.markdown:
+        print("| model | CPU eager peak | CPU compiled peak | vs real | trace / real | "
+              f"fake cuda ({GPU}) eager, MiB allocated / reserved per step | compiled | vs real on the fake GPU | "
+              "trace / real |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for row in rows:
+            ce, cc, ge, gc = row["cpu eager"], row["cpu compiled"], row["cuda eager"], row["cuda compiled"]
+            eager_cpu = ce[0] if ce[1] == "exact" else f"{ce[0]} ({ce[1]})"
+            eager_gpu = ge[0] if ge[1] in ("exact", "not run") else f"{ge[0]} ({ge[1]})"
+            print(f"| {row['name']} | {eager_cpu} | {cc[0]} | {cc[1]} | {cc[2]} | {eager_gpu} | {gc[0]} | {gc[1]} | "
+                  f"{gc[2]} |")
+    exact = sum(all(row[key][1] in ("exact", "not run") for key in row if key != "name") for row in rows)
+    print(f"{len(rows)} models in {time.perf_counter() - start:.0f} s: {exact} exact on both devices", file=sys.stderr)
+    sys.exit(1 if args.check and exact < len(rows) else 0)
+
+
+if __name__ == "__main__":
+    main()
