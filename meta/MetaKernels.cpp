@@ -216,10 +216,7 @@ at::Tensor upsample_nearest3d(const at::Tensor& input, at::OptionalIntArrayRef o
     size[d] = output_size ? (*output_size)[i]
                           : static_cast<std::int64_t>(std::floor(static_cast<double>(size[d]) * (*scale_factors)[i]));
   }
-  // CUDA's own kernels (a fake GPU has no cuDNN) compute contiguously,
-  // whatever the input's layout.
-  return at::empty(size, input.options().memory_format(models_cpu() ? input.suggest_memory_format()
-                                                                    : at::MemoryFormat::Contiguous));
+  return at::empty(size, input.options().memory_format(input.suggest_memory_format()));
 }
 
 // Unpooling writes a zeroed (batch,) channels, output_size tensor.

@@ -12,8 +12,10 @@ METAMEM_ORACLE (or where it holds no fake CUDA libraries) the fake-cuda
 column is the trace alone.
 """
 import argparse
+import atexit
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -60,8 +62,11 @@ def timed(function):
 
 
 def cold_cache():
-    """A cold Inductor cache for what follows (and the child it starts)."""
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-")
+    """A cold Inductor cache for what follows (and the child it starts),
+    removed when the process ends."""
+    cache = tempfile.mkdtemp(prefix="inductor-")
+    atexit.register(shutil.rmtree, cache, True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
     torch._dynamo.reset()
 
 
