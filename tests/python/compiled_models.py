@@ -18,7 +18,7 @@ import torch.nn.functional as F
 SIZES = {"cpu": (2, 32), "cuda": (32, 256)}
 
 
-def test_lm(graph_break=False):
+def compiled_steps_lm(graph_break=False):
     from compiled_steps import LM, VOCAB
 
     def loss(model, device):
@@ -88,8 +88,8 @@ def torchtitan_debug_model():
 
 # name: (how the model is built, how its users compile it)
 MODELS = {
-    "test LM": (test_lm, "torch.compile"),
-    "test LM with a graph break": (lambda: test_lm(graph_break=True), "torch.compile"),
+    "test LM": (compiled_steps_lm, "torch.compile"),
+    "test LM with a graph break": (lambda: compiled_steps_lm(graph_break=True), "torch.compile"),
     "Llama": (lambda: transformers_lm("LlamaConfig", "LlamaForCausalLM", hidden_size=64, intermediate_size=128,
                                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2), "torch.compile"),
     "Mistral": (lambda: transformers_lm("MistralConfig", "MistralForCausalLM", hidden_size=64, intermediate_size=128,
