@@ -31,7 +31,10 @@ GPU = "H100-80GB"
 HERE = os.path.dirname(os.path.abspath(__file__))
 # The child collects the garbage each compile leaves, as a trace and
 # metamem.achieved_cpu do (docs/compile.md): without it, the run holds
-# whatever that garbage references until Python's next collection.
+# whatever that garbage references until Python's next collection. It
+# wraps the two compile entries that metamem's CompilingAside wraps
+# (metamem/_compile.py), written out here because the child imports only
+# torch.
 CHILD = f"""
 import gc
 import torch._dynamo.convert_frame as convert_frame

@@ -130,12 +130,11 @@ def compiled_lm(**step):
     return run
 
 
-def zoo_model(name, compile):
+def ten_models_step(name, compile):
     """compiled_models' `name` at its cuda size, eager or compiled, two
     AdamW steps with the math attention kernel; the run returns its steps."""
     def run(step_end):
-        from compiled_models import two_adamw_steps
-        return two_adamw_steps(name, "cuda", compile)[1]()
+        return compiled_models.two_adamw_steps(name, "cuda", compile)[1]()
     return run
 
 
@@ -255,7 +254,7 @@ CASES = {
     "products on the main thread, a thread, another after it": cublas_threads,
     "embedding backward, GPT-2's vocabulary, random ids": embedding_backward(True),
     "embedding backward, GPT-2's vocabulary, all ids 0": embedding_backward(False),
-    **{f"{name}, {how}": zoo_model(name, how == "compiled") for name in compiled_models.MODELS
+    **{f"{name}, {how}": ten_models_step(name, how == "compiled") for name in compiled_models.MODELS
        for how in ("eager", "compiled")},
 }
 

@@ -18,10 +18,10 @@ Sums in twelve shapes (bias gradients, a loss, batch statistics; f32,
 bf16, f16) on an H100, an A100 and a T4: what each holds beyond its output
 (a reduction's staging buffer and semaphores, meta/CudaReduction.h).
 
-And whole training steps (an MLP, one with RMSNorm, convolutions of a channels-last view; GPT-2 with matmul attention, from
-transformers; torchvision's ResNet-18 and MobileNet V2 with cuDNN off; two
-AdamW steps) on
-an H100, an A100 and a T4:
+And whole training steps (an MLP, one with RMSNorm, convolutions of a
+channels-last view; GPT-2 with matmul attention, from transformers;
+torchvision's ResNet-18 and MobileNet V2 with cuDNN off; two AdamW steps)
+on an H100, an A100 and a T4:
 torch.cuda.max_memory_allocated() of each step, real torch's against
 metamem's fake-cuda trace of the same code.
 

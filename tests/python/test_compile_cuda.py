@@ -41,11 +41,15 @@ def cold(cache):
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
 
 
-def on_fake_gpu(cache, function="two_adamw_steps", **step):
-    """Each step's max allocated and max reserved, real torch on the fake GPU."""
+def require_oracle():
     if not os.path.exists(os.path.join(ORACLE, "libmetamem_fake_cuda_preload.so")):
         pytest.skip(f"METAMEM_ORACLE={ORACLE!r} holds no fake CUDA libraries (the CUDA Toolkit's headers or the "
                     "torch wheel's libc10_cuda.so were missing when it was built)")
+
+
+def on_fake_gpu(cache, function="two_adamw_steps", **step):
+    """Each step's max allocated and max reserved, real torch on the fake GPU."""
+    require_oracle()
     from real_torch_on_fake_gpu import PROLOGUE, measure
 
     cold(cache)
@@ -169,8 +173,7 @@ def test_a_transformers_model_compiled_is_exact_against_real_torch_on_the_fake_g
     # compile_sweep.py runs all ten models of compiled_models.py.
     import compile_sweep
 
-    if not os.path.exists(os.path.join(ORACLE, "libmetamem_fake_cuda_preload.so")):
-        pytest.skip(f"METAMEM_ORACLE={ORACLE!r} holds no fake CUDA libraries")
+    require_oracle()
     traced, real, _, _ = compile_sweep.on_cuda("GPT-2", True, ORACLE)
     assert traced == real
 
