@@ -16,16 +16,19 @@ for the traced GPU, and no kernel is built:
   a trace they are made on the CPU, where the values are the same.
 - What a compile runs on the GPU in a real run runs in the trace: Inductor
   benchmarks a matmul whose shapes are misaligned (GPT-2's vocabulary of
-  50,257) against a padded one on GPU tensors it makes, and a real run
-  counts them. Both time 0 ms, on the fake GPU as in the trace, so the
-  matmul is not padded. The decision is not written to Inductor's cache.
-- Triton kernels are loaded from their source but not compiled to cubins:
-  each configuration gets a launcher that launches nothing. A kernel with
-  several configurations autotunes at its first call, as on a GPU, and its
-  benchmarking allocates as there (the benchmarker's L2-clearing buffer,
-  clones of the arguments the kernel mutates). Every configuration times
-  0 ms, as on the fake GPU, so the first is chosen. The trace's choice is
-  not written to Inductor's autotune cache: it is nobody's best.
+  50,257) against a padded one on GPU tensors it makes, and max-autotune
+  benchmarks each matmul's and FlexAttention's choices and weighs fused
+  kernels against their parts; a real run counts those tensors. Every
+  benchmark times 1 ms, on the fake GPU as in the trace, so nothing is
+  padded and the first choice is taken. No decision is written to
+  Inductor's caches.
+- Triton kernels (the wrapper's, and max-autotune's templates) are loaded
+  from their source but not compiled to cubins: each configuration gets a
+  launcher that launches nothing. A kernel with several configurations
+  autotunes at its first call, as on a GPU, and its benchmarking allocates
+  as there (the benchmarker's L2-clearing buffer, clones of the arguments
+  the kernel mutates). The trace's choice is not written to Inductor's
+  autotune cache: it is nobody's best.
 
 Every name is put back when the block ends; Dynamo's table of special
 functions, which keys torch.cuda's functions as they were when it was
@@ -128,28 +131,49 @@ def refused(error):
     return None
 
 
-def _in_the_trace(function):
+def _in_the_trace(function, owner):
+    """`function`, run inside the trace on `owner`'s thread: what it
+    allocates on the GPU in a real compile, the trace records."""
     def traced(*args, **kwargs):
+        if threading.get_ident() != owner:
+            return function(*args, **kwargs)
         with _metamem.InsideTrace():
             return function(*args, **kwargs)
     return traced
 
 
 def _refusing_what_a_trace_cannot_follow(compile_fx):
-    """Inductor's entry, refusing the modes a trace cannot follow yet, by
-    name, before they reach for a GPU."""
+    """Inductor's entry, refusing CUDA graphs, which a trace cannot follow
+    yet, by name, before they reach for a GPU."""
     def checked(model, example_inputs, *args, config_patches=None, **kwargs):
         from torch._inductor import config
 
         with config.patch(config_patches or {}):
-            mode = ("CUDA graphs (mode=\"reduce-overhead\")" if config.triton.cudagraphs else
-                    "max-autotune (it benchmarks its templates on the GPU while it compiles)"
-                    if config.max_autotune or config.max_autotune_gemm else None)
-        if mode:
-            raise UnsupportedCompileError(f"metamem: torch.compile with {mode} cannot be traced on fake cuda "
-                                          "yet; the default mode can (docs/compile.md)")
+            cuda_graphs = config.triton.cudagraphs
+        if cuda_graphs:
+            raise UnsupportedCompileError(
+                "metamem: torch.compile with CUDA graphs (mode=\"reduce-overhead\" or \"max-autotune\") cannot be "
+                "traced on fake cuda yet; the default mode and \"max-autotune-no-cudagraphs\" can (docs/compile.md)")
         return compile_fx(model, example_inputs, *args, config_patches=config_patches, **kwargs)
     return checked
+
+
+class _UnbuiltConfig:
+    """A configuration's compile result, not compiled: its launcher
+    launches nothing. As a kernel built for the fake GPU, it uses no
+    registers, so Inductor does not halve its reduction blocks."""
+
+    n_regs = n_spills = shared = 0
+
+    def __init__(self, config):
+        self.config = config
+
+    @property
+    def kernel(self):  # the compiled binary, whose registers Inductor reads
+        return self
+
+    def make_launcher(self):
+        return _IdleLauncher(self.config)
 
 
 class _IdleLauncher:
@@ -179,12 +203,16 @@ def install(patches, cuda, owner):
     the GPU of `cuda`, a trace's metamem._cuda.FakeCudaRuntime."""
     from torch._dynamo import device_interface
     from torch._dynamo.variables.torch import TorchInGraphFunctionVariable
-    from torch._inductor import compile_fx
+    from torch._inductor import compile_fx, select_algorithm
     from torch._inductor.async_compile import AsyncCompile
-    from torch._inductor.codecache import _load_triton_kernel_from_source
+    from torch._inductor.codecache import PersistentCache, _load_triton_kernel_from_source
     from torch._inductor.constant_folding import ConstantFolder
     from torch._inductor.fx_passes import pad_mm
+    from torch._inductor.codegen import triton as triton_codegen
+    from torch._inductor.runtime.autotune_cache import AutotuneCache
     from torch._inductor.runtime.benchmarking import benchmarker
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+    from torch._inductor.scheduler import Scheduler
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental import proxy_tensor
 
@@ -214,22 +242,64 @@ def install(patches, cuda, owner):
     unset_fake = proxy_tensor.unset_fake_temporarily
     patches.set(proxy_tensor, "unset_fake_temporarily", lambda: _both(unset_fake(), _values_on_cpu(owner)))
     patches.set(compile_fx, "compile_fx", _refusing_what_a_trace_cannot_follow(compile_fx.compile_fx))
-    patches.set(pad_mm, "_should_pad", _in_the_trace(pad_mm._should_pad))
+    patches.set(pad_mm, "_should_pad", _in_the_trace(pad_mm._should_pad, owner))
     for name in ("set_cached_should_pad", "set_cached_base_mm_benchmark_time"):
         patches.set(pad_mm, name, lambda *args: None)
     # A cached size would be the last GPU's.
     patches.set(benchmarker, "L2_cache_size", gpu["L2_cache_size"])
+    # Every Triton kernel, the wrapper's and max-autotune's templates: each
+    # configuration is loaded from its source, not compiled.
+    precompile_config = CachingAutotuner._precompile_config
+
+    def unbuilt_config(autotuner, config, **kwargs):
+        if threading.get_ident() != owner or autotuner.device_props.type != "cuda":
+            return precompile_config(autotuner, config, **kwargs)
+        return _UnbuiltConfig(config)
+
+    patches.set(CachingAutotuner, "_precompile_config", unbuilt_config)
     build = AsyncCompile.triton
 
     def loaded_unbuilt(async_compile, kernel_name, source_code, device_str="cuda"):
         if threading.get_ident() != owner:
             return build(async_compile, kernel_name, source_code, device_str)
         kernel = _load_triton_kernel_from_source(kernel_name, source_code)
-        kernel.launchers = [_IdleLauncher(config) for config in kernel.configs]
-        kernel.save_cache_hook = None
+        if not kernel.launchers:  # not loaded before, for a benchmark
+            kernel.precompile()
         return kernel
 
     patches.set(AsyncCompile, "triton", loaded_unbuilt)
+    # Nothing is compiled, so nothing is handed to a pool of compiling
+    # processes: the kernels are loaded at once.
+    use_process_pool = AsyncCompile.use_process_pool
+    patches.set(AsyncCompile, "use_process_pool", classmethod(
+        lambda cls: threading.get_ident() != owner and use_process_pool.__func__(cls)))
+    # The trace's timings are nobody's: neither a kernel's configuration nor
+    # max-autotune's choice is written to Inductor's caches. Choices a real
+    # run wrote there are read, as a real run reads them.
+    save = AutotuneCache.save
+    patches.set(AutotuneCache, "save", lambda cache, *args, **kwargs:
+                None if threading.get_ident() == owner else save(cache, *args, **kwargs))
+    update_local_cache = PersistentCache.update_local_cache
+    patches.set(PersistentCache, "update_local_cache", lambda cache, local_cache:
+                None if threading.get_ident() == owner else update_local_cache(cache, local_cache))
+    # max-autotune benchmarks each choice on example tensors it makes on the
+    # GPU while it compiles, and a real run counts them: in the trace, on
+    # the traced GPU. Its templates are loaded where they are benchmarked,
+    # on the trace's thread, rather than compiled beforehand on worker
+    # threads.
+    selector = select_algorithm.AlgorithmSelectorCache
+    benchmark = selector.__dict__["benchmark_in_current_process"].__func__
+    patches.set(selector, "benchmark_in_current_process", classmethod(_in_the_trace(benchmark, owner)))
+    workers = select_algorithm.get_num_workers
+    patches.set(select_algorithm, "get_num_workers", lambda: 0 if threading.get_ident() == owner else workers())
+    # So does the scheduler, weighing a fused kernel against its parts
+    # (max-autotune's epilogue fusion). It writes their timings beside each
+    # kernel's source (.kernel_perf): not the trace's.
+    for name in ("benchmark_fused_nodes", "benchmark_codegened_module", "benchmark_combo_kernel"):
+        patches.set(Scheduler, name, _in_the_trace(getattr(Scheduler, name), owner))
+    write_atomic = triton_codegen.write_atomic
+    patches.set(triton_codegen, "write_atomic", lambda *args, **kwargs:
+                None if threading.get_ident() == owner else write_atomic(*args, **kwargs))
 
 
 def uninstall():

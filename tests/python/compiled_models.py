@@ -1,7 +1,7 @@
-"""Ten models' training steps, eager or compiled (issue 46's table): the
+"""Eleven models' training steps, eager or compiled (issue 46's table): the
 test LM and the same with a graph break, transformers' Llama, Mistral,
 GPT-2 and BERT, timm's ViT and ConvNeXt, diffusers' UNet and torchtitan's
-Llama 3 debug model. Each is built on the CPU before its step (so that
+Llama 3 debug model, with SDPA and with FlexAttention. Each is built on the CPU before its step (so that
 initializers that read random values run for real) and the step moves it
 to the device, compiles it as its users do and runs two AdamW steps. It
 imports only torch and the models' libraries: real torch on the fake GPU
@@ -71,10 +71,15 @@ def unet():
     return model, loss
 
 
-def torchtitan_debug_model():
+class _EndOfText:
+    """The one thing torchtitan's document masks ask of a tokenizer."""
+    eos_id = 1
+
+
+def torchtitan_debug_model(flavor="debugmodel"):
     from torchtitan.models.llama3 import Transformer, llama3_args
 
-    args = llama3_args["debugmodel"]
+    args = llama3_args[flavor]
     model = Transformer(args)
     with torch.no_grad():  # as torchtitan's trainer initializes
         model.init_weights()
@@ -82,7 +87,11 @@ def torchtitan_debug_model():
     def loss(model, device):
         batch, seq = SIZES[device]
         tokens = torch.randint(0, args.vocab_size, (batch, seq + 1), device=device)
-        return F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
+        inputs = tokens[:, :-1]
+        # FlexAttention: a block mask for each batch's documents, made as
+        # torchtitan's trainer makes it, by a compiled create_block_mask
+        masks = model.get_attention_masks(inputs, _EndOfText) if args.attn_type == "flex" else None
+        return F.cross_entropy(model(inputs, attention_masks=masks).flatten(0, 1), tokens[:, 1:].flatten())
     return model, loss
 
 
@@ -104,7 +113,12 @@ MODELS = {
     "diffusers UNet2DConditionModel": (unet, "torch.compile"),
     # torchtitan compiles each block, fullgraph (apply_compile).
     "torchtitan Llama 3 debugmodel": (torchtitan_debug_model, "each block"),
+    # Its FlexAttention, compiled by torchtitan with max-autotune even when
+    # the blocks are not.
+    "torchtitan Llama 3 debugmodel_flex_attn": (lambda: torchtitan_debug_model("debugmodel_flex_attn"), "each block"),
 }
+# name: why it cannot train on the CPU
+NOT_ON_CPU = {"torchtitan Llama 3 debugmodel_flex_attn": "FlexAttention has no backward on the CPU (torch)"}
 
 
 def compiled(model, how):

@@ -98,3 +98,20 @@ def misaligned_head(device="cuda"):
         torch.compile(head)(x).sum().backward()
         return [[torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()]]
     return run
+
+
+def max_autotuned_layer(device="cuda"):
+    """A linear layer and GELU over 8,192 tokens, compiled with max-autotune
+    as torchtitan compiles FlexAttention (no CUDA graphs, coordinate
+    descent on): each product's choices are benchmarked while compiling, on
+    GPU tensors Inductor makes, a template's fused epilogue is weighed
+    against its parts, and pointwise kernels are tuned at their first call.
+    Returns max allocated and max reserved."""
+    def run():
+        torch.manual_seed(0)
+        layer = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU()).to(device)
+        x = torch.randn(8192, 64, device=device, requires_grad=True)
+        options = {"max_autotune": True, "coordinate_descent_tuning": True, "triton.cudagraphs": False}
+        torch.compile(layer, options=options)(x).sum().backward()
+        return [[torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()]]
+    return run

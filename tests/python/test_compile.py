@@ -130,7 +130,7 @@ def test_compiled_code_outside_the_block_is_untouched():
 
 @pytest.mark.parametrize("name", ["Llama", "BERT"])  # BERT's head is tied to its embedding
 def test_transformers_models_compiled_are_exact(name, monkeypatch):
-    # compile_sweep.py runs all ten models of compiled_models.py.
+    # compile_sweep.py runs all the models of compiled_models.py.
     import compile_sweep
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # restored after the sweep's cold caches
