@@ -170,6 +170,19 @@ void report_cublas_workspace(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
                          in_backward ? std::thread::id() : std::this_thread::get_id());
 }
 
+// cuBLASLt's float8 products run from compute capability 8.9 (Ada, Hopper
+// and later). torch refuses them on an older GPU, and a trace for one
+// refuses them with torch's words.
+std::unordered_set<const c10::OperatorName*> g_float8_products;
+
+void check_the_traced_gpu_runs(const c10::OperatorHandle& op) {
+  if (!g_mode.device.is_cuda() || g_float8_products.count(&op.operator_name()) == 0) return;
+  const GpuTraits gpu = traced_gpu();
+  TORCH_CHECK(gpu.major > 8 || (gpu.major == 8 && gpu.minor >= 9),
+              "torch._scaled_mm is only supported on CUDA devices with compute capability >= 9.0 or 8.9, or ROCm "
+              "MI300+ (metamem: the traced GPU's is ", gpu.major, ".", gpu.minor, ")");
+}
+
 // The thread's keys as they were outside MetaMode, and without metamem's
 // other key (selective checkpointing, handled above). A private key must
 // lose both its functionality bit and its backend bit, or a call made
@@ -418,6 +431,7 @@ void meta_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   std::vector<c10::IValue> original_args(stack->end() - n_args, stack->end());
 
   check_known_indices(op, original_args);
+  check_the_traced_gpu_runs(op);
   BufferList inputs, outputs;
   unwrap_arguments(schema, *stack, inputs);
   call_on_meta(op, *stack);
@@ -524,6 +538,8 @@ void register_meta_kernel() {
       g_cuda_scratch.emplace(&op->operator_name(), model);
     }
     if (calls_cublas(name.name)) g_cublas_ops.insert(&op->operator_name());
+    if (name.name == "aten::_scaled_mm" || name.name == "aten::_scaled_mm_v2")
+      g_float8_products.insert(&op->operator_name());
     if (qualified == "aten::_efficientzerotensor") g_zero_tensor = &op->operator_name();
     if (qualified == kValueRead) g_value_read = &op->operator_name();
     if (const c10::KernelFunction* kernel = own_meta_kernel(qualified))

@@ -102,6 +102,13 @@ CUresult cuOccupancyMaxActiveClusters(int* clusters, CUfunction, const CUlaunchC
   *clusters = 1;
   return CUDA_SUCCESS;
 }
+// NVRTC opens this driver when it compiles (torch's jiterated ops: exp2,
+// ...) and asks it for an export table, which it then uses without
+// checking that the lookup found one: none, said as an error.
+CUresult cuGetExportTable(const void** table, const CUuuid*) {
+  *table = nullptr;
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
 CUresult cuLinkCreate_v2(unsigned int, CUjit_option*, void**, CUlinkState*) { return CUDA_ERROR_NOT_SUPPORTED; }
 CUresult cuLinkAddData_v2(CUlinkState, CUjitInputType, void*, size_t, const char*, unsigned int, CUjit_option*,
                           void**) {

@@ -275,15 +275,33 @@ class _CppMetaKernels:
         registrations._meta_lib_dont_use_me_use_register_meta = library
         cls.installed = True
 
+    # Out= overloads that Inductor's wrappers call into a buffer they made
+    # (compiled float8: extern_kernels._scaled_mm(..., out=buf)), to which
+    # torch gives no meta kernel while their functional overloads have one.
+    OUT_WITHOUT_META = ("_scaled_mm",)
+
+    @staticmethod
+    def _into_out(functional):
+        def meta(*args, out, **kwargs):
+            result = functional(*args, **kwargs)
+            out.resize_(result.shape)
+            return out
+        return meta
+
     def __enter__(self):
         cls = type(self)
         if not cls.installed:
             cls._install()
         cls.tracing = True
         self.patches.set(torch._meta_registrations, "device_hint", lambda tensor: self.device)
+        # For the length of the block: outside it, those ops stay as torch has them.
+        self.out_kernels = torch.library.Library("aten", "IMPL", "Meta")
+        for name in self.OUT_WITHOUT_META:
+            self.out_kernels.impl(f"{name}.out", self._into_out(getattr(torch.ops.aten, name).default))
         return self
 
     def __exit__(self, *exc):
+        self.out_kernels._destroy()
         self.patches.restore()
         type(self).tracing = False
 

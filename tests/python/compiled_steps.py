@@ -115,3 +115,31 @@ def max_autotuned_layer(device="cuda"):
         torch.compile(layer, options=options)(x).sum().backward()
         return [[torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()]]
     return run
+
+
+def float8_mlp(recipe, compile, device="cuda"):
+    """An MLP over 8,192 tokens trained in float8 by torchao
+    (convert_to_float8_training, `recipe` "tensorwise" or "rowwise"), eager
+    or compiled, under bf16 autocast, two AdamW steps. Returns each step's
+    max allocated and max reserved."""
+    def run():
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))
+        model = model.to(device)
+        convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe))
+        forward = torch.compile(model) if compile else model
+        optimizer = torch.optim.AdamW(model.parameters())
+        peaks = []
+        for _ in range(2):
+            torch.cuda.reset_peak_memory_stats()
+            x = torch.randn(8192, 256, device=device)
+            with torch.autocast(device, torch.bfloat16):
+                loss = forward(x).float().pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            peaks.append([torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()])
+        return peaks
+    return run

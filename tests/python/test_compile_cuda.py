@@ -135,6 +135,31 @@ def test_max_autotune_is_exact_against_real_torch_on_the_fake_gpu(caches):
     assert not os.path.exists(caches[0] / "cache")  # max-autotune's choices, as a real run writes them
 
 
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_float8_training_is_exact_against_real_torch_on_the_fake_gpu(recipe, compile, caches):
+    # torchao's float8 linears: cuBLASLt's scaled products (with their
+    # workspace on an H100, rowwise included), their casts (a jiterated
+    # exp2 among them, which the fake GPU compiles with NVRTC), compiled
+    # into Inductor's kernels around extern _scaled_mm calls.
+    from compiled_steps import float8_mlp
+
+    cold(caches[0])
+    with metamem.trace(device="cuda", gpu=GPU):
+        peaks = float8_mlp(recipe, compile)()
+    assert peaks == on_fake_gpu(caches[1], "float8_mlp", recipe=recipe, compile=compile)
+
+
+def test_float8_on_a_gpu_without_it_is_refused_as_torch_refuses():
+    from compiled_steps import float8_mlp
+
+    with pytest.raises(RuntimeError, match=r"compute capability >= 9.0 or 8.9.*the traced GPU's is 8.0"):
+        with metamem.trace(device="cuda", gpu="A100-80GB"):
+            float8_mlp("tensorwise", compile=False)()
+    with metamem.trace(device="cuda", gpu="L4"):  # sm89 runs it
+        assert len(float8_mlp("tensorwise", compile=False)()) == 2
+
+
 def test_a_misaligned_product_is_benchmarked_padded_while_compiling_as_on_a_gpu(caches):
     # Inductor times the product against a padded one on GPU tensors it
     # makes while compiling; a real run counts them. The trace does the
