@@ -3,19 +3,22 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <string>
 #include <vector>
 
 #include "estimator/Units.h"
+#include "profiler/Trace.h"
 
 namespace metamem {
 namespace {
 
 // Colours by category, in report order: parameters, inputs and buffers,
-// gradients, optimizer states, communication buffers, saved for backward,
-// temporaries.
-constexpr const char* kCategoryColours[] = {"#4e79a7", "#9c755f", "#f28e2b", "#e15759",
-                                            "#76b7b2", "#59a14f", "#edc948"};
+// gradients, optimizer states, communication buffers, library workspaces,
+// saved for backward, temporaries: one for each of profiler's categories.
+constexpr std::array kCategoryColours = {"#4e79a7", "#9c755f", "#f28e2b", "#e15759",
+                                         "#76b7b2", "#b07aa1", "#59a14f", "#edc948"};
+static_assert(kCategoryColours.size() == kCategories, "a colour for each memory category");
 constexpr const char* kReservedColour = "#555";
 
 std::string escape(const std::string& text) {
