@@ -25,6 +25,7 @@
 #include "estimator/CachingAllocator.h"
 #include "estimator/Estimate.h"
 #include "estimator/Gpu.h"
+#include "estimator/HtmlReport.h"
 #include "estimator/Report.h"
 #include "estimator/Snapshot.h"
 #include "estimator/Units.h"
@@ -189,6 +190,7 @@ class Result {
     return out;
   }
   std::string to_json(int depth) const { return report_json(run_, estimated(), depth).dump(2); }
+  std::string html(int depth) const { return report_html(report_json(run_, estimated(), depth)); }
   void snapshot(const std::string& path) const { save(path, memory_snapshot_pickle(trace(), allocator_)); }
   void save_allocator_events(const std::string& path) const {
     std::ostringstream events;
@@ -552,6 +554,7 @@ PYBIND11_MODULE(_metamem, m) {
       .def("table", &Result::table, py::arg("kind"), py::arg("depth"), py::arg("csv"))
       .def("allocations", &Result::allocations)
       .def("to_json", &Result::to_json, py::arg("depth"))
+      .def("html", &Result::html, py::arg("depth"))
       .def("snapshot", &Result::snapshot, py::arg("path"))
       .def("save_allocator_events", &Result::save_allocator_events, py::arg("path"));
   py::class_<Session>(m, "Session")

@@ -12,9 +12,9 @@ int plan_command(const std::vector<std::string>& args);
 int fit_command(const std::vector<std::string>& args);
 int checkpoint_command(const std::vector<std::string>& args);
 
-// Whether the arguments name a transformers or timm model (--hf, --timm),
-// which the Python engine builds and traces.
-bool names_python_model(const std::vector<std::string>& args);
+// Whether the Python engine runs the command: `run SCRIPT` (a training
+// script), or one that names a transformers or timm model (--hf, --timm).
+bool runs_on_python_engine(const std::vector<std::string>& args);
 
 // Runs `python -m metamem ARGS` in this process's place (metamem/cli.py):
 // the interpreter $METAMEM_PYTHON, else the python3 beside this program (a

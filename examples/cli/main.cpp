@@ -31,7 +31,11 @@ constexpr const char* kUsage =
     "                       [--policy 0-3[1-2],5[;keep=aten::addmm]] [--html FILE.html]\n"
     "       metamem profile|fit --hf TYPE|ARCHITECTURE|CONFIG.json [--hf-set KEY=VALUE ...] | --timm NAME\n"
     "                       [--batch N] [--seq L] [--dtype f32|bf16|f16] [--checkpointing] [--gpu NAME] ...\n"
+    "                       [--table ...] [--depth N] [--html FILE.html] [--snapshot ...] [--allocator-events ...]\n"
     "                       (the Python engine: metamem profile --hf llama --help lists its flags)\n"
+    "       metamem run [--device cpu|cuda] [--gpu NAME] [--steps K] [--values error|placeholder]\n"
+    "                       [--table ...] [--format table|csv|json] [--html FILE.html] ... SCRIPT [ARGS...]\n"
+    "                       (a training script, unchanged, stopped after K optimizer steps; the Python engine)\n"
     "       metamem fit --model NAME [--memory 80GiB (default: the --gpu's)] [model flags as above]\n"
     "                       [--max-batch N] [--checkpoint none|uniform|chen|rotor|selective|auto]\n"
     "                       [--search --gpus N]\n"
@@ -50,7 +54,7 @@ bool asks_for_help(const std::string& arg) { return arg == "--help" || arg == "-
 int run(const std::vector<std::string>& args) {
   using namespace metamem::cli;
   if (args.empty()) throw UsageError("missing command");
-  if (names_python_model(args)) run_python_engine(args);
+  if (runs_on_python_engine(args)) run_python_engine(args);
   if (asks_for_help(args[0]) || std::any_of(args.begin() + 1, args.end(), [](const std::string& a) {
         return a == "--help" || a == "-h";
       })) {

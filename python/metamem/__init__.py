@@ -15,6 +15,7 @@ from the nn.Module names.
 
 import contextlib
 import gc
+import html
 import json
 import os
 import threading
@@ -106,6 +107,21 @@ class Trace:
     def json(self, depth=2):
         """The whole report as a dict."""
         return json.loads(self.to_json(depth))
+
+    def html(self, path, depth=2):
+        """Writes the CLI's HTML page (`--html`) to `path`: one file, its
+        charts and sortable tables drawn by itself, nothing fetched."""
+        page = self._done().html(depth)
+        with open(os.fspath(path), "w", encoding="utf-8") as out:
+            out.write(page)
+
+    def _repr_html_(self):
+        """A notebook cell shows the page, in a frame of its own (its styles
+        and script stay out of the notebook's); nothing before the block ends."""
+        if self._result is None:
+            return None
+        page = html.escape(self._result.html(2), quote=True)
+        return f'<iframe srcdoc="{page}" style="width: 100%; height: 900px; border: 0"></iframe>'
 
     def snapshot(self, path):
         """Writes a memory snapshot for PyTorch's memory_viz page."""

@@ -1,7 +1,8 @@
-"""`metamem profile|fit --hf ...|--timm ...`: the command line for models
-that transformers or timm build, on the Python engine. The `metamem`
-command runs this module (`python -m metamem`) when it sees --hf or --timm;
-the zoo's and TorchScript models stay in C++.
+"""`metamem profile|fit --hf ...|--timm ...` and `metamem run SCRIPT`: the
+command line for models that transformers or timm build and for training
+scripts, on the Python engine. The `metamem` command runs this module
+(`python -m metamem`) when it sees --hf, --timm or run; the zoo's and
+TorchScript models stay in C++.
 
     metamem profile --hf LlamaForCausalLM --hf-set num_hidden_layers=8 --batch 4 --seq 2048 --dtype bf16
     metamem profile --timm convnext_tiny --batch 64 --gpu A100-80GB --format json
@@ -10,6 +11,7 @@ the zoo's and TorchScript models stay in C++.
 
 import argparse
 import json
+import logging
 import sys
 
 from . import UnsupportedOpError, _metamem, achieved_cpu, gpu_memory, largest_batch, trace
@@ -27,6 +29,36 @@ def parse_setting(text):
         return key, json.loads(value)
     except json.JSONDecodeError:
         return key, value
+
+
+def add_report_flags(p):
+    """The report's outputs, as the zoo's `metamem profile` takes them."""
+    p.add_argument("--format", choices=["table", "csv", "json"], default="table",
+                   help="csv prints the --table's rows (fit: table or json)")
+    p.add_argument("--table", choices=["summary", "nodes", "modules"], default="summary",
+                   help="rows per op or per module path before the summary")
+    p.add_argument("--depth", type=int, default=2, help="module paths cut at this depth")
+    p.add_argument("--html", metavar="FILE.html", help="the report as one self-contained page")
+    p.add_argument("--snapshot", metavar="FILE.pickle", help="a memory snapshot for PyTorch's memory_viz")
+    p.add_argument("--allocator-events", metavar="FILE.txt",
+                   help="allocations and frees for metamem-allocator-oracle")
+
+
+def run_parser():
+    p = argparse.ArgumentParser(
+        prog="metamem run", description="Runs a training script unchanged under a trace, as `python SCRIPT ARGS` "
+        "would run it, stops it after --steps optimizer steps and reports what they held.",
+        epilog="metamem run --device cuda --gpu A100-80GB --steps 2 train.py --batch-size 32")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    p.add_argument("--gpu", default="H100-80GB", help="the GPU a cuda trace is for: " + ", ".join(_metamem.gpu_keys()))
+    p.add_argument("--steps", type=int, default=2, help="optimizer steps traced; nothing after them runs")
+    p.add_argument("--values", choices=["error", "placeholder"], default="placeholder",
+                   help="what reading a traced value (loss.item()) does: zeros, or an error naming it")
+    add_report_flags(p)
+    p.add_argument("--debug", action="store_true", help="an error prints its traceback")
+    p.add_argument("script", help="the training script")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
+    return p
 
 
 def parser():
@@ -50,7 +82,7 @@ def parser():
     p.add_argument("--gpu", default="H100-80GB", help="the GPU a cuda trace is for: " + ", ".join(_metamem.gpu_keys()))
     p.add_argument("--values", choices=["error", "placeholder"], default="error",
                    help="what reading a traced value does (see metamem.trace)")
-    p.add_argument("--format", choices=["table", "json"], default="table")
+    add_report_flags(p)
     p.add_argument("--achieved", action="store_true", help="profile: also run the step for real (--device cpu)")
     p.add_argument("--memory", help="fit: the GPU's memory (default: the --gpu's)")
     p.add_argument("--cuda-context", help="fit: the CUDA context's size, measured, in place of metamem's estimate "
@@ -71,6 +103,16 @@ def check(args):
         raise UsageError("--achieved is for profile --device cpu (a real CPU run)")
     if args.command == "fit" and args.device != "cuda":
         raise UsageError("fit compares the CUDA allocator's reserved bytes: --device cuda")
+    if args.command == "fit" and (args.html or args.snapshot or args.allocator_events or args.table != "summary"
+                                  or args.format == "csv"):
+        raise UsageError("--html, --snapshot, --allocator-events, --table and --format csv are for profile")
+    check_report_flags(args)
+
+
+def check_report_flags(args):
+    if args.depth < 1:
+        raise UsageError("--depth must be at least 1")
+    args.depth = min(args.depth, 1000)  # deeper than any module tree: all of it
     _metamem.gpu(args.gpu)  # ValueError naming the known GPUs
 
 
@@ -97,19 +139,33 @@ def traced(args, batch):
     return t, step, modules
 
 
+def render(t, args, extra=None):
+    """What `metamem profile` prints and writes for the zoo's models: the
+    same flags, the same report model. `extra` adds to the JSON report."""
+    if args.snapshot:
+        t.snapshot(args.snapshot)
+    if args.allocator_events:
+        t.save_allocator_events(args.allocator_events)
+    if args.html:
+        t.html(args.html, args.depth)
+    rows = "modules" if args.table == "modules" else "nodes"
+    if args.format == "json":
+        print(json.dumps({**t.json(args.depth), **(extra or {})}, indent=2))
+    elif args.format == "csv":
+        print(t.table(rows, args.depth, csv=True), end="")
+    else:
+        if args.table != "summary":
+            print(t.table(rows, args.depth), end="")
+        print(t.report(), end="")
+
+
 def profile(args):
     t, step, modules = traced(args, args.batch)
-    if args.format == "json":
-        report = t.json()
-        if args.achieved:
-            report["achieved"] = {"peak_bytes": achieved_cpu(step, modules=modules)}
-        print(json.dumps(report, indent=2))
-    else:
-        print(t.report(), end="")
-        if args.achieved:
-            achieved = achieved_cpu(step, modules=modules)
-            print(f"  {'achieved peak (real CPU)':<39}{achieved:,} B   "
-                  f"predicted - achieved {max(t.step_peaks) - achieved:+,} B")
+    achieved = achieved_cpu(step, modules=modules) if args.achieved else None
+    render(t, args, {"achieved": {"peak_bytes": achieved}} if args.achieved else None)
+    if args.format == "table" and args.achieved:
+        print(f"  {'achieved peak (real CPU)':<39}{achieved:,} B   "
+              f"predicted - achieved {max(t.step_peaks) - achieved:+,} B")
     return 0
 
 
@@ -156,9 +212,32 @@ def failure(error):
     return 1, f"metamem: {type(error).__name__}: {line} (--debug prints the traceback)"
 
 
+def run(args):
+    """`metamem run SCRIPT ARGS`: the report of the script's first steps."""
+    from ._run import trace_script
+
+    t, script = trace_script(args.script, args.args, args.steps, args.device, args.gpu, args.values)
+    render(t, args, {"run": script.json()})
+    if args.format == "table":
+        print("\n".join(script.lines()))
+    return 0
+
+
 def main(argv=None):
-    args = parser().parse_args(argv)
+    # torchao, which transformers imports wherever it is installed (the
+    # float8 extra installs it), registers enums with torch's pytree as
+    # torch 2.14 deprecates, and torch logs a warning for each at import: a
+    # notice for torchao's authors, not for this command's user, whose
+    # output (bad input: one line) it would break.
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    running = argv[:1] == ["run"]
+    args = run_parser().parse_args(argv[1:]) if running else parser().parse_args(argv)
     try:
+        if running:
+            _metamem.gpu(args.gpu)  # ValueError naming the known GPUs
+            check_report_flags(args)
+            return run(args)
         check(args)
         return profile(args) if args.command == "profile" else fit(args)
     except Exception as error:

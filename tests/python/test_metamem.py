@@ -1,9 +1,12 @@
 """import metamem: eager Python traced on a fake device, checked against real CPU runs."""
 
+import html
 import json
 import pickle
-import sys
 import resource
+import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -295,6 +298,27 @@ def test_reports_render_the_cli_report_model(tmp_path):
     assert pickle.loads((tmp_path / "s.pickle").read_bytes())["device_traces"]
     with pytest.raises(ValueError):
         t.table("rows")
+
+
+def test_the_html_page_is_the_clis_and_renders_in_a_browser(tmp_path):
+    with metamem.trace(device="cuda") as t:
+        assert t._repr_html_() is None  # a notebook shows nothing before the block ends
+        with pytest.raises(RuntimeError, match="after its block ends"):
+            t.html(tmp_path / "early.html")
+        training_step(lambda: torchvision.models.resnet18(num_classes=10), (2, 3, 32, 32), torch.optim.AdamW)()
+    t.html(tmp_path / "report.html")
+    page = (tmp_path / "report.html").read_text()
+    assert "ResNet.layer1" in page and str(t.peak_bytes) in page
+    assert "http://" not in page and "https://" not in page  # nothing is fetched
+    # In a notebook: the same page, in a frame of its own.
+    assert t._repr_html_() == f'<iframe srcdoc="{html.escape(page, quote=True)}" ' \
+                              'style="width: 100%; height: 900px; border: 0"></iframe>'
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("no Chromium to render the page (scripts/common.sh installs it)")
+    dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
+                          (tmp_path / "report.html").as_uri()], capture_output=True, text=True, timeout=120).stdout
+    assert '<svg id="timeline"' in dom and 'data-rendered="true"' in dom and "data-errors=" not in dom
 
 
 def test_unsupported_ops_raise_named_errors_and_the_block_restores_everything():

@@ -2,6 +2,7 @@
 the transformers, timm and diffusers sweeps beside this file."""
 
 import json
+import pickle
 
 import pytest
 import torch
@@ -98,6 +99,21 @@ def test_the_command_line_profiles_a_hub_config_exactly_on_cpu(capsys):
     assert "predicted peak" in capsys.readouterr().out
 
 
+def test_the_command_lines_outputs_are_the_zoos_for_a_hub_model(tmp_path, capsys):
+    # The C++ front end's output flags, on the Python engine's models: the
+    # same report model rendered the same ways.
+    outputs = ["--html", str(tmp_path / "r.html"), "--snapshot", str(tmp_path / "s.pickle"),
+               "--allocator-events", str(tmp_path / "e.txt")]
+    assert metamem.cli.main(["profile", *REDUCED_GPT2, "--table", "modules", "--depth", "3", *outputs]) == 0
+    printed = capsys.readouterr().out
+    assert "GPT2LMHeadModel.transformer.h" in printed and "predicted peak" in printed
+    assert '<svg id="timeline"' in (tmp_path / "r.html").read_text()
+    assert pickle.loads((tmp_path / "s.pickle").read_bytes())["segments"]
+    assert (tmp_path / "e.txt").read_text().count("\n") > 10
+    assert metamem.cli.main(["profile", *REDUCED_GPT2, "--table", "nodes", "--format", "csv"]) == 0
+    assert capsys.readouterr().out.startswith("name,op,module,phase")
+
+
 def test_the_command_line_fits_a_timm_model_on_a_gpu(capsys):
     # 320 MiB of a T4, less its CUDA context: 40 SMs × 1024 threads × 1 KiB of stack and the driver's 213 MiB.
     memory = (320 - 40 - 213) << 20
@@ -122,6 +138,9 @@ def test_the_command_line_fits_a_timm_model_on_a_gpu(capsys):
     (["fit", "--hf", "gpt2", "--memory", "lots"], "--memory expects a size"),
     (["fit", "--hf", "gpt2", "--memory", "200MiB", "--gpu", "T4"], "leaves nothing to the CUDA caching allocator"),
     (["profile", "--timm", "test_vit", "--hf-set", "x=1"], "are for --hf models"),
+    (["profile", "--timm", "test_vit", "--depth", "0"], "--depth must be at least 1"),
+    (["fit", "--timm", "test_vit", "--html", "fit.html"], "are for profile"),
+    (["profile", "--timm", "test_vit", "--html", "/nonexistent/r.html"], "No such file or directory"),
 ])
 def test_the_command_line_names_bad_input(args, message, capsys):
     assert metamem.cli.main(args) == 2

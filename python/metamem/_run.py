@@ -1,0 +1,122 @@
+"""`metamem run SCRIPT ARGS`: a training script, unchanged, under a trace.
+
+The script runs as `python SCRIPT ARGS` runs it (its `__main__`, its
+`sys.argv`, its folder first on `sys.path`) inside `metamem.trace`, and
+stops after its K-th optimizer step: nothing after it runs. What the trace
+cannot do for it is said, not hidden: `torch.save` writes nothing (a trace
+has shapes, not values), a value read from a traced tensor is a
+placeholder, and the run lists where each happened.
+"""
+
+import os
+import runpy
+import sys
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from . import _metamem, trace
+from ._cuda import Patches
+
+# The Tensor methods through which Python reads a value.
+_VALUE_READS = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__")
+_LIBRARIES = tuple(os.path.dirname(module.__file__) + os.sep for module in (torch, sys.modules[__package__]))
+
+
+class StepsDone(BaseException):
+    """Ends the script after its last traced optimizer step. A
+    BaseException, as KeyboardInterrupt is, so that the script's own
+    `except Exception` lets it through."""
+
+
+class ScriptRun:
+    """What the script did beside the memory the trace holds."""
+
+    def __init__(self, script, steps):
+        self.script = script
+        self.steps_asked = steps
+        self.steps = 0  # optimizer steps taken
+        self.unsaved = []  # file:line of each torch.save, which wrote nothing
+        self.values_read = {}  # file:line: how many values read there the trace does not know
+
+    @property
+    def stopped(self):
+        """Whether the run was stopped after its steps (else the script ended)."""
+        return self.steps == self.steps_asked
+
+    def json(self):
+        return {"script": self.script, "optimizer_steps": self.steps, "stopped": self.stopped,
+                "unsaved": self.unsaved,
+                "values_read": [{"where": where, "reads": reads} for where, reads in self.values_read.items()]}
+
+    def lines(self):
+        end = "stopped after" if self.stopped else "ended by itself after"
+        out = [f"  script {self.script}: {end} {self.steps} optimizer step{'s' * (self.steps != 1)}"]
+        out += [f"  torch.save at {where} wrote nothing (a trace has no values)" for where in self.unsaved]
+        out += [f"  values read at {where} ({reads}x): placeholders (zeros)" for where, reads in self.values_read.items()]
+        return out
+
+
+def _caller():
+    """file:line of the script's (or its libraries') line that led here:
+    the innermost frame outside torch and metamem."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_LIBRARIES):
+        frame = frame.f_back
+    return f"{os.path.relpath(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def _counting_reads(run, patches):
+    """Each Tensor method that reads a value, counting the reads of values
+    the trace does not know, by where the script made them."""
+    for name in _VALUE_READS:
+        read = getattr(torch.Tensor, name)
+
+        def counted(tensor, *args, _read=read, **kwargs):
+            if _metamem.is_traced(tensor) and _metamem.known_values(tensor) is None:
+                where = _caller()
+                run.values_read[where] = run.values_read.get(where, 0) + 1
+            return _read(tensor, *args, **kwargs)
+        patches.set(torch.Tensor, name, counted)
+
+
+def trace_script(script, argv, steps, device, gpu, values):
+    """(Trace, ScriptRun) of `script` run with `argv`, stopped after
+    `steps` optimizer steps."""
+    path = os.path.abspath(script)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no script {script!r}")
+    if steps < 1:
+        raise ValueError("--steps must be at least 1")
+    run = ScriptRun(script, steps)
+
+    def after_step(optimizer, args, kwargs):
+        run.steps += 1
+        if run.steps == steps:
+            raise StepsDone()
+
+    def save_nothing(obj, f, *args, **kwargs):
+        run.unsaved.append(_caller())
+
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    sys.argv = [script, *argv]
+    sys.path.insert(0, os.path.dirname(path))
+    patches = Patches()
+    try:
+        with trace(device=device, gpu=gpu, values=values) as t:
+            patches.set(torch, "save", save_nothing)
+            _counting_reads(run, patches)
+            hook = register_optimizer_step_post_hook(after_step)
+            try:
+                runpy.run_path(path, run_name="__main__")
+            except StepsDone:
+                pass
+            except SystemExit as exit:
+                if exit.code not in (None, 0):
+                    raise RuntimeError(f"{script} exited with status {exit.code}") from None
+            finally:
+                hook.remove()
+                patches.restore()
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    return t, run

@@ -1,0 +1,77 @@
+"""`metamem run SCRIPT ARGS`: an ordinary training script
+(ordinary_training_script.py), unchanged, run under a trace and stopped
+after its first optimizer steps; on a fake cpu, against the same script
+run for real."""
+
+import json
+import os
+import runpy
+import sys
+
+import metamem
+import metamem.cli
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "ordinary_training_script.py")
+
+
+def line_of(text):
+    with open(SCRIPT) as script:
+        return next(number for number, line in enumerate(script, 1) if text in line)
+
+
+def test_a_script_is_stopped_after_its_steps_and_reported(tmp_path, capsys):
+    before = sys.argv[:], sys.path[:]
+    argv = ["run", "--steps", "2", "--format", "json", SCRIPT, "--epochs", "3", "--out", str(tmp_path)]
+    assert metamem.cli.main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    # The GradScaler's check for infinities in scaler.step(), in both
+    # steps, and the loss logged after the first (the run stopped inside
+    # the second scaler.step), each named by the script's line.
+    reads = [{"where": f"{os.path.relpath(SCRIPT)}:{line_of(text)}", "reads": reads}
+             for text, reads in (("scaler.step(optimizer)", 2), ("loss.item()", 1))]
+    assert report["run"] == {"script": SCRIPT, "optimizer_steps": 2, "stopped": True, "unsaved": [],
+                             "values_read": reads}
+    assert len(report["predicted"]["step_peaks"]) == 2 and report["optimizer"] == "AdamW"
+    assert os.listdir(tmp_path) == []  # nothing after the second step ran
+    assert (sys.argv, sys.path) == before
+
+
+def test_a_script_that_ends_by_itself_is_exact_against_its_real_cpu_run(tmp_path, capsys):
+    # 256 samples in batches of 64: four steps, fewer than the five asked.
+    # Its torch.save writes nothing in the trace, and the report says where.
+    # No loader workers: a worker hands the real process its batch in shared
+    # memory, which the CPU allocator does not count; the trace collates it
+    # in the process (docs/python.md).
+    argv = [SCRIPT, "--epochs", "1", "--workers", "0", "--out", str(tmp_path)]
+    assert metamem.cli.main(["run", "--device", "cpu", "--steps", "5", *argv]) == 0
+    printed = capsys.readouterr().out
+    assert "predicted peak" in printed and "ended by itself after 4 optimizer steps" in printed
+    save = f"{os.path.relpath(SCRIPT)}:{line_of('torch.save(')}"
+    assert f"torch.save at {save} wrote nothing" in printed
+    assert metamem.cli.main(["run", "--device", "cpu", "--steps", "5", "--format", "json", *argv]) == 0
+    report = json.loads(capsys.readouterr().out)
+    # The script ran to its end (its marker is written) but saved nothing.
+    assert report["run"]["unsaved"] == [save] and os.listdir(tmp_path) == ["finished"]
+    os.remove(tmp_path / "finished")
+
+    saved = sys.argv
+    sys.argv = argv
+    try:
+        real = metamem.achieved_cpu(lambda: runpy.run_path(SCRIPT, run_name="__main__"))
+    finally:
+        sys.argv = saved
+    assert sorted(os.listdir(tmp_path)) == ["finished", "model.pt"]
+    assert max(report["predicted"]["step_peaks"]) == real
+
+
+def test_what_a_run_cannot_do_is_named(tmp_path, capsys):
+    assert metamem.cli.main(["run", str(tmp_path / "absent.py")]) == 2
+    assert "no script" in capsys.readouterr().err
+    failing = tmp_path / "failing.py"
+    failing.write_text("import sys\nsys.exit(3)\n")
+    assert metamem.cli.main(["run", str(failing)]) == 1
+    assert "exited with status 3" in capsys.readouterr().err
+    # Reading the loss, with values an error: the read is named.
+    assert metamem.cli.main(["run", "--values", "error", SCRIPT, "--out", str(tmp_path)]) == 1
+    assert "metamem" in capsys.readouterr().err
