@@ -206,9 +206,9 @@ def install(patches, cuda, owner):
     from torch._inductor import compile_fx, select_algorithm
     from torch._inductor.async_compile import AsyncCompile
     from torch._inductor.codecache import PersistentCache, _load_triton_kernel_from_source
+    from torch._inductor.codegen import triton as triton_codegen
     from torch._inductor.constant_folding import ConstantFolder
     from torch._inductor.fx_passes import pad_mm
-    from torch._inductor.codegen import triton as triton_codegen
     from torch._inductor.runtime.autotune_cache import AutotuneCache
     from torch._inductor.runtime.benchmarking import benchmarker
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner

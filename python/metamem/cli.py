@@ -106,10 +106,11 @@ def check(args):
     if args.command == "fit" and (args.html or args.snapshot or args.allocator_events or args.table != "summary"
                                   or args.format == "csv"):
         raise UsageError("--html, --snapshot, --allocator-events, --table and --format csv are for profile")
-    check_report_flags(args)
+    check_shared_flags(args)
 
 
-def check_report_flags(args):
+def check_shared_flags(args):
+    """What profile, fit and run check alike."""
     if args.depth < 1:
         raise UsageError("--depth must be at least 1")
     args.depth = min(args.depth, 1000)  # deeper than any module tree: all of it
@@ -235,8 +236,7 @@ def main(argv=None):
     args = run_parser().parse_args(argv[1:]) if running else parser().parse_args(argv)
     try:
         if running:
-            _metamem.gpu(args.gpu)  # ValueError naming the known GPUs
-            check_report_flags(args)
+            check_shared_flags(args)
             return run(args)
         check(args)
         return profile(args) if args.command == "profile" else fit(args)
