@@ -131,15 +131,25 @@ def refused(error):
     return None
 
 
+def _instead_on(owner, original, instead):
+    """`original`, but `instead` on `owner`'s thread (the trace's): other
+    threads compile as they would without the trace."""
+    def chosen(*args, **kwargs):
+        return (instead if threading.get_ident() == owner else original)(*args, **kwargs)
+    return chosen
+
+
+def _nothing(*args, **kwargs):
+    return None
+
+
 def _in_the_trace(function, owner):
     """`function`, run inside the trace on `owner`'s thread: what it
     allocates on the GPU in a real compile, the trace records."""
     def traced(*args, **kwargs):
-        if threading.get_ident() != owner:
-            return function(*args, **kwargs)
         with _metamem.InsideTrace():
             return function(*args, **kwargs)
-    return traced
+    return _instead_on(owner, function, traced)
 
 
 def _refusing_what_a_trace_cannot_follow(compile_fx):
@@ -252,36 +262,28 @@ def install(patches, cuda, owner):
     precompile_config = CachingAutotuner._precompile_config
 
     def unbuilt_config(autotuner, config, **kwargs):
-        if threading.get_ident() != owner or autotuner.device_props.type != "cuda":
+        if autotuner.device_props.type != "cuda":
             return precompile_config(autotuner, config, **kwargs)
         return _UnbuiltConfig(config)
 
-    patches.set(CachingAutotuner, "_precompile_config", unbuilt_config)
-    build = AsyncCompile.triton
+    patches.set(CachingAutotuner, "_precompile_config", _instead_on(owner, precompile_config, unbuilt_config))
 
     def loaded_unbuilt(async_compile, kernel_name, source_code, device_str="cuda"):
-        if threading.get_ident() != owner:
-            return build(async_compile, kernel_name, source_code, device_str)
         kernel = _load_triton_kernel_from_source(kernel_name, source_code)
         if not kernel.launchers:  # not loaded before, for a benchmark
             kernel.precompile()
         return kernel
 
-    patches.set(AsyncCompile, "triton", loaded_unbuilt)
+    patches.set(AsyncCompile, "triton", _instead_on(owner, AsyncCompile.triton, loaded_unbuilt))
     # Nothing is compiled, so nothing is handed to a pool of compiling
     # processes: the kernels are loaded at once.
-    use_process_pool = AsyncCompile.use_process_pool
-    patches.set(AsyncCompile, "use_process_pool", classmethod(
-        lambda cls: threading.get_ident() != owner and use_process_pool.__func__(cls)))
+    use_process_pool = AsyncCompile.use_process_pool.__func__
+    patches.set(AsyncCompile, "use_process_pool", classmethod(_instead_on(owner, use_process_pool, lambda cls: False)))
     # The trace's timings are nobody's: neither a kernel's configuration nor
     # max-autotune's choice is written to Inductor's caches. Choices a real
     # run wrote there are read, as a real run reads them.
-    save = AutotuneCache.save
-    patches.set(AutotuneCache, "save", lambda cache, *args, **kwargs:
-                None if threading.get_ident() == owner else save(cache, *args, **kwargs))
-    update_local_cache = PersistentCache.update_local_cache
-    patches.set(PersistentCache, "update_local_cache", lambda cache, local_cache:
-                None if threading.get_ident() == owner else update_local_cache(cache, local_cache))
+    patches.set(AutotuneCache, "save", _instead_on(owner, AutotuneCache.save, _nothing))
+    patches.set(PersistentCache, "update_local_cache", _instead_on(owner, PersistentCache.update_local_cache, _nothing))
     # max-autotune benchmarks each choice on example tensors it makes on the
     # GPU while it compiles, and a real run counts them: in the trace, on
     # the traced GPU. Its templates are loaded where they are benchmarked,
@@ -290,16 +292,13 @@ def install(patches, cuda, owner):
     selector = select_algorithm.AlgorithmSelectorCache
     benchmark = selector.__dict__["benchmark_in_current_process"].__func__
     patches.set(selector, "benchmark_in_current_process", classmethod(_in_the_trace(benchmark, owner)))
-    workers = select_algorithm.get_num_workers
-    patches.set(select_algorithm, "get_num_workers", lambda: 0 if threading.get_ident() == owner else workers())
+    patches.set(select_algorithm, "get_num_workers", _instead_on(owner, select_algorithm.get_num_workers, lambda: 0))
     # So does the scheduler, weighing a fused kernel against its parts
     # (max-autotune's epilogue fusion). It writes their timings beside each
     # kernel's source (.kernel_perf): not the trace's.
     for name in ("benchmark_fused_nodes", "benchmark_codegened_module", "benchmark_combo_kernel"):
         patches.set(Scheduler, name, _in_the_trace(getattr(Scheduler, name), owner))
-    write_atomic = triton_codegen.write_atomic
-    patches.set(triton_codegen, "write_atomic", lambda *args, **kwargs:
-                None if threading.get_ident() == owner else write_atomic(*args, **kwargs))
+    patches.set(triton_codegen, "write_atomic", _instead_on(owner, triton_codegen.write_atomic, _nothing))
 
 
 def uninstall():

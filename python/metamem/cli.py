@@ -44,18 +44,24 @@ def add_report_flags(p):
                    help="allocations and frees for metamem-allocator-oracle")
 
 
+def add_trace_flags(p, values):
+    """Where the trace runs, what reading a value does (`values` by
+    default), and how an error is told."""
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    p.add_argument("--gpu", default="H100-80GB", help="the GPU a cuda trace is for: " + ", ".join(_metamem.gpu_keys()))
+    p.add_argument("--values", choices=["error", "placeholder"], default=values,
+                   help="what reading a traced value (loss.item()) does: zeros, or an error naming it")
+    p.add_argument("--debug", action="store_true", help="an error prints its traceback")
+
+
 def run_parser():
     p = argparse.ArgumentParser(
         prog="metamem run", description="Runs a training script unchanged under a trace, as `python SCRIPT ARGS` "
         "would run it, stops it after --steps optimizer steps and reports what they held.",
         epilog="metamem run --device cuda --gpu A100-80GB --steps 2 train.py --batch-size 32")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
-    p.add_argument("--gpu", default="H100-80GB", help="the GPU a cuda trace is for: " + ", ".join(_metamem.gpu_keys()))
     p.add_argument("--steps", type=int, default=2, help="optimizer steps traced; nothing after them runs")
-    p.add_argument("--values", choices=["error", "placeholder"], default="placeholder",
-                   help="what reading a traced value (loss.item()) does: zeros, or an error naming it")
+    add_trace_flags(p, values="placeholder")
     add_report_flags(p)
-    p.add_argument("--debug", action="store_true", help="an error prints its traceback")
     p.add_argument("script", help="the training script")
     p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     return p
@@ -78,17 +84,13 @@ def parser():
     p.add_argument("--optimizer", choices=["adamw", "sgd", "none"], default="adamw")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--checkpointing", action="store_true", help="recompute every layer or block in backward")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
-    p.add_argument("--gpu", default="H100-80GB", help="the GPU a cuda trace is for: " + ", ".join(_metamem.gpu_keys()))
-    p.add_argument("--values", choices=["error", "placeholder"], default="error",
-                   help="what reading a traced value does (see metamem.trace)")
+    add_trace_flags(p, values="error")
     add_report_flags(p)
     p.add_argument("--achieved", action="store_true", help="profile: also run the step for real (--device cpu)")
     p.add_argument("--memory", help="fit: the GPU's memory (default: the --gpu's)")
     p.add_argument("--cuda-context", help="fit: the CUDA context's size, measured, in place of metamem's estimate "
                                           "(docs/gpu-memory.md)")
     p.add_argument("--max-batch", type=int, default=1 << 16, help="fit: the largest batch tried")
-    p.add_argument("--debug", action="store_true", help="an error prints its traceback")
     return p
 
 
@@ -140,9 +142,10 @@ def traced(args, batch):
     return t, step, modules
 
 
-def render(t, args, extra=None):
+def render(t, args, extra=None, lines=()):
     """What `metamem profile` prints and writes for the zoo's models: the
-    same flags, the same report model. `extra` adds to the JSON report."""
+    same flags, the same report model. `extra` adds to the JSON report,
+    `lines` to the summary."""
     if args.snapshot:
         t.snapshot(args.snapshot)
     if args.allocator_events:
@@ -158,15 +161,18 @@ def render(t, args, extra=None):
         if args.table != "summary":
             print(t.table(rows, args.depth), end="")
         print(t.report(), end="")
+        print("".join(line + "\n" for line in lines), end="")
 
 
 def profile(args):
     t, step, modules = traced(args, args.batch)
-    achieved = achieved_cpu(step, modules=modules) if args.achieved else None
-    render(t, args, {"achieved": {"peak_bytes": achieved}} if args.achieved else None)
-    if args.format == "table" and args.achieved:
-        print(f"  {'achieved peak (real CPU)':<39}{achieved:,} B   "
-              f"predicted - achieved {max(t.step_peaks) - achieved:+,} B")
+    if not args.achieved:
+        render(t, args)
+        return 0
+    achieved = achieved_cpu(step, modules=modules)
+    render(t, args, {"achieved": {"peak_bytes": achieved}},
+           [f"  {'achieved peak (real CPU)':<39}{achieved:,} B   "
+            f"predicted - achieved {max(t.step_peaks) - achieved:+,} B"])
     return 0
 
 
@@ -218,9 +224,7 @@ def run(args):
     from ._run import trace_script
 
     t, script = trace_script(args.script, args.args, args.steps, args.device, args.gpu, args.values)
-    render(t, args, {"run": script.json()})
-    if args.format == "table":
-        print("\n".join(script.lines()))
+    render(t, args, {"run": script.json()}, script.lines())
     return 0
 
 
