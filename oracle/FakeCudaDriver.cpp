@@ -14,9 +14,16 @@
 // The runtime is preloaded beside this driver (docs/allocator-oracle.md):
 // weak, so that the driver still loads, and answers no attribute, alone.
 extern "C" __attribute__((weak)) CUresult metamem_fake_cuda_device_attribute(int*, CUdevice_attribute, CUdevice);
+extern "C" __attribute__((weak)) void metamem_fake_cuda_launched(CUstream);
 
 namespace {
 int token;  // what contexts, modules and functions point to
+
+// A launch on a stream that captures a graph is one of its nodes.
+CUresult launched(CUstream stream) {
+  if (metamem_fake_cuda_launched) metamem_fake_cuda_launched(stream);
+  return CUDA_SUCCESS;
+}
 }  // namespace
 
 extern "C" {
@@ -72,14 +79,16 @@ CUresult cuGetErrorString(CUresult, const char** text) {
   *text = "metamem's fake CUDA driver does not do this";
   return CUDA_SUCCESS;
 }
-CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
-                        void**, void**) {
-  return CUDA_SUCCESS;
+CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                        CUstream stream, void**, void**) {
+  return launched(stream);
 }
-CUresult cuLaunchKernelEx(const CUlaunchConfig*, CUfunction, void**, void**) { return CUDA_SUCCESS; }
+CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction, void**, void**) {
+  return launched(config->hStream);
+}
 CUresult cuLaunchCooperativeKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                                   CUstream, void**) {
-  return CUDA_SUCCESS;
+                                   CUstream stream, void**) {
+  return launched(stream);
 }
 CUresult cuModuleLoadData(CUmodule* module, const void*) {
   *module = reinterpret_cast<CUmodule>(&token);

@@ -18,9 +18,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "oracle/FakeCudaRuntime.h"
@@ -88,6 +91,122 @@ cudaError_t fail(cudaError_t error) {
   last_error = error;
   return error;
 }
+
+// ---- stream capture: which streams capture into which graph, and what a
+// capture forbids
+
+struct Capture {
+  unsigned long long id;
+  cudaStream_t origin;  // the stream that began it and must end it
+  cudaStreamCaptureMode mode;
+  std::thread::id thread;
+  std::size_t nodes = 0;  // kernels, copies and memsets launched into it
+  bool invalidated = false;
+};
+
+// The calling thread's interaction mode (cudaThreadExchangeStreamCaptureMode).
+thread_local cudaStreamCaptureMode thread_capture_mode = cudaStreamCaptureModeGlobal;
+
+class Captures {
+ public:
+  static Captures& get() {
+    static Captures captures;
+    return captures;
+  }
+
+  cudaError_t begin(cudaStream_t stream, cudaStreamCaptureMode mode) {
+    // The legacy default stream synchronizes with every other: it cannot capture.
+    if (stream == nullptr || stream == cudaStreamLegacy) return cudaErrorStreamCaptureUnsupported;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (streams_.count(stream)) return cudaErrorIllegalState;
+    streams_[stream] = std::make_shared<Capture>(Capture{next_id_++, stream, mode, std::this_thread::get_id()});
+    return cudaSuccess;
+  }
+
+  cudaError_t end(cudaStream_t stream, cudaGraph_t* graph) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = streams_.find(stream);
+    if (it == streams_.end()) return cudaErrorIllegalState;
+    const std::shared_ptr<Capture> capture = it->second;
+    if (capture->origin != stream) return cudaErrorStreamCaptureUnmatched;
+    for (auto joined = streams_.begin(); joined != streams_.end();)
+      joined = joined->second == capture ? streams_.erase(joined) : std::next(joined);
+    *graph = nullptr;
+    if (capture->invalidated) return cudaErrorStreamCaptureInvalidated;
+    *graph = reinterpret_cast<cudaGraph_t>(next_graph_ += 0x10);
+    graph_nodes_[*graph] = capture->nodes;
+    return cudaSuccess;
+  }
+
+  // The capture `stream` takes part in, if any.
+  std::shared_ptr<Capture> of(cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = streams_.find(stream);
+    return it == streams_.end() ? nullptr : it->second;
+  }
+
+  void launched(cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = streams_.find(stream);
+    if (it != streams_.end()) ++it->second->nodes;
+  }
+
+  // An event recorded on a capturing stream joins to its capture the streams
+  // that wait on it (a fork); recorded elsewhere, it no longer does.
+  void recorded(cudaEvent_t event, cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = streams_.find(stream);
+    if (it == streams_.end())
+      events_.erase(event);
+    else
+      events_[event] = it->second;
+  }
+  void waited(cudaStream_t stream, cudaEvent_t event) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = events_.find(event);
+    if (it != events_.end()) streams_[stream] = it->second;
+  }
+
+  // A call CUDA forbids while a capture it would break is under way (one
+  // that is not stream-ordered: cudaMalloc, a synchronous copy): forbidden
+  // to this thread unless its mode is relaxed, where this thread captures
+  // in a mode other than relaxed or another thread captures in global
+  // mode. It then fails, and invalidates those captures, as CUDA's does.
+  cudaError_t unsafe_call() {
+    if (thread_capture_mode == cudaStreamCaptureModeRelaxed) return cudaSuccess;
+    std::lock_guard<std::mutex> lock(mutex_);
+    cudaError_t error = cudaSuccess;
+    for (auto& [stream, capture] : streams_) {
+      const bool mine = capture->thread == std::this_thread::get_id();
+      if ((mine && capture->mode != cudaStreamCaptureModeRelaxed) ||
+          (!mine && capture->mode == cudaStreamCaptureModeGlobal)) {
+        capture->invalidated = true;
+        error = cudaErrorStreamCaptureUnsupported;
+      }
+    }
+    return error;
+  }
+
+  cudaError_t graph_nodes(cudaGraph_t graph, std::size_t* nodes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = graph_nodes_.find(graph);
+    if (it == graph_nodes_.end()) return cudaErrorInvalidValue;
+    *nodes = it->second;
+    return cudaSuccess;
+  }
+  void destroy(cudaGraph_t graph) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    graph_nodes_.erase(graph);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<cudaStream_t, std::shared_ptr<Capture>> streams_;  // every stream in a capture
+  std::map<cudaEvent_t, std::shared_ptr<Capture>> events_;
+  std::map<cudaGraph_t, std::size_t> graph_nodes_;
+  std::uintptr_t next_graph_ = 0x1000;
+  unsigned long long next_id_ = 1;
+};
 
 // Opaque handles the allocator only compares and passes back.
 template <typename Handle>
@@ -234,6 +353,8 @@ CUresult metamem_fake_cuda_device_attribute(int* value, CUdevice_attribute attri
   return CUDA_SUCCESS;
 }
 
+void metamem_fake_cuda_launched(CUstream stream) { Captures::get().launched(stream); }
+
 std::size_t metamem_fake_cuda_used_memory() {
   FakeGpu& gpu = FakeGpu::get();
   std::lock_guard<std::mutex> lock(gpu.mutex);
@@ -251,7 +372,10 @@ cudaError_t cudaGetDevice(int* device) {
   return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : fail(cudaErrorInvalidDevice); }
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize() {
+  const cudaError_t error = Captures::get().unsafe_call();
+  return error == cudaSuccess ? cudaSuccess : fail(error);
+}
 cudaError_t cudaDriverGetVersion(int* version) {
   *version = CUDART_VERSION;
   return cudaSuccess;
@@ -311,6 +435,7 @@ cudaError_t cudaDeviceEnablePeerAccess(int, unsigned int) { return fail(cudaErro
 // ---- memory
 
 cudaError_t cudaMalloc(void** ptr, size_t size) {
+  if (const cudaError_t error = Captures::get().unsafe_call(); error != cudaSuccess) return fail(error);
   FakeGpu& gpu = FakeGpu::get();
   std::lock_guard<std::mutex> lock(gpu.mutex);
   *ptr = nullptr;
@@ -367,8 +492,23 @@ cudaError_t cudaMemPoolTrimTo(cudaMemPool_t, size_t) { return fail(cudaErrorNotS
 // ---- kernels and copies: done at once, doing nothing (a host destination
 // reads zeros, as no kernel wrote anything)
 
-cudaError_t cudaLaunchKernel(const void*, dim3, dim3, void**, size_t, cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t*, const void*, void**) { return cudaSuccess; }
+cudaError_t cudaLaunchKernel(const void*, dim3, dim3, void**, size_t, cudaStream_t stream) {
+  Captures::get().launched(stream);
+  return cudaSuccess;
+}
+cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* config, const void*, void**) {
+  Captures::get().launched(config->stream);
+  return cudaSuccess;
+}
+// What `kernel<<<...>>>` compiles to since CUDA 13.
+cudaError_t __cudaLaunchKernel(cudaKernel_t, dim3, dim3, void**, size_t, cudaStream_t stream) {
+  Captures::get().launched(stream);
+  return cudaSuccess;
+}
+cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 grid, dim3 block, void** args, size_t shared,
+                                    cudaStream_t stream) {
+  return __cudaLaunchKernel(kernel, grid, block, args, shared, stream);
+}
 cudaError_t cudaPeekAtLastError() { return last_error; }
 // Every kernel was built for the device (torch's CUTLASS kernels check).
 cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, const void*) {
@@ -388,14 +528,22 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* blocks, 
                                                                     size_t shared, unsigned int) {
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, threads, shared);
 }
-cudaError_t cudaMemsetAsync(void*, int, size_t, cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaMemset(void*, int, size_t) { return cudaSuccess; }
-cudaError_t cudaMemcpy(void* to, const void*, size_t bytes, cudaMemcpyKind kind) {
+cudaError_t cudaMemsetAsync(void*, int, size_t, cudaStream_t stream) {
+  Captures::get().launched(stream);
+  return cudaSuccess;
+}
+cudaError_t cudaMemset(void*, int, size_t) {
+  const cudaError_t error = Captures::get().unsafe_call();
+  return error == cudaSuccess ? cudaSuccess : fail(error);
+}
+cudaError_t cudaMemcpyAsync(void* to, const void*, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+  Captures::get().launched(stream);
   if (kind == cudaMemcpyDeviceToHost) std::memset(to, 0, bytes);
   return cudaSuccess;
 }
-cudaError_t cudaMemcpyAsync(void* to, const void* from, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
-  return cudaMemcpy(to, from, bytes, kind);
+cudaError_t cudaMemcpy(void* to, const void* from, size_t bytes, cudaMemcpyKind kind) {
+  if (const cudaError_t error = Captures::get().unsafe_call(); error != cudaSuccess) return fail(error);
+  return cudaMemcpyAsync(to, from, bytes, kind, nullptr);
 }
 cudaError_t cudaMemcpyPeerAsync(void*, int, const void*, int, size_t, cudaStream_t) {
   return fail(cudaErrorNotSupported);
@@ -428,25 +576,83 @@ cudaError_t cudaStreamGetPriority(cudaStream_t, int* priority) {
   *priority = 0;
   return cudaSuccess;
 }
-cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaSuccess; }
-cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus* status) {
-  *status = cudaStreamCaptureStatusNone;
+// Waiting on a capturing stream is waiting for work that will never run.
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  return Captures::get().of(stream) ? fail(cudaErrorStreamCaptureUnsupported) : cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  const std::shared_ptr<Capture> capture = Captures::get().of(stream);
+  if (!capture) return cudaSuccess;
+  capture->invalidated = true;
+  return fail(cudaErrorStreamCaptureUnsupported);
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
+  Captures::get().waited(stream, event);
   return cudaSuccess;
 }
-cudaError_t cudaStreamGetCaptureInfo(cudaStream_t, cudaStreamCaptureStatus* status, unsigned long long* id,
+cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, cudaStreamCaptureStatus* status, unsigned long long* id,
                                      cudaGraph_t* graph, const cudaGraphNode_t** dependencies,
                                      const cudaGraphEdgeData** edges, size_t* n_dependencies) {
-  *status = cudaStreamCaptureStatusNone;
-  if (id) *id = 0;
+  const std::shared_ptr<Capture> capture = Captures::get().of(stream);
+  *status = !capture                ? cudaStreamCaptureStatusNone
+            : capture->invalidated ? cudaStreamCaptureStatusInvalidated
+                                   : cudaStreamCaptureStatusActive;
+  if (id) *id = capture ? capture->id : 0;
   if (graph) *graph = nullptr;
   if (dependencies) *dependencies = nullptr;
   if (edges) *edges = nullptr;
   if (n_dependencies) *n_dependencies = 0;
   return cudaSuccess;
 }
-cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode*) { return cudaSuccess; }
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  return cudaStreamGetCaptureInfo(stream, status, nullptr, nullptr, nullptr, nullptr, nullptr);
+}
+cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
+  std::swap(*mode, thread_capture_mode);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t stream, cudaGraphNode_t*, const cudaGraphEdgeData*,
+                                                size_t, unsigned int) {
+  return Captures::get().of(stream) ? cudaSuccess : fail(cudaErrorIllegalState);
+}
+
+// ---- graphs: captured, instantiated and launched; a launch does nothing
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
+  const cudaError_t error = Captures::get().begin(stream, mode);
+  return error == cudaSuccess ? cudaSuccess : fail(error);
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  const cudaError_t error = Captures::get().end(stream, graph);
+  return error == cudaSuccess ? cudaSuccess : fail(error);
+}
+// The nodes' handles stand for nothing: torch only counts them.
+cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t* nodes, size_t* count) {
+  std::size_t captured = 0;
+  if (const cudaError_t error = Captures::get().graph_nodes(graph, &captured); error != cudaSuccess)
+    return fail(error);
+  if (nodes)
+    for (std::size_t i = 0; i < std::min(*count, captured); ++i) nodes[i] = new_handle<cudaGraphNode_t>();
+  *count = captured;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  Captures::get().destroy(graph);
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t* exec, cudaGraph_t, unsigned long long) {
+  *exec = new_handle<cudaGraphExec_t>();
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags) {
+  return cudaGraphInstantiateWithFlags(exec, graph, flags);
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t) { return cudaSuccess; }
+cudaError_t cudaGraphUpload(cudaGraphExec_t, cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaGraphLaunch(cudaGraphExec_t, cudaStream_t stream) {
+  Captures::get().launched(stream);
+  return cudaSuccess;
+}
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
   *event = new_handle<cudaEvent_t>();
@@ -454,8 +660,13 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
 }
 cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, 0); }
 cudaError_t cudaEventDestroy(cudaEvent_t) { return cudaSuccess; }
-cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaEventRecordWithFlags(cudaEvent_t, cudaStream_t, unsigned int) { return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  Captures::get().recorded(event, stream);
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream, unsigned int) {
+  return cudaEventRecord(event, stream);
+}
 cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
 cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
 // Every timed interval takes the same 1 ms: no kernel runs, and Inductor's
@@ -477,6 +688,10 @@ const char* cudaGetErrorName(cudaError_t error) {
     case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorNotSupported: return "cudaErrorNotSupported";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureUnmatched: return "cudaErrorStreamCaptureUnmatched";
     default: return "cudaErrorUnknown";
   }
 }
@@ -486,6 +701,11 @@ const char* cudaGetErrorString(cudaError_t error) {
     case cudaSuccess: return "no error";
     case cudaErrorMemoryAllocation: return "out of memory";
     case cudaErrorNotSupported: return "operation not supported (fake CUDA runtime)";
+    // CUDA's own words, which torch's errors carry
+    case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureUnmatched: return "capture was not initiated in this stream";
     default: return cudaGetErrorName(error);
   }
 }

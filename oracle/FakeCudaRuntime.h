@@ -19,6 +19,9 @@ void metamem_fake_cuda_set_device(const char* name, std::size_t total_memory, in
 // points and the fake driver (oracle/FakeCudaDriver.cpp), which finds it
 // here, where the device is set.
 CUresult metamem_fake_cuda_device_attribute(int* value, CUdevice_attribute attribute, CUdevice device);
+// A kernel launched through the driver on `stream`: a node of the graph the
+// stream captures, if it captures (the fake driver calls it).
+void metamem_fake_cuda_launched(CUstream stream);
 // Device memory in use now: cudaMalloc'd and cuMemCreate'd bytes.
 std::size_t metamem_fake_cuda_used_memory();
 

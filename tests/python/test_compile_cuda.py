@@ -119,6 +119,58 @@ def test_cuda_graphs_which_a_trace_cannot_follow_yet_are_named(mode, caches):
     assert torch.randn(3).shape == (3,)  # the process goes on
 
 
+# A stream captures on the fake GPU as on a GPU: the caching allocator
+# serves the capture from the graph's private pool, and what CUDA forbids
+# while capturing fails with CUDA's words.
+CAPTURE = """
+import warnings
+x = torch.empty(1 << 20, device="cuda")  # 4 MiB, in a 20 MiB segment
+graph, seen = torch.cuda.CUDAGraph(), {}
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    with torch.cuda.graph(graph):
+        seen["capturing"] = torch.cuda.is_current_stream_capturing()
+        y = x * 2
+        z = y + 1
+        del y
+seen["warnings"] = [str(w.message) for w in caught]  # "The CUDA Graph is empty" where no launch was captured
+seen["capturing after"] = torch.cuda.is_current_stream_capturing()
+graph.replay()
+seen["allocated"], seen["reserved"] = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+try:
+    with torch.cuda.graph(torch.cuda.CUDAGraph()):
+        x.sum().item()
+except RuntimeError as error:
+    seen["read"] = [str(error.__context__).splitlines()[0], str(error).splitlines()[0]]
+print(json.dumps(seen))
+"""
+
+
+def test_the_fake_gpu_captures_cuda_graphs_as_a_gpu():
+    require_oracle()
+    from real_torch_on_fake_gpu import PROLOGUE, measure
+
+    seen = measure(ORACLE, native.gpu(GPU), PROLOGUE + "import torch\n" + CAPTURE)
+    assert seen["capturing"] and not seen["capturing after"] and seen["warnings"] == []
+    # x and z (y's block went back to the pool); the pool's own 20 MiB
+    # segment beside x's: captured outside it, y would have fitted in x's.
+    assert seen["allocated"] == 8 << 20 and seen["reserved"] == 40 << 20
+    # A value read synchronizes the capturing stream, which invalidates the
+    # capture; ending it then fails.
+    assert seen["read"] == ["CUDA error: operation not permitted when stream is capturing",
+                            "CUDA error: operation failed due to a previous error during capture"]
+
+
+def test_cuda_graph_trees_warm_up_record_and_replay_on_the_fake_gpu(caches):
+    # The oracle for mode="reduce-overhead" (docs/compile.md): warm-up at the
+    # first call, recording at the second, replays after. Torch 2.11 on the
+    # fake H200 gives the real H200's figures to the byte (docs/accuracy.md).
+    peaks = on_fake_gpu(caches[1], how="mode=reduce-overhead", batches=[32] * 4)
+    (first, reserved), (second, _), (third, _), (fourth, _) = peaks
+    assert all(r == reserved for _, r in peaks)  # the graphs' pool is kept between steps
+    assert first > second > third == fourth  # a replay allocates nothing of its own
+
+
 def test_max_autotune_is_exact_against_real_torch_on_the_fake_gpu(caches):
     # Its benchmarks allocate on the GPU while compiling, in the trace as in
     # the real run; every choice times 1 ms on both, so the first (cuBLAS)
