@@ -520,7 +520,8 @@ def _patch_data_loader_workers(patches):
 
 
 @contextlib.contextmanager
-def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf=None, world_size=None, rank=0):
+def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf=None, world_size=None, rank=0,
+          nproc_per_node=None):
     """Traces the block on a fake `device` ("cpu" or "cuda") and yields a
     Trace, readable once the block ends. `modules` built before the block
     run in it on the fake device, their states put back afterwards.
@@ -548,7 +549,9 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
     say which rank, and collectives hold the memory their backend holds
     (gloo's copies on a fake cpu, none on fake cuda) without communicating,
     so that fully_shard (FSDP2), DTensor, pipeline schedules and device
-    meshes trace as that rank runs them.
+    meshes trace as that rank runs them. A node has `nproc_per_node` ranks
+    (torchrun's flag; by default eight, or world_size where fewer), one per
+    GPU: torch.cuda sees that many devices and LOCAL_RANK names this rank's.
 
     Leaving the block, by an exception, KeyboardInterrupt or SystemExit
     too, puts back every global setting that it or the code inside changed
@@ -559,14 +562,16 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
         raise ValueError(f"values must be 'error' or 'placeholder', got {values!r}")
     gpu_spec = _metamem.gpu(gpu)  # ValueError for an unknown GPU, before anything changes
     if world_size is not None:
-        _distributed.check(world_size, rank)
+        _distributed.check(world_size, rank, nproc_per_node)
+    elif nproc_per_node is not None:
+        raise ValueError("nproc_per_node is for a trace with world_size")
     result = Trace(device)
     with ProcessState():
         session = _metamem.Session(device, alloc_conf, gpu)
         finished = False
         try:
             with contextlib.ExitStack() as stack:
-                devices = _distributed.local_world_size(world_size) if world_size else 1
+                devices = _distributed.local_world_size(world_size, nproc_per_node) if world_size else 1
                 runtime = FakeCudaRuntime(session, gpu_spec, devices) if device == "cuda" else None
                 stack.enter_context(runtime or _CudaOnFakeCpu())
                 stack.enter_context(_CppMetaKernels(device))
@@ -577,7 +582,7 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
                 _patch_fake_tensor_mode(patches)
                 _patch_data_loader_workers(patches)
                 if world_size is not None:
-                    stack.enter_context(_distributed.ranks(device, world_size, rank))
+                    stack.enter_context(_distributed.ranks(device, world_size, rank, nproc_per_node))
                 if values == "placeholder":
                     stack.enter_context(_metamem.PlaceholderValues())
                 scopes = stack.enter_context(_ModuleScopes(session))

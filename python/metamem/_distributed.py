@@ -245,12 +245,16 @@ torch._prims.rng_prims.run_dtensor_rng_op.py_impl(torch._C.DispatchKey.PrivateUs
 MOST_RANKS = 2**20
 
 
-def check(world_size, rank):
-    """ValueError or RuntimeError where trace(world_size, rank) cannot begin."""
+def check(world_size, rank, nproc_per_node=None):
+    """ValueError or RuntimeError where trace(world_size, rank,
+    nproc_per_node) cannot begin."""
     if not isinstance(world_size, int) or isinstance(world_size, bool) or not 1 <= world_size <= MOST_RANKS:
         raise ValueError(f"world_size must be an int in [1, {MOST_RANKS:,}], got {world_size!r}")
     if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world_size:
         raise ValueError(f"rank must be an int in [0, {world_size}), got {rank!r}")
+    if nproc_per_node is not None and (not isinstance(nproc_per_node, int) or isinstance(nproc_per_node, bool)
+                                       or not 1 <= nproc_per_node <= world_size):
+        raise ValueError(f"nproc_per_node must be an int in [1, {world_size}], got {nproc_per_node!r}")
     if dist.is_initialized():
         raise RuntimeError("a process group exists already: a trace with world_size makes its own "
                            "(call torch.distributed.destroy_process_group() first)")
@@ -261,18 +265,20 @@ def _destroy_default_group():
         dist.destroy_process_group()
 
 
-def local_world_size(world_size):
-    """Ranks to a node: torchrun's one per GPU, eight GPUs to a node."""
-    return min(world_size, 8)
+def local_world_size(world_size, nproc_per_node=None):
+    """Ranks to a node: torchrun's --nproc-per-node where given, else one
+    per GPU and eight GPUs to a node."""
+    return nproc_per_node or min(world_size, 8)
 
 
 @contextlib.contextmanager
-def ranks(device, world_size, rank):
+def ranks(device, world_size, rank, nproc_per_node=None):
     """Rank `rank` of `world_size` (check()ed) for the block: metamem's
-    default process group, torchrun's environment, and
+    default process group, torchrun's environment (`nproc_per_node` ranks
+    to a node), and
     torch.distributed.init_process_group answering from them whatever
     backend it names. Everything is put back afterwards."""
-    local_size = local_world_size(world_size)
+    local_size = local_world_size(world_size, nproc_per_node)
     environment = {"RANK": rank, "WORLD_SIZE": world_size, "LOCAL_RANK": rank % local_size,
                    "LOCAL_WORLD_SIZE": local_size, "GROUP_RANK": rank // local_size,
                    "MASTER_ADDR": "localhost", "MASTER_PORT": "29500"}

@@ -5,7 +5,9 @@ The script runs as `python SCRIPT ARGS` runs it (its `__main__`, its
 stops after its K-th optimizer step: nothing after it runs. What the trace
 cannot do for it is said, not hidden: `torch.save` writes nothing (a trace
 has shapes, not values), a value read from a traced tensor is a
-placeholder, and the run lists where each happened.
+placeholder, and the run lists where each happened. With a job's shape
+(torchrun's --nproc-per-node and --nnodes), the script runs as one rank
+of it.
 """
 
 import os
@@ -32,9 +34,11 @@ class StepsDone(BaseException):
 class ScriptRun:
     """What the script did beside the memory the trace holds."""
 
-    def __init__(self, script, steps):
+    def __init__(self, script, steps, world_size=None, rank=0, nproc_per_node=None):
         self.script = script
         self.steps_asked = steps
+        self.job = None if world_size is None else {"world_size": world_size, "rank": rank,
+                                                    "nproc_per_node": nproc_per_node}
         self.steps = 0  # optimizer steps taken
         self.unsaved = []  # file:line of each torch.save, which wrote nothing
         self.values_read = {}  # file:line: how many values read there the trace does not know
@@ -45,13 +49,17 @@ class ScriptRun:
         return self.steps == self.steps_asked
 
     def json(self):
-        return {"script": self.script, "optimizer_steps": self.steps, "stopped": self.stopped,
-                "unsaved": self.unsaved,
+        return {"script": self.script, **({"job": self.job} if self.job else {}), "optimizer_steps": self.steps,
+                "stopped": self.stopped, "unsaved": self.unsaved,
                 "values_read": [{"where": where, "reads": reads} for where, reads in self.values_read.items()]}
 
     def lines(self):
         end = "stopped after" if self.stopped else "ended by itself after"
         out = [f"  script {self.script}: {end} {self.steps} optimizer step{'s' * (self.steps != 1)}"]
+        if self.job:
+            world, local = self.job["world_size"], self.job["nproc_per_node"]
+            out.append(f"  as rank {self.job['rank']} of {world} ({world // local} node{'s' * (world != local)} "
+                       f"of {local}), torchrun's environment")
         out += [f"  torch.save at {where} wrote nothing (a trace has no values)" for where in self.unsaved]
         out += [f"  values read at {where} ({reads}x): placeholders (zeros)" for where, reads in self.values_read.items()]
         return out
@@ -80,15 +88,16 @@ def _counting_reads(run, patches):
         patches.set(torch.Tensor, name, counted)
 
 
-def trace_script(script, argv, steps, device, gpu, values):
+def trace_script(script, argv, steps, device, gpu, values, world_size=None, rank=0, nproc_per_node=None):
     """(Trace, ScriptRun) of `script` run with `argv`, stopped after
-    `steps` optimizer steps."""
+    `steps` optimizer steps; with `world_size`, as rank `rank` of a
+    torchrun job of `nproc_per_node` ranks to a node."""
     path = os.path.abspath(script)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no script {script!r}")
     if steps < 1:
         raise ValueError("--steps must be at least 1")
-    run = ScriptRun(script, steps)
+    run = ScriptRun(script, steps, world_size, rank, nproc_per_node)
 
     def after_step(optimizer, args, kwargs):
         run.steps += 1
@@ -103,7 +112,8 @@ def trace_script(script, argv, steps, device, gpu, values):
     sys.path.insert(0, os.path.dirname(path))
     patches = Patches()
     try:
-        with trace(device=device, gpu=gpu, values=values) as t:
+        with trace(device=device, gpu=gpu, values=values, world_size=world_size, rank=rank,
+                   nproc_per_node=nproc_per_node) as t:
             patches.set(torch, "save", save_nothing)
             _counting_reads(run, patches)
             hook = register_optimizer_step_post_hook(after_step)

@@ -10,6 +10,7 @@ TorchScript models stay in C++.
 """
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -58,8 +59,14 @@ def run_parser():
     p = argparse.ArgumentParser(
         prog="metamem run", description="Runs a training script unchanged under a trace, as `python SCRIPT ARGS` "
         "would run it, stops it after --steps optimizer steps and reports what they held.",
-        epilog="metamem run --device cuda --gpu A100-80GB --steps 2 train.py --batch-size 32")
+        epilog="metamem run --device cuda --gpu A100-80GB --steps 2 train.py --batch-size 32\n"
+               "metamem run --nproc-per-node 8 --nnodes 4 --rank 13 train_fsdp.py   # rank 13 of a torchrun job",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=2, help="optimizer steps traced; nothing after them runs")
+    p.add_argument("--nproc-per-node", type=int, help="as torchrun's: the script is one rank of a job of "
+                   "NPROC_PER_NODE x NNODES ranks, with torchrun's environment")
+    p.add_argument("--nnodes", type=int, help="as torchrun's (default 1)")
+    p.add_argument("--rank", type=int, help="the rank traced (default 0)")
     add_trace_flags(p, values="placeholder")
     add_report_flags(p)
     p.add_argument("script", help="the training script")
@@ -219,11 +226,33 @@ def failure(error):
     return 1, f"metamem: {type(error).__name__}: {line} (--debug prints the traceback)"
 
 
+def job_of(args):
+    """(world size, rank, ranks to a node) of a run's torchrun flags;
+    (None, 0, None) without them."""
+    if args.nproc_per_node is None:
+        if args.nnodes is not None or args.rank is not None:
+            raise UsageError("--nnodes and --rank are for a job: give --nproc-per-node")
+        return None, 0, None
+    nnodes = 1 if args.nnodes is None else args.nnodes
+    if args.nproc_per_node < 1 or nnodes < 1:
+        raise UsageError("--nproc-per-node and --nnodes must be positive")
+    world = args.nproc_per_node * nnodes
+    rank = 0 if args.rank is None else args.rank
+    if not 0 <= rank < world:
+        raise UsageError(f"--rank must be in [0, {world}) for {nnodes} node(s) of {args.nproc_per_node}")
+    return world, rank, args.nproc_per_node
+
+
 def run(args):
     """`metamem run SCRIPT ARGS`: the report of the script's first steps."""
     from ._run import trace_script
 
-    t, script = trace_script(args.script, args.args, args.steps, args.device, args.gpu, args.values)
+    world, rank, nproc_per_node = job_of(args)
+    # JSON and CSV are for programs to read: what the script prints goes to stderr.
+    printed = contextlib.redirect_stdout(sys.stderr) if args.format != "table" else contextlib.nullcontext()
+    with printed:
+        t, script = trace_script(args.script, args.args, args.steps, args.device, args.gpu, args.values,
+                                 world_size=world, rank=rank, nproc_per_node=nproc_per_node)
     render(t, args, {"run": script.json()}, script.lines())
     return 0
 

@@ -108,14 +108,50 @@ def _gloo_rank(rank, world, store, name, repeats, results):
 def gloo_peaks(name, world, store, repeats=3):
     """Each rank's achieved CPU peaks of `repeats` runs of STEPS[name] in
     `world` real gloo processes: {rank: [bytes, ...]}."""
+    return _in_processes(_gloo_rank, world, store, name, repeats)
+
+
+def _torchrun_rank(rank, world, ports, script, argv, results):
+    import os
+    import runpy
+    import sys
+
+    import metamem
+
+    sys.argv = [script, *argv]
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                      GROUP_RANK="0", MASTER_ADDR="127.0.0.1")
+    peaks = []
+    for port in ports:  # each run makes and destroys its process group: a port of its own
+        os.environ["MASTER_PORT"] = str(port)
+        peaks.append(metamem.achieved_cpu(lambda: runpy.run_path(script, run_name="__main__")))
+    results.put((rank, peaks))
+
+
+def torchrun_peaks(script, argv, world, repeats=3):
+    """Each rank's achieved CPU peaks of `repeats` runs of `script` with
+    `argv`, in `world` real processes with torchrun's environment (one
+    node): {rank: [bytes, ...]}."""
+    import socket
+
+    ports = []
+    for _ in range(repeats):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            ports.append(probe.getsockname()[1])
+    return _in_processes(_torchrun_rank, world, ports, script, argv)
+
+
+def _in_processes(target, world, *args):
+    """{rank: result} of target(rank, world, *args, results) in `world`
+    spawned processes, each putting (rank, result) on `results`."""
     import queue
 
     import torch.multiprocessing as mp
 
     context = mp.get_context("spawn")
     results = context.Queue()
-    processes = [context.Process(target=_gloo_rank, args=(rank, world, store, name, repeats, results))
-                 for rank in range(world)]
+    processes = [context.Process(target=target, args=(rank, world, *args, results)) for rank in range(world)]
     for process in processes:
         process.start()
     peaks = {}
@@ -128,7 +164,7 @@ def gloo_peaks(name, world, store, repeats=3):
             if failed:
                 for process in processes:
                     process.kill()  # the others wait for it in a collective
-                raise RuntimeError(f"a gloo rank exited with {failed[0]}") from None
+                raise RuntimeError(f"a rank exited with {failed[0]}") from None
     for process in processes:
         process.join()
     return peaks

@@ -124,6 +124,12 @@ def test_a_torchrun_script_runs_as_its_rank():
     assert not dist.is_initialized()
 
 
+def test_a_node_has_the_ranks_torchrun_gives_it():
+    with metamem.trace(device="cuda", world_size=12, rank=7, nproc_per_node=4):
+        assert (os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"], os.environ["GROUP_RANK"]) == ("3", "4", "1")
+        assert torch.cuda.device_count() == 4
+
+
 def test_leaving_the_block_restores_torch_distributed():
     init, excepthook = dist.init_process_group, sys.excepthook
     environment = dict(os.environ)
@@ -143,6 +149,10 @@ def test_bad_ranks_are_refused_before_anything_changes():
     with pytest.raises(ValueError, match="rank"):
         with metamem.trace(device="cpu", world_size=4, rank=4):
             pass
+    for world_size, nproc_per_node in ((4, 5), (4, 0), (None, 2)):
+        with pytest.raises(ValueError, match="nproc_per_node"):
+            with metamem.trace(device="cpu", world_size=world_size, nproc_per_node=nproc_per_node):
+                pass
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)

@@ -1,7 +1,8 @@
 """`metamem run SCRIPT ARGS`: an ordinary training script
 (ordinary_training_script.py), unchanged, run under a trace and stopped
-after its first optimizer steps; on a fake cpu, against the same script
-run for real."""
+after its first optimizer steps, and a torchrun FSDP2 script
+(torchrun_training_script.py) traced as each of its ranks; on a fake
+cpu, against the same scripts run for real."""
 
 import json
 import os
@@ -10,13 +11,15 @@ import sys
 
 import metamem
 import metamem.cli
+from distributed_steps import torchrun_peaks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "ordinary_training_script.py")
+TORCHRUN_SCRIPT = os.path.join(HERE, "torchrun_training_script.py")
 
 
-def line_of(text):
-    with open(SCRIPT) as script:
+def line_of(text, path=SCRIPT):
+    with open(path) as script:
         return next(number for number, line in enumerate(script, 1) if text in line)
 
 
@@ -75,3 +78,42 @@ def test_what_a_run_cannot_do_is_named(tmp_path, capsys):
     # Reading the loss, with values an error: the read is named.
     assert metamem.cli.main(["run", "--values", "error", SCRIPT, "--out", str(tmp_path)]) == 1
     assert "metamem" in capsys.readouterr().err
+
+
+def test_a_torchrun_script_is_traced_as_each_rank_exact_against_real_processes(capsys):
+    # Four ranks on a node, as `torchrun --nproc-per-node 4` starts them:
+    # gloo on a CPU, 64 samples and two steps each. The last layer's 10
+    # rows shard 3, 3, 3 and 1: rank 3 holds less. gloo's worker thread
+    # drops a finished collective's tensors when it gets to it, so a real
+    # run can peak higher than the step does: the least of three runs.
+    real = torchrun_peaks(TORCHRUN_SCRIPT, [], 4)
+    traced = {}
+    for rank in range(4):
+        argv = ["run", "--device", "cpu", "--nproc-per-node", "4", "--rank", str(rank), "--steps", "3",
+                "--format", "json", TORCHRUN_SCRIPT]
+        assert metamem.cli.main(argv) == 0
+        report = json.loads(capsys.readouterr().out)  # rank 0's logged loss went to stderr
+        run = report["run"]
+        assert run["job"] == {"world_size": 4, "rank": rank, "nproc_per_node": 4}
+        assert (run["optimizer_steps"], run["stopped"]) == (2, False)
+        # Only rank 0 logs its loss, once per epoch's first step here.
+        where = f"{os.path.relpath(TORCHRUN_SCRIPT)}:{line_of('loss.item()', TORCHRUN_SCRIPT)}"
+        assert run["values_read"] == ([{"where": where, "reads": 1}] if rank == 0 else [])
+        traced[rank] = max(report["predicted"]["step_peaks"])
+        assert min(real[rank]) == traced[rank] and all(peak >= traced[rank] for peak in real[rank]), rank
+    assert traced[3] < traced[0]
+
+
+def test_a_rank_of_a_job_on_many_gpus(capsys):
+    # Rank 13 of two nodes of eight: LOCAL_RANK 5, whose GPU the script
+    # takes; NCCL's group is metamem's.
+    argv = ["run", "--nproc-per-node", "8", "--nnodes", "2", "--rank", "13", TORCHRUN_SCRIPT]
+    assert metamem.cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "as rank 13 of 16 (2 nodes of 8), torchrun's environment" in printed
+    assert "ended by itself after 1 optimizer step" in printed and "values read" not in printed
+    for flags, error in ((["--rank", "1"], "give --nproc-per-node"),
+                         (["--nproc-per-node", "8", "--rank", "8"], r"--rank must be in [0, 8)"),
+                         (["--nproc-per-node", "0"], "must be positive")):
+        assert metamem.cli.main(["run", *flags, TORCHRUN_SCRIPT]) == 2
+        assert error in capsys.readouterr().err
