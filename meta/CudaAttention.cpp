@@ -186,19 +186,23 @@ at::native::DispatchStubImpl& choice_table() {
 std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
 
 // PyTorch's flash backward (_flash_attention_backward, mha_bwd) on (batch,
-// heads, seq, head_dim) operands: the output and its gradient made
-// contiguous in the kernel's (batch, seq, heads, head_dim) layout, then
-// mha_bwd's buffers with head_dim rounded to 32 up to 128 and to 64 above.
-std::int64_t flash_backward_bytes(c10::ArrayRef<c10::IValue> arguments, c10::ArrayRef<c10::IValue>) {
+// heads, seq, head_dim) operands: before the gradients, the output's
+// gradient and the output made contiguous in the kernel's (batch, seq,
+// heads, head_dim) layout; after them, mha_bwd's buffers with head_dim
+// rounded to 32 up to 128 and to 64 above. Each is a block of its own in a
+// real run, and their order decides where the allocator splits segments.
+ScratchPlan flash_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
   const at::Tensor& q = arguments[1].toTensor();
   const at::Tensor& k = arguments[2].toTensor();
-  std::int64_t copies = 0;
+  ScratchPlan plan;
   for (const at::Tensor& t : {arguments[0].toTensor(), arguments[4].toTensor()})
-    if (!t.transpose(1, 2).is_contiguous()) copies += static_cast<std::int64_t>(t.nbytes());
+    if (!t.transpose(1, 2).is_contiguous()) plan.pieces.push_back(static_cast<std::int64_t>(t.nbytes()));
+  plan.before_outputs = plan.pieces.size();
   const std::int64_t head_dim = q.size(3);
   const std::int64_t padded = round_up(head_dim, 8);
-  return copies + flash_attention_backward_scratch(q.size(0), q.size(2), k.size(2), q.size(1), k.size(1), head_dim,
-                                                   round_up(padded, padded <= 128 ? 32 : 64), q.element_size());
+  plan.pieces.append(flash_attention_backward_scratch(q.size(0), q.size(2), k.size(2), q.size(1), k.size(1), head_dim,
+                                                      round_up(padded, padded <= 128 ? 32 : 64), q.element_size()));
+  return plan;
 }
 
 // cuDNN's SDPA backward (cudnn-frontend's CompositeSDPABackwardNode): in its
@@ -329,9 +333,11 @@ std::vector<OwnKernelEntry> cuda_attention_kernels() {
 }
 
 ScratchModel cuda_scratch_model(const std::string& qualified_name) {
-  if (qualified_name == "aten::_scaled_dot_product_flash_attention_backward") return &flash_backward_bytes;
-  if (qualified_name == "aten::_scaled_dot_product_cudnn_attention_backward") return &cudnn_backward_bytes;
-  return nullptr;
+  return qualified_name == "aten::_scaled_dot_product_cudnn_attention_backward" ? &cudnn_backward_bytes : nullptr;
+}
+
+ScratchPlanModel cuda_scratch_plan_model(const std::string& qualified_name) {
+  return qualified_name == "aten::_scaled_dot_product_flash_attention_backward" ? &flash_backward_plan : nullptr;
 }
 
 }  // namespace metamem

@@ -45,8 +45,11 @@ void* install_sdpa_choice();
 void restore_sdpa_choice(void* previous);
 
 // Bytes a fused SDPA backward kernel holds beside its gradients on CUDA
-// (`qualified_name` as "aten::_scaled_dot_product_flash_attention_backward"),
+// (`qualified_name` as "aten::_scaled_dot_product_cudnn_attention_backward"),
 // or nullptr.
 ScratchModel cuda_scratch_model(const std::string& qualified_name);
+// The same, for the kernels whose temporaries are made one by one
+// (FlashAttention's backward), or nullptr.
+ScratchPlanModel cuda_scratch_plan_model(const std::string& qualified_name);
 
 }  // namespace metamem

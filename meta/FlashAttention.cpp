@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <tuple>
 #include <vector>
 
@@ -83,9 +84,12 @@ BackwardScratch backward_scratch(const Dims& d, std::int64_t width) {
 // Dao's FlashAttention-2 (2.3) rounds head_dim to 32, or to 256 above 192.
 std::int64_t dao_width(std::int64_t head_dim) { return head_dim <= 192 ? round_up(head_dim, 32) : 256; }
 
-std::int64_t scratch_bytes(const BackwardScratch& s, std::int64_t element_size) {
-  const std::int64_t expanded = s.expanded.empty() ? 0 : c10::multiply_integers(s.expanded);
-  return (c10::multiply_integers(s.row_dots) + c10::multiply_integers(s.dq_accum)) * 4 + 2 * expanded * element_size;
+// Its buffers' bytes in the order mha_bwd allocates them.
+c10::SmallVector<std::int64_t, 4> scratch_pieces(const BackwardScratch& s, std::int64_t element_size) {
+  c10::SmallVector<std::int64_t, 4> pieces{c10::multiply_integers(s.row_dots) * 4,
+                                           c10::multiply_integers(s.dq_accum) * 4};
+  if (!s.expanded.empty()) pieces.append(2, c10::multiply_integers(s.expanded) * element_size);
+  return pieces;
 }
 
 // Keys a query row may see: all, or under a causal mask aligned to the
@@ -303,7 +307,8 @@ Outputs autograd_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tens
 std::int64_t backward_scratch_bytes(c10::ArrayRef<c10::IValue> arguments, c10::ArrayRef<c10::IValue>) {
   const at::Tensor& q = arguments[1].toTensor();
   const Dims d = check_inputs(q, arguments[2].toTensor(), arguments[3].toTensor());
-  return scratch_bytes(backward_scratch(d, dao_width(d.head_dim)), q.element_size());
+  const auto pieces = scratch_pieces(backward_scratch(d, dao_width(d.head_dim)), q.element_size());
+  return std::accumulate(pieces.begin(), pieces.end(), std::int64_t{0});
 }
 
 }  // namespace
@@ -337,11 +342,13 @@ ScratchModel device_scratch_model(const std::string& qualified_name) {
   return qualified_name == "metamem::flash_attention_backward" ? &backward_scratch_bytes : nullptr;
 }
 
-std::int64_t flash_attention_backward_scratch(std::int64_t batch, std::int64_t seq_q, std::int64_t seq_k,
-                                              std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim,
-                                              std::int64_t head_dim_rounded, std::int64_t element_size) {
-  return scratch_bytes(backward_scratch({batch, seq_q, seq_k, heads, kv_heads, head_dim}, head_dim_rounded),
-                       element_size);
+c10::SmallVector<std::int64_t, 4> flash_attention_backward_scratch(std::int64_t batch, std::int64_t seq_q,
+                                                                   std::int64_t seq_k, std::int64_t heads,
+                                                                   std::int64_t kv_heads, std::int64_t head_dim,
+                                                                   std::int64_t head_dim_rounded,
+                                                                   std::int64_t element_size) {
+  return scratch_pieces(backward_scratch({batch, seq_q, seq_k, heads, kv_heads, head_dim}, head_dim_rounded),
+                        element_size);
 }
 
 std::int64_t flash_attention_scores(std::int64_t seq_q, std::int64_t seq_k, bool causal) {

@@ -11,6 +11,9 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
+#include <c10/util/SmallVector.h>
+
+#include <cstdint>
 
 namespace metamem {
 
@@ -25,13 +28,16 @@ at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::T
                            double dropout_p = 0.0, bool causal = false,
                            c10::optional<double> scale = c10::nullopt);
 
-// Bytes FlashAttention-2's backward (mha_bwd) holds beside dq, dk and dv:
-// the fp32 row dot products and dq accumulator (rows rounded up to 128,
-// head_dim to `head_dim_rounded`, which differs between FlashAttention's
-// releases) and, when heads > kv_heads, dk and dv per query head.
-std::int64_t flash_attention_backward_scratch(std::int64_t batch, std::int64_t seq_q, std::int64_t seq_k,
-                                              std::int64_t heads, std::int64_t kv_heads, std::int64_t head_dim,
-                                              std::int64_t head_dim_rounded, std::int64_t element_size);
+// What FlashAttention-2's backward (mha_bwd) allocates after dq, dk and
+// dv, bytes in its order: the fp32 row dot products, the fp32 dq
+// accumulator (rows rounded up to 128, head_dim to `head_dim_rounded`,
+// which differs between FlashAttention's releases) and, when heads >
+// kv_heads, dk and dv per query head.
+c10::SmallVector<std::int64_t, 4> flash_attention_backward_scratch(std::int64_t batch, std::int64_t seq_q,
+                                                                   std::int64_t seq_k, std::int64_t heads,
+                                                                   std::int64_t kv_heads, std::int64_t head_dim,
+                                                                   std::int64_t head_dim_rounded,
+                                                                   std::int64_t element_size);
 
 // Query-key pairs one (batch, head) of the attention scores: every key per
 // query row, or under the causal mask only those each row may see.

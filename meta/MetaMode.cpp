@@ -106,6 +106,7 @@ using BufferList = c10::SmallVector<BufferId, 8>;
 // Kernels' temporaries by op on each fake device, filled when the kernel is
 // registered and only read afterwards.
 std::unordered_map<const c10::OperatorName*, ScratchModel> g_cpu_scratch, g_cuda_scratch;
+std::unordered_map<const c10::OperatorName*, ScratchPlanModel> g_cuda_scratch_plans;
 std::unordered_map<const c10::OperatorName*, ReductionStagingModel> g_cuda_staging;
 
 // The ops that call cuBLAS on CUDA, likewise.
@@ -114,20 +115,52 @@ std::unordered_set<const c10::OperatorName*> g_cublas_ops;
 // metamem's own meta kernels by op, likewise.
 std::unordered_map<const c10::OperatorName*, const c10::KernelFunction*> g_own_kernels;
 
-// What the op's kernel holds beside its outputs is made and freed after
-// they exist, as it is live beside them.
-void report_scratch(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
-                    c10::ArrayRef<c10::IValue> returns, MetaObserver* observer) {
-  if (observer == nullptr) return;
-  const auto& models = g_mode.device.is_cpu() ? g_cpu_scratch : g_cuda_scratch;
-  const auto model = models.find(&op.operator_name());
-  if (model == models.end()) return;
-  const std::int64_t bytes = model->second(arguments, returns);
-  if (bytes <= 0) return;
-  const BufferId id = g_next_buffer.fetch_add(1);
-  observer->on_alloc(id, static_cast<std::size_t>(bytes));
-  observer->on_free(id);
-}
+// The temporaries of an op's kernel, by their plan (ScratchPlan): those
+// made before its outputs as it is constructed, before the kernel runs;
+// the rest at end(), after the outputs exist, and then all are freed, the
+// last made first. Kernels with one temporary beside their outputs
+// (ScratchModel) make it at end().
+class KernelScratch {
+ public:
+  KernelScratch(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments, MetaObserver* observer)
+      : observer_(observer) {
+    if (observer_ == nullptr || !g_mode.device.is_cuda()) return;
+    const auto model = g_cuda_scratch_plans.find(&op.operator_name());
+    if (model == g_cuda_scratch_plans.end()) return;
+    plan_ = model->second(arguments);
+    for (std::size_t i = 0; i < plan_.before_outputs; ++i) make(plan_.pieces[i]);
+  }
+
+  void end(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
+           c10::ArrayRef<c10::IValue> returns) {
+    if (observer_ == nullptr) return;
+    for (std::size_t i = plan_.before_outputs; i < plan_.pieces.size(); ++i) make(plan_.pieces[i]);
+    const auto& models = g_mode.device.is_cpu() ? g_cpu_scratch : g_cuda_scratch;
+    if (const auto model = models.find(&op.operator_name()); model != models.end())
+      make(model->second(arguments, returns));
+    free_all();
+  }
+  // An op that fails frees what it made.
+  ~KernelScratch() { free_all(); }
+  KernelScratch(const KernelScratch&) = delete;
+  KernelScratch& operator=(const KernelScratch&) = delete;
+
+ private:
+  void free_all() {
+    for (auto id = made_.rbegin(); id != made_.rend(); ++id) observer_->on_free(*id);
+    made_.clear();
+  }
+
+  void make(std::int64_t bytes) {
+    if (bytes <= 0) return;
+    made_.push_back(g_next_buffer.fetch_add(1));
+    observer_->on_alloc(made_.back(), static_cast<std::size_t>(bytes));
+  }
+
+  MetaObserver* observer_;
+  ScratchPlan plan_;
+  BufferList made_;
+};
 
 // A CUDA reduction's staging buffer and semaphores, made in that order after
 // its output and freed in the reverse order.
@@ -434,14 +467,15 @@ void meta_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   check_the_traced_gpu_runs(op);
   BufferList inputs, outputs;
   unwrap_arguments(schema, *stack, inputs);
+  auto* observer = g_mode.observer.load(std::memory_order_acquire);
+  KernelScratch scratch(op, original_args, observer);
   call_on_meta(op, *stack);
   if (&op.operator_name() == g_zero_tensor) hold_no_memory(stack->back().toTensor());
   wrap_outputs(schema, *stack, original_args, outputs);
-  auto* observer = g_mode.observer.load(std::memory_order_acquire);
   const std::size_t n_returns = schema.returns().size();
   const c10::ArrayRef<c10::IValue> returns(stack->data() + stack->size() - n_returns, n_returns);
   report_cublas_workspace(op, returns, observer);
-  report_scratch(op, original_args, returns, observer);
+  scratch.end(op, original_args, returns);
   report_reduction_staging(op, original_args, returns, observer);
   if (observer != nullptr) observer->on_op(op, inputs, outputs, original_args, returns);
   learn_values(op, original_args, returns);
@@ -530,6 +564,8 @@ void register_meta_kernel() {
     if (ScratchModel model = cpu_scratch_model(qualified))
       g_cpu_scratch.emplace(&op->operator_name(), model);
     if (ScratchModel model = cuda_scratch_model(qualified)) g_cuda_scratch.emplace(&op->operator_name(), model);
+    if (ScratchPlanModel model = cuda_scratch_plan_model(qualified))
+      g_cuda_scratch_plans.emplace(&op->operator_name(), model);
     if (ScratchModel model = cuda_native_scratch_model(qualified)) g_cuda_scratch.emplace(&op->operator_name(), model);
     if (ReductionStagingModel model = cuda_reduction_staging_model(qualified))
       g_cuda_staging.emplace(&op->operator_name(), model);

@@ -78,14 +78,13 @@ def test_a_compiled_step_is_exact_against_real_torch_on_the_fake_gpu(how, caches
     assert len(t.step_peaks) == 2
 
 
-def test_bf16_autocast_with_flash_attention_allocates_exactly(caches):
-    t, peaks = traced(caches[0], how="torch.compile(model)", bf16=True)
-    real = on_fake_gpu(caches[1], how="torch.compile(model)", bf16=True)
-    assert [allocated for allocated, _ in peaks] == [allocated for allocated, _ in real]
-    # The second step's reserved is 2 MiB under: one more small-pool
-    # segment in the real run, as in the eager bf16 step; not yet explained
-    # (docs/compile.md).
-    assert peaks[0] == real[0] and 0 <= real[1][1] - peaks[1][1] <= 2 << 20
+@pytest.mark.parametrize("how", ["torch.compile(model)", "eager"])
+def test_bf16_autocast_with_flash_attention_is_exact(how, caches):
+    # FlashAttention's backward makes its temporaries one by one, the
+    # output's gradient copied before dq, dk and dv: in one block instead,
+    # the trace met another free list and took one 2 MiB segment less.
+    t, peaks = traced(caches[0], how=how, bf16=True)
+    assert peaks == on_fake_gpu(caches[1], how=how, bf16=True)
 
 
 def test_recompiles_on_new_batch_sizes_are_exact(caches):
