@@ -23,15 +23,46 @@ std::int64_t cublas_workspace_bytes(int major, int minor) {
   return any ? bytes : default_bytes;
 }
 
-bool calls_cublas(std::string_view name) {
+namespace {
+
+bool always(c10::ArrayRef<c10::IValue>) { return true; }
+
+// torch's own CUDA convolutions (a fake cuda device has no cuDNN): depthwise
+// ones run kernels of their own; every other one, transposed, dilated or
+// grouped, multiplies im2col columns through cuBLAS (select_conv_backend;
+// a 1d convolution is viewed as 2d first).
+bool native_convolution_multiplies(const at::Tensor& input, const at::Tensor& weight, bool transposed,
+                                   std::int64_t groups) {
+  if (input.numel() == 0) return false;
+  const bool depthwise = !transposed && input.dim() >= 3 && input.dim() <= 5 && groups > 1 &&
+                         input.size(1) == groups && weight.size(0) % input.size(1) == 0;
+  return !depthwise;
+}
+
+// convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+bool convolution(c10::ArrayRef<c10::IValue> args) {
+  return native_convolution_multiplies(args[0].toTensor(), args[1].toTensor(), args[6].toBool(), args[8].toInt());
+}
+
+// convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+// output_padding, groups, output_mask)
+bool convolution_backward(c10::ArrayRef<c10::IValue> args) {
+  return native_convolution_multiplies(args[1].toTensor(), args[2].toTensor(), args[7].toBool(), args[9].toInt());
+}
+
+}  // namespace
+
+CublasCall cublas_call(std::string_view name) {
   // The BLAS products libtorch's CUDA kernels hand to cuBLAS or cuBLASLt;
   // matmul, linear and SDPA's math path reach them through these.
-  static constexpr std::array<std::string_view, 12> kOps = {
+  static constexpr std::array<std::string_view, 12> kProducts = {
       "aten::mm",  "aten::addmm", "aten::_addmm_activation", "aten::bmm",       "aten::baddbmm", "aten::addbmm",
       "aten::mv",  "aten::addmv", "aten::dot",               "aten::vdot",      "aten::_scaled_mm", "aten::_int_mm"};
-  for (std::string_view op : kOps)
-    if (op == name) return true;
-  return false;
+  for (std::string_view op : kProducts)
+    if (op == name) return &always;
+  if (name == "aten::convolution") return &convolution;
+  if (name == "aten::convolution_backward") return &convolution_backward;
+  return nullptr;
 }
 
 }  // namespace metamem

@@ -7,6 +7,9 @@
 // real H200 once its cuBLAS handles were distinct).
 #pragma once
 
+#include <ATen/core/ivalue.h>
+#include <c10/util/ArrayRef.h>
+
 #include <cstdint>
 #include <string_view>
 
@@ -17,7 +20,9 @@ namespace metamem {
 // 32 MiB on sm90 and 8 MiB + 128 KiB elsewhere (CublasHandlePool.cpp).
 std::int64_t cublas_workspace_bytes(int major, int minor);
 
-// Whether op `name` ("aten::addmm", any overload) calls cuBLAS on CUDA.
-bool calls_cublas(std::string_view name);
+// Whether a call of op `name` ("aten::addmm", any overload) calls cuBLAS
+// on CUDA, from its arguments; nullptr where the op never does.
+using CublasCall = bool (*)(c10::ArrayRef<c10::IValue> arguments);
+CublasCall cublas_call(std::string_view name);
 
 }  // namespace metamem

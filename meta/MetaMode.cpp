@@ -110,16 +110,16 @@ std::unordered_map<const c10::OperatorName*, ScratchPlanModel> g_cuda_scratch_pl
 std::unordered_map<const c10::OperatorName*, ReductionStagingModel> g_cuda_staging;
 
 // The ops that call cuBLAS on CUDA, likewise.
-std::unordered_set<const c10::OperatorName*> g_cublas_ops;
+std::unordered_map<const c10::OperatorName*, CublasCall> g_cublas_ops;
 
 // metamem's own meta kernels by op, likewise.
 std::unordered_map<const c10::OperatorName*, const c10::KernelFunction*> g_own_kernels;
 
 // The temporaries of an op's kernel, by their plan (ScratchPlan): those
 // made before its outputs as it is constructed, before the kernel runs;
-// the rest at end(), after the outputs exist, and then all are freed, the
-// last made first. Kernels with one temporary beside their outputs
-// (ScratchModel) make it at end().
+// the rest by make_the_rest(), after the outputs exist; all freed by
+// free(), the last made first. Kernels with one temporary beside their
+// outputs (ScratchModel) make it in make_the_rest().
 class KernelScratch {
  public:
   KernelScratch(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments, MetaObserver* observer)
@@ -131,25 +131,26 @@ class KernelScratch {
     for (std::size_t i = 0; i < plan_.before_outputs; ++i) make(plan_.pieces[i]);
   }
 
-  void end(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
-           c10::ArrayRef<c10::IValue> returns) {
+  void make_the_rest(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
+                     c10::ArrayRef<c10::IValue> returns) {
     if (observer_ == nullptr) return;
     for (std::size_t i = plan_.before_outputs; i < plan_.pieces.size(); ++i) make(plan_.pieces[i]);
     const auto& models = g_mode.device.is_cpu() ? g_cpu_scratch : g_cuda_scratch;
     if (const auto model = models.find(&op.operator_name()); model != models.end())
       make(model->second(arguments, returns));
-    free_all();
   }
+
+  void free() {
+    for (auto id = made_.rbegin(); id != made_.rend(); ++id) observer_->on_free(*id);
+    made_.clear();
+  }
+
   // An op that fails frees what it made.
-  ~KernelScratch() { free_all(); }
+  ~KernelScratch() { free(); }
   KernelScratch(const KernelScratch&) = delete;
   KernelScratch& operator=(const KernelScratch&) = delete;
 
  private:
-  void free_all() {
-    for (auto id = made_.rbegin(); id != made_.rend(); ++id) observer_->on_free(*id);
-    made_.clear();
-  }
 
   void make(std::int64_t bytes) {
     if (bytes <= 0) return;
@@ -187,9 +188,11 @@ void report_reduction_staging(const c10::OperatorHandle& op, c10::ArrayRef<c10::
 // A handle is keyed by its thread's id. The pool gives an ended thread's
 // handle to the next thread (a real H200 showed it), and glibc usually
 // gives that thread the ended one's id, so the two agree there.
-void report_cublas_workspace(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> returns,
-                             MetaObserver* observer) {
-  if (observer == nullptr || !g_mode.device.is_cuda() || g_cublas_ops.count(&op.operator_name()) == 0) return;
+void report_cublas_workspace(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
+                             c10::ArrayRef<c10::IValue> returns, MetaObserver* observer) {
+  if (observer == nullptr || !g_mode.device.is_cuda()) return;
+  const auto calls = g_cublas_ops.find(&op.operator_name());
+  if (calls == g_cublas_ops.end() || !calls->second(arguments)) return;
   for (const c10::IValue& value : returns)
     if (value.isTensor() && value.toTensor().numel() == 0) return;
   std::int64_t bytes = g_mode.cublas_workspace_bytes.load(std::memory_order_relaxed);
@@ -474,8 +477,11 @@ void meta_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   wrap_outputs(schema, *stack, original_args, outputs);
   const std::size_t n_returns = schema.returns().size();
   const c10::ArrayRef<c10::IValue> returns(stack->data() + stack->size() - n_returns, n_returns);
-  report_cublas_workspace(op, returns, observer);
-  scratch.end(op, original_args, returns);
+  // A kernel's cuBLAS call comes after its temporaries are made (a
+  // convolution's columns) and before they are freed.
+  scratch.make_the_rest(op, original_args, returns);
+  report_cublas_workspace(op, original_args, returns, observer);
+  scratch.free();
   report_reduction_staging(op, original_args, returns, observer);
   if (observer != nullptr) observer->on_op(op, inputs, outputs, original_args, returns);
   learn_values(op, original_args, returns);
@@ -573,7 +579,7 @@ void register_meta_kernel() {
       g_cpu_scratch.emplace(&op->operator_name(), model);
       g_cuda_scratch.emplace(&op->operator_name(), model);
     }
-    if (calls_cublas(name.name)) g_cublas_ops.insert(&op->operator_name());
+    if (CublasCall calls = cublas_call(name.name)) g_cublas_ops.emplace(&op->operator_name(), calls);
     if (name.name == "aten::_scaled_mm" || name.name == "aten::_scaled_mm_v2")
       g_float8_products.insert(&op->operator_name());
     if (qualified == "aten::_efficientzerotensor") g_zero_tensor = &op->operator_name();

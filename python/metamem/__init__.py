@@ -347,16 +347,26 @@ def _backward_marked(session, scopes):
         torch.autograd.backward = original
 
 
+def _in_apply_order(module):
+    """The module and its submodules in the order Module._apply (`.to()`,
+    `.cuda()`) moves their tensors: each module's children before it."""
+    for child in module.children():
+        yield from _in_apply_order(child)
+    yield module
+
+
 @contextlib.contextmanager
 def _swapped(modules, device):
     """Each module's parameters and buffers replaced by fake-device ones of the
     same shape (no data is copied), the originals put back afterwards. A
     tensor that two modules share (a language model's head tied to its
-    embedding) is replaced by one fake tensor: tied weights stay tied."""
+    embedding) is replaced by one fake tensor: tied weights stay tied. They
+    are made in the order `module.to(device)` makes them, which decides
+    where the caching allocator puts them."""
     saved = []
     fakes = {}  # id of each tensor replaced: its replacement
     for module in modules:
-        for sub in module.modules():
+        for sub in _in_apply_order(module):
             for store in (sub._parameters, sub._buffers):
                 for name, tensor in list(store.items()):
                     if tensor is None:
