@@ -151,7 +151,6 @@ class KernelScratch {
   KernelScratch& operator=(const KernelScratch&) = delete;
 
  private:
-
   void make(std::int64_t bytes) {
     if (bytes <= 0) return;
     made_.push_back(g_next_buffer.fetch_add(1));

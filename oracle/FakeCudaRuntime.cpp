@@ -138,11 +138,22 @@ class Captures {
     return cudaSuccess;
   }
 
-  // The capture `stream` takes part in, if any.
-  std::shared_ptr<Capture> of(cudaStream_t stream) {
+  // The status of the capture `stream` takes part in, and its id (0: none).
+  cudaStreamCaptureStatus status(cudaStream_t stream, unsigned long long* id) {
     std::lock_guard<std::mutex> lock(mutex_);
     const auto it = streams_.find(stream);
-    return it == streams_.end() ? nullptr : it->second;
+    if (id) *id = it == streams_.end() ? 0 : it->second->id;
+    if (it == streams_.end()) return cudaStreamCaptureStatusNone;
+    return it->second->invalidated ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
+  }
+
+  // Invalidates the capture `stream` takes part in; whether there was one.
+  bool invalidate(cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = streams_.find(stream);
+    if (it == streams_.end()) return false;
+    it->second->invalidated = true;
+    return true;
   }
 
   void launched(cudaStream_t stream) {
@@ -578,13 +589,12 @@ cudaError_t cudaStreamGetPriority(cudaStream_t, int* priority) {
 }
 // Waiting on a capturing stream is waiting for work that will never run.
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
-  return Captures::get().of(stream) ? fail(cudaErrorStreamCaptureUnsupported) : cudaSuccess;
+  return Captures::get().status(stream, nullptr) != cudaStreamCaptureStatusNone
+             ? fail(cudaErrorStreamCaptureUnsupported)
+             : cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-  const std::shared_ptr<Capture> capture = Captures::get().of(stream);
-  if (!capture) return cudaSuccess;
-  capture->invalidated = true;
-  return fail(cudaErrorStreamCaptureUnsupported);
+  return Captures::get().invalidate(stream) ? fail(cudaErrorStreamCaptureUnsupported) : cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
   Captures::get().waited(stream, event);
@@ -593,11 +603,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
 cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, cudaStreamCaptureStatus* status, unsigned long long* id,
                                      cudaGraph_t* graph, const cudaGraphNode_t** dependencies,
                                      const cudaGraphEdgeData** edges, size_t* n_dependencies) {
-  const std::shared_ptr<Capture> capture = Captures::get().of(stream);
-  *status = !capture                ? cudaStreamCaptureStatusNone
-            : capture->invalidated ? cudaStreamCaptureStatusInvalidated
-                                   : cudaStreamCaptureStatusActive;
-  if (id) *id = capture ? capture->id : 0;
+  *status = Captures::get().status(stream, id);
   if (graph) *graph = nullptr;
   if (dependencies) *dependencies = nullptr;
   if (edges) *edges = nullptr;
@@ -613,7 +619,8 @@ cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
 }
 cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t stream, cudaGraphNode_t*, const cudaGraphEdgeData*,
                                                 size_t, unsigned int) {
-  return Captures::get().of(stream) ? cudaSuccess : fail(cudaErrorIllegalState);
+  return Captures::get().status(stream, nullptr) != cudaStreamCaptureStatusNone ? cudaSuccess
+                                                                                 : fail(cudaErrorIllegalState);
 }
 
 // ---- graphs: captured, instantiated and launched; a launch does nothing
