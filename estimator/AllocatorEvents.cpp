@@ -4,6 +4,7 @@
 #include <ostream>
 #include <sstream>
 #include <stdexcept>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "estimator/CachingAllocator.h"
@@ -54,6 +55,13 @@ void write_allocator_events(std::ostream& out, const std::vector<AllocatorEvent>
         break;
       case AllocatorEvent::Kind::ResetPeaks: out << "reset_peaks\n"; break;
       case AllocatorEvent::Kind::EmptyCache: out << "empty_cache\n"; break;
+      case AllocatorEvent::Kind::PoolBegin:
+        out << "pool_begin " << event.pool;
+        if (event.stream != AllocatorEvent::kEveryStream) out << " " << event.stream;
+        out << "\n";
+        break;
+      case AllocatorEvent::Kind::PoolEnd: out << "pool_end " << event.pool << "\n"; break;
+      case AllocatorEvent::Kind::PoolRelease: out << "pool_release " << event.pool << "\n"; break;
     }
   }
 }
@@ -61,6 +69,9 @@ void write_allocator_events(std::ostream& out, const std::vector<AllocatorEvent>
 std::vector<AllocatorEvent> read_allocator_events(std::istream& in, const std::string& source) {
   std::vector<AllocatorEvent> events;
   std::unordered_set<std::uint32_t> live;
+  // Private pools: their uses, and those routed to now.
+  std::unordered_map<int, int> pool_uses;
+  std::unordered_set<int> routed;
   std::string line;
   std::size_t number = 0;
   auto error = [&](const std::string& what) {
@@ -102,6 +113,30 @@ std::vector<AllocatorEvent> read_allocator_events(std::istream& in, const std::s
       event.kind = AllocatorEvent::Kind::ResetPeaks;
     } else if (kind == "empty_cache") {
       event.kind = AllocatorEvent::Kind::EmptyCache;
+    } else if (kind == "pool_begin" || kind == "pool_end" || kind == "pool_release") {
+      if (!(fields >> event.pool) || event.pool < 1) throw error("'" + kind + "' needs a pool number (1, 2, ...)");
+      const std::string pool = "pool " + std::to_string(event.pool);
+      const auto uses = pool_uses.find(event.pool);
+      if (kind == "pool_begin") {
+        event.kind = AllocatorEvent::Kind::PoolBegin;
+        event.stream = AllocatorEvent::kEveryStream;
+        if (!(fields >> std::ws).eof()) {
+          if (!(fields >> event.stream)) throw error("'pool_begin' takes a stream number");
+          read_stream();
+        }
+        if (uses != pool_uses.end() && uses->second == 0)
+          throw error(pool + " was released; a new pool needs a new number");
+        if (!routed.insert(event.pool).second) throw error("requests are already routed to " + pool);
+        ++pool_uses[event.pool];
+      } else if (kind == "pool_end") {
+        event.kind = AllocatorEvent::Kind::PoolEnd;
+        if (routed.erase(event.pool) == 0) throw error("requests are not routed to " + pool);
+      } else {
+        event.kind = AllocatorEvent::Kind::PoolRelease;
+        if (uses == pool_uses.end() || uses->second == 0) throw error(pool + " has no use to release");
+        if (routed.contains(event.pool)) throw error("requests are routed to " + pool + ": end that first");
+        --uses->second;
+      }
     } else {
       throw error("unknown event '" + kind + "'");
     }
@@ -119,6 +154,13 @@ void apply(CachingAllocatorSim& sim, const AllocatorEvent& event) {
     case AllocatorEvent::Kind::RecordStream: sim.record_stream(event.id, event.stream); break;
     case AllocatorEvent::Kind::ResetPeaks: sim.reset_peaks(); break;
     case AllocatorEvent::Kind::EmptyCache: sim.empty_cache(); break;
+    case AllocatorEvent::Kind::PoolBegin:
+      sim.begin_allocate_to_pool(event.pool, event.stream == AllocatorEvent::kEveryStream
+                                                 ? std::nullopt
+                                                 : std::optional<int>(event.stream));
+      break;
+    case AllocatorEvent::Kind::PoolEnd: sim.end_allocate_to_pool(event.pool); break;
+    case AllocatorEvent::Kind::PoolRelease: sim.release_pool(event.pool); break;
   }
 }
 

@@ -9,6 +9,14 @@
 //   free ID                   the allocation named ID goes back
 //   reset_peaks               torch.cuda.reset_peak_memory_stats()
 //   empty_cache               torch.cuda.empty_cache()
+//   pool_begin POOL [STREAM]  requests on STREAM (without one: every request,
+//                             as torch routes a thread's) go to private pool
+//                             POOL (1, 2, ...), made or used once more
+//   pool_end POOL             that routing ends
+//   pool_release POOL         one use of the pool ends (a CUDA graph
+//                             destroyed; not while routed to); with none
+//                             left, empty_cache frees its cached segments,
+//                             and POOL is not used again
 #pragma once
 
 #include <cstdint>
@@ -23,11 +31,13 @@ namespace metamem {
 class CachingAllocatorSim;
 
 struct AllocatorEvent {
-  enum class Kind : std::uint8_t { Alloc, Free, RecordStream, ResetPeaks, EmptyCache };
+  enum class Kind : std::uint8_t { Alloc, Free, RecordStream, ResetPeaks, EmptyCache, PoolBegin, PoolEnd, PoolRelease };
+  static constexpr int kEveryStream = -1;  // PoolBegin without a stream
   Kind kind = Kind::Alloc;
   std::uint32_t id = 0;    // Alloc, Free, RecordStream
   std::int64_t bytes = 0;  // Alloc
-  int stream = 0;          // Alloc, RecordStream
+  int stream = 0;          // Alloc, RecordStream, PoolBegin
+  int pool = 0;            // PoolBegin, PoolEnd, PoolRelease
 };
 
 

@@ -69,15 +69,18 @@ std::int64_t CachingAllocatorSim::segment_size(std::int64_t rounded) const {
 
 void CachingAllocatorSim::insert_free(std::int64_t address, Block& block) {
   block.gc_count_base = get_free_block_calls_[block.small_pool];
-  pool(block.small_pool).insert({block.stream, block.size, address});
+  free_blocks(block.small_pool).insert({block.pool, block.stream, block.size, address});
 }
 
-std::optional<std::int64_t> CachingAllocatorSim::get_free_block(bool small_pool, int stream, std::int64_t rounded) {
-  if (garbage_collecting()) ++get_free_block_calls_[small_pool];
-  auto& free_blocks = pool(small_pool);
+std::optional<std::int64_t> CachingAllocatorSim::get_free_block(int pool, bool small_pool, int stream,
+                                                                std::int64_t rounded) {
+  // Only the device's own pools are garbage collected, by their own clock.
+  if (garbage_collecting() && pool == 0) ++get_free_block_calls_[small_pool];
+  auto& free = free_blocks(small_pool);
+  auto ours = [&](FreeBlocks::iterator it) { return it != free.end() && it->pool == pool && it->stream == stream; };
   // Best fit: the stream's smallest free block that holds the request, lowest address first.
-  auto fit = free_blocks.lower_bound({stream, rounded, std::numeric_limits<std::int64_t>::min()});
-  if (fit == free_blocks.end() || fit->stream != stream) return std::nullopt;
+  auto fit = free.lower_bound({pool, stream, rounded, std::numeric_limits<std::int64_t>::min()});
+  if (!ours(fit)) return std::nullopt;
   if (config_.expandable_segments) {
     // A block that unmapped address space follows counts as large as it
     // could grow: the search moves on while the next block grows less.
@@ -87,9 +90,7 @@ std::optional<std::int64_t> CachingAllocatorSim::get_free_block(bool small_pool,
                          !next->second.mapped;
       return free->size + (grows ? next->second.size : 0);
     };
-    for (auto next = std::next(fit); next != free_blocks.end() && next->stream == stream &&
-                                     expandable_size(next) < expandable_size(fit);)
-      fit = next++;
+    for (auto next = std::next(fit); ours(next) && expandable_size(next) < expandable_size(fit);) fit = next++;
   }
   const std::int64_t size = fit->size, max_split = config_.max_split_size;
   // Blocks of max_split_size or more serve only requests as large, and
@@ -97,7 +98,7 @@ std::optional<std::int64_t> CachingAllocatorSim::get_free_block(bool small_pool,
   if (rounded < max_split && size >= max_split) return std::nullopt;
   if (rounded >= max_split && size >= rounded + config_.max_non_split_rounding_size) return std::nullopt;
   const std::int64_t address = fit->address;
-  free_blocks.erase(fit);
+  free.erase(fit);
   return address;
 }
 
@@ -107,17 +108,18 @@ bool CachingAllocatorSim::should_split(const Block& block, std::int64_t rounded)
   return rounded < config_.max_split_size && remaining > kSmallSize;
 }
 
-std::optional<std::int64_t> CachingAllocatorSim::alloc_block(bool small_pool, int stream, std::int64_t size,
+std::optional<std::int64_t> CachingAllocatorSim::alloc_block(int pool, bool small_pool, int stream, std::int64_t size,
                                                              std::int64_t rounded, bool retry) {
   if (retry) ++stats_.num_alloc_retries;
   const std::int64_t reserved = reserved_bytes();
   if (allowed_maximum_ && reserved + size > *allowed_maximum_) return std::nullopt;
-  if (config_.expandable_segments) return try_allocate_expandable_block(small_pool, stream, rounded);
+  if (config_.expandable_segments) return try_allocate_expandable_block(pool, small_pool, stream, rounded);
   if (size > device_memory_ - reserved) return std::nullopt;
   const std::int64_t base = next_segment_address_;
   next_segment_address_ += size + kSmallBuffer;  // a gap: segments never merge
-  segments_[base] = {size, false, stream};
-  blocks_[base] = {.segment = base, .size = size, .allocated = false, .small_pool = small_pool, .stream = stream};
+  segments_[base] = {size, false, stream, pool};
+  blocks_[base] = {.segment = base, .size = size, .pool = pool, .allocated = false, .small_pool = small_pool,
+                   .stream = stream};
   add(stats_.segment, small_pool, 1);
   add(stats_.reserved_bytes, small_pool, size);
   if (size >= config_.max_split_size) stats_.oversize_segments.increase(1);
@@ -136,7 +138,7 @@ CachingAllocatorSim::Merged CachingAllocatorSim::merge_neighbours(Blocks::iterat
     if (other->second.mapped)
       erase_free(other->first, other->second);
     else
-      unmapped(other->second.small_pool).erase({other->second.stream, other->first});
+      unmapped(other->second.small_pool).erase({other->second.pool, other->second.stream, other->first});
     ++merged.blocks;
     merged.bytes += other->second.size;
   };
@@ -158,12 +160,13 @@ CachingAllocatorSim::Merged CachingAllocatorSim::merge_neighbours(Blocks::iterat
   return merged;
 }
 
-std::int64_t CachingAllocatorSim::find_expandable_block(bool small_pool, int stream, std::int64_t rounded) {
+std::int64_t CachingAllocatorSim::find_expandable_block(int pool, bool small_pool, int stream, std::int64_t rounded) {
   // The stream's lowest address where free and unmapped blocks together
   // hold the request: an unmapped block, or the free block before it.
   const Unmapped& spaces = unmapped(small_pool);
-  for (auto it = spaces.lower_bound({stream, 0}); it != spaces.end() && it->first == stream; ++it) {
-    auto candidate = blocks_.find(it->second);
+  for (auto it = spaces.lower_bound({pool, stream, 0});
+       it != spaces.end() && std::get<0>(*it) == pool && std::get<1>(*it) == stream; ++it) {
+    auto candidate = blocks_.find(std::get<2>(*it));
     const std::int64_t segment = candidate->second.segment;
     auto allocatable = [&](Blocks::iterator it) {
       return it != blocks_.end() && it->second.segment == segment && !it->second.allocated;
@@ -177,16 +180,16 @@ std::int64_t CachingAllocatorSim::find_expandable_block(bool small_pool, int str
   const std::int64_t size = (address_space_ + page - 1) / page * page;
   const std::int64_t base = next_segment_address_;
   next_segment_address_ += size + kSmallBuffer;
-  segments_[base] = {size, true, stream};
-  blocks_[base] = {.segment = base, .size = size, .allocated = false, .small_pool = small_pool, .mapped = false,
-                   .stream = stream};
-  unmapped(small_pool).insert({stream, base});
+  segments_[base] = {size, true, stream, pool};
+  blocks_[base] = {.segment = base, .size = size, .pool = pool, .allocated = false, .small_pool = small_pool,
+                   .mapped = false, .stream = stream};
+  unmapped(small_pool).insert({pool, stream, base});
   return base;
 }
 
-std::optional<std::int64_t> CachingAllocatorSim::try_allocate_expandable_block(bool small_pool, int stream,
+std::optional<std::int64_t> CachingAllocatorSim::try_allocate_expandable_block(int pool, bool small_pool, int stream,
                                                                                std::int64_t rounded) {
-  std::int64_t address = find_expandable_block(small_pool, stream, rounded);
+  std::int64_t address = find_expandable_block(pool, small_pool, stream, rounded);
   if (!blocks_.at(address).mapped) {
     const auto mapped = map_block(address, std::min(blocks_.at(address).size, rounded));
     if (!mapped) return std::nullopt;
@@ -212,13 +215,13 @@ std::optional<std::int64_t> CachingAllocatorSim::map_block(std::int64_t address,
   // others and fails.
   if (mapped > device_memory_ - reserved_bytes()) return std::nullopt;
   const bool small_pool = block.small_pool;
-  unmapped(small_pool).erase({block.stream, address});
+  unmapped(small_pool).erase({block.pool, block.stream, address});
   block.mapped = true;
   if (mapped < block.size) {
     Block& rest = blocks_[address + mapped] = block;
     rest.size = block.size - mapped;
     rest.mapped = false;
-    unmapped(small_pool).insert({block.stream, address + mapped});
+    unmapped(small_pool).insert({block.pool, block.stream, address + mapped});
     block.size = mapped;
   }
   const Merged merged = merge_neighbours(blocks_.find(address));
@@ -237,7 +240,7 @@ std::optional<std::int64_t> CachingAllocatorSim::unmap_block(std::int64_t addres
   const std::int64_t end = base + (address + block.size - base) / page * page;
   if (begin >= end) return std::nullopt;
   const bool small_pool = block.small_pool;
-  const int stream = block.stream;
+  const int pool = block.pool, stream = block.stream;
   const std::int64_t block_end = address + block.size;
   erase_free(address, block);
   const Block free_part = block;
@@ -254,7 +257,7 @@ std::optional<std::int64_t> CachingAllocatorSim::unmap_block(std::int64_t addres
   space.size = end - begin;
   space.mapped = false;
   const Merged merged = merge_neighbours(blocks_.find(begin));
-  unmapped(small_pool).insert({stream, merged.block->first});
+  unmapped(small_pool).insert({pool, stream, merged.block->first});
   add(stats_.reserved_bytes, small_pool, -(end - begin));
   ++stats_.num_device_free;
   notify("segment_unmap", begin, end - begin);
@@ -274,26 +277,27 @@ void CachingAllocatorSim::release_block(std::int64_t address) {
   segments_.erase(address);
 }
 
-bool CachingAllocatorSim::release_available_cached_blocks(bool small_pool, int stream, std::int64_t rounded) {
+bool CachingAllocatorSim::release_available_cached_blocks(int pool, bool small_pool, int stream,
+                                                          std::int64_t rounded) {
   const std::int64_t max_split = config_.max_split_size;
   // With expandable segments every cached block is in one, and c10 frees
   // none of those here (only release_cached_blocks unmaps their pages).
   if (max_split == std::numeric_limits<std::int64_t>::max() || config_.expandable_segments) return false;
-  auto& free_blocks = pool(small_pool);
+  auto& free = free_blocks(small_pool);
   const std::int64_t wanted = std::max(rounded, max_split);
-  auto it = free_blocks.lower_bound({stream, wanted, std::numeric_limits<std::int64_t>::min()});
-  if (it != free_blocks.end() && it->stream == stream) {
+  auto it = free.lower_bound({pool, stream, wanted, std::numeric_limits<std::int64_t>::min()});
+  if (it != free.end() && it->pool == pool && it->stream == stream) {
     release_block(it->address);
     return true;
   }
   // No one block is large enough: free the stream's oversize blocks, largest first.
   std::int64_t released = 0;
-  while (released < wanted && it != free_blocks.begin()) {
+  while (released < wanted && it != free.begin()) {
     const FreeBlock largest = *std::prev(it);
-    if (largest.stream != stream || largest.size < max_split) break;
+    if (largest.pool != pool || largest.stream != stream || largest.size < max_split) break;
     released += largest.size;
     release_block(largest.address);
-    it = free_blocks.lower_bound(largest);
+    it = free.lower_bound(largest);
   }
   return released >= wanted;
 }
@@ -303,27 +307,44 @@ void CachingAllocatorSim::release_cached_blocks() {
   // that used a freed block.
   ++stats_.num_sync_all_streams;
   process_events();
+  release_blocks(0);
+  // Private pools no graph uses: their cached segments too; a pool left
+  // with none is gone.
+  for (auto it = pool_uses_.begin(); it != pool_uses_.end();) {
+    if (it->second > 0) {
+      ++it;
+      continue;
+    }
+    const int pool = it->first;
+    release_blocks(pool);
+    const bool holds_segments =
+        std::any_of(segments_.begin(), segments_.end(), [&](const auto& segment) { return segment.second.pool == pool; });
+    it = holds_segments ? std::next(it) : pool_uses_.erase(it);
+  }
+}
+
+void CachingAllocatorSim::release_blocks(int pool) {
   for (bool small_pool : {false, true}) {
-    auto& free_blocks = pool(small_pool);
+    auto& free = free_blocks(small_pool);
+    const auto first = free.lower_bound({pool, std::numeric_limits<int>::min(), 0, 0});
+    std::vector<std::int64_t> addresses;
+    for (auto it = first; it != free.end() && it->pool == pool; ++it) addresses.push_back(it->address);
     if (config_.expandable_segments) {
       // Unmap the whole pages of every free block; an address space left
       // with nothing mapped goes back too.
-      std::vector<std::int64_t> to_unmap;
-      for (const FreeBlock& free : free_blocks) to_unmap.push_back(free.address);
-      for (const std::int64_t address : to_unmap) {
+      for (const std::int64_t address : addresses) {
         const auto space = unmap_block(address);
         if (space && !is_split(blocks_.at(*space))) {
-          unmapped(small_pool).erase({blocks_.at(*space).stream, *space});
+          const Block& block = blocks_.at(*space);
+          unmapped(small_pool).erase({block.pool, block.stream, *space});
           blocks_.erase(*space);
           segments_.erase(*space);
         }
       }
       continue;
     }
-    for (auto it = free_blocks.begin(); it != free_blocks.end();) {
-      const std::int64_t address = it++->address;
+    for (const std::int64_t address : addresses)
       if (!is_split(blocks_.at(address))) release_block(address);
-    }
   }
 }
 
@@ -337,14 +358,16 @@ void CachingAllocatorSim::garbage_collect_cached_blocks() {
   const std::int64_t target = reserved - threshold;
   auto age = [&](std::int64_t address) { return get_free_block_calls_[false] - blocks_.at(address).gc_count_base; };
   std::int64_t total_age = 0, freeable = 0, reclaimed = 0;
+  // The device's own large pool only (pool 0 comes first).
+  auto own = [](const FreeBlock& free) { return free.pool == 0; };
   for (const FreeBlock& free : free_large_)
-    if (!is_split(blocks_.at(free.address))) total_age += age(free.address), ++freeable;
+    if (own(free) && !is_split(blocks_.at(free.address))) total_age += age(free.address), ++freeable;
   bool freed = true;
   while (reclaimed < target && freed && freeable > 0) {
     const double threshold_age = static_cast<double>(total_age) / static_cast<double>(freeable);
     freed = false;
-    for (auto it = free_large_.begin(); it != free_large_.end();) {
-      const auto [stream, size, address] = *it++;
+    for (auto it = free_large_.begin(); it != free_large_.end() && own(*it);) {
+      const auto [pool, stream, size, address] = *it++;
       if (is_split(blocks_.at(address)) || static_cast<double>(age(address)) < threshold_age) continue;
       freed = true;
       reclaimed += size;
@@ -360,18 +383,19 @@ void CachingAllocatorSim::malloc(std::uint32_t id, std::int64_t bytes, int strea
   process_events();
   const std::int64_t rounded = round_size(bytes);
   const bool small_pool = rounded <= kSmallSize;
-  std::optional<std::int64_t> found = get_free_block(small_pool, stream, rounded);
+  const int pool = pool_for(stream);
+  std::optional<std::int64_t> found = get_free_block(pool, small_pool, stream, rounded);
   if (!found) {
     if (garbage_collecting()) garbage_collect_cached_blocks();
     const std::int64_t size = segment_size(rounded);
-    // As c10: a new segment; else free cached oversize blocks and retry;
-    // else free every cached whole segment and retry.
-    found = alloc_block(small_pool, stream, size, rounded, false);
-    if (!found && release_available_cached_blocks(small_pool, stream, rounded))
-      found = alloc_block(small_pool, stream, size, rounded, false);
+    // As c10: a new segment; else free the pool's cached oversize blocks
+    // and retry; else free every cached whole segment and retry.
+    found = alloc_block(pool, small_pool, stream, size, rounded, false);
+    if (!found && release_available_cached_blocks(pool, small_pool, stream, rounded))
+      found = alloc_block(pool, small_pool, stream, size, rounded, false);
     if (!found) {
       release_cached_blocks();
-      found = alloc_block(small_pool, stream, size, rounded, true);
+      found = alloc_block(pool, small_pool, stream, size, rounded, true);
     }
     if (!found) {
       ++stats_.num_ooms;
@@ -389,8 +413,8 @@ void CachingAllocatorSim::malloc(std::uint32_t id, std::int64_t bytes, int strea
   const bool split = should_split(block, rounded);
   if (split) {
     block.size = rounded;
-    Block& rest = blocks_[address + rounded] = {.segment = block.segment, .size = remaining, .allocated = false,
-                                                .small_pool = small_pool, .stream = stream};
+    Block& rest = blocks_[address + rounded] = {.segment = block.segment, .size = remaining, .pool = pool,
+                                                .allocated = false, .small_pool = small_pool, .stream = stream};
     insert_free(address + rounded, rest);
   }
   // A free block of a split segment is an inactive split block (c10's
@@ -540,6 +564,40 @@ void CachingAllocatorSim::reset_accumulated() {
 }
 
 void CachingAllocatorSim::empty_cache() { release_cached_blocks(); }
+
+int CachingAllocatorSim::pool_for(int stream) const {
+  // The latest routing first, as c10 nests them.
+  for (auto route = routes_.rbegin(); route != routes_.rend(); ++route)
+    if (!route->second || *route->second == stream) return route->first;
+  return 0;
+}
+
+void CachingAllocatorSim::begin_allocate_to_pool(int pool, std::optional<int> stream) {
+  if (pool <= 0) throw std::invalid_argument("private pools are numbered from 1, got " + std::to_string(pool));
+  if (released_pools_.contains(pool))
+    throw std::invalid_argument("pool " + std::to_string(pool) + " was released; a new pool needs a new number");
+  if (std::any_of(routes_.begin(), routes_.end(), [&](const auto& route) { return route.first == pool; }))
+    throw std::invalid_argument("requests are already routed to pool " + std::to_string(pool));
+  ++pool_uses_[pool];
+  routes_.emplace_back(pool, stream);
+}
+
+void CachingAllocatorSim::end_allocate_to_pool(int pool) {
+  const auto route = std::find_if(routes_.begin(), routes_.end(), [&](const auto& r) { return r.first == pool; });
+  if (route == routes_.end())
+    throw std::invalid_argument("requests are not routed to pool " + std::to_string(pool));
+  routes_.erase(route);
+}
+
+void CachingAllocatorSim::release_pool(int pool) {
+  const auto uses = pool_uses_.find(pool);
+  if (uses == pool_uses_.end() || uses->second == 0)
+    throw std::invalid_argument("pool " + std::to_string(pool) + " has no use to release");
+  // c10 would go on routing to a pool empty_cache() may free.
+  if (std::any_of(routes_.begin(), routes_.end(), [&](const auto& route) { return route.first == pool; }))
+    throw std::invalid_argument("requests are routed to pool " + std::to_string(pool) + ": end that first");
+  if (--uses->second == 0) released_pools_.insert(pool);
+}
 
 void replay_trace(const Trace& trace, CachingAllocatorSim& sim,
                   const std::function<void(std::size_t)>& before) {

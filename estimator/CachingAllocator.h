@@ -13,6 +13,8 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "estimator/AllocatorConfig.h"
@@ -36,7 +38,7 @@ struct AllocatorStat {
 using AllocatorStatArray = std::array<AllocatorStat, 3>;
 inline constexpr std::array<const char*, 3> kStatPoolNames = {"all", "small_pool", "large_pool"};
 
-// c10::CachingDeviceAllocator::DeviceStats, less private pools (CUDA graphs).
+// c10::CachingDeviceAllocator::DeviceStats (private pools count in them).
 struct AllocatorStats {
   AllocatorStatArray allocation, segment, active, inactive_split;
   AllocatorStatArray allocated_bytes, reserved_bytes, active_bytes, inactive_split_bytes, requested_bytes;
@@ -141,8 +143,27 @@ class CachingAllocatorSim final : public AllocationObserver {
   // As torch.cuda.reset_accumulated_memory_stats(): totals restart at zero.
   void reset_accumulated();
   // As torch.cuda.empty_cache(): segments that are one free block go back
-  // to the device.
+  // to the device, from the device's own pools and from private pools no
+  // graph uses any more.
   void empty_cache();
+
+  // Private pools, as CUDA graphs use them (c10's graph_pools): a pool is
+  // named by a positive number. While requests are routed to one, it
+  // serves them from its own segments, which nothing else takes; its free
+  // blocks stay its own until it is released and empty_cache() frees them.
+  //
+  // Routes the requests on `stream` (every request where none is given, as
+  // torch routes the current thread's) to pool `pool`, made here or used
+  // once more (as c10's beginAllocateToPool). Throws std::invalid_argument
+  // for a pool already routed to or already released.
+  void begin_allocate_to_pool(int pool, std::optional<int> stream = std::nullopt);
+  // Ends that routing (c10's endAllocateToPool); the pool keeps its use.
+  void end_allocate_to_pool(int pool);
+  // One use of the pool ends (c10's releasePool: a graph destroyed, a
+  // warm-up's routing done); with none left, empty_cache() may free it.
+  // Throws std::invalid_argument for a pool with no use left or one still
+  // routed to.
+  void release_pool(int pool);
 
   void on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t, int stream) override {
     malloc(buffer, bytes, stream);
@@ -158,6 +179,7 @@ class CachingAllocatorSim final : public AllocationObserver {
 
   struct Block {
     std::int64_t segment, size;
+    int pool = 0;  // 0: the device's own pools; else the private pool's number
     bool allocated;
     bool small_pool;  // from a small-pool (2 MiB) segment
     std::int64_t requested = 0;  // the bytes asked for, while allocated
@@ -183,6 +205,7 @@ class CachingAllocatorSim final : public AllocationObserver {
     std::int64_t size;
     bool expandable;
     int stream = 0;
+    int pool = 0;
   };
   // torch.cuda.memory_snapshot()'s segments: each cudaMalloc'd segment, and
   // each contiguous mapped range of an expandable one, with the bytes its
@@ -201,31 +224,38 @@ class CachingAllocatorSim final : public AllocationObserver {
 
  private:
   using Blocks = std::map<std::int64_t, Block>;
-  // c10's order: by stream, then size, then address.
+  // c10's order within a pool: by stream, then size, then address. The
+  // pools (the device's and each private one) are kept in one set,
+  // ordered by pool first.
   struct FreeBlock {
-    int stream;
+    int pool, stream;
     std::int64_t size, address;
     auto operator<=>(const FreeBlock&) const = default;
   };
   using FreeBlocks = std::set<FreeBlock>;
-  FreeBlocks& pool(bool small_pool) { return small_pool ? free_small_ : free_large_; }
+  FreeBlocks& free_blocks(bool small_pool) { return small_pool ? free_small_ : free_large_; }
   void erase_free(std::int64_t address, const Block& block) {
-    pool(block.small_pool).erase({block.stream, block.size, address});
+    free_blocks(block.small_pool).erase({block.pool, block.stream, block.size, address});
   }
-  using Unmapped = std::set<std::pair<int, std::int64_t>>;  // (stream, address), as c10 orders them
+  // Unmapped blocks by (pool, stream, address), as c10 orders them in a pool.
+  using Unmapped = std::set<std::tuple<int, int, std::int64_t>>;
   Unmapped& unmapped(bool small_pool) { return small_pool ? unmapped_small_ : unmapped_large_; }
+  // The pool a request on `stream` is served from: the latest routing's
+  // that takes it, else the device's own (0).
+  int pool_for(int stream) const;
   // Puts a free block back in its pool (c10's insert_into_blocks).
   void insert_free(std::int64_t address, Block& block);
-  // c10's get_free_block: a cached block of `stream` for `rounded` bytes, or none.
-  std::optional<std::int64_t> get_free_block(bool small_pool, int stream, std::int64_t rounded);
+  // c10's get_free_block: a cached block of `pool` and `stream` for
+  // `rounded` bytes, or none.
+  std::optional<std::int64_t> get_free_block(int pool, bool small_pool, int stream, std::int64_t rounded);
   // c10's should_split: whether a block handed out for `rounded` bytes
   // leaves its remainder as a free block.
   bool should_split(const Block& block, std::int64_t rounded) const;
   // c10's alloc_block: a new segment of `size` bytes for a request of
   // `rounded` (with expandable segments: `rounded` bytes mapped), or none
   // where the device is full.
-  std::optional<std::int64_t> alloc_block(bool small_pool, int stream, std::int64_t size, std::int64_t rounded,
-                                          bool retry);
+  std::optional<std::int64_t> alloc_block(int pool, bool small_pool, int stream, std::int64_t size,
+                                          std::int64_t rounded, bool retry);
   // c10's try_merge_blocks on both sides: `it` absorbs its free neighbours
   // in the segment that are mapped as it is. Returns the merged block and
   // how many blocks and bytes it absorbed.
@@ -240,14 +270,18 @@ class CachingAllocatorSim final : public AllocationObserver {
   // memory mapped into it in pages as needed: 2 MiB in the small pool,
   // large_segment_size_mb (20 MiB) in the large.
   std::int64_t page_size(bool small_pool) const { return small_pool ? kSmallBuffer : config_.large_segment_size; }
-  std::int64_t find_expandable_block(bool small_pool, int stream, std::int64_t rounded);
-  std::optional<std::int64_t> try_allocate_expandable_block(bool small_pool, int stream, std::int64_t rounded);
+  std::int64_t find_expandable_block(int pool, bool small_pool, int stream, std::int64_t rounded);
+  std::optional<std::int64_t> try_allocate_expandable_block(int pool, bool small_pool, int stream,
+                                                            std::int64_t rounded);
   std::optional<std::int64_t> map_block(std::int64_t address, std::int64_t bytes);
   std::optional<std::int64_t> unmap_block(std::int64_t address);
   // c10's release_available_cached_blocks, release_cached_blocks and
   // garbage_collect_cached_blocks: segments back to the device.
-  bool release_available_cached_blocks(bool small_pool, int stream, std::int64_t rounded);
+  bool release_available_cached_blocks(int pool, bool small_pool, int stream, std::int64_t rounded);
   void release_cached_blocks();
+  // c10's release_blocks: the pool's cached whole segments go back (with
+  // expandable segments, the whole pages of its free blocks).
+  void release_blocks(int pool);
   void garbage_collect_cached_blocks();
   void release_block(std::int64_t address);
   // c10's free_block: a block no stream uses any more goes back to its
@@ -278,6 +312,12 @@ class CachingAllocatorSim final : public AllocationObserver {
   std::optional<std::int64_t> allowed_maximum_;  // per_process_memory_fraction of device_memory_
   std::int64_t address_space_;  // an expandable segment's, before rounding to its pages
   std::int64_t next_segment_address_ = 0;
+  // Private pools by number: how many uses each has (c10's use_count); a
+  // pool with none is freeable, and forgotten once it holds no segment.
+  std::map<int, int> pool_uses_;
+  std::set<int> released_pools_;  // numbers that cannot be used again
+  // Routings in the order they began: (pool, stream; none: every stream).
+  std::vector<std::pair<int, std::optional<int>>> routes_;
   AllocatorStats stats_;
   Listener listener_;
 };

@@ -60,13 +60,23 @@ class FakeGpu {
   CUmemGenericAllocationHandle next_handle = 1;
 
   // Address space for the device: a range no host code may touch, handed
-  // out in pages from its start.
+  // out in pages from its start; a range given back is handed out again
+  // for a request of its size (expandable segments reserve the GPU's
+  // memory and an eighth each, and a process may make many).
   std::uintptr_t reserve(std::size_t bytes) {
     const std::uintptr_t rounded = (bytes + kPage - 1) / kPage * kPage;
+    if (const auto again = given_back_.find(rounded); again != given_back_.end()) {
+      const std::uintptr_t address = again->second;
+      given_back_.erase(again);
+      return address;
+    }
     if (next_ + rounded > end_) return 0;
     const std::uintptr_t address = next_;
     next_ += rounded + kPage;  // a gap: neighbouring segments are not contiguous
     return address;
+  }
+  void give_back(std::uintptr_t address, std::size_t bytes) {
+    given_back_.emplace((bytes + kPage - 1) / kPage * kPage, address);
   }
 
  private:
@@ -82,6 +92,7 @@ class FakeGpu {
     end_ = reinterpret_cast<std::uintptr_t>(base) + range;
   }
   std::uintptr_t next_ = 0, end_ = 0;
+  std::multimap<std::size_t, std::uintptr_t> given_back_;  // by size
 };
 
 // As CUDA's: the last error of each host thread, until cudaGetLastError.
@@ -251,7 +262,12 @@ CUresult fake_cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t, CUdevic
   return CUDA_SUCCESS;
 }
 
-CUresult fake_cuMemAddressFree(CUdeviceptr, size_t) { return CUDA_SUCCESS; }
+CUresult fake_cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+  FakeGpu& gpu = FakeGpu::get();
+  std::lock_guard<std::mutex> lock(gpu.mutex);
+  gpu.give_back(ptr, size);
+  return CUDA_SUCCESS;
+}
 
 CUresult fake_cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp*,
                           unsigned long long) {

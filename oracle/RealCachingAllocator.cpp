@@ -75,6 +75,23 @@ void RealCachingAllocator::apply(const AllocatorEvent& event) {
       break;
     case AllocatorEvent::Kind::ResetPeaks: c10_allocator::resetPeakStats(0); break;
     case AllocatorEvent::Kind::EmptyCache: c10_allocator::emptyCache(); break;
+    case AllocatorEvent::Kind::PoolBegin: {
+      std::function<bool(cudaStream_t)> filter = [](cudaStream_t) { return true; };  // the thread's requests
+      if (event.stream != AllocatorEvent::kEveryStream)
+        filter = [routed = stream(event.stream).stream()](cudaStream_t on) { return on == routed; };
+      c10_allocator::beginAllocateToPool(0, pool_id(event.pool), std::move(filter));
+      routed_.push_back(event.pool);
+      ++pool_uses_[event.pool];
+      break;
+    }
+    case AllocatorEvent::Kind::PoolEnd:
+      c10_allocator::endAllocateToPool(0, pool_id(event.pool));
+      std::erase(routed_, event.pool);
+      break;
+    case AllocatorEvent::Kind::PoolRelease:
+      c10_allocator::releasePool(0, pool_id(event.pool));
+      --pool_uses_[event.pool];
+      break;
   }
 }
 
@@ -102,6 +119,12 @@ AllocatorStats RealCachingAllocator::stats() const {
 }
 
 void RealCachingAllocator::reset() {
+  for (const int pool : routed_) c10_allocator::endAllocateToPool(0, pool_id(pool));
+  for (auto& [pool, uses] : pool_uses_)
+    for (; uses > 0; --uses) c10_allocator::releasePool(0, pool_id(pool));
+  routed_.clear();
+  pool_uses_.clear();
+  pool_generation_ += 1 << 20;
   for (c10::DataPtr& allocation : allocations_) allocation.clear();
   c10_allocator::emptyCache();
   c10_allocator::resetPeakStats(0);

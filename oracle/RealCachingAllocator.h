@@ -8,6 +8,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -38,10 +39,19 @@ class RealCachingAllocator {
   // pool streams, made on first use.
   c10::cuda::CUDAStream stream(int number);
 
+  // An event list's private pool, as c10 names it: distinct for each list
+  // replayed, since c10 keeps a pool with uses left.
+  c10::MempoolId_t pool_id(int pool) const { return {0, pool_generation_ + pool}; }
+
   // By allocation ID: what torch's allocator handed out (a tensor's
   // storage holds the same), empty where none is live.
   std::vector<c10::DataPtr> allocations_;
   std::vector<c10::cuda::CUDAStream> streams_;
+  // The list's pools that requests are routed to, and the uses each has
+  // left, ended and released by reset().
+  std::vector<int> routed_;
+  std::map<int, int> pool_uses_;
+  c10::CaptureId_t pool_generation_ = 0;
 };
 
 }  // namespace metamem

@@ -347,12 +347,82 @@ TEST(AllocatorConfig, RefusesWhatTorchRefuses) {
     EXPECT_THROW(parse_allocator_config(bad), std::invalid_argument) << bad;
 }
 
+// A CUDA graph's private pool: what is allocated while requests are routed
+// to it comes from segments of its own, which the device's requests never
+// take, and which stay reserved until the pool is released and emptied.
+TEST(CachingAllocator, PrivatePoolsKeepTheirOwnSegments) {
+  CachingAllocatorSim sim;
+  sim.malloc(1, 3 * MiB);
+  sim.free(1);  // a free 20 MiB segment of the device's own pool
+  sim.begin_allocate_to_pool(1);
+  sim.malloc(2, 3 * MiB);  // not in that free segment: one of the pool's
+  EXPECT_EQ(sim.reserved_bytes(), 40 * MiB);
+  sim.malloc(3, 5 * MiB);  // the pool's segment holds it
+  sim.end_allocate_to_pool(1);
+  sim.malloc(4, 3 * MiB);  // the device's free segment again
+  EXPECT_EQ(sim.reserved_bytes(), 40 * MiB);
+  EXPECT_EQ(sim.allocated_bytes(), 11 * MiB);
+  sim.free(2);
+  sim.free(3);
+  sim.free(4);
+  sim.empty_cache();  // the pool is in use: only the device's segment goes
+  EXPECT_EQ(sim.reserved_bytes(), 20 * MiB);
+  sim.release_pool(1);
+  sim.empty_cache();
+  EXPECT_EQ(sim.reserved_bytes(), 0);
+  EXPECT_TRUE(sim.segments().empty());
+}
+
+// torch.cuda.graph routes its capture stream's requests; cudagraph trees
+// route a thread's (every request). The latest routing that takes a
+// request serves it.
+TEST(CachingAllocator, RoutingsByStreamLatestFirst) {
+  CachingAllocatorSim sim;
+  sim.begin_allocate_to_pool(1, 1);
+  sim.malloc(1, 100, 0);  // the default stream's: the device's pool
+  sim.malloc(2, 100, 1);  // the pool's
+  sim.begin_allocate_to_pool(2);
+  sim.malloc(3, 100, 1);  // pool 2's, begun later
+  const auto pool_of = [&](std::int64_t segment_index) {
+    return std::next(sim.segments().begin(), segment_index)->second.pool;
+  };
+  ASSERT_EQ(sim.segments().size(), 3u);
+  EXPECT_EQ(pool_of(0), 0);
+  EXPECT_EQ(pool_of(1), 1);
+  EXPECT_EQ(pool_of(2), 2);
+  sim.end_allocate_to_pool(2);
+  sim.malloc(4, 100, 1);  // pool 1's segment has room
+  EXPECT_EQ(sim.segments().size(), 3u);
+}
+
+TEST(CachingAllocator, RefusesPoolMisuse) {
+  CachingAllocatorSim sim;
+  EXPECT_THROW(sim.begin_allocate_to_pool(0), std::invalid_argument);
+  EXPECT_THROW(sim.end_allocate_to_pool(1), std::invalid_argument);
+  EXPECT_THROW(sim.release_pool(1), std::invalid_argument);
+  sim.begin_allocate_to_pool(1);
+  EXPECT_THROW(sim.begin_allocate_to_pool(1), std::invalid_argument);  // routed already
+  EXPECT_THROW(sim.release_pool(1), std::invalid_argument);            // still routed
+  sim.end_allocate_to_pool(1);
+  sim.begin_allocate_to_pool(1);  // a second use
+  sim.end_allocate_to_pool(1);
+  sim.release_pool(1);
+  sim.release_pool(1);
+  EXPECT_THROW(sim.release_pool(1), std::invalid_argument);
+  EXPECT_THROW(sim.begin_allocate_to_pool(1), std::invalid_argument);  // released: a new pool needs a new number
+}
+
 TEST(AllocatorEvents, WrittenListsReadBack) {
   const std::vector<AllocatorEvent> events = {{AllocatorEvent::Kind::Alloc, 0, 4096},
                                               {AllocatorEvent::Kind::Alloc, 1, 512, 3},
                                               {AllocatorEvent::Kind::RecordStream, 1, 0, 5},
                                               {AllocatorEvent::Kind::Free, 1},
                                               {AllocatorEvent::Kind::ResetPeaks},
+                                              {AllocatorEvent::Kind::PoolBegin, 0, 0, 2, 7},
+                                              {AllocatorEvent::Kind::PoolEnd, 0, 0, 0, 7},
+                                              {AllocatorEvent::Kind::PoolBegin, 0, 0, AllocatorEvent::kEveryStream, 7},
+                                              {AllocatorEvent::Kind::PoolEnd, 0, 0, 0, 7},
+                                              {AllocatorEvent::Kind::PoolRelease, 0, 0, 0, 7},
                                               {AllocatorEvent::Kind::Free, 0},
                                               {AllocatorEvent::Kind::EmptyCache}};
   std::stringstream text;
@@ -364,6 +434,7 @@ TEST(AllocatorEvents, WrittenListsReadBack) {
     EXPECT_EQ(read[i].id, events[i].id);
     EXPECT_EQ(read[i].bytes, events[i].bytes);
     EXPECT_EQ(read[i].stream, events[i].stream);
+    EXPECT_EQ(read[i].pool, events[i].pool);
   }
 }
 
@@ -389,6 +460,16 @@ TEST(AllocatorEvents, BadListsNameTheLine) {
   EXPECT_EQ(error_of("metamem allocator events 1\nrecord_stream 1 2\n"), "f.txt:2: allocation 1 is not live");
   EXPECT_EQ(error_of("metamem allocator events 1\nalloc 1 2\nrecord_stream 1\n"),
             "f.txt:3: 'record_stream' needs an ID and a stream number");
+  const std::string header = "metamem allocator events 1\n";
+  EXPECT_EQ(error_of(header + "pool_begin 0\n"), "f.txt:2: 'pool_begin' needs a pool number (1, 2, ...)");
+  EXPECT_EQ(error_of(header + "pool_begin 1 40\n"), "f.txt:2: streams are numbered 0 to 31, got 40");
+  EXPECT_EQ(error_of(header + "pool_begin 1\npool_begin 1\n"), "f.txt:3: requests are already routed to pool 1");
+  EXPECT_EQ(error_of(header + "pool_end 1\n"), "f.txt:2: requests are not routed to pool 1");
+  EXPECT_EQ(error_of(header + "pool_release 1\n"), "f.txt:2: pool 1 has no use to release");
+  EXPECT_EQ(error_of(header + "pool_begin 1\npool_release 1\n"),
+            "f.txt:3: requests are routed to pool 1: end that first");
+  EXPECT_EQ(error_of(header + "pool_begin 1\npool_end 1\npool_release 1\npool_begin 1\n"),
+            "f.txt:5: pool 1 was released; a new pool needs a new number");
 }
 
 }  // namespace
