@@ -32,10 +32,17 @@ std::vector<AllocatorEvent> allocator_events(const Trace& trace) {
     }
     void on_free(std::uint32_t buffer) noexcept override { events.push_back({AllocatorEvent::Kind::Free, buffer}); }
   } recorder(events);
+  auto empty_cache = trace.empty_caches.begin();
+  auto empty_caches_at = [&](std::size_t e) {
+    for (; empty_cache != trace.empty_caches.end() && *empty_cache == e; ++empty_cache)
+      events.push_back({AllocatorEvent::Kind::EmptyCache});
+  };
   for (std::size_t e = 0; e < trace.events.size(); ++e) {
     if (e == measured) events.push_back({AllocatorEvent::Kind::ResetPeaks});
+    empty_caches_at(e);
     trace.tell(trace.events[e], recorder);
   }
+  empty_caches_at(trace.events.size());
   if (measured >= trace.events.size()) events.push_back({AllocatorEvent::Kind::ResetPeaks});
   return events;
 }

@@ -41,9 +41,9 @@ struct AllocatorEvent {
 };
 
 
-// The trace's allocations and frees in order, with a reset of the peaks
-// where its last (measured) step begins: the peaks at the end are that
-// step's, as the estimate reports them.
+// The trace's allocations and frees in order, with its empty_cache calls
+// and a reset of the peaks where its last (measured) step begins: the
+// peaks at the end are that step's, as the estimate reports them.
 std::vector<AllocatorEvent> allocator_events(const Trace& trace);
 
 void write_allocator_events(std::ostream& out, const std::vector<AllocatorEvent>& events);

@@ -601,10 +601,16 @@ void CachingAllocatorSim::release_pool(int pool) {
 
 void replay_trace(const Trace& trace, CachingAllocatorSim& sim,
                   const std::function<void(std::size_t)>& before) {
+  auto empty_cache = trace.empty_caches.begin();
+  auto empty_caches_at = [&](std::size_t e) {
+    for (; empty_cache != trace.empty_caches.end() && *empty_cache == e; ++empty_cache) sim.empty_cache();
+  };
   for (std::size_t e = 0; e < trace.events.size(); ++e) {
     if (before) before(e);
+    empty_caches_at(e);
     trace.tell(trace.events[e], sim);
   }
+  empty_caches_at(trace.events.size());
 }
 
 }  // namespace metamem

@@ -340,8 +340,9 @@ class ReservedBytesLimit final : public AllocationObserver {
   CachingAllocatorSim sim_;
 };
 
-// Feeds the trace's allocs and frees to `sim` in order; `before` sees each
-// event's index first (ops included).
+// Feeds the trace's allocs and frees to `sim` in order, and empties its
+// cache where the traced code called torch.cuda.empty_cache(); `before`
+// sees each event's index first (ops included).
 void replay_trace(const Trace& trace, CachingAllocatorSim& sim,
                   const std::function<void(std::size_t event)>& before = {});
 

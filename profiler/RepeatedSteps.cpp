@@ -116,6 +116,7 @@ void append_step(const Trace& first, const MadeOnce& once, std::int64_t node_shi
   copy_marks(first.forward_begins, trace.forward_begins);
   copy_marks(first.backward_begins, trace.backward_begins);
   copy_marks(first.backward_ends, trace.backward_ends);
+  copy_marks(first.empty_caches, trace.empty_caches);
 }
 
 }  // namespace

@@ -148,6 +148,10 @@ struct Trace {
   std::vector<std::size_t> backward_ends;    // first event after each backward pass
   std::vector<Region> regions;              // in the order they began
   std::vector<RefusedAllocation> refused;   // out-of-memory errors the code caught
+  // torch.cuda.empty_cache() calls, each as the index of the event after
+  // it (events.size(): after the last), in order: the caching allocator's
+  // cached segments go back to the GPU there.
+  std::vector<std::size_t> empty_caches;
   std::int64_t parameter_bytes = 0;  // the model's parameters
   std::int64_t parameter_count = 0;
 

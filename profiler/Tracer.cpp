@@ -153,6 +153,11 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
     stream_ = stream;
   }
 
+  void empty_cache() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    trace_.empty_caches.push_back(trace_.events.size());
+  }
+
   // Tensor.record_stream(): the free of the tensor's buffer waits for the
   // stream's work, where it is not the buffer's own.
   void record_stream(BufferId id, const c10::IValue& stream_value) {
@@ -447,6 +452,8 @@ void Tracer::set_stream(int stream) {
   check_stream(stream);
   recorder_->set_stream(stream);
 }
+
+void Tracer::empty_cache() { recorder_->empty_cache(); }
 void Tracer::begin_step() { recorder_->begin_step(); }
 void Tracer::begin_forward() { recorder_->begin_forward(); }
 void Tracer::begin_backward(const std::vector<at::Tensor>& outputs) {

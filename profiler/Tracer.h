@@ -53,6 +53,8 @@ class Tracer {
   // below kMaxStreams, else std::invalid_argument), as torch.cuda.set_stream()
   // makes it current. Tensor.record_stream() is recorded as it runs.
   void set_stream(int stream);
+  // torch.cuda.empty_cache() is called here (Trace::empty_caches).
+  void empty_cache();
   // Ends the MetaMode and returns the trace; no events are recorded after.
   // Without begin_step or begin_forward, the whole trace is one step.
   Trace finish();

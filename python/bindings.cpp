@@ -340,7 +340,10 @@ class Session {
   py::list memory_segments() const { return segments_of(allocator_.sim); }
   void reset_peak_memory_stats() { allocator_.sim.reset_peaks(); }
   void reset_accumulated_memory_stats() { allocator_.sim.reset_accumulated(); }
-  void empty_cache() { allocator_.sim.empty_cache(); }
+  void empty_cache() {
+    allocator_.sim.empty_cache();
+    if (tracer_) tracer_->empty_cache();  // in the trace too: its report replays it
+  }
   void set_stream(int stream) {
     try {
       tracer_->set_stream(stream);

@@ -3,6 +3,8 @@ metamem.trace(device="cuda"): each torch.cuda idiom it uses, answered for
 the traced GPU; on a fake cpu, the idioms that run on a CPU are byte-exact
 against the real CPU run."""
 
+import os
+
 import pytest
 import torch
 import torch.utils.checkpoint as cp
@@ -230,6 +232,45 @@ def test_peaks_read_at_the_end_of_a_step_are_the_reports():
     predicted = t.json()["predicted"]
     assert allocated == predicted["allocator_allocated_peak_bytes"] == t.peak_bytes
     assert reserved == predicted["allocator_reserved_peak_bytes"]
+
+
+EMPTYING_STEPS = """
+def emptying_steps():
+    # Two AdamW steps, the second on a smaller batch, each ending in
+    # torch.cuda.empty_cache(): the second step's requests find nothing
+    # cached, so it reserves less than the first.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(2048, 8192), torch.nn.ReLU(), torch.nn.Linear(8192, 2048)).cuda()
+    opt = torch.optim.AdamW(model.parameters())
+    peaks = []
+    for batch in (512, 384):
+        torch.cuda.reset_peak_memory_stats()
+        model(torch.randn(batch, 2048, device="cuda")).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        torch.cuda.empty_cache()
+        peaks.append([torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()])
+    return peaks
+"""
+
+
+def test_empty_cache_in_a_block_is_in_its_report(tmp_path):
+    exec(EMPTYING_STEPS, globals())
+    with metamem.trace(device="cuda", gpu="H100-80GB") as t:
+        peaks = emptying_steps()  # noqa: F821 (defined by the exec above)
+    assert peaks[1][1] < peaks[0][1]
+    predicted = t.json()["predicted"]
+    assert [predicted["allocator_allocated_peak_bytes"], predicted["allocator_reserved_peak_bytes"]] == peaks[1]
+    t.save_allocator_events(str(tmp_path / "events.txt"))
+    assert (tmp_path / "events.txt").read_text().count("empty_cache\n") == 2
+    oracle = os.environ.get("METAMEM_ORACLE", "")
+    if os.path.exists(os.path.join(oracle, "libmetamem_fake_cuda_preload.so")):
+        import metamem._metamem as native
+        from real_torch_on_fake_gpu import PROLOGUE, measure
+
+        real = measure(oracle, native.gpu("H100-80GB"),
+                       PROLOGUE + "import torch\n" + EMPTYING_STEPS + "print(json.dumps(emptying_steps()))\n")
+        assert real == peaks  # 786,432,000 B reserved in the second step (the report left empty_cache out: 799,014,912)
 
 
 def test_seeds_and_rng_state_and_the_real_generator_kept():
