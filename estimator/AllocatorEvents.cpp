@@ -24,8 +24,11 @@ std::vector<AllocatorEvent> allocator_events(const Trace& trace) {
   struct Recorder final : AllocationObserver {
     std::vector<AllocatorEvent>& events;
     explicit Recorder(std::vector<AllocatorEvent>& to) : events(to) {}
-    void on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t, int stream) override {
+    void on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t, int stream, int pool) override {
+      // A private pool's request: routed there for it alone.
+      if (pool != 0) events.push_back({AllocatorEvent::Kind::PoolBegin, 0, 0, stream, pool});
       events.push_back({AllocatorEvent::Kind::Alloc, buffer, bytes, stream});
+      if (pool != 0) events.push_back({AllocatorEvent::Kind::PoolEnd, 0, 0, 0, pool});
     }
     void on_record_stream(std::uint32_t buffer, int stream) override {
       events.push_back({AllocatorEvent::Kind::RecordStream, buffer, 0, stream});

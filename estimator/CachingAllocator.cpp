@@ -379,11 +379,15 @@ void CachingAllocatorSim::garbage_collect_cached_blocks() {
 }
 
 void CachingAllocatorSim::malloc(std::uint32_t id, std::int64_t bytes, int stream) {
+  malloc_in_pool(id, bytes, stream, pool_for(stream));
+}
+
+void CachingAllocatorSim::malloc_in_pool(std::uint32_t id, std::int64_t bytes, int stream, int pool) {
   if (bytes <= 0) return;
+  if (pool != 0 && !pool_uses_.contains(pool)) pool_uses_[pool] = 1;
   process_events();
   const std::int64_t rounded = round_size(bytes);
   const bool small_pool = rounded <= kSmallSize;
-  const int pool = pool_for(stream);
   std::optional<std::int64_t> found = get_free_block(pool, small_pool, stream, rounded);
   if (!found) {
     if (garbage_collecting()) garbage_collect_cached_blocks();

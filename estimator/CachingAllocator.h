@@ -131,6 +131,10 @@ class CachingAllocatorSim final : public AllocationObserver {
   // Streams are numbered (0: the default stream). A segment is its
   // stream's, and only requests on that stream take its blocks.
   void malloc(std::uint32_t id, std::int64_t bytes, int stream = 0);
+  // The same, served by `pool` whatever the routing (0: the device's own
+  // pools), as a trace records where each request went. A private pool
+  // first met here is made with one use, which no event releases.
+  void malloc_in_pool(std::uint32_t id, std::int64_t bytes, int stream, int pool);
   void free(std::uint32_t id);
   // Tensor.record_stream(): the allocation is used on `stream` too, so its
   // free waits for that stream's work. Here every stream's work is done at
@@ -165,8 +169,8 @@ class CachingAllocatorSim final : public AllocationObserver {
   // routed to.
   void release_pool(int pool);
 
-  void on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t, int stream) override {
-    malloc(buffer, bytes, stream);
+  void on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t, int stream, int pool) override {
+    malloc_in_pool(buffer, bytes, stream, pool);
   }
   void on_record_stream(std::uint32_t buffer, int stream) override { record_stream(buffer, stream); }
   void on_free(std::uint32_t buffer) noexcept override { free(buffer); }
@@ -328,8 +332,8 @@ class CachingAllocatorSim final : public AllocationObserver {
 class ReservedBytesLimit final : public AllocationObserver {
  public:
   explicit ReservedBytesLimit(const AllocatorSetup& setup) : sim_(setup) {}
-  void on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t, int stream) override {
-    sim_.malloc(buffer, bytes, stream);
+  void on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t, int stream, int pool) override {
+    sim_.malloc_in_pool(buffer, bytes, stream, pool);
   }
   void on_record_stream(std::uint32_t buffer, int stream) override { sim_.record_stream(buffer, stream); }
   void on_free(std::uint32_t buffer) noexcept override { sim_.free(buffer); }

@@ -16,13 +16,16 @@ class MemoryExceeded : public std::runtime_error {
 };
 
 // Sees every allocation and free a tracer records, in order, by the
-// buffer's index in the trace, with the live bytes after an allocation and
-// the CUDA stream it is on (0: the default). It may throw on an allocation
-// to stop the trace, never on a free: frees run in tensors' destructors.
+// buffer's index in the trace, with the live bytes after an allocation,
+// the CUDA stream it is on (0: the default) and the caching allocator's
+// pool that serves it (0: the device's own; else a CUDA graph's private
+// pool). It may throw on an allocation to stop the trace, never on a free:
+// frees run in tensors' destructors.
 class AllocationObserver {
  public:
   virtual ~AllocationObserver() = default;
-  virtual void on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t live_bytes, int stream) = 0;
+  virtual void on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t live_bytes, int stream,
+                        int pool) = 0;
   virtual void on_free(std::uint32_t buffer) noexcept = 0;
   // Tensor.record_stream(): the buffer is used on `stream` too.
   virtual void on_record_stream(std::uint32_t buffer, int stream) {}
@@ -32,7 +35,7 @@ class AllocationObserver {
 class LiveBytesLimit final : public AllocationObserver {
  public:
   explicit LiveBytesLimit(std::int64_t limit) : limit_(limit) {}
-  void on_alloc(std::uint32_t, std::int64_t, std::int64_t live_bytes, int) override {
+  void on_alloc(std::uint32_t, std::int64_t, std::int64_t live_bytes, int, int) override {
     if (live_bytes > limit_)
       throw MemoryExceeded("the traced step holds more than " + std::to_string(limit_) + " bytes");
   }

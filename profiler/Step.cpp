@@ -384,12 +384,12 @@ class NativeCpuConvolution {
 class SeenBefore final : public AllocationObserver {
  public:
   SeenBefore(AllocationObserver* observer, std::size_t seen) : observer_(observer), seen_(seen) {}
-  void on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t live_bytes, int stream) override {
+  void on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t live_bytes, int stream, int pool) override {
     if (seen_ > 0) {
       --seen_;
       return;
     }
-    observer_->on_alloc(buffer, bytes, live_bytes, stream);
+    observer_->on_alloc(buffer, bytes, live_bytes, stream, pool);
   }
   void on_record_stream(std::uint32_t buffer, int stream) override {
     if (seen_ == 0) observer_->on_record_stream(buffer, stream);

@@ -77,7 +77,7 @@ void check_stream(std::int64_t stream) {
 void Trace::tell(const Event& event, AllocationObserver& observer) const {
   if (event.kind == EventKind::Alloc) {
     const Buffer& buffer = buffers[event.index];
-    observer.on_alloc(event.index, buffer.bytes, event.live_bytes, buffer.stream);
+    observer.on_alloc(event.index, buffer.bytes, event.live_bytes, buffer.stream, buffer.pool);
   } else if (event.kind == EventKind::Free) {
     for (std::uint32_t uses = buffers[event.index].used_on_streams; uses != 0; uses &= uses - 1)
       observer.on_record_stream(event.index, std::countr_zero(uses));

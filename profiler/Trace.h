@@ -62,6 +62,9 @@ struct Buffer {
   // bit each, whose work its free waits for.
   std::uint8_t stream = 0;
   std::uint32_t used_on_streams = 0;
+  // The caching allocator's pool that served it: 0, the device's own; else
+  // the private pool of a CUDA graph whose capture made it.
+  std::uint16_t pool = 0;
   // The allocator refused it (the GPU was out of memory, and the script
   // caught the error): it held nothing and has no events.
   bool refused = false;

@@ -5,12 +5,14 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
 
+#include <algorithm>
 #include <atomic>
 #include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <set>
+#include <stdexcept>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -113,6 +115,7 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
     buffer.category = phase_ == Phase::Setup ? Category::Input : Category::Temporary;
     buffer.alloc_event = trace_.events.size();
     buffer.stream = static_cast<std::uint8_t>(stream_);
+    buffer.pool = static_cast<std::uint16_t>(pool_for(stream_));
     trace_.buffers.push_back(buffer);
     const auto index = static_cast<std::uint32_t>(trace_.buffers.size() - 1);
     // No device holds 2^63 bytes: such a request fails as an allocation
@@ -124,7 +127,7 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
     }
     if (observer_) {
       try {
-        observer_->on_alloc(index, buffer.bytes, live_ + buffer.bytes, stream_);
+        observer_->on_alloc(index, buffer.bytes, live_ + buffer.bytes, stream_, buffer.pool);
       } catch (...) {  // out of memory: the request never held anything
         refuse(index);
         throw;
@@ -156,6 +159,31 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
   void empty_cache() {
     std::lock_guard<std::mutex> lock(mutex_);
     trace_.empty_caches.push_back(trace_.events.size());
+  }
+
+  void begin_allocate_to_pool(int pool, std::optional<int> stream) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (pool < 1 || pool > std::numeric_limits<std::uint16_t>::max())
+      throw std::invalid_argument("private pools are numbered 1 to 65535, got " + std::to_string(pool));
+    if (std::any_of(routes_.begin(), routes_.end(), [&](const Route& route) { return route.pool == pool; }))
+      throw std::invalid_argument("requests are already routed to pool " + std::to_string(pool));
+    routes_.push_back({pool, stream, std::this_thread::get_id()});
+  }
+
+  void end_allocate_to_pool(int pool) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto route = std::find_if(routes_.begin(), routes_.end(), [&](const Route& r) { return r.pool == pool; });
+    if (route == routes_.end())
+      throw std::invalid_argument("requests are not routed to pool " + std::to_string(pool));
+    routes_.erase(route);
+  }
+
+  // As the caching allocator routes: the latest routing that takes this
+  // thread's request on `stream`, else the device's own pools (0).
+  int pool_for(int stream) const {
+    for (auto route = routes_.rbegin(); route != routes_.rend(); ++route)
+      if (route->stream ? *route->stream == stream : route->thread == std::this_thread::get_id()) return route->pool;
+    return 0;
   }
 
   // Tensor.record_stream(): the free of the tensor's buffer waits for the
@@ -418,6 +446,15 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
   bool forward_pending_ = false;
   std::int64_t live_ = 0;
   int stream_ = 0;  // the current CUDA stream
+  // Private pools requests are routed to, in the order begun: a stream's
+  // requests, or where none is named, the requests of the thread that
+  // began the routing.
+  struct Route {
+    int pool;
+    std::optional<int> stream;
+    std::thread::id thread;
+  };
+  std::vector<Route> routes_;
   std::set<std::pair<std::thread::id, int>> workspaces_;  // (handle's thread, stream): cuBLAS made one
   AllocationObserver* observer_ = nullptr;
   BufferId first_id_ = 0;  // buffer ids of one trace are consecutive
@@ -454,6 +491,13 @@ void Tracer::set_stream(int stream) {
 }
 
 void Tracer::empty_cache() { recorder_->empty_cache(); }
+
+void Tracer::begin_allocate_to_pool(int pool, std::optional<int> stream) {
+  if (stream) check_stream(*stream);
+  recorder_->begin_allocate_to_pool(pool, stream);
+}
+
+void Tracer::end_allocate_to_pool(int pool) { recorder_->end_allocate_to_pool(pool); }
 void Tracer::begin_step() { recorder_->begin_step(); }
 void Tracer::begin_forward() { recorder_->begin_forward(); }
 void Tracer::begin_backward(const std::vector<at::Tensor>& outputs) {

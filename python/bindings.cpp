@@ -261,9 +261,9 @@ struct TracedGpu {
 class TorchCudaAllocator final : public AllocationObserver {
  public:
   explicit TorchCudaAllocator(const AllocatorSetup& setup) : sim(setup) {}
-  void on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t, int stream) override {
+  void on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t, int stream, int pool) override {
     try {
-      sim.malloc(buffer, bytes, stream);
+      sim.malloc_in_pool(buffer, bytes, stream, pool);
     } catch (const MemoryExceeded& e) {
       TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
     }
@@ -347,6 +347,22 @@ class Session {
   void set_stream(int stream) {
     try {
       tracer_->set_stream(stream);
+    } catch (const std::invalid_argument& e) {
+      throw py::value_error(e.what());
+    }
+  }
+  // A CUDA graph's capture: requests on `stream` (where None, the calling
+  // thread's) go to private pool `pool` until end_pool.
+  void begin_pool(int pool, std::optional<int> stream) {
+    try {
+      tracer_->begin_allocate_to_pool(pool, stream);
+    } catch (const std::invalid_argument& e) {
+      throw py::value_error(e.what());
+    }
+  }
+  void end_pool(int pool) {
+    try {
+      tracer_->end_allocate_to_pool(pool);
     } catch (const std::invalid_argument& e) {
       throw py::value_error(e.what());
     }
@@ -565,6 +581,8 @@ PYBIND11_MODULE(_metamem, m) {
                        const std::string& gpu) { return new Session(device, alloc_conf, metamem::find_gpu(gpu)); }),
            py::arg("device"), py::arg("alloc_conf"), py::arg("gpu"))
       .def("set_stream", &Session::set_stream)
+      .def("begin_pool", &Session::begin_pool, py::arg("pool"), py::arg("stream"))
+      .def("end_pool", &Session::end_pool, py::arg("pool"))
       .def("forward", &Session::forward)
       .def("backward", &Session::backward)
       .def("backward_done", &Session::backward_done)

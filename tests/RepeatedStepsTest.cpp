@@ -104,7 +104,9 @@ TEST(RepeatedStep, NotWhereLaterStepsRunOtherOps) {
 TEST(RepeatedStep, ObserverSeesEveryStepOnce) {
   struct Recorder final : AllocationObserver {
     std::vector<std::int64_t> live;  // after each allocation, and -1 for each free
-    void on_alloc(std::uint32_t, std::int64_t, std::int64_t live_bytes, int) override { live.push_back(live_bytes); }
+    void on_alloc(std::uint32_t, std::int64_t, std::int64_t live_bytes, int, int) override {
+      live.push_back(live_bytes);
+    }
     void on_free(std::uint32_t) noexcept override { live.push_back(-1); }
   };
   auto expected = [](const Trace& trace) {

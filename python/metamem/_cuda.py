@@ -158,6 +158,110 @@ class Event(torch.Event):
         return 1.0
 
 
+class _Captures:
+    """CUDA graphs in a trace. A capture routes its stream's requests to the
+    graph's private pool, as c10's allocator does, so that what it allocates
+    (its static outputs, its temporaries, a cuBLAS workspace for its
+    stream) takes segments of the pool's own, which nothing else reuses. A
+    replay runs nothing and asks nothing of the allocator, as on a GPU."""
+
+    def __init__(self, session, current_stream):
+        self.session = session
+        self.current_stream = current_stream  # () -> the current stream's number
+        self.numbers = {}  # pool handle -> the trace's pool number
+        self.capturing = None  # the stream a capture is underway on
+
+    def pool_handle(self):
+        """torch.cuda.graph_pool_handle(): a new pool's id."""
+        handle = (0, len(self.numbers) + 1)
+        self.number(handle)
+        return handle
+
+    def number(self, handle):
+        return self.numbers.setdefault(tuple(handle), len(self.numbers) + 1)
+
+    def is_capturing(self):
+        return self.capturing is not None and self.capturing == self.current_stream()
+
+    def begin_thread_routing(self, device, handle):
+        """torch.cuda.use_mem_pool's routing: this thread's requests."""
+        _check_device(device)
+        self.session.begin_pool(self.number(handle), None)
+
+    def end_routing(self, device, handle):
+        _check_device(device)
+        self.session.end_pool(self.number(handle))
+
+    def mem_pool_class(self):
+        captures = self
+
+        class MemPool:
+            """torch.cuda.MemPool in a trace: a private pool that
+            torch.cuda.use_mem_pool routes the thread's requests to (and a
+            CUDA graph's capture, given as its pool)."""
+
+            def __init__(self, allocator=None, use_on_oom=False, no_split=False):
+                if allocator is not None or use_on_oom or no_split:
+                    raise NotImplementedError(
+                        "metamem: a MemPool with its own allocator, use_on_oom or no_split is not traced; "
+                        "a plain torch.cuda.MemPool() is")
+                self._id = (len(captures.numbers) + 1, 0)  # torch counts users' pools in the first field
+                captures.number(self._id)
+
+            @property
+            def id(self):
+                return self._id
+
+            def use_count(self):
+                return 1
+
+        return MemPool
+
+    def graph_class(self):
+        captures = self
+
+        class CUDAGraph:
+            """torch.cuda.CUDAGraph in a trace (metamem._cuda._Captures)."""
+
+            def __init__(self, keep_graph=False):
+                self._pool = None
+
+            def capture_begin(self, pool=None, capture_error_mode="global", check_input_liveness=False):
+                if captures.capturing is not None:
+                    raise RuntimeError("metamem: a CUDA graph capture is underway already; one at a time")
+                self._pool = tuple(pool) if pool is not None else captures.pool_handle()
+                stream = captures.current_stream()
+                captures.session.begin_pool(captures.number(self._pool), stream)
+                captures.capturing = stream
+
+            def capture_end(self):
+                captures.session.end_pool(captures.number(self._pool))
+                captures.capturing = None
+
+            def instantiate(self):
+                pass
+
+            def replay(self):
+                pass
+
+            def reset(self):
+                pass  # its pool's release: the trace's pools are kept to its end (docs/compile.md)
+
+            def pool(self):
+                return torch.cuda._POOL_HANDLE(self._pool)
+
+            def pools(self):
+                return [self.pool()]
+
+            def enable_debug_mode(self):
+                pass
+
+            def debug_dump(self, debug_path, *, verbose=True):
+                raise RuntimeError("metamem: a traced CUDA graph captured no kernels; there is nothing to dump")
+
+        return CUDAGraph
+
+
 class _CudaRuntime:
     """torch.cuda.cudart(): what mem_get_info asks of the runtime."""
 
@@ -256,8 +360,22 @@ class FakeCudaRuntime:
             set_(C, "_cuda_setStream", set_stream)
             # The raw stream handle Inductor's code gives its kernels.
             set_(C, "_cuda_getCurrentRawStream", lambda device=0: current[0])
-            # Nothing captures a CUDA graph.
-            set_(torch.cuda.graphs, "_cuda_isCurrentStreamCapturing", lambda: False)
+            # CUDA graphs: captures route to private pools, replays run nothing.
+            captures = _Captures(session, lambda: current[0])
+            graph = captures.graph_class()
+            set_(cuda, "CUDAGraph", graph)
+            set_(torch.cuda.graphs, "CUDAGraph", graph)
+            set_(torch.cuda.graphs, "_graph_pool_handle", captures.pool_handle)
+            set_(torch.cuda.graphs, "_cuda_isCurrentStreamCapturing", captures.is_capturing)
+            # torch.cuda.graph keeps the capture stream it first makes: the trace's is not the GPU's.
+            set_(torch.cuda.graphs.graph, "default_capture_stream", None)
+            set_(C, "_cuda_isCurrentStreamCapturing", captures.is_capturing)
+            mem_pool = captures.mem_pool_class()
+            set_(cuda, "MemPool", mem_pool)
+            set_(torch.cuda.memory, "MemPool", mem_pool)
+            set_(torch.cuda.memory, "_cuda_beginAllocateCurrentThreadToPool", captures.begin_thread_routing)
+            set_(torch.cuda.memory, "_cuda_endAllocateToPool", captures.end_routing)
+            set_(torch.cuda.memory, "_cuda_releasePool", lambda device, handle: _check_device(device))
             # The default generator, one for every index (torch.manual_seed seeds them;
             # checkpoint saves its state).
             set_(cuda, "default_generators", (Generator(),) * self.devices)

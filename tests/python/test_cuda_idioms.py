@@ -4,6 +4,7 @@ the traced GPU; on a fake cpu, the idioms that run on a CPU are byte-exact
 against the real CPU run."""
 
 import os
+import subprocess
 
 import pytest
 import torch
@@ -271,6 +272,61 @@ def test_empty_cache_in_a_block_is_in_its_report(tmp_path):
         real = measure(oracle, native.gpu("H100-80GB"),
                        PROLOGUE + "import torch\n" + EMPTYING_STEPS + "print(json.dumps(emptying_steps()))\n")
         assert real == peaks  # 786,432,000 B reserved in the second step (the report left empty_cache out: 799,014,912)
+
+
+@pytest.mark.parametrize("on_warmup_stream", [False, True], ids=["capture stream", "warm-up stream"])
+def test_a_step_captured_in_a_cuda_graph(on_warmup_stream, tmp_path):
+    # A capture's allocations take segments of its graph's private pool;
+    # replays allocate nothing. Captured on the warm-up stream, the pool
+    # keeps what the capture freed from the evaluation pass after it, which
+    # reserves 23 MiB more than it would from the stream's own cache.
+    from cuda_graph_steps import whole_network
+
+    with metamem.trace(device="cuda", gpu="H100-80GB") as t:
+        peaks = whole_network(on_warmup_stream)
+        assert not torch.cuda.is_current_stream_capturing()
+    assert len(peaks) == 6 and peaks[2] == peaks[3] == peaks[4]  # replays
+    # torch's own again, with no capture stream of the trace's kept.
+    assert torch.cuda.CUDAGraph.__module__ == "torch.cuda.graphs" and torch.cuda.graph.default_capture_stream is None
+    t.save_allocator_events(str(tmp_path / "events.txt"))
+    assert "pool_begin 1" in (tmp_path / "events.txt").read_text()
+    oracle = os.environ.get("METAMEM_ORACLE", "")
+    if not os.path.exists(os.path.join(oracle, "libmetamem_fake_cuda_preload.so")):
+        pytest.skip(f"METAMEM_ORACLE={oracle!r} holds no fake GPU to run real torch on")
+    import metamem._metamem as native
+    from real_torch_on_fake_gpu import PROLOGUE, measure
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    real = measure(oracle, native.gpu("H100-80GB"),
+                   PROLOGUE + f"sys.path.insert(0, {here!r})\nimport cuda_graph_steps\n"
+                   f"print(json.dumps(cuda_graph_steps.whole_network({on_warmup_stream})))\n")
+    assert real == peaks
+    # The trace's event list, pools included, through PyTorch's own allocator.
+    replay = subprocess.run([os.path.join(oracle, "metamem-allocator-oracle"), str(tmp_path / "events.txt")],
+                            capture_output=True, text=True)
+    assert replay.returncode == 0 and "equal after every one" in replay.stdout
+
+
+def test_a_mem_pool_keeps_its_segments():
+    from cuda_graph_steps import mem_pool_routing
+
+    with metamem.trace(device="cuda", gpu="H100-80GB"):
+        states = mem_pool_routing()
+        with pytest.raises(NotImplementedError, match="no_split"):
+            torch.cuda.MemPool(no_split=True)
+    # 12 MiB cached, 12 MiB and a 2 MiB small segment the pool's; after the
+    # pooled tensor's free and empty_cache, the pool's segments stay.
+    assert states == [[25169920, 26 * MiB], [12587008, 26 * MiB]]
+    oracle = os.environ.get("METAMEM_ORACLE", "")
+    if not os.path.exists(os.path.join(oracle, "libmetamem_fake_cuda_preload.so")):
+        pytest.skip(f"METAMEM_ORACLE={oracle!r} holds no fake GPU to run real torch on")
+    import metamem._metamem as native
+    from real_torch_on_fake_gpu import PROLOGUE, measure
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    assert measure(oracle, native.gpu("H100-80GB"),
+                   PROLOGUE + f"sys.path.insert(0, {here!r})\nimport cuda_graph_steps\n"
+                   "print(json.dumps(cuda_graph_steps.mem_pool_routing()))\n") == states
 
 
 def test_seeds_and_rng_state_and_the_real_generator_kept():
