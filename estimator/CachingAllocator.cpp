@@ -317,8 +317,8 @@ void CachingAllocatorSim::release_cached_blocks() {
     }
     const int pool = it->first;
     release_blocks(pool);
-    const bool holds_segments =
-        std::any_of(segments_.begin(), segments_.end(), [&](const auto& segment) { return segment.second.pool == pool; });
+    const bool holds_segments = std::any_of(segments_.begin(), segments_.end(),
+                                            [&](const auto& segment) { return segment.second.pool == pool; });
     it = holds_segments ? std::next(it) : pool_uses_.erase(it);
   }
 }

@@ -59,8 +59,9 @@ class Tracer {
   // From here, requests on `stream` (where none is given, the calling
   // thread's requests, as torch.cuda.use_mem_pool routes them) are served
   // by private pool `pool` (1 to 65535), as a CUDA graph's capture routes
-  // them (Buffer::pool); the latest routing that takes a request wins. std::invalid_argument for a pool out of range or already
-  // routed to, and for ending a routing that was not begun.
+  // them (Buffer::pool); the latest routing that takes a request wins.
+  // std::invalid_argument for a pool out of range or already routed to,
+  // and for ending a routing that was not begun.
   void begin_allocate_to_pool(int pool, std::optional<int> stream = std::nullopt);
   void end_allocate_to_pool(int pool);
   // Ends the MetaMode and returns the trace; no events are recorded after.
