@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace metamem {
@@ -22,12 +23,25 @@ using ScratchModel = std::int64_t (*)(c10::ArrayRef<c10::IValue> arguments,
 
 // A kernel whose temporaries the allocator must meet one by one, in the
 // kernel's order (a segment's free blocks then split as on the device):
-// each piece's bytes in the order allocated, the first `before_outputs`
-// of them before the kernel's outputs (contiguous copies of its inputs);
-// all are freed, the last made first, as the kernel returns.
+// each step makes a piece or frees one made before it, the first
+// `before_outputs` steps before the kernel's outputs exist (contiguous
+// copies of its inputs). What is left is freed, the last made first, as
+// the kernel returns.
 struct ScratchPlan {
-  c10::SmallVector<std::int64_t, 6> pieces;
+  struct Step {
+    std::int64_t bytes = 0;              // made: a piece of this many bytes (none if 0)
+    std::optional<std::size_t> freed;  // or freed: the piece of this number, counted from 0 as made
+  };
+  c10::SmallVector<Step, 8> steps;
   std::size_t before_outputs = 0;
+  std::size_t pieces = 0;
+
+  // The new piece's number.
+  std::size_t make(std::int64_t bytes) {
+    steps.push_back({bytes, std::nullopt});
+    return pieces++;
+  }
+  void free(std::size_t piece) { steps.push_back({0, piece}); }
 };
 // From the op's arguments alone: pieces made before the outputs are.
 using ScratchPlanModel = ScratchPlan (*)(c10::ArrayRef<c10::IValue> arguments);

@@ -16,6 +16,7 @@
 #include <vector>
 #include <utility>
 
+#include "meta/EfficientAttention.h"
 #include "meta/FlashAttention.h"
 #include "meta/OwnKernel.h"
 
@@ -196,12 +197,15 @@ ScratchPlan flash_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
   const at::Tensor& k = arguments[2].toTensor();
   ScratchPlan plan;
   for (const at::Tensor& t : {arguments[0].toTensor(), arguments[4].toTensor()})
-    if (!t.transpose(1, 2).is_contiguous()) plan.pieces.push_back(static_cast<std::int64_t>(t.nbytes()));
-  plan.before_outputs = plan.pieces.size();
+    if (!t.transpose(1, 2).is_contiguous()) plan.make(static_cast<std::int64_t>(t.nbytes()));
+  plan.before_outputs = plan.steps.size();
   const std::int64_t head_dim = q.size(3);
   const std::int64_t padded = round_up(head_dim, 8);
-  plan.pieces.append(flash_attention_backward_scratch(q.size(0), q.size(2), k.size(2), q.size(1), k.size(1), head_dim,
-                                                      round_up(padded, padded <= 128 ? 32 : 64), q.element_size()));
+  for (const std::int64_t bytes : flash_attention_backward_scratch(q.size(0), q.size(2), k.size(2), q.size(1),
+                                                                   k.size(1), head_dim,
+                                                                   round_up(padded, padded <= 128 ? 32 : 64),
+                                                                   q.element_size()))
+    plan.make(bytes);
   return plan;
 }
 
@@ -333,10 +337,13 @@ std::vector<OwnKernelEntry> cuda_attention_kernels() {
 }
 
 ScratchModel cuda_scratch_model(const std::string& qualified_name) {
+  if (qualified_name == "aten::_scaled_dot_product_efficient_attention") return &efficient_attention_forward_bytes;
   return qualified_name == "aten::_scaled_dot_product_cudnn_attention_backward" ? &cudnn_backward_bytes : nullptr;
 }
 
 ScratchPlanModel cuda_scratch_plan_model(const std::string& qualified_name) {
+  if (qualified_name == "aten::_scaled_dot_product_efficient_attention_backward")
+    return &efficient_attention_backward_plan;
   return qualified_name == "aten::_scaled_dot_product_flash_attention_backward" ? &flash_backward_plan : nullptr;
 }
 

@@ -11,10 +11,12 @@
 namespace metamem {
 
 // What torch's CUDA kernels choose by: the GPU's compute capability (SDPA's
-// backend), its SMs and threads per SM (a reduction's blocks).
+// backend), its SMs and threads per SM (a reduction's blocks), the shared
+// memory a block may opt in to (the memory-efficient kernel's blocks).
 struct GpuTraits {
   int major = 9, minor = 0;
   int multi_processor_count = 132, max_threads_per_multi_processor = 2048;
+  int shared_memory_per_block_optin = 232448;
 };
 
 // The GPU fake-cuda traces are for now.
@@ -44,12 +46,12 @@ class TracedGpuScope {
 void* install_sdpa_choice();
 void restore_sdpa_choice(void* previous);
 
-// Bytes a fused SDPA backward kernel holds beside its gradients on CUDA
+// Bytes a fused SDPA kernel holds beside its outputs on CUDA
 // (`qualified_name` as "aten::_scaled_dot_product_cudnn_attention_backward"),
 // or nullptr.
 ScratchModel cuda_scratch_model(const std::string& qualified_name);
 // The same, for the kernels whose temporaries are made one by one
-// (FlashAttention's backward), or nullptr.
+// (FlashAttention's and the memory-efficient backward), or nullptr.
 ScratchPlanModel cuda_scratch_plan_model(const std::string& qualified_name);
 
 }  // namespace metamem

@@ -115,10 +115,10 @@ std::unordered_map<const c10::OperatorName*, CublasCall> g_cublas_ops;
 // metamem's own meta kernels by op, likewise.
 std::unordered_map<const c10::OperatorName*, const c10::KernelFunction*> g_own_kernels;
 
-// The temporaries of an op's kernel, by their plan (ScratchPlan): those
-// made before its outputs as it is constructed, before the kernel runs;
-// the rest by make_the_rest(), after the outputs exist; all freed by
-// free(), the last made first. Kernels with one temporary beside their
+// The temporaries of an op's kernel, by their plan (ScratchPlan): the
+// steps before its outputs as it is constructed, before the kernel runs;
+// the rest by make_the_rest(), after the outputs exist; what is left freed
+// by free(), the last made first. Kernels with one temporary beside their
 // outputs (ScratchModel) make it in make_the_rest().
 class KernelScratch {
  public:
@@ -128,20 +128,21 @@ class KernelScratch {
     const auto model = g_cuda_scratch_plans.find(&op.operator_name());
     if (model == g_cuda_scratch_plans.end()) return;
     plan_ = model->second(arguments);
-    for (std::size_t i = 0; i < plan_.before_outputs; ++i) make(plan_.pieces[i]);
+    for (std::size_t i = 0; i < plan_.before_outputs; ++i) take(plan_.steps[i]);
   }
 
   void make_the_rest(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
                      c10::ArrayRef<c10::IValue> returns) {
     if (observer_ == nullptr) return;
-    for (std::size_t i = plan_.before_outputs; i < plan_.pieces.size(); ++i) make(plan_.pieces[i]);
+    for (std::size_t i = plan_.before_outputs; i < plan_.steps.size(); ++i) take(plan_.steps[i]);
     const auto& models = g_mode.device.is_cpu() ? g_cpu_scratch : g_cuda_scratch;
     if (const auto model = models.find(&op.operator_name()); model != models.end())
-      make(model->second(arguments, returns));
+      take({model->second(arguments, returns), std::nullopt});
   }
 
   void free() {
-    for (auto id = made_.rbegin(); id != made_.rend(); ++id) observer_->on_free(*id);
+    for (auto id = made_.rbegin(); id != made_.rend(); ++id)
+      if (*id != kNone) observer_->on_free(*id);
     made_.clear();
   }
 
@@ -151,15 +152,25 @@ class KernelScratch {
   KernelScratch& operator=(const KernelScratch&) = delete;
 
  private:
-  void make(std::int64_t bytes) {
-    if (bytes <= 0) return;
-    made_.push_back(g_next_buffer.fetch_add(1));
-    observer_->on_alloc(made_.back(), static_cast<std::size_t>(bytes));
+  // A piece of no bytes, or one freed already.
+  static constexpr BufferId kNone = 0;
+
+  void take(const ScratchPlan::Step& step) {
+    if (step.freed) {
+      BufferId& id = made_[*step.freed];
+      if (id != kNone) observer_->on_free(id);
+      id = kNone;
+    } else if (step.bytes <= 0) {
+      made_.push_back(kNone);
+    } else {
+      made_.push_back(g_next_buffer.fetch_add(1));
+      observer_->on_alloc(made_.back(), static_cast<std::size_t>(step.bytes));
+    }
   }
 
   MetaObserver* observer_;
   ScratchPlan plan_;
-  BufferList made_;
+  BufferList made_;  // by piece number
 };
 
 // A CUDA reduction's staging buffer and semaphores, made in that order after

@@ -250,7 +250,8 @@ struct ThreadState {
 struct TracedGpu {
   explicit TracedGpu(const std::string& key) {
     const GpuSpec& spec = metamem::find_gpu(key);
-    gpu = {spec.major, spec.minor, spec.multi_processor_count, spec.max_threads_per_multi_processor};
+    gpu = {spec.major, spec.minor, spec.multi_processor_count, spec.max_threads_per_multi_processor,
+        spec.shared_memory_per_block_optin};
   }
   metamem::GpuTraits gpu;
   std::optional<metamem::TracedGpuScope> guard;

@@ -67,7 +67,8 @@ const GpuSpec& ModelFlags::gpu_spec() const { return find_gpu(gpu); }
 
 TracedGpuScope ModelFlags::gpu_scope() const {
   const GpuSpec& spec = gpu_spec();
-  return TracedGpuScope({spec.major, spec.minor, spec.multi_processor_count, spec.max_threads_per_multi_processor});
+  return TracedGpuScope({spec.major, spec.minor, spec.multi_processor_count, spec.max_threads_per_multi_processor,
+                          spec.shared_memory_per_block_optin});
 }
 
 AllocatorSetup ModelFlags::allocator(std::int64_t memory) const {

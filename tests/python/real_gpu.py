@@ -51,6 +51,46 @@ def attention(backend=None, dtype=torch.bfloat16, causal=True, mask=False, heads
     return run
 
 
+def efficient(dtype=torch.bfloat16, head_dim=128, seq=2048, batch=2, heads=16, causal=True, bias_grad=False,
+              dropout=0.0):
+    """The memory-efficient kernel forced, a step for the forward and one for
+    the backward from a random gradient: what its backward allocates beside
+    the gradients (the fp32 dq accumulator, dk and dv accumulators per key
+    split, delta) depends on the kernel cutlassB picks for the dtype and head
+    size, and on the sequence, batch and heads."""
+    def run(step_end):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        q, k, v = (torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=dtype, requires_grad=True)
+                   for _ in range(3))
+        bias = (torch.randn(batch, heads, seq, seq, device="cuda", dtype=dtype, requires_grad=True)
+                if bias_grad else None)
+        with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal, dropout_p=dropout)
+            gradient = torch.randn_like(out)
+            step_end()
+            out.backward(gradient)
+        step_end()
+    return run
+
+
+EFFICIENT_CASES = {
+    **{f"efficient {str(dtype)[6:]} head_dim {head_dim} seq {seq}": efficient(dtype, head_dim, seq)
+       for dtype in (torch.bfloat16, torch.float16, torch.float32) for head_dim in (32, 64, 96, 128, 160, 256)
+       for seq in (2048, 1000)},
+    "efficient bfloat16 head_dim 128 seq 2048, not causal": efficient(causal=False),
+    "efficient bfloat16 head_dim 128 seq 1000, bias with gradient": efficient(seq=1000, causal=False,
+                                                                               bias_grad=True),
+    "efficient float32 head_dim 64 seq 1000, bias with gradient": efficient(torch.float32, 64, 1000, causal=False,
+                                                                            bias_grad=True),
+    "efficient bfloat16 head_dim 128 seq 2048, dropout": efficient(dropout=0.1),
+    "efficient float32 head_dim 128 seq 2048, dropout": efficient(torch.float32, dropout=0.1),
+    **{f"efficient {str(dtype)[6:]} head_dim {head_dim} seq {seq}, batch 1 x {heads} heads":
+       efficient(dtype, head_dim, seq, 1, heads)
+       for dtype in (torch.bfloat16, torch.float32) for head_dim in (64, 256) for seq in (128, 4096)
+       for heads in (4, 300)},
+}
+
+
 def products(step_end):
     """cuBLAS's workspace: an f32 product, then a bf16 product with bias (cuBLASLt), a step each."""
     x = torch.randn(64, 1024, device="cuda")
@@ -256,7 +296,14 @@ CASES = {
     "embedding backward, GPT-2's vocabulary, all ids 0": embedding_backward(False),
     **{f"{name}, {how}": ten_models_step(name, how == "compiled") for name in compiled_models.MODELS
        for how in ("eager", "compiled")},
+    **EFFICIENT_CASES,
 }
+
+
+# The cases whose allocations and frees are recorded (measure_one's events):
+# what the kernels the fake GPU cannot run allocate inside, in order.
+EVENT_CASES = {name for name in CASES if name.startswith(("efficient", "sdpa", "conv", "batch norm", "LSTM"))} | {
+    "resnet18 f32 cuDNN on", "resnet18 bf16 autocast cuDNN on", "mobilenet_v2 f32 cuDNN on"}
 
 
 def versions():
@@ -271,20 +318,41 @@ def versions():
     return found
 
 
-def measure_one(name):
-    """In a fresh process: the case's steps, each (max allocated, max reserved)."""
+def allocator_events(entries):
+    """The caching allocator's recorded history as [["alloc" or "free",
+    requested bytes, stream], ...]: what a trace's event list says."""
+    live, events = {}, []
+    for entry in entries:
+        if entry["action"] == "alloc":
+            live[entry["addr"]] = entry["size"]
+            events.append(["alloc", entry["size"], entry["stream"]])
+        elif entry["action"] == "free_completed" and entry["addr"] in live:
+            events.append(["free", live.pop(entry["addr"]), entry["stream"]])
+    return events
+
+
+def measure_one(name, events=False):
+    """In a fresh process: the case's steps, each (max allocated, max
+    reserved), and with `events` each step's allocations and frees."""
     torch.cuda.init()
-    steps = []
+    steps, step_events = [], []
+    if events:
+        torch.cuda.memory._record_memory_history("all", context=None, stacks="python", max_entries=10**6)
 
     def step_end():
         torch.cuda.synchronize()
         steps.append([torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()])
         torch.cuda.reset_peak_memory_stats()
+        if events:
+            step_events.append(allocator_events(torch.cuda.memory._snapshot()["device_traces"][0]))
+            torch.cuda.memory._record_memory_history(None)
+            torch.cuda.memory._record_memory_history("all", context=None, stacks="python", max_entries=10**6)
 
     torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     steps = CASES[name](step_end) or steps  # a case may measure its own steps
-    return {"steps": steps, "seconds": round(time.perf_counter() - start, 2)}
+    return {"steps": steps, "seconds": round(time.perf_counter() - start, 2),
+            **({"events": step_events} if step_events else {})}
 
 
 @contextlib.contextmanager
@@ -308,7 +376,8 @@ def cold_inductor_cache():
 def measure_in_child(name):
     import tempfile
     with tempfile.TemporaryDirectory() as cache:  # cold, as cold_inductor_cache; children run side by side
-        child = subprocess.run([sys.executable, __file__, "one", name], capture_output=True, text=True,
+        child = subprocess.run([sys.executable, __file__, "one", name, *(["events"] if name in EVENT_CASES else [])],
+                               capture_output=True, text=True,
                                env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache})
     # The last line is the result even where the process then fails on its way out.
     out, err = child.stdout.strip(), child.stderr.strip()
@@ -401,7 +470,7 @@ def compare(path, oracle=None, *names):
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["one"]:
-        print(json.dumps(measure_one(sys.argv[2])), flush=True)
+        print(json.dumps(measure_one(sys.argv[2], events=sys.argv[3:4] == ["events"])), flush=True)
         os._exit(0)  # the fake GPU's runtime can abort on a normal exit; the result is out
     elif sys.argv[1:2] == ["measure"]:
         measure(sys.argv[2], *map(int, sys.argv[3:4]), *sys.argv[4:])

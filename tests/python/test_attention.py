@@ -5,6 +5,8 @@ and for f32, math where the user turns the fused ones off; each with the
 outputs it saves and, for flash and cuDNN, what its backward holds beside
 the gradients. Byte counts are the simulated allocator's (512-byte blocks)."""
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -119,3 +121,25 @@ def test_a_gpu_that_runs_no_enabled_backend_is_a_named_error():
             attention_step("T4", torch.float16)  # flash needs sm80
     x = torch.ones(2)  # real tensors work after the failed block
     assert (x + 1).tolist() == [2.0, 2.0]
+
+
+@pytest.mark.parametrize("gpu,case", [
+    ("H100-80GB", "efficient float32 head_dim 128 seq 1000"),  # f32: delta by ops, 128 x 64 blocks
+    ("A10", "efficient bfloat16 head_dim 128 seq 1000"),  # 128-row blocks need more shared memory: 64 x 64, dk and dv split
+    ("T4", "efficient float16 head_dim 96 seq 1000"),  # sm75's list
+    ("H100-80GB", "efficient bfloat16 head_dim 256 seq 4096, batch 1 x 4 heads"),  # key splits capped by 200 / heads
+    ("A100-80GB", "efficient float32 head_dim 64 seq 1000, bias with gradient"),
+])
+def test_memory_efficient_backward_holds_delta_and_its_kernels_workspace_as_real_torch(gpu, case):
+    # The kernel's fp32 workspace (a dq tile per query block, dk and dv per
+    # key split where it keeps them outside its registers) and delta were
+    # missing: 34 MB on a 2 x 16 x 2048 x 128 f32 attention (docs/attention.md).
+    oracle = os.environ.get("METAMEM_ORACLE", "")
+    if not os.path.exists(os.path.join(oracle, "libmetamem_fake_cuda_preload.so")):
+        pytest.skip(f"METAMEM_ORACLE={oracle!r} holds no fake GPU to run real torch on")
+    import metamem._metamem as native
+    import real_gpu
+    real = real_gpu.measured_run(real_gpu.on_fake_gpu(oracle, native.gpu(gpu), case))
+    traced = real_gpu.traced(gpu, case)
+    assert "error" not in real and "error" not in traced, (real, traced)
+    assert (traced["allocated"], traced["reserved"]) == (real["allocated"], real["reserved"])
