@@ -379,7 +379,7 @@ void CachingAllocatorSim::garbage_collect_cached_blocks() {
 }
 
 void CachingAllocatorSim::malloc(std::uint32_t id, std::int64_t bytes, int stream) {
-  malloc_in_pool(id, bytes, stream, pool_for(stream));
+  malloc_in_pool(id, bytes, stream, routes_.pool_for(stream));
 }
 
 void CachingAllocatorSim::malloc_in_pool(std::uint32_t id, std::int64_t bytes, int stream, int pool) {
@@ -569,36 +569,22 @@ void CachingAllocatorSim::reset_accumulated() {
 
 void CachingAllocatorSim::empty_cache() { release_cached_blocks(); }
 
-int CachingAllocatorSim::pool_for(int stream) const {
-  // The latest routing first, as c10 nests them.
-  for (auto route = routes_.rbegin(); route != routes_.rend(); ++route)
-    if (!route->second || *route->second == stream) return route->first;
-  return 0;
-}
-
 void CachingAllocatorSim::begin_allocate_to_pool(int pool, std::optional<int> stream) {
   if (pool <= 0) throw std::invalid_argument("private pools are numbered from 1, got " + std::to_string(pool));
   if (released_pools_.contains(pool))
     throw std::invalid_argument("pool " + std::to_string(pool) + " was released; a new pool needs a new number");
-  if (std::any_of(routes_.begin(), routes_.end(), [&](const auto& route) { return route.first == pool; }))
-    throw std::invalid_argument("requests are already routed to pool " + std::to_string(pool));
+  routes_.begin(pool, stream);
   ++pool_uses_[pool];
-  routes_.emplace_back(pool, stream);
 }
 
-void CachingAllocatorSim::end_allocate_to_pool(int pool) {
-  const auto route = std::find_if(routes_.begin(), routes_.end(), [&](const auto& r) { return r.first == pool; });
-  if (route == routes_.end())
-    throw std::invalid_argument("requests are not routed to pool " + std::to_string(pool));
-  routes_.erase(route);
-}
+void CachingAllocatorSim::end_allocate_to_pool(int pool) { routes_.end(pool); }
 
 void CachingAllocatorSim::release_pool(int pool) {
   const auto uses = pool_uses_.find(pool);
   if (uses == pool_uses_.end() || uses->second == 0)
     throw std::invalid_argument("pool " + std::to_string(pool) + " has no use to release");
   // c10 would go on routing to a pool empty_cache() may free.
-  if (std::any_of(routes_.begin(), routes_.end(), [&](const auto& route) { return route.first == pool; }))
+  if (routes_.routes(pool))
     throw std::invalid_argument("requests are routed to pool " + std::to_string(pool) + ": end that first");
   if (--uses->second == 0) released_pools_.insert(pool);
 }

@@ -19,6 +19,7 @@
 
 #include "estimator/AllocatorConfig.h"
 #include "profiler/AllocationObserver.h"
+#include "profiler/PoolRoutes.h"
 #include "profiler/Trace.h"
 
 namespace metamem {
@@ -244,9 +245,6 @@ class CachingAllocatorSim final : public AllocationObserver {
   // Unmapped blocks by (pool, stream, address), as c10 orders them in a pool.
   using Unmapped = std::set<std::tuple<int, int, std::int64_t>>;
   Unmapped& unmapped(bool small_pool) { return small_pool ? unmapped_small_ : unmapped_large_; }
-  // The pool a request on `stream` is served from: the latest routing's
-  // that takes it, else the device's own (0).
-  int pool_for(int stream) const;
   // Puts a free block back in its pool (c10's insert_into_blocks).
   void insert_free(std::int64_t address, Block& block);
   // c10's get_free_block: a cached block of `pool` and `stream` for
@@ -320,8 +318,7 @@ class CachingAllocatorSim final : public AllocationObserver {
   // pool with none is freeable, and forgotten once it holds no segment.
   std::map<int, int> pool_uses_;
   std::set<int> released_pools_;  // numbers that cannot be used again
-  // Routings in the order they began: (pool, stream; none: every stream).
-  std::vector<std::pair<int, std::optional<int>>> routes_;
+  PoolRoutes routes_;  // a routing that names no stream takes every request
   AllocatorStats stats_;
   Listener listener_;
 };

@@ -21,6 +21,7 @@
 #include "meta/MetaTensor.h"
 #include "profiler/CpuMemoryCounter.h"
 #include "profiler/Flops.h"
+#include "profiler/PoolRoutes.h"
 
 namespace metamem {
 namespace {
@@ -115,7 +116,7 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
     buffer.category = phase_ == Phase::Setup ? Category::Input : Category::Temporary;
     buffer.alloc_event = trace_.events.size();
     buffer.stream = static_cast<std::uint8_t>(stream_);
-    buffer.pool = static_cast<std::uint16_t>(pool_for(stream_));
+    buffer.pool = static_cast<std::uint16_t>(routes_.pool_for(stream_, std::this_thread::get_id()));
     trace_.buffers.push_back(buffer);
     const auto index = static_cast<std::uint32_t>(trace_.buffers.size() - 1);
     // No device holds 2^63 bytes: such a request fails as an allocation
@@ -165,25 +166,12 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
     std::lock_guard<std::mutex> lock(mutex_);
     if (pool < 1 || pool > std::numeric_limits<std::uint16_t>::max())
       throw std::invalid_argument("private pools are numbered 1 to 65535, got " + std::to_string(pool));
-    if (std::any_of(routes_.begin(), routes_.end(), [&](const Route& route) { return route.pool == pool; }))
-      throw std::invalid_argument("requests are already routed to pool " + std::to_string(pool));
-    routes_.push_back({pool, stream, std::this_thread::get_id()});
+    routes_.begin(pool, stream, std::this_thread::get_id());
   }
 
   void end_allocate_to_pool(int pool) {
     std::lock_guard<std::mutex> lock(mutex_);
-    const auto route = std::find_if(routes_.begin(), routes_.end(), [&](const Route& r) { return r.pool == pool; });
-    if (route == routes_.end())
-      throw std::invalid_argument("requests are not routed to pool " + std::to_string(pool));
-    routes_.erase(route);
-  }
-
-  // As the caching allocator routes: the latest routing that takes this
-  // thread's request on `stream`, else the device's own pools (0).
-  int pool_for(int stream) const {
-    for (auto route = routes_.rbegin(); route != routes_.rend(); ++route)
-      if (route->stream ? *route->stream == stream : route->thread == std::this_thread::get_id()) return route->pool;
-    return 0;
+    routes_.end(pool);
   }
 
   // Tensor.record_stream(): the free of the tensor's buffer waits for the
@@ -446,15 +434,7 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
   bool forward_pending_ = false;
   std::int64_t live_ = 0;
   int stream_ = 0;  // the current CUDA stream
-  // Private pools requests are routed to, in the order begun: a stream's
-  // requests, or where none is named, the requests of the thread that
-  // began the routing.
-  struct Route {
-    int pool;
-    std::optional<int> stream;
-    std::thread::id thread;
-  };
-  std::vector<Route> routes_;
+  PoolRoutes routes_;  // the private pools requests are routed to
   std::set<std::pair<std::thread::id, int>> workspaces_;  // (handle's thread, stream): cuBLAS made one
   AllocationObserver* observer_ = nullptr;
   BufferId first_id_ = 0;  // buffer ids of one trace are consecutive

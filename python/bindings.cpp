@@ -346,27 +346,15 @@ class Session {
     if (tracer_) tracer_->empty_cache();  // in the trace too: its report replays it
   }
   void set_stream(int stream) {
-    try {
-      tracer_->set_stream(stream);
-    } catch (const std::invalid_argument& e) {
-      throw py::value_error(e.what());
-    }
+    tracer_->set_stream(stream);
   }
   // A CUDA graph's capture: requests on `stream` (where None, the calling
   // thread's) go to private pool `pool` until end_pool.
   void begin_pool(int pool, std::optional<int> stream) {
-    try {
-      tracer_->begin_allocate_to_pool(pool, stream);
-    } catch (const std::invalid_argument& e) {
-      throw py::value_error(e.what());
-    }
+    tracer_->begin_allocate_to_pool(pool, stream);
   }
   void end_pool(int pool) {
-    try {
-      tracer_->end_allocate_to_pool(pool);
-    } catch (const std::invalid_argument& e) {
-      throw py::value_error(e.what());
-    }
+    tracer_->end_allocate_to_pool(pool);
   }
 
   void push_scope(const std::string& path) { scopes_.emplace_back(std::make_unique<ScopePath>(path)); }
@@ -390,11 +378,7 @@ class Session {
   // whether it fits).
   static AllocatorSetup allocator_setup(const std::string& alloc_conf, const std::string& source,
                                         std::int64_t gpu_memory) {
-    try {
-      return {parse_allocator_config(alloc_conf, source), std::numeric_limits<std::int64_t>::max(), gpu_memory};
-    } catch (const std::invalid_argument& e) {
-      throw py::value_error(e.what());
-    }
+    return {parse_allocator_config(alloc_conf, source), std::numeric_limits<std::int64_t>::max(), gpu_memory};
   }
 
   // The trace is its thread's: another thread's optimizer is not the step's.
@@ -513,6 +497,8 @@ std::vector<std::pair<std::string, std::int64_t>> cpu_allocations(const py::func
 }  // namespace metamem::python
 
 PYBIND11_MODULE(_metamem, m) {
+  // pybind11 raises std::invalid_argument (bad input: a GPU key, a pool
+  // number, PYTORCH_ALLOC_CONF's text) as ValueError.
   using namespace metamem::python;
   m.doc() = "metamem's C++ half; use the metamem package.";
   metamem::set_error_reporter(&raise_error);
@@ -524,26 +510,16 @@ PYBIND11_MODULE(_metamem, m) {
   // "80GiB" -> bytes, as the command line reads sizes; ValueError naming `what` otherwise.
   m.def("parse_memory", &metamem::parse_memory, py::arg("text"), py::arg("what"));
   m.def("parse_memory_or_zero", &metamem::parse_memory_or_zero, py::arg("text"), py::arg("what"));
-  m.def("gpu", [](const std::string& key) {
-    try {
-      return gpu_dict(metamem::find_gpu(key));
-    } catch (const std::invalid_argument& e) {
-      throw py::value_error(e.what());
-    }
-  });
+  m.def("gpu", [](const std::string& key) { return gpu_dict(metamem::find_gpu(key)); });
   // `total` bytes of `gpu` (0: all of its memory) and what it holds beside
   // the allocator (docs/gpu-memory.md), as the report's JSON has it;
   // `cuda_context`: a measured size in place of the estimate.
   m.def(
       "gpu_memory_json",
       [](const std::string& gpu, std::int64_t total, std::optional<std::int64_t> cuda_context) {
-        try {
-          return metamem::gpu_memory_json(
-                     metamem::gpu_memory(metamem::find_gpu(gpu), total, {.cuda_context = cuda_context}))
-              .dump();
-        } catch (const std::invalid_argument& e) {
-          throw py::value_error(e.what());
-        }
+        return metamem::gpu_memory_json(
+                   metamem::gpu_memory(metamem::find_gpu(gpu), total, {.cuda_context = cuda_context}))
+            .dump();
       },
       py::arg("gpu"), py::arg("total") = 0, py::arg("cuda_context") = py::none());
   m.def("gpu_keys", [] {
