@@ -6,6 +6,7 @@
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/empty_permuted.h>
 #include <ATen/ops/empty_strided.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/native/transformers/sdp_utils_cpp.h>
 #include <c10/util/env.h>
 
@@ -270,15 +271,20 @@ Gradients flash_backward(const Tensor&, const Tensor& q, const Tensor& k, const 
 }
 
 // The memory-efficient kernel writes (batch, seq, heads, head_dim) and pads
-// its log-sum-exp rows to 32; its Philox seed and offset are host scalars,
-// counted here on the fake device (512 bytes each).
+// its log-sum-exp rows to 32. Its Philox seed and offset come first: on
+// the device without dropout, host scalars with it (as real CPU tensors,
+// which a trace does not count).
 std::tuple<Tensor, Tensor, Tensor, Tensor> efficient_forward(const Tensor& q, const Tensor&, const Tensor& v,
                                                              const std::optional<Tensor>&, bool compute_log_sumexp,
-                                                             double, bool, std::optional<double>) {
+                                                             double dropout_p, bool, std::optional<double>) {
   const std::int64_t b = q.size(0), h = q.size(1), s_q = q.size(2);
-  return {at::empty({b, s_q, h, v.size(3)}, q.options()).transpose(1, 2),
+  const at::TensorOptions rng = dropout_p > 0.0 ? at::TensorOptions(at::kCPU).dtype(at::kLong)
+                                                : q.options().dtype(at::kLong);
+  Tensor seed = at::zeros({}, rng), offset = at::zeros({}, rng);
+  Tensor out = at::empty({b, s_q, h, v.size(3)}, q.options()).transpose(1, 2);
+  return {std::move(out),
           at::empty({b, h, compute_log_sumexp ? round_up(s_q, 32) : 0}, q.options().dtype(at::kFloat)),
-          at::empty({}, q.options().dtype(at::kLong)), at::empty({}, q.options().dtype(at::kLong))};
+          std::move(seed), std::move(offset)};
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> efficient_backward(const Tensor&, const Tensor& q, const Tensor& k,

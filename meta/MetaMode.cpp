@@ -315,6 +315,9 @@ at::Tensor wrap_output(const at::Tensor& inner, BufferList& outputs) {
   // An argument this kernel does not unwrap sent the op back through MetaMode,
   // which already wrapped and tracked the result.
   if (is_meta_tensor(inner)) return inner;
+  // A host tensor a kernel returns as the GPU's does (the memory-efficient
+  // kernel's Philox seed with dropout) is real, and holds no device memory.
+  if (!inner.is_meta()) return inner;
   outputs.push_back(track_storage(inner));
   return make_meta_tensor(inner, g_mode.device);
 }

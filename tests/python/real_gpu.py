@@ -13,9 +13,11 @@ cuda for the GPU measured and prints both side by side; where the versions
 differ from the pinned ones, it says so beside the table, since a
 difference may then be the version's.
 
-The cases reach what the fake GPU of oracle/ cannot run (issue 47): every
-SDPA backend, cuDNN convolutions and batch norm, and compiled steps on the
-GPU (issue 46).
+The cases reach what the fake GPU of oracle/ could not run or cannot
+(issue 47): every SDPA backend, cuDNN convolutions and batch norm, and
+compiled steps on the GPU (issue 46). The kernel cases (attention,
+convolutions, batch norm, LSTM) also record each step's allocations and
+frees (EVENT_CASES): what the kernels allocate inside, in their order.
 """
 import concurrent.futures
 import contextlib
