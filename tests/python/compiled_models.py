@@ -134,9 +134,9 @@ def two_adamw_steps(name, device="cpu", compile=True):
     """(model, run): the model built on the CPU, and a function that moves
     it to `device`, compiles it (unless `compile` is false) and runs two
     AdamW steps. On cuda run() returns each step's max allocated and max
-    reserved; attention takes the math kernel there and convolutions torch's
-    native kernels, cuDNN off (the fake GPU can run neither the
-    memory-efficient kernel nor cuDNN, docs/cuda-paths.md)."""
+    reserved; attention takes the kernel the GPU takes but cuDNN's, and
+    convolutions torch's native kernels, cuDNN off (the fake GPU cannot run
+    cuDNN, docs/cuda-paths.md)."""
     build, how = MODELS[name]
     torch.manual_seed(0)
     model, loss_of = build()
@@ -152,7 +152,8 @@ def two_adamw_steps(name, device="cpu", compile=True):
         for _ in range(2):
             if device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
-            with (sdpa_kernel(SDPBackend.MATH) if device == "cuda" else contextlib.nullcontext(),
+            with (sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+                  if device == "cuda" else contextlib.nullcontext(),
                   torch.backends.cudnn.flags(enabled=False)):
                 loss_of(forward, device).backward()
             optimizer.step()
