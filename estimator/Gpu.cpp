@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "meta/CudaAttention.h"
+
 namespace metamem {
 namespace {
 
@@ -50,6 +52,11 @@ const GpuSpec& find_gpu(std::string_view key) {
   std::string known;
   for (const GpuSpec& gpu : kGpus) known += (known.empty() ? "" : ", ") + std::string(gpu.key);
   throw std::invalid_argument("unknown GPU '" + std::string(key) + "'; known: " + known);
+}
+
+GpuTraits traits_of(const GpuSpec& gpu) {
+  return {gpu.major, gpu.minor, gpu.multi_processor_count, gpu.max_threads_per_multi_processor,
+          gpu.shared_memory_per_block_optin};
 }
 
 }  // namespace metamem

@@ -31,4 +31,9 @@ std::span<const GpuSpec> known_gpus();
 // keys otherwise.
 const GpuSpec& find_gpu(std::string_view key);
 
+// What torch's CUDA kernels choose by on that GPU (meta/CudaAttention.h),
+// for a TracedGpuScope.
+struct GpuTraits;
+GpuTraits traits_of(const GpuSpec& gpu);
+
 }  // namespace metamem

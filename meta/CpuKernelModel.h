@@ -9,6 +9,7 @@
 
 #include <c10/util/SmallVector.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -34,12 +35,12 @@ struct ScratchPlan {
   };
   c10::SmallVector<Step, 8> steps;
   std::size_t before_outputs = 0;
-  std::size_t pieces = 0;
 
   // The new piece's number.
   std::size_t make(std::int64_t bytes) {
+    const auto made = std::count_if(steps.begin(), steps.end(), [](const Step& step) { return !step.freed; });
     steps.push_back({bytes, std::nullopt});
-    return pieces++;
+    return static_cast<std::size_t>(made);
   }
   void free(std::size_t piece) { steps.push_back({0, piece}); }
 };

@@ -18,12 +18,11 @@ namespace {
 // first, and the launch check takes them for every input the unaligned
 // ones take.
 struct Kernel {
-  int arch;                // its ArchTag: split keys from sm70
   bool dropout;            // kApplyDropout
   int block_i, block_j;    // kBlockSizeI (queries), kBlockSizeJ (keys)
   int max_k;               // kMaxK, the largest head size it takes
   bool seq_aligned;        // needs queries and keys whole blocks
-  int only_cc = 0;         // compiled in for this compute capability only (x10), or every one
+  bool sm86_89_only = false;  // compiled in for compute capabilities 8.6 and 8.9 alone
   bool large_shared = false;  // more shared memory than sm86/89's 101,376 B (see below)
 };
 
@@ -33,53 +32,52 @@ struct Kernel {
 // 16-bit kernels of 128 x 128 blocks and the f32 ones of 128 x 64; they fit
 // in an A100's 166,912 B.
 constexpr Kernel kHalfSm80[] = {
-    {80, false, 64, 64, 32, true},    {80, false, 64, 64, 32, false},   {80, false, 64, 64, 64, true},
-    {80, false, 64, 64, 64, false},   {80, false, 128, 64, 96, false, 86},
-    {80, false, 128, 64, 96, false, 89},
-    {80, false, 128, 128, 128, true, 0, true},  {80, false, 128, 128, 128, false, 0, true},
-    {80, false, 64, 64, 128, true},   {80, false, 64, 64, 128, false},
-    {80, false, 128, 64, 65536, false}, {80, false, 64, 64, 65536, false},
-    {80, true, 64, 64, 32, false},    {80, true, 64, 64, 64, false},    {80, true, 128, 128, 128, false, 0, true},
-    {80, true, 64, 64, 128, false},   {80, true, 128, 64, 65536, false}, {80, true, 64, 64, 65536, false}};
+    {false, 64, 64, 32, true},    {false, 64, 64, 32, false},   {false, 64, 64, 64, true},
+    {false, 64, 64, 64, false},   {false, 128, 64, 96, false, true},
+    {false, 128, 128, 128, true, false, true},  {false, 128, 128, 128, false, false, true},
+    {false, 64, 64, 128, true},   {false, 64, 64, 128, false},
+    {false, 128, 64, 65536, false}, {false, 64, 64, 65536, false},
+    {true, 64, 64, 32, false},    {true, 64, 64, 64, false},    {true, 128, 128, 128, false, false, true},
+    {true, 64, 64, 128, false},   {true, 128, 64, 65536, false}, {true, 64, 64, 65536, false}};
 constexpr Kernel kHalfSm75[] = {
-    {75, false, 64, 64, 32, false},  {75, false, 64, 64, 64, false}, {75, false, 128, 64, 128, false},
-    {75, false, 64, 64, 128, false}, {75, false, 128, 64, 65536, false}, {75, false, 64, 64, 65536, false},
-    {75, true, 64, 64, 32, false},   {75, true, 64, 64, 64, false},  {75, true, 128, 64, 128, false},
-    {75, true, 64, 64, 128, false},  {75, true, 128, 64, 65536, false}, {75, true, 64, 64, 65536, false}};
+    {false, 64, 64, 32, false},  {false, 64, 64, 64, false}, {false, 128, 64, 128, false},
+    {false, 64, 64, 128, false}, {false, 128, 64, 65536, false}, {false, 64, 64, 65536, false},
+    {true, 64, 64, 32, false},   {true, 64, 64, 64, false},  {true, 128, 64, 128, false},
+    {true, 64, 64, 128, false},  {true, 128, 64, 65536, false}, {true, 64, 64, 65536, false}};
 constexpr Kernel kHalfSm70[] = {
-    {70, false, 64, 64, 32, true},    {70, false, 64, 64, 32, false},    {70, false, 64, 64, 64, true},
-    {70, false, 64, 64, 64, false},   {70, false, 128, 64, 128, true},   {70, false, 128, 64, 128, false},
-    {70, false, 64, 64, 128, true},   {70, false, 64, 64, 128, false},   {70, false, 128, 64, 65536, false},
-    {70, false, 64, 64, 65536, false}, {70, true, 64, 64, 32, false},    {70, true, 64, 64, 64, false},
-    {70, true, 128, 64, 128, false},  {70, true, 64, 64, 128, false},    {70, true, 128, 64, 65536, false},
-    {70, true, 64, 64, 65536, false}};
+    {false, 64, 64, 32, true},    {false, 64, 64, 32, false},    {false, 64, 64, 64, true},
+    {false, 64, 64, 64, false},   {false, 128, 64, 128, true},   {false, 128, 64, 128, false},
+    {false, 64, 64, 128, true},   {false, 64, 64, 128, false},   {false, 128, 64, 65536, false},
+    {false, 64, 64, 65536, false}, {true, 64, 64, 32, false},    {true, 64, 64, 64, false},
+    {true, 128, 64, 128, false},  {true, 64, 64, 128, false},    {true, 128, 64, 65536, false},
+    {true, 64, 64, 65536, false}};
 constexpr Kernel kFloatSm80[] = {
-    {80, false, 64, 64, 32, false},  {80, false, 64, 64, 64, false},
-    {80, false, 128, 64, 128, false, 0, true}, {80, false, 64, 64, 128, false},
-    {80, false, 128, 64, 65536, false, 0, true}, {80, false, 64, 64, 65536, false},
-    {80, true, 64, 64, 32, false},   {80, true, 64, 64, 64, false},
-    {80, true, 128, 64, 128, false, 0, true}, {80, true, 64, 64, 128, false},
-    {80, true, 128, 64, 65536, false, 0, true}, {80, true, 64, 64, 65536, false}};
+    {false, 64, 64, 32, false},  {false, 64, 64, 64, false},
+    {false, 128, 64, 128, false, false, true}, {false, 64, 64, 128, false},
+    {false, 128, 64, 65536, false, false, true}, {false, 64, 64, 65536, false},
+    {true, 64, 64, 32, false},   {true, 64, 64, 64, false},
+    {true, 128, 64, 128, false, false, true}, {true, 64, 64, 128, false},
+    {true, 128, 64, 65536, false, false, true}, {true, 64, 64, 65536, false}};
 // f32 from sm50 to sm79 and f16 below sm70: 64 x 64 blocks only.
 constexpr Kernel kSmall[] = {
-    {0, false, 64, 64, 32, false},  {0, false, 64, 64, 64, false}, {0, false, 64, 64, 128, false},
-    {0, false, 64, 64, 65536, false}, {0, true, 64, 64, 32, false}, {0, true, 64, 64, 64, false},
-    {0, true, 64, 64, 128, false},  {0, true, 64, 64, 65536, false}};
+    {false, 64, 64, 32, false},  {false, 64, 64, 64, false}, {false, 64, 64, 128, false},
+    {false, 64, 64, 65536, false}, {true, 64, 64, 32, false}, {true, 64, 64, 64, false},
+    {true, 64, 64, 128, false},  {true, 64, 64, 65536, false}};
 
-template <std::size_t N>
-c10::ArrayRef<Kernel> list(const Kernel (&kernels)[N]) {
-  return {kernels, N};
-}
+// A list and the architecture its kernels are built for (their ArchTag:
+// keys split across blocks from sm70).
+struct KernelList {
+  c10::ArrayRef<Kernel> kernels;
+  int arch;
+};
 
-// dispatch_cutlassB's list for the dtype and compute capability (x10);
-// kSmall's arch is the capability's own family.
-c10::ArrayRef<Kernel> kernels_for(bool half, int cc, int& arch) {
-  if (half && cc >= 80) return arch = 80, list(kHalfSm80);
-  if (half && cc >= 75) return arch = 75, list(kHalfSm75);
-  if (half && cc >= 70) return arch = 70, list(kHalfSm70);
-  if (!half && cc >= 80) return arch = 80, list(kFloatSm80);
-  arch = cc >= 75 ? 75 : cc >= 70 ? 70 : 50;
-  return list(kSmall);
+// dispatch_cutlassB's list for the dtype and compute capability (x10).
+KernelList kernels_for(bool half, int cc) {
+  if (half && cc >= 80) return {kHalfSm80, 80};
+  if (half && cc >= 75) return {kHalfSm75, 75};
+  if (half && cc >= 70) return {kHalfSm70, 70};
+  if (!half && cc >= 80) return {kFloatSm80, 80};
+  return {kSmall, cc >= 75 ? 75 : cc >= 70 ? 70 : 50};
 }
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
@@ -115,11 +113,11 @@ ScratchPlan efficient_attention_backward_plan(c10::ArrayRef<c10::IValue> argumen
 
   const GpuTraits gpu = traced_gpu();
   const int cc = gpu.major * 10 + gpu.minor;
-  int arch = 0;
+  const auto [kernels, arch] = kernels_for(half, cc == 121 ? 120 : cc);
   const Kernel* chosen = nullptr;
-  for (const Kernel& kernel : kernels_for(half, cc == 121 ? 120 : cc, arch)) {
+  for (const Kernel& kernel : kernels) {
     if (kernel.max_k < std::max(head_dim, head_dim_v) || (dropout && !kernel.dropout)) continue;
-    if (kernel.only_cc != 0 && kernel.only_cc != cc) continue;
+    if (kernel.sm86_89_only && cc != 86 && cc != 89) continue;
     if (kernel.seq_aligned && (queries % kernel.block_i != 0 || keys % kernel.block_j != 0)) continue;
     if (kernel.large_shared && gpu.shared_memory_per_block_optin <= 101376) continue;
     chosen = &kernel;

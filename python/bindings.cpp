@@ -248,11 +248,7 @@ struct ThreadState {
 };
 
 struct TracedGpu {
-  explicit TracedGpu(const std::string& key) {
-    const GpuSpec& spec = metamem::find_gpu(key);
-    gpu = {spec.major, spec.minor, spec.multi_processor_count, spec.max_threads_per_multi_processor,
-        spec.shared_memory_per_block_optin};
-  }
+  explicit TracedGpu(const std::string& key) : gpu(metamem::traits_of(metamem::find_gpu(key))) {}
   metamem::GpuTraits gpu;
   std::optional<metamem::TracedGpuScope> guard;
 };

@@ -66,9 +66,7 @@ StepBuilder ModelFlags::builder() const {
 const GpuSpec& ModelFlags::gpu_spec() const { return find_gpu(gpu); }
 
 TracedGpuScope ModelFlags::gpu_scope() const {
-  const GpuSpec& spec = gpu_spec();
-  return TracedGpuScope({spec.major, spec.minor, spec.multi_processor_count, spec.max_threads_per_multi_processor,
-                          spec.shared_memory_per_block_optin});
+  return TracedGpuScope(traits_of(gpu_spec()));
 }
 
 AllocatorSetup ModelFlags::allocator(std::int64_t memory) const {
