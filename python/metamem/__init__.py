@@ -19,6 +19,7 @@ import html
 import json
 import os
 import threading
+import weakref
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -141,13 +142,14 @@ def _local(tensor):
 
 class _ModuleScopes:
     """Module paths from nn.Module names, via global forward hooks that
-    see the trace's thread alone."""
+    see the trace's thread alone. Modules are held weakly: a model the
+    block drops is freed as it would be without a trace."""
 
     def __init__(self, session):
         self.session = session
         self.owner = threading.get_ident()
-        self.names = {}  # id(module) -> path
-        self.roots = []
+        self.names = weakref.WeakKeyDictionary()  # module -> path
+        self.adopted = []  # (weak root, its name, its parameters' dtype then), in adoption order
         self.path = []  # the paths of the modules running, innermost last
         self.handles = []
 
@@ -163,16 +165,29 @@ class _ModuleScopes:
 
     def adopt(self, module):
         """Names `module`'s submodules from it and marks its parameters."""
-        if id(module) in self.names:
+        if module in self.names:
             return
         # torch.compile(model) is an OptimizedModule around the model: named as the model.
         named = getattr(module, "_orig_mod", module) if type(module).__name__ == "OptimizedModule" else module
         root = type(named).__name__
-        self.names[id(module)] = root
+        self.names[module] = root
         for name, sub in named.named_modules():
-            self.names.setdefault(id(sub), f"{root}.{name}" if name else root)
-        self.roots.append(module)
+            self.names.setdefault(sub, f"{root}.{name}" if name else root)
+        self.adopted.append((weakref.ref(module), root, _dtype_name(module)))
         self.session.parameters([_local(p) for p in module.parameters()])
+
+    def roots(self):
+        """The adopted models still alive."""
+        return [module for module in (ref() for ref, _, _ in self.adopted) if module is not None]
+
+    def model(self):
+        """The models' names, and the dtype of the first with parameters (as
+        it is now where it lives on)."""
+        dtypes = []
+        for ref, _, dtype in self.adopted:
+            module = ref()
+            dtypes.append(dtype if module is None else _dtype_name(module))
+        return "+".join(name for _, name, _ in self.adopted) or "python", next(filter(None, dtypes), "f32")
 
     def _enter(self, module, inputs):
         # Dynamo reads is_compiling() as True: inside a compiled region the
@@ -182,7 +197,7 @@ class _ModuleScopes:
         if not self.path:
             self.adopt(module)
             self.session.forward()
-        self.path.append(self.names.get(id(module), type(module).__name__))
+        self.path.append(self.names.get(module, type(module).__name__))
         self.session.push_scope(self.path[-1])
 
     def _leave(self, module, inputs, output):
@@ -337,7 +352,7 @@ def _backward_marked(session, scopes):
         try:
             return original(tensors, *args, **kwargs)
         finally:
-            grads = [_local(p.grad) for root in scopes.roots for p in root.parameters() if p.grad is not None]
+            grads = [_local(p.grad) for root in scopes.roots() for p in root.parameters() if p.grad is not None]
             session.backward_done(grads)
 
     torch.autograd.backward = backward
@@ -385,11 +400,11 @@ def _swapped(modules, device):
             store[name] = tensor
 
 
-def _dtype_name(modules):
-    for module in modules:
-        for p in module.parameters():
-            return {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}.get(p.dtype, str(p.dtype))
-    return "f32"
+def _dtype_name(module):
+    """The dtype of the module's first parameter, None without one."""
+    for p in module.parameters():
+        return {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}.get(p.dtype, str(p.dtype))
+    return None
 
 
 class _CudaOnCpu(TorchFunctionMode):
@@ -602,11 +617,10 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
                     scopes.adopt(module)
                 stack.enter_context(_backward_marked(session, scopes))
                 yield result
-                roots = scopes.roots
+                model, dtype = scopes.model()
                 if device == "cuda":
                     result._reserved_peak = session.memory_stats()["reserved_bytes"]["all"]["peak"]
-            model = "+".join(type(m).__name__ for m in roots) or "python"
-            result._result = session.finish(model, _dtype_name(roots))
+            result._result = session.finish(model, dtype)
             finished = True
         finally:
             if not finished:

@@ -43,6 +43,24 @@ def test_eager_torchvision_model_is_exact_on_cpu(name):
     assert traced == achieved
 
 
+def test_a_model_the_block_drops_is_freed_as_without_a_trace():
+    # The trace named models from their first forward and had kept them
+    # alive to its end: each model below held its parameters and gradients.
+    def step():
+        for width in (512, 1024, 768):
+            model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, 1))
+            model(torch.randn(16, width)).sum().backward()
+            del model
+
+    traced, achieved = trace_and_run(step)
+    assert traced == achieved
+    with metamem.trace(device="cpu") as t:
+        step()
+        torch.nn.Linear(4, 4).bfloat16()(torch.randn(2, 4, dtype=torch.bfloat16))
+    # Named as the block ran them, the dtype the first one's.
+    assert (t.json()["model"], t.json()["dtype"]) == ("Sequential+Sequential+Sequential+Linear", "f32")
+
+
 class Branchy(torch.nn.Module):
     """Control flow on Python values and shapes, hooks, in-place ops."""
 
