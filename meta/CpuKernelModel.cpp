@@ -122,52 +122,6 @@ std::int64_t convolution(Args args, Args returns) {
   return weight_copy + std::max(bytes_of(output), group_copy_bytes(input, groups) + columns);
 }
 
-// On CUDA without cuDNN, libtorch's own 2-d kernels (slow_conv2d,
-// slow_conv_dilated2d) unfold one batch item at a time into columns of
-// C_in x kernel x output pixels, except for 1x1 kernels with unit stride
-// and no padding; depthwise ones (conv_depthwise2d) unfold nothing.
-// Measured against real torch on the fake GPU for ungrouped and depthwise
-// convolutions; grouped and 3-d ones are not modelled (0).
-std::int64_t cuda_columns_bytes(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef output_size,
-                                at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
-                                std::int64_t groups) {
-  if (input.dim() != 4 || groups != 1 || input.size(0) == 0) return 0;
-  return conv_columns_bytes(input, weight, output_size, stride, padding, dilation) /
-         (std::any_of(dilation.begin(), dilation.end(), [](std::int64_t d) { return d != 1; }) ? 1 : input.size(0));
-}
-
-// A 2-d input that is not contiguous (channels last, or a permuted view as
-// ConvNeXt's blocks pass) is first copied contiguous, beside the columns.
-std::int64_t cuda_convolution(Args args, Args returns) {
-  const at::Tensor& input = args[0].toTensor();
-  if (args[6].toBool()) return 0;
-  return (input.dim() == 4 ? copy_unless_contiguous(input) : 0) +
-         cuda_columns_bytes(input, args[1].toTensor(), returns[0].toTensor().sizes(), args[3].toIntVector(),
-                            args[4].toIntVector(), args[5].toIntVector(), args[8].toInt());
-}
-
-// Backward makes the input's gradient through columns of one batch item,
-// even for a 1x1 kernel, which live until the weight's gradient is
-// allocated; then the weight's gradient through the forward's columns. An
-// input or a gradient that is not contiguous is copied first. A depthwise
-// backward reads its input as it is, and copies such a gradient (not
-// modelled: its copy and its own small buffers overlap in an order not
-// found yet).
-std::int64_t cuda_convolution_backward(Args args, Args) {
-  const at::Tensor &grad_output = args[0].toTensor(), &input = args[1].toTensor(), &weight = args[2].toTensor();
-  const auto mask = args[10].toBoolList();
-  if (args[7].toBool() || input.dim() != 4 || args[9].toInt() != 1 || input.size(0) == 0) return 0;
-  const std::int64_t input_columns =
-      mask[0] ? input.size(1) * weight.size(2) * weight.size(3) * grad_output.size(2) * grad_output.size(3) *
-                    element_size(input)
-              : 0;
-  const std::int64_t weight_columns =
-      mask[1] ? cuda_columns_bytes(input, weight, grad_output.sizes(), args[4].toIntVector(), args[5].toIntVector(),
-                                   args[6].toIntVector(), 1)
-              : 0;
-  return copy_unless_contiguous(input) + copy_unless_contiguous(grad_output) + std::max(input_columns, weight_columns);
-}
-
 // convolution_backward(grad_output, input, weight, bias_sizes, stride,
 // padding, dilation, transposed, output_padding, groups, output_mask).
 // Grouped: one group's copies and columns, or all per-group gradients beside
@@ -446,10 +400,8 @@ std::int64_t triangle(Args args, Args returns) {
   return 0;
 }
 
-// The dense embedding gradient reads a contiguous gradient and indices, on
-// CUDA too (embedding_dense_backward_cuda). Past 3,072 indices, or scaled by
-// frequency, CUDA then sorts them and sizes further buffers by how many are
-// distinct, which it reads back from the GPU: those are not modelled.
+// The dense embedding gradient reads a contiguous gradient and indices (on
+// CUDA as well: meta/CudaEmbedding.cpp).
 std::int64_t embedding_dense_backward(Args args, Args) {
   return copy_unless_contiguous(args[0].toTensor()) + copy_unless_contiguous(args[1].toTensor());
 }
@@ -1260,9 +1212,6 @@ std::int64_t cuda_softmax_backward(Args args, Args) {
 
 ScratchModel cuda_native_scratch_model(const std::string& qualified_name) {
   if (qualified_name == "aten::_softmax_backward_data") return &cuda_softmax_backward;
-  if (qualified_name == "aten::convolution") return &cuda_convolution;
-  if (qualified_name == "aten::convolution_backward") return &cuda_convolution_backward;
-  if (qualified_name == "aten::embedding_dense_backward") return &embedding_dense_backward;
   return nullptr;
 }
 

@@ -26,23 +26,30 @@ using ScratchModel = std::int64_t (*)(c10::ArrayRef<c10::IValue> arguments,
 // kernel's order (a segment's free blocks then split as on the device):
 // each step makes a piece or frees one made before it, the first
 // `before_outputs` steps before the kernel's outputs exist (contiguous
-// copies of its inputs). What is left is freed, the last made first, as
-// the kernel returns.
+// copies of its inputs). Where the kernel makes some of its outputs
+// between its temporaries, a step says when (output); where it calls
+// cuBLAS between them, a step says when its first call comes (which may
+// make cuBLAS's workspace), instead of after every piece is made. What is
+// left is freed, the last made first, as the kernel returns.
 struct ScratchPlan {
   struct Step {
-    std::int64_t bytes = 0;              // made: a piece of this many bytes (none if 0)
-    std::optional<std::size_t> freed;  // or freed: the piece of this number, counted from 0 as made
+    enum class Kind : std::uint8_t { Make, Free, Output, CublasCall };
+    Kind kind = Kind::Make;
+    std::int64_t bytes = 0;  // Make: the piece's bytes (none if 0)
+    std::size_t index = 0;   // Free: the piece, numbered from 0 as made; Output: the op's return
   };
   c10::SmallVector<Step, 8> steps;
   std::size_t before_outputs = 0;
 
   // The new piece's number.
   std::size_t make(std::int64_t bytes) {
-    const auto made = std::count_if(steps.begin(), steps.end(), [](const Step& step) { return !step.freed; });
-    steps.push_back({bytes, std::nullopt});
+    const auto made = std::count_if(steps.begin(), steps.end(), [](const Step& step) { return step.kind == Step::Kind::Make; });
+    steps.push_back({Step::Kind::Make, bytes, 0});
     return static_cast<std::size_t>(made);
   }
-  void free(std::size_t piece) { steps.push_back({0, piece}); }
+  void free(std::size_t piece) { steps.push_back({Step::Kind::Free, 0, piece}); }
+  void output(std::size_t return_index) { steps.push_back({Step::Kind::Output, 0, return_index}); }
+  void cublas_call() { steps.push_back({Step::Kind::CublasCall, 0, 0}); }
 };
 // From the op's arguments alone: pieces made before the outputs are.
 using ScratchPlanModel = ScratchPlan (*)(c10::ArrayRef<c10::IValue> arguments);
@@ -52,7 +59,8 @@ using ScratchPlanModel = ScratchPlan (*)(c10::ArrayRef<c10::IValue> arguments);
 ScratchModel cpu_scratch_model(const std::string& qualified_name);
 
 // The same for libtorch's own CUDA kernels, which a fake CUDA device (no
-// cuDNN) runs: the columns of its convolutions, softmax backward's product.
+// cuDNN) runs: softmax backward's product. Kernels that make several
+// temporaries in an order of their own have plans (meta/CudaKernelPlans.h).
 ScratchModel cuda_native_scratch_model(const std::string& qualified_name);
 
 // The same for metamem's own ops (meta/FlashAttention.cpp), whose kernels

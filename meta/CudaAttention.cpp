@@ -1,4 +1,5 @@
 #include "meta/CudaAttention.h"
+#include "meta/CudaKernelPlans.h"
 
 #include <ATen/Context.h>
 #include <ATen/native/transformers/attention.h>
@@ -228,6 +229,13 @@ std::int64_t cudnn_backward_bytes(c10::ArrayRef<c10::IValue> arguments, c10::Arr
   return bytes;
 }
 
+// FlashAttention's forward with dropout: after its outputs, a 16-byte
+// temporary beside the RNG state it keeps (measured: real torch on the fake
+// GPU, an A100).
+std::int64_t flash_forward_bytes(c10::ArrayRef<c10::IValue> arguments, c10::ArrayRef<c10::IValue>) {
+  return arguments[3].toDouble() > 0.0 ? 16 : 0;
+}
+
 using at::Tensor;
 using FusedOutputs = std::tuple<Tensor, Tensor, Tensor, Tensor, c10::SymInt, c10::SymInt, Tensor, Tensor, Tensor>;
 using Gradients = std::tuple<Tensor, Tensor, Tensor>;
@@ -344,10 +352,11 @@ std::vector<OwnKernelEntry> cuda_attention_kernels() {
 
 ScratchModel cuda_scratch_model(const std::string& qualified_name) {
   if (qualified_name == "aten::_scaled_dot_product_efficient_attention") return &efficient_attention_forward_bytes;
+  if (qualified_name == "aten::_scaled_dot_product_flash_attention") return &flash_forward_bytes;
   return qualified_name == "aten::_scaled_dot_product_cudnn_attention_backward" ? &cudnn_backward_bytes : nullptr;
 }
 
-ScratchPlanModel cuda_scratch_plan_model(const std::string& qualified_name) {
+ScratchPlanModel cuda_attention_plan_model(const std::string& qualified_name) {
   if (qualified_name == "aten::_scaled_dot_product_efficient_attention_backward")
     return &efficient_attention_backward_plan;
   return qualified_name == "aten::_scaled_dot_product_flash_attention_backward" ? &flash_backward_plan : nullptr;

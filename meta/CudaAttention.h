@@ -50,8 +50,5 @@ void restore_sdpa_choice(void* previous);
 // (`qualified_name` as "aten::_scaled_dot_product_cudnn_attention_backward"),
 // or nullptr.
 ScratchModel cuda_scratch_model(const std::string& qualified_name);
-// The same, for the kernels whose temporaries are made one by one
-// (FlashAttention's and the memory-efficient backward), or nullptr.
-ScratchPlanModel cuda_scratch_plan_model(const std::string& qualified_name);
 
 }  // namespace metamem

@@ -2,12 +2,15 @@
 
 #include <ATen/ATen.h>
 #include <ATen/TensorIterator.h>
+#include <ATen/core/Reduction.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/native/ReduceOpsUtils.h>
 
 #include <algorithm>
 #include <optional>
 
 #include "meta/CudaAttention.h"
+#include "meta/CudaKernelPlans.h"
 #include "meta/MetaMode.h"
 
 namespace metamem {
@@ -125,43 +128,94 @@ class LaunchShape {
   std::int64_t step_input_ = 1, step_output_ = 1, ctas_per_output_ = 1;
 };
 
-// aten::sum and aten::sum.dim_IntList: the iterator torch's sum_out builds
+// aten::sum, aten::mean and their dim_IntList overloads: the reduction
+// into the op's result.
+template <CudaReduction kind>
+ReductionStaging reduction_staging(c10::ArrayRef<c10::IValue> arguments, c10::ArrayRef<c10::IValue> returns) {
+  std::optional<at::DimVector> dims;
+  bool keepdim = false;
+  if (arguments.size() > 2 && arguments[1].isIntList()) dims = at::DimVector(arguments[1].toDimVector());
+  if (arguments.size() > 2 && arguments[2].isBool()) keepdim = arguments[2].toBool();
+  return cuda_reduction_staging(kind, arguments[0].toTensor(), returns[0].toTensor(),
+                                dims ? at::OptionalIntArrayRef(*dims) : std::nullopt, keepdim);
+}
+
+}  // namespace
+
+// The iterator torch's sum_out and mean_out build
 // (make_reduction_from_out_ty), over plain meta tensors of the same layout,
-// and sum_kernel_cuda's kernel for its input type: 16-bit floats
-// accumulate in float and load 8 at once.
-ReductionStaging sum_staging(c10::ArrayRef<c10::IValue> arguments, c10::ArrayRef<c10::IValue> returns) {
-  const at::Tensor& self = arguments[0].toTensor();
-  const at::Tensor& result = returns[0].toTensor();
+// and the kernel for the input type: 16-bit floats accumulate in float;
+// sum's load 8 of them at once (sum_kernel_cuda), mean's 4.
+ReductionStaging cuda_reduction_staging(CudaReduction kind, const at::Tensor& self, const at::Tensor& result,
+                                        at::OptionalIntArrayRef dims, bool keepdim) {
   const bool low_precision = self.scalar_type() == at::kHalf || self.scalar_type() == at::kBFloat16;
   const at::ScalarType in_dtype =
       low_precision && result.scalar_type() == at::kFloat ? self.scalar_type() : result.scalar_type();
   // A cast input is another tensor first; complex halves take a jitted kernel.
   if (self.scalar_type() != in_dtype || self.scalar_type() == at::kComplexHalf || self.numel() == 0) return {};
-  std::optional<at::DimVector> dims;
-  bool keepdim = false;
-  if (arguments.size() > 2 && arguments[1].isIntList()) dims = at::DimVector(arguments[1].toDimVector());
-  if (arguments.size() > 2 && arguments[2].isBool()) keepdim = arguments[2].toBool();
 
   OutsideMetaMode outside;
   const at::Tensor input = at::empty_strided(self.sizes(), self.strides(), self.options().device(c10::kMeta));
   const at::Tensor output =
       at::empty_strided(result.sizes(), result.strides(), result.options().device(c10::kMeta));
-  const auto mask = at::native::make_dim_mask(dims ? at::OptionalIntArrayRef(*dims) : std::nullopt, input.dim());
+  const auto mask = at::native::make_dim_mask(dims, input.dim());
   at::Tensor viewed = at::native::review_reduce_result(output, input.dim(), mask, keepdim);
   at::TensorIterator iter = at::TensorIterator::reduce_op(viewed, input);
   // Past 32-bit indexing the kernel runs on sub-iterators: not modelled.
   if (!iter.can_use_32bit_indexing()) return {};
   const int input_bytes = static_cast<int>(self.element_size());
   const bool complex_double = self.scalar_type() == at::kComplexDouble;
-  const Kernel kernel{low_precision ? 4 : input_bytes, input_bytes, input_bytes == 2 ? 8 : 4,
-                      complex_double ? 256 : 512};
+  const int vec_size = kind == CudaReduction::Sum && input_bytes == 2 ? 8 : 4;
+  const Kernel kernel{low_precision ? 4 : input_bytes, input_bytes, vec_size, complex_double ? 256 : 512};
   return LaunchShape(iter, self.storage_offset(), kernel, traced_gpu()).staging();
+}
+
+namespace {
+
+// mse_loss, smooth_l1_loss and huber_loss with a reduction (Loss.cpp): the
+// elementwise loss into a temporary of the operands' broadcast shape, then
+// its mean or sum into the result, with that reduction's staging. The
+// structured kernels (mse, smooth L1) make their result first, as large as
+// the loss then resized to 0-dim (their meta function builds an iterator
+// on it); huber_loss makes the temporary first.
+template <bool kTemporaryFirst>
+ScratchPlan reduced_loss_plan(c10::ArrayRef<c10::IValue> arguments) {
+  ScratchPlan plan;
+  const std::int64_t reduction = arguments[2].toInt();
+  if (reduction == at::Reduction::None) return plan;
+  const at::Tensor& self = arguments[0].toTensor();
+  const at::Tensor& target = arguments[1].toTensor();
+  ReductionStaging staging;
+  {
+    OutsideMetaMode outside;
+    const auto options = self.options().dtype(at::result_type(self, target)).device(c10::kMeta);
+    const at::Tensor loss = at::empty(at::infer_size(self.sizes(), target.sizes()), options);
+    plan.make(static_cast<std::int64_t>(loss.nbytes()));
+    if (kTemporaryFirst) plan.before_outputs = 1;
+    const auto kind = reduction == at::Reduction::Mean ? CudaReduction::Mean : CudaReduction::Sum;
+    staging = cuda_reduction_staging(kind, loss, at::empty({}, options), at::IntArrayRef{}, false);
+  }
+  if (staging.buffer > 0) {
+    const std::size_t buffer = plan.make(staging.buffer), semaphores = plan.make(staging.semaphores);
+    plan.free(semaphores);
+    plan.free(buffer);
+  }
+  return plan;
 }
 
 }  // namespace
 
+ScratchPlanModel cuda_reduction_plan_model(const std::string& qualified_name) {
+  if (qualified_name == "aten::mse_loss" || qualified_name == "aten::smooth_l1_loss")
+    return &reduced_loss_plan<false>;
+  return qualified_name == "aten::huber_loss" ? &reduced_loss_plan<true> : nullptr;
+}
+
 ReductionStagingModel cuda_reduction_staging_model(const std::string& qualified_name) {
-  if (qualified_name == "aten::sum" || qualified_name == "aten::sum.dim_IntList") return &sum_staging;
+  if (qualified_name == "aten::sum" || qualified_name == "aten::sum.dim_IntList")
+    return &reduction_staging<CudaReduction::Sum>;
+  if (qualified_name == "aten::mean" || qualified_name == "aten::mean.dim")
+    return &reduction_staging<CudaReduction::Mean>;
   return nullptr;
 }
 

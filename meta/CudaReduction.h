@@ -7,8 +7,10 @@
 // the kernel has been launched.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 #include <c10/util/ArrayRef.h>
+#include <c10/util/OptionalArrayRef.h>
 
 #include <cstdint>
 #include <string>
@@ -23,6 +25,14 @@ struct ReductionStaging {
 
 using ReductionStagingModel = ReductionStaging (*)(c10::ArrayRef<c10::IValue> arguments,
                                                    c10::ArrayRef<c10::IValue> returns);
+
+enum class CudaReduction { Sum, Mean };
+
+// What a sum or mean of `self` over `dims` into `result` holds on the
+// traced GPU: for kernels that reduce through torch's own functions (layer
+// norm's backward, a loss's mean).
+ReductionStaging cuda_reduction_staging(CudaReduction kind, const at::Tensor& self, const at::Tensor& result,
+                                        at::OptionalIntArrayRef dims, bool keepdim);
 
 // The model of op `qualified_name` ("aten::sum.dim_IntList") for the traced
 // GPU (meta/CudaAttention.h's traced_gpu()), or nullptr.

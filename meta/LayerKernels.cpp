@@ -169,16 +169,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_group_norm(const at::Tenso
           at::empty({batch.expect_int(), group}, statistics)};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> native_group_norm_backward(
-    const at::Tensor&, const at::Tensor& input, const at::Tensor&, const at::Tensor&,
-    const c10::optional<at::Tensor>& weight, c10::SymInt, c10::SymInt channels, c10::SymInt, std::int64_t,
-    std::array<bool, 3> output_mask) {
-  const auto options = weight && weight->defined() ? weight->options() : input.options();
-  auto per_channel = [&] { return at::empty({channels.expect_int()}, options); };
-  return {output_mask[0] ? contiguous_like(input) : at::Tensor(),
-          output_mask[1] ? per_channel() : at::Tensor(), output_mask[2] ? per_channel() : at::Tensor()};
-}
-
 // ---- embedding bags --------------------------------------------------------
 
 // Outputs (bags x dim), offset2bag, bag_size, max_indices. CPU's sum over
@@ -325,7 +315,6 @@ std::vector<OwnKernelEntry> layer_kernels() {
       own("roll", TORCH_FN(roll)),
       own("_adaptive_avg_pool3d", TORCH_FN(adaptive_avg_pool3d)),
       own("native_group_norm", TORCH_FN(native_group_norm)),
-      own("native_group_norm_backward", TORCH_FN(native_group_norm_backward)),
       own("_embedding_bag", TORCH_FN(embedding_bag)),
       own("_embedding_bag_forward_only", TORCH_FN(embedding_bag)),
       own("_embedding_bag_dense_backward", TORCH_FN(embedding_bag_dense_backward)),

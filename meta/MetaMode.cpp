@@ -19,6 +19,7 @@
 #include "meta/CpuKernelModel.h"
 #include "meta/CublasWorkspace.h"
 #include "meta/CudaAttention.h"
+#include "meta/CudaKernelPlans.h"
 #include "meta/CudaReduction.h"
 #include "meta/KnownValues.h"
 #include "meta/MetaKernels.h"
@@ -112,14 +113,20 @@ std::unordered_map<const c10::OperatorName*, ReductionStagingModel> g_cuda_stagi
 // The ops that call cuBLAS on CUDA, likewise.
 std::unordered_map<const c10::OperatorName*, CublasCall> g_cublas_ops;
 
+// Ops whose kernels make their returns in another order than they return
+// them, with that order: the memory-efficient attention's Philox seed and
+// offset come before its output, dropout's mask before its output.
+std::unordered_map<const c10::OperatorName*, c10::SmallVector<std::size_t, 8>> g_allocation_orders;
+
 // metamem's own meta kernels by op, likewise.
 std::unordered_map<const c10::OperatorName*, const c10::KernelFunction*> g_own_kernels;
 
 // The temporaries of an op's kernel, by their plan (ScratchPlan): the
 // steps before its outputs as it is constructed, before the kernel runs;
-// the rest by make_the_rest(), after the outputs exist; what is left freed
-// by free(), the last made first. Kernels with one temporary beside their
-// outputs (ScratchModel) make it in make_the_rest().
+// the rest by make_the_rest(), after the outputs the plan does not place
+// exist; what is left freed by free(), the last made first. Kernels with
+// one temporary beside their outputs (ScratchModel) make it in
+// make_the_rest().
 class KernelScratch {
  public:
   KernelScratch(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments, MetaObserver* observer)
@@ -131,13 +138,30 @@ class KernelScratch {
     for (std::size_t i = 0; i < plan_.before_outputs; ++i) take(plan_.steps[i]);
   }
 
+  // Whether the plan makes the op's return `r` among its steps.
+  bool places_output(std::size_t r) const { return has(ScratchPlan::Step::Kind::Output, r); }
+  // Whether the plan says when the kernel first calls cuBLAS.
+  bool places_cublas_call() const { return has(ScratchPlan::Step::Kind::CublasCall, 0); }
+
+  // `make_output(r)` makes return r; `call_cublas()` reports the kernel's
+  // first cuBLAS call.
+  template <class MakeOutput, class CallCublas>
   void make_the_rest(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
-                     c10::ArrayRef<c10::IValue> returns) {
+                     c10::ArrayRef<c10::IValue> returns, MakeOutput make_output, CallCublas call_cublas) {
     if (observer_ == nullptr) return;
-    for (std::size_t i = plan_.before_outputs; i < plan_.steps.size(); ++i) take(plan_.steps[i]);
+    for (std::size_t i = plan_.before_outputs; i < plan_.steps.size(); ++i) {
+      const ScratchPlan::Step& step = plan_.steps[i];
+      if (step.kind == ScratchPlan::Step::Kind::Output) {
+        make_output(step.index);
+      } else if (step.kind == ScratchPlan::Step::Kind::CublasCall) {
+        call_cublas();
+      } else {
+        take(step);
+      }
+    }
     const auto& models = g_mode.device.is_cpu() ? g_cpu_scratch : g_cuda_scratch;
     if (const auto model = models.find(&op.operator_name()); model != models.end())
-      take({model->second(arguments, returns), std::nullopt});
+      take({ScratchPlan::Step::Kind::Make, model->second(arguments, returns), 0});
   }
 
   void free() {
@@ -155,9 +179,14 @@ class KernelScratch {
   // A piece of no bytes, or one freed already.
   static constexpr BufferId kNone = 0;
 
+  bool has(ScratchPlan::Step::Kind kind, std::size_t index) const {
+    return std::any_of(plan_.steps.begin(), plan_.steps.end(),
+                       [&](const ScratchPlan::Step& step) { return step.kind == kind && step.index == index; });
+  }
+
   void take(const ScratchPlan::Step& step) {
-    if (step.freed) {
-      BufferId& id = made_[*step.freed];
+    if (step.kind == ScratchPlan::Step::Kind::Free) {
+      BufferId& id = made_[step.index];
       if (id != kNone) observer_->on_free(id);
       id = kNone;
     } else if (step.bytes <= 0) {
@@ -203,8 +232,8 @@ void report_cublas_workspace(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
   if (observer == nullptr || !g_mode.device.is_cuda()) return;
   const auto calls = g_cublas_ops.find(&op.operator_name());
   if (calls == g_cublas_ops.end() || !calls->second(arguments)) return;
-  for (const c10::IValue& value : returns)
-    if (value.isTensor() && value.toTensor().numel() == 0) return;
+  for (const c10::IValue& value : returns)  // a gradient not asked for is undefined
+    if (value.isTensor() && value.toTensor().defined() && value.toTensor().numel() == 0) return;
   std::int64_t bytes = g_mode.cublas_workspace_bytes.load(std::memory_order_relaxed);
   if (bytes < 0) {
     const GpuTraits gpu = traced_gpu();
@@ -322,26 +351,33 @@ at::Tensor wrap_output(const at::Tensor& inner, BufferList& outputs) {
   return make_meta_tensor(inner, g_mode.device);
 }
 
-void wrap_outputs(const c10::FunctionSchema& schema, torch::jit::Stack& stack,
-                  const std::vector<c10::IValue>& original_args, BufferList& outputs) {
-  const std::size_t n = schema.returns().size();
-  const std::size_t first = stack.size() - n;
-  for (std::size_t r = 0; r < n; ++r) {
-    c10::IValue& value = stack[first + r];
-    if (auto arg = written_argument(schema, r)) {
-      const at::Tensor& wrapper = original_args[*arg].toTensor();
-      if (is_meta_tensor(wrapper)) {
-        sync_meta_tensor(wrapper);
-        outputs.push_back(track_storage(inner_tensor(wrapper)));
-      }
-      value = wrapper;
-    } else if (value.isTensor()) {
-      value = wrap_output(value.toTensor(), outputs);
-    } else if (value.isTensorList()) {
-      c10::List<at::Tensor> wrapped;
-      for (const at::Tensor& t : value.toTensorList()) wrapped.push_back(wrap_output(t, outputs));
-      value = std::move(wrapped);
+// The op's returns in the order its kernel allocates them: the order it
+// returns them but for the ops of g_allocation_orders.
+c10::SmallVector<std::size_t, 8> allocation_order(const c10::OperatorHandle& op) {
+  if (const auto it = g_allocation_orders.find(&op.operator_name()); it != g_allocation_orders.end())
+    return it->second;
+  c10::SmallVector<std::size_t, 8> order;
+  for (std::size_t r = 0; r < op.schema().returns().size(); ++r) order.push_back(r);
+  return order;
+}
+
+// Return r on the stack becomes the caller's MetaTensor, its storage tracked.
+void wrap_return(const c10::FunctionSchema& schema, torch::jit::Stack& stack,
+                 const std::vector<c10::IValue>& original_args, std::size_t r, BufferList& outputs) {
+  c10::IValue& value = stack[stack.size() - schema.returns().size() + r];
+  if (auto arg = written_argument(schema, r)) {
+    const at::Tensor& wrapper = original_args[*arg].toTensor();
+    if (is_meta_tensor(wrapper)) {
+      sync_meta_tensor(wrapper);
+      outputs.push_back(track_storage(inner_tensor(wrapper)));
     }
+    value = wrapper;
+  } else if (value.isTensor()) {
+    value = wrap_output(value.toTensor(), outputs);
+  } else if (value.isTensorList()) {
+    c10::List<at::Tensor> wrapped;
+    for (const at::Tensor& t : value.toTensorList()) wrapped.push_back(wrap_output(t, outputs));
+    value = std::move(wrapped);
   }
 }
 
@@ -487,13 +523,18 @@ void meta_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   KernelScratch scratch(op, original_args, observer);
   call_on_meta(op, *stack);
   if (&op.operator_name() == g_zero_tensor) hold_no_memory(stack->back().toTensor());
-  wrap_outputs(schema, *stack, original_args, outputs);
+  for (std::size_t r : allocation_order(op))
+    if (!scratch.places_output(r)) wrap_return(schema, *stack, original_args, r, outputs);
   const std::size_t n_returns = schema.returns().size();
   const c10::ArrayRef<c10::IValue> returns(stack->data() + stack->size() - n_returns, n_returns);
   // A kernel's cuBLAS call comes after its temporaries are made (a
-  // convolution's columns) and before they are freed.
-  scratch.make_the_rest(op, original_args, returns);
-  report_cublas_workspace(op, original_args, returns, observer);
+  // convolution's columns) and before they are freed, unless its plan
+  // places it.
+  const auto call_cublas = [&] { report_cublas_workspace(op, original_args, returns, observer); };
+  scratch.make_the_rest(
+      op, original_args, returns, [&](std::size_t r) { wrap_return(schema, *stack, original_args, r, outputs); },
+      call_cublas);
+  if (!scratch.places_cublas_call()) call_cublas();
   scratch.free();
   report_reduction_staging(op, original_args, returns, observer);
   if (observer != nullptr) observer->on_op(op, inputs, outputs, original_args, returns);
@@ -583,8 +624,9 @@ void register_meta_kernel() {
     if (ScratchModel model = cpu_scratch_model(qualified))
       g_cpu_scratch.emplace(&op->operator_name(), model);
     if (ScratchModel model = cuda_scratch_model(qualified)) g_cuda_scratch.emplace(&op->operator_name(), model);
-    if (ScratchPlanModel model = cuda_scratch_plan_model(qualified))
-      g_cuda_scratch_plans.emplace(&op->operator_name(), model);
+    for (auto plans : {&cuda_attention_plan_model, &cuda_convolution_plan_model, &cuda_embedding_plan_model,
+                       &cuda_normalization_plan_model, &cuda_reduction_plan_model})
+      if (ScratchPlanModel model = plans(qualified)) g_cuda_scratch_plans.emplace(&op->operator_name(), model);
     if (ScratchModel model = cuda_native_scratch_model(qualified)) g_cuda_scratch.emplace(&op->operator_name(), model);
     if (ReductionStagingModel model = cuda_reduction_staging_model(qualified))
       g_cuda_staging.emplace(&op->operator_name(), model);
@@ -596,6 +638,10 @@ void register_meta_kernel() {
     if (name.name == "aten::_scaled_mm" || name.name == "aten::_scaled_mm_v2")
       g_float8_products.insert(&op->operator_name());
     if (qualified == "aten::_efficientzerotensor") g_zero_tensor = &op->operator_name();
+    if (qualified == "aten::_scaled_dot_product_efficient_attention")
+      g_allocation_orders.emplace(&op->operator_name(), c10::SmallVector<std::size_t, 8>{2, 3, 0, 1});
+    if (qualified == "aten::native_dropout")
+      g_allocation_orders.emplace(&op->operator_name(), c10::SmallVector<std::size_t, 8>{1, 0});
     if (qualified == kValueRead) g_value_read = &op->operator_name();
     if (const c10::KernelFunction* kernel = own_meta_kernel(qualified))
       g_own_kernels.emplace(&op->operator_name(), kernel);

@@ -8,11 +8,13 @@ frees come in its hash map's order), and the first difference is printed
 with the real run's Python frames and the trace's ops.
 
     PYTHONPATH=build/python .venv/bin/python tests/python/allocation_order.py build/oracle \\
-        "timm ViT-Ti/16 at 64 px" [--eager] [--gpu H100-80GB] [--context 8]
+        "timm ViT-Ti/16 at 64 px" [--eager | --precision "bf16 autocast"] [--gpu H100-80GB] [--context 8]
 
 The model is one of compiled_models.py's, built and stepped as
-compile_sweep.py does. Found this way: FlashAttention's backward
-temporaries, made one by one (docs/compile.md).
+compile_sweep.py does; with --precision, one of fake_gpu_sweep.py's, eager,
+as that sweep steps it. Found this way: FlashAttention's backward
+temporaries, made one by one (docs/compile.md); group norm's, layer norm's,
+a reduced loss's and the native convolutions' (docs/accuracy.md).
 """
 import argparse
 import json
@@ -23,26 +25,30 @@ import tempfile
 
 import metamem
 import metamem._metamem as native
+import fake_gpu_sweep
 from compile_sweep import CHILD, cold_cache
 from compiled_models import two_adamw_steps
 from real_torch_on_fake_gpu import PROLOGUE, measure
 
-# compile_sweep's child, its allocations recorded, the history written to
-# the file named by METAMEM_HISTORY.
-RECORDING = PROLOGUE + """
+def recording(child):
+    """A sweep's child, its allocations recorded, the history written to
+    the file named by METAMEM_HISTORY."""
+    return PROLOGUE + """
 import os, pickle, torch
 torch.cuda.memory._record_memory_history(context="alloc", stacks="python", max_entries=10**7)
-""" + CHILD + """
+""" + child + """
 pickle.dump(torch.cuda.memory._snapshot()["device_traces"][0], open(os.environ["METAMEM_HISTORY"], "wb"))
 """
 
 
-def real_events(oracle, gpu, name, compile):
-    """[(kind, bytes, where)] of the real run: kind "alloc" or "free"."""
+def real_events(oracle, gpu, name, how):
+    """[(kind, bytes, where)] of the real run: kind "alloc" or "free".
+    `how`: compiled (True or False), or fake_gpu_sweep's precision."""
+    child = fake_gpu_sweep.CHILD if isinstance(how, str) else CHILD
     with tempfile.TemporaryDirectory() as folder:
         os.environ["METAMEM_HISTORY"] = history = os.path.join(folder, "history.pickle")
         cold_cache()
-        measure(oracle, native.gpu(gpu), RECORDING, json.dumps([name, compile]))
+        measure(oracle, native.gpu(gpu), recording(child), json.dumps([name, how]))
         entries = pickle.load(open(history, "rb"))
     live, events = {}, []
     for entry in entries:
@@ -55,11 +61,12 @@ def real_events(oracle, gpu, name, compile):
     return events
 
 
-def traced_events(gpu, name, compile):
+def traced_events(gpu, name, how):
     """The same for the trace: requested bytes from its allocator events,
     each allocation's op and module from its snapshot."""
     cold_cache()
-    model, run = two_adamw_steps(name, "cuda", compile)
+    steps = fake_gpu_sweep.two_steps if isinstance(how, str) else lambda name, how: two_adamw_steps(name, "cuda", how)
+    model, run = steps(name, how)
     with metamem.trace(device="cuda", gpu=gpu, modules=[model]) as t:
         run()
     with tempfile.TemporaryDirectory() as folder:
@@ -112,11 +119,14 @@ def main():
     parser.add_argument("oracle", help="the fake GPU's libraries (build/oracle)")
     parser.add_argument("model", help="a model of compiled_models.py")
     parser.add_argument("--eager", action="store_true", help="the eager step (default: compiled)")
+    parser.add_argument("--precision", choices=fake_gpu_sweep.PRECISIONS,
+                        help="a model of fake_gpu_sweep.py, eager, in this precision")
     parser.add_argument("--gpu", default="H100-80GB")
     parser.add_argument("--context", type=int, default=8, help="events shown before and after")
     args = parser.parse_args()
-    real = real_events(args.oracle, args.gpu, args.model, not args.eager)
-    traced = traced_events(args.gpu, args.model, not args.eager)
+    how = args.precision or not args.eager
+    real = real_events(args.oracle, args.gpu, args.model, how)
+    traced = traced_events(args.gpu, args.model, how)
     print(f"{len(real)} real events, {len(traced)} traced")
     found = first_difference(real, traced)
     if found is None:

@@ -144,6 +144,9 @@ def main():
     oracle = os.environ.get("METAMEM_ORACLE", "")
     if oracle and not os.path.exists(os.path.join(oracle, "libmetamem_fake_cuda_preload.so")):
         oracle = ""
+    unknown = set(args.models.split(",")) - set(MODELS)
+    if unknown:
+        parser.error(f"no model {', '.join(sorted(unknown))}; the models: {', '.join(MODELS)}")
     rows, start = [], time.perf_counter()
     for name in args.models.split(","):
         row = sweep_one(name, oracle)

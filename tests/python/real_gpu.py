@@ -189,6 +189,159 @@ def batch_norm(dtype=torch.float32):
     return run
 
 
+def group_norm(dtype=torch.float32, affine=True, size=32, input_grad=True):
+    """GroupNorm over 320 channels in 32 groups at batch 8 (a diffusion UNet's
+    norm), forward and backward; all freed as the step ends, so that a
+    trace's allocations and frees are the whole run's."""
+    def step():
+        x = torch.randn(8, 320, size, size, device="cuda", dtype=dtype, requires_grad=input_grad)
+        norm = torch.nn.GroupNorm(32, 320, affine=affine).cuda().to(dtype)
+        y = norm(x)
+        if y.requires_grad:
+            y.backward(torch.ones_like(y))
+
+    def run(step_end):
+        step()
+        step_end()
+    return run
+
+
+def layer_norm(rows, width, dtype=torch.float32, permuted=False, transposed_grad=False, bias=True):
+    """LayerNorm over `width` of `rows` rows, forward and backward, all
+    freed as the step ends; the input a permuted view (a diffusion UNet's
+    transformer input) or the gradient a transposed one where asked."""
+    def step():
+        shape = (4, width, rows // 4) if permuted else (rows, width)
+        x = torch.randn(shape, device="cuda", dtype=dtype)
+        x = (x.permute(0, 2, 1) if permuted else x).requires_grad_()
+        y = torch.nn.LayerNorm(width, bias=bias).cuda().to(dtype)(x)
+        grad = torch.ones(y.shape[::-1], device="cuda", dtype=dtype).t() if transposed_grad else torch.ones_like(y)
+        y.backward(grad)
+
+    def run(step_end):
+        step()
+        step_end()
+    return run
+
+
+LAYER_NORM_CASES = {
+    "layer norm 64, 4 x 1024 rows of a permuted input, f32": layer_norm(4096, 64, permuted=True),
+    "layer norm 64, 4096 rows, transposed gradient, f32": layer_norm(4096, 64, transposed_grad=True),
+    # Past 65,536 rows over few columns the weight's gradient sums blocks of rows first.
+    "layer norm 64, 100,000 rows, f32": layer_norm(100000, 64),
+    "layer norm 64, 100,000 rows, bf16": layer_norm(100000, 64, torch.bfloat16),
+    "layer norm 64 without bias, 100,000 rows, f32": layer_norm(100000, 64, bias=False),
+    "layer norm 768, 70,000 rows, f32": layer_norm(70000, 768),  # split on an H100, not on a T4's 40 SMs
+}
+
+
+def native_convolution(in_channels, channels, kernel, size=32, stride=1, dilation=1, groups=1, bias=True,
+                       dtype=torch.float32, channels_last=False, input_grad=True):
+    """A Conv2d's forward and backward at batch 8 on libtorch's own CUDA
+    kernels (cuDNN off, as metamem's fake cuda runs every convolution), all
+    freed as the step ends."""
+    def step():
+        conv = torch.nn.Conv2d(in_channels, channels, kernel, stride, padding=dilation * (kernel // 2),
+                               dilation=dilation, groups=groups, bias=bias).cuda().to(dtype)
+        x = torch.randn(8, in_channels, size, size, device="cuda", dtype=dtype, requires_grad=input_grad)
+        if channels_last:
+            conv = conv.to(memory_format=torch.channels_last)
+            x = x.detach().to(memory_format=torch.channels_last).requires_grad_(input_grad)
+        with torch.backends.cudnn.flags(enabled=False):
+            conv(x).sum().backward()
+
+    def run(step_end):
+        step()
+        step_end()
+    return run
+
+
+NATIVE_CONVOLUTION_CASES = {
+    "native conv 3x3, 64 channels, 32², f32": native_convolution(64, 64, 3),
+    "native conv 3x3, 64 channels, 32², bf16": native_convolution(64, 64, 3, dtype=torch.bfloat16),
+    "native conv 1x1, 64 to 128 channels, 32², no bias": native_convolution(64, 128, 1, bias=False),
+    "native conv 3x3 stride 2, 3 to 32 channels, 64², input without gradient":
+        native_convolution(3, 32, 3, size=64, stride=2, input_grad=False),
+    "native conv 1x1, 64 channels, 32², input without gradient": native_convolution(64, 64, 1, input_grad=False),
+    "native conv 3x3 dilated 2, 32 channels, 32²": native_convolution(32, 32, 3, dilation=2),
+    "native conv 3x3, 32 channels, 32², channels last": native_convolution(32, 32, 3, channels_last=True),
+    "native conv 3x3 depthwise, 64 channels, 32²": native_convolution(64, 64, 3, groups=64),
+}
+
+
+def freed_step(body):
+    """A case whose step body(), all of its tensors freed as it returns."""
+    def run(step_end):
+        body()
+        step_end()
+    return run
+
+
+def expanded_ids_embedding():
+    # transformers' token type ids: a (1, 512) buffer expanded to the batch.
+    table = torch.nn.Embedding(2, 768).cuda()
+    ids = torch.zeros(1, 512, dtype=torch.long, device="cuda")[:, :128].expand(16, 128)
+    table(ids).sum().backward()
+
+
+def dropout():
+    x = torch.randn(16, 128, 768, device="cuda", requires_grad=True)
+    F.dropout(x, 0.1).sum().backward()
+
+
+def flash_with_dropout():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    q = torch.randn(2, 4, 128, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        F.scaled_dot_product_attention(q, q, q, dropout_p=0.1).sum().backward()
+
+
+OTHER_KERNEL_CASES = {
+    "embedding of expanded ids, forward and backward": freed_step(expanded_ids_embedding),
+    "dropout 16 x 128 x 768, f32": freed_step(dropout),
+    "flash attention with dropout, bf16": freed_step(flash_with_dropout),
+}
+
+
+def reduction(make, shape, dtype=torch.float32):
+    """make(x, target) of a (shape) input with a gradient and a target,
+    forward and backward, all freed as the step ends."""
+    def step():
+        x = torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True)
+        make(x, torch.randn(shape, device="cuda", dtype=dtype)).backward()
+
+    def run(step_end):
+        step()
+        step_end()
+    return run
+
+
+REDUCTION_CASES = {
+    "mse loss, 8 x 4 x 32², f32": reduction(F.mse_loss, (8, 4, 32, 32)),
+    # A million values: the mean's blocks split each output's inputs (a staging buffer).
+    "mse loss, 64 x 4 x 64², f32": reduction(F.mse_loss, (64, 4, 64, 64)),
+    "mse loss summed, 64 x 4 x 64², bf16": reduction(lambda x, t: F.mse_loss(x, t, reduction="sum"),
+                                                     (64, 4, 64, 64), torch.bfloat16),
+    "smooth L1 loss, 64 x 4 x 64², f32": reduction(F.smooth_l1_loss, (64, 4, 64, 64)),
+    "huber loss, 64 x 4 x 64², bf16": reduction(F.huber_loss, (64, 4, 64, 64), torch.bfloat16),
+    "mean of 4,000,000, f32": reduction(lambda x, t: (x * t).mean(), (4000000,)),
+    "mean over rows, 8192 x 256, bf16": reduction(lambda x, t: (x * t).mean(0).sum(), (8192, 256), torch.bfloat16),
+    "mean over the last dimension, 64 x 8192, f32": reduction(lambda x, t: (x * t).mean(-1).sum(), (64, 8192)),
+}
+
+
+GROUP_NORM_CASES = {
+    "group norm 320 channels, 8 x 32², f32": group_norm(),
+    "group norm 320 channels, 8 x 32², bf16": group_norm(torch.bfloat16),
+    "group norm 320 channels, 8 x 32², f32, no affine": group_norm(affine=False),
+    "group norm 320 channels, 8 x 32², bf16, no affine": group_norm(torch.bfloat16, affine=False),
+    "group norm 320 channels, 8 x 1², f32": group_norm(size=1),
+    "group norm 320 channels, 8 x 1², f16, no affine": group_norm(torch.float16, affine=False, size=1),
+    "group norm 320 channels, 8 x 32², bf16, input without gradient": group_norm(torch.bfloat16, input_grad=False),
+    "group norm 320 channels, 8 x 1², f32, input without gradient": group_norm(size=1, input_grad=False),
+}
+
+
 def lstm(step_end):
     """A 2-layer LSTM, width 512, 128 steps of batch 16, forward and backward (cuDNN by default)."""
     x = torch.randn(128, 16, 512, device="cuda", requires_grad=True)
@@ -240,6 +393,10 @@ def lm_tokens(forward):
     ids = torch.zeros(4, 256, dtype=torch.long, device="cuda")
     return F.cross_entropy(forward(ids).flatten(0, 1), ids.flatten())
 
+
+# libtorch's own CUDA kernels that allocate inside (test_cuda_kernels.py).
+LIBTORCH_KERNEL_CASES = {**GROUP_NORM_CASES, **LAYER_NORM_CASES, **REDUCTION_CASES, **NATIVE_CONVOLUTION_CASES,
+                         **OTHER_KERNEL_CASES}
 
 CASES = {
     "sdpa bf16 causal (default)": attention(),
@@ -299,12 +456,14 @@ CASES = {
     **{f"{name}, {how}": ten_models_step(name, how == "compiled") for name in compiled_models.MODELS
        for how in ("eager", "compiled")},
     **EFFICIENT_CASES,
+    **LIBTORCH_KERNEL_CASES,
 }
 
 
 # The cases whose allocations and frees are recorded (measure_one's events):
 # what the kernels the fake GPU cannot run allocate inside, in order.
-EVENT_CASES = {name for name in CASES if name.startswith(("efficient", "sdpa", "conv", "batch norm", "LSTM"))} | {
+EVENT_CASES = {name for name in CASES if name.startswith(("efficient", "sdpa", "conv", "batch norm", "LSTM"))} | \
+    set(LIBTORCH_KERNEL_CASES) | {
     "resnet18 f32 cuDNN on", "resnet18 bf16 autocast cuDNN on", "mobilenet_v2 f32 cuDNN on"}
 
 
@@ -407,7 +566,8 @@ def on_fake_gpu(oracle, gpu, name, torch_site=None):
     (tests/python/real_torch_on_fake_gpu.py), or by the torch installed in
     the folder `torch_site`."""
     from real_torch_on_fake_gpu import PROLOGUE, measure as run_child
-    program = PROLOGUE + f"import runpy; sys.argv = [{__file__!r}, 'one', sys.argv[3]]; " \
+    events = ", 'events'" if name in EVENT_CASES else ""
+    program = PROLOGUE + f"import runpy; sys.argv = [{__file__!r}, 'one', sys.argv[3]{events}]; " \
                          f"sys.path.insert(0, {os.path.dirname(__file__)!r}); " \
                          f"runpy.run_path({__file__!r}, run_name='__main__')"
     try:
@@ -427,7 +587,24 @@ def traced(gpu, name):
         return {"error": f"{type(error).__name__}: {str(error).splitlines()[0]}"}
     predicted = json.loads(t.to_json())["predicted"]
     return {"steps": t.step_peaks, "allocated": predicted["allocator_allocated_peak_bytes"],
-            "reserved": t.reserved_peak_bytes}
+            "reserved": t.reserved_peak_bytes, "events": traced_events(t)}
+
+
+def traced_events(trace):
+    """The trace's allocations and frees as [["alloc" or "free", requested
+    bytes], ...], as allocator_events lists a real run's (less streams)."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as folder:
+        trace.save_allocator_events(os.path.join(folder, "events.txt"))
+        lines = open(os.path.join(folder, "events.txt")).read().split("\n")[1:]
+    sizes, events = {}, []
+    for words in map(str.split, lines):
+        if words[:1] == ["alloc"]:
+            sizes[words[1]] = int(words[2])
+            events.append(["alloc", sizes[words[1]]])
+        elif words[:1] == ["free"]:
+            events.append(["free", sizes.pop(words[1])])
+    return events
 
 
 def measured_run(run):

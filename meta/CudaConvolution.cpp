@@ -1,0 +1,181 @@
+// libtorch's own CUDA convolutions, which a fake GPU (no cuDNN) runs as a
+// GPU with cuDNN off: what slow_conv2d (ConvolutionMM2d.cu),
+// slow_conv_dilated2d (DilatedConvolution.cu) and conv_depthwise2d
+// (DepthwiseConv2d.cu) hold beside their outputs, in their order, recorded
+// from real torch 2.14.1 on the fake GPU (test_cuda_kernels.py). Grouped,
+// 3-d and transposed ones hold no columns in a trace (not modelled), but a
+// 2-d input's contiguous copy.
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+#include "meta/CudaKernelPlans.h"
+#include "meta/CudaReduction.h"
+#include "meta/MetaMode.h"
+
+namespace metamem {
+namespace {
+
+std::int64_t copy_unless_contiguous(const at::Tensor& t) {
+  return t.defined() && !t.is_contiguous() ? static_cast<std::int64_t>(t.numel() * t.element_size()) : 0;
+}
+
+enum class Kernel { Slow2d, Dilated2d, Depthwise2d, Other };
+
+// select_conv_backend's choice for a CUDA GPU without cuDNN.
+Kernel kernel_for(const at::Tensor& input, const at::Tensor& weight, bool transposed, at::IntArrayRef dilation,
+                  std::int64_t groups) {
+  if (transposed || input.dim() != 4 || input.size(0) == 0) return Kernel::Other;
+  if (groups > 1 && input.size(1) == groups && weight.size(0) % groups == 0) return Kernel::Depthwise2d;
+  if (groups != 1) return Kernel::Other;
+  return std::any_of(dilation.begin(), dilation.end(), [](std::int64_t d) { return d != 1; }) ? Kernel::Dilated2d
+                                                                                                 : Kernel::Slow2d;
+}
+
+// One batch item unfolded: C_in x kernel x output pixels. slow_conv2d's
+// forward skips it for a 1x1 kernel with unit stride and no padding
+// (`forward`); its backward does not.
+std::int64_t columns_bytes(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef output_pixels,
+                           at::IntArrayRef stride, at::IntArrayRef padding, Kernel kernel, bool forward) {
+  bool pointwise = kernel == Kernel::Slow2d && forward;
+  std::int64_t bytes = input.size(1) * static_cast<std::int64_t>(input.element_size());
+  for (int i = 0; i < 2; ++i) {
+    bytes *= weight.size(2 + i) * output_pixels[i];
+    pointwise = pointwise && weight.size(2 + i) == 1 && stride[i] == 1 && padding[i] == 0;
+  }
+  return pointwise ? 0 : bytes;
+}
+
+// A sum over `dims` of a tensor laid out as `sizes` and `strides` into the
+// bias's gradient of `channels`: a new tensor made and freed here unless
+// it is the op's output, and the sum's staging.
+void sum_for_bias(ScratchPlan& plan, const at::Tensor& like, at::IntArrayRef sizes, at::IntArrayRef strides,
+                  at::IntArrayRef dims, bool into_output) {
+  const std::int64_t channels = like.size(1);
+  ReductionStaging staging;
+  {
+    OutsideMetaMode outside;
+    const auto options = like.options().device(c10::kMeta);
+    staging = cuda_reduction_staging(CudaReduction::Sum, at::empty_strided(sizes, strides, options),
+                                     at::empty({channels}, options), dims, false);
+  }
+  const std::size_t result = into_output ? 0 : plan.make(channels * static_cast<std::int64_t>(like.element_size()));
+  if (staging.buffer > 0) {
+    const std::size_t buffer = plan.make(staging.buffer), semaphores = plan.make(staging.semaphores);
+    plan.free(semaphores);
+    plan.free(buffer);
+  }
+  if (!into_output) plan.free(result);
+}
+
+// aten::convolution(input, weight, bias, stride, padding, dilation,
+// transposed, output_padding, groups): the operands made contiguous before
+// the output, the columns after it (then the products, which may make
+// cuBLAS's workspace).
+ScratchPlan convolution_plan(c10::ArrayRef<c10::IValue> arguments) {
+  const at::Tensor& input = arguments[0].toTensor();
+  const at::Tensor& weight = arguments[1].toTensor();
+  const auto stride = arguments[3].toDimVector(), padding = arguments[4].toDimVector();
+  const auto dilation = arguments[5].toDimVector();
+  const Kernel kernel = kernel_for(input, weight, arguments[6].toBool(), dilation, arguments[8].toInt());
+  ScratchPlan plan;
+  if (kernel != Kernel::Slow2d && kernel != Kernel::Dilated2d) {
+    if (!arguments[6].toBool() && input.dim() == 4) plan.make(copy_unless_contiguous(input));
+    return plan;
+  }
+  plan.make(copy_unless_contiguous(input));
+  plan.make(copy_unless_contiguous(weight));
+  plan.before_outputs = plan.steps.size();
+  at::DimVector pixels;
+  for (int i = 0; i < 2; ++i)
+    pixels.push_back((input.size(2 + i) + 2 * padding[i] - dilation[i] * (weight.size(2 + i) - 1) - 1) / stride[i] + 1);
+  plan.make(columns_bytes(input, weight, pixels, stride, padding, kernel, /*forward=*/true));
+  return plan;
+}
+
+// convolution_backward(grad_output, input, weight, bias_sizes, stride,
+// padding, dilation, transposed, output_padding, groups, output_mask).
+ScratchPlan convolution_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
+  const at::Tensor& grad_output = arguments[0].toTensor();
+  const at::Tensor& input = arguments[1].toTensor();
+  const at::Tensor& weight = arguments[2].toTensor();
+  const auto stride = arguments[4].toDimVector(), padding = arguments[5].toDimVector();
+  const auto mask = arguments[10].toBoolList();
+  const Kernel kernel = kernel_for(input, weight, arguments[7].toBool(), arguments[6].toDimVector(),
+                                   arguments[9].toInt());
+  const at::IntArrayRef pixels = grad_output.sizes().slice(2);
+  ScratchPlan plan;
+  switch (kernel) {
+    case Kernel::Other:
+      return plan;
+    case Kernel::Depthwise2d:
+      // The output's gradient made contiguous for the kernel, which makes
+      // the weight's gradient before the input's; then convolution_backward
+      // sums the bias's from the gradient as it came.
+      plan.make(copy_unless_contiguous(grad_output));
+      plan.before_outputs = plan.steps.size();
+      if (mask.get(1)) plan.output(1);
+      if (mask.get(0)) plan.output(0);
+      plan.free(0);
+      if (mask.get(2)) {
+        plan.output(2);
+        sum_for_bias(plan, grad_output, grad_output.sizes(), grad_output.strides(), {0, 2, 3}, /*into_output=*/true);
+      }
+      return plan;
+    case Kernel::Dilated2d:
+      // The operands made contiguous, the gradients, the columns and the
+      // products; then per batch item the bias's gradient summed into a
+      // new tensor and added.
+      plan.make(copy_unless_contiguous(input));
+      plan.make(copy_unless_contiguous(weight));
+      plan.make(copy_unless_contiguous(grad_output));
+      plan.before_outputs = plan.steps.size();
+      if (mask.get(0) || mask.get(1)) {
+        plan.make(columns_bytes(input, weight, pixels, stride, padding, kernel, /*forward=*/false));
+        plan.cublas_call();
+      }
+      if (mask.get(2)) {
+        const at::IntArrayRef item = grad_output.sizes().slice(1);
+        for (std::int64_t n = 0; n < input.size(0); ++n)
+          sum_for_bias(plan, grad_output, item, c10::contiguous_strides(item), {1, 2}, /*into_output=*/false);
+      }
+      return plan;
+    case Kernel::Slow2d:
+      // The operands made contiguous; the input's gradient, the columns it
+      // unfolds into and its products; the bias's gradient, summed from the
+      // contiguous output gradient; the weight's gradient, through columns
+      // of its own where the input's gradient made none.
+      plan.make(copy_unless_contiguous(input));
+      plan.make(copy_unless_contiguous(weight));
+      plan.make(copy_unless_contiguous(grad_output));
+      plan.before_outputs = plan.steps.size();
+      if (mask.get(0)) {
+        plan.output(0);
+        plan.make(columns_bytes(input, weight, pixels, stride, padding, kernel, /*forward=*/false));
+        plan.cublas_call();
+      }
+      if (mask.get(2)) {
+        plan.output(2);
+        sum_for_bias(plan, grad_output, grad_output.sizes(), c10::contiguous_strides(grad_output.sizes()), {0, 2, 3},
+                     /*into_output=*/true);
+      }
+      if (mask.get(1)) {
+        plan.output(1);
+        if (!mask.get(0)) {
+          plan.make(columns_bytes(input, weight, pixels, stride, padding, kernel, /*forward=*/false));
+          plan.cublas_call();
+        }
+      }
+      return plan;
+  }
+  return plan;
+}
+
+}  // namespace
+
+ScratchPlanModel cuda_convolution_plan_model(const std::string& qualified_name) {
+  if (qualified_name == "aten::convolution") return &convolution_plan;
+  return qualified_name == "aten::convolution_backward" ? &convolution_backward_plan : nullptr;
+}
+
+}  // namespace metamem

@@ -1,0 +1,29 @@
+// The plans (ScratchPlan) of CUDA kernels whose temporaries the allocator
+// meets one by one on a fake cuda device, by family; each returns the plan
+// of op `qualified_name` ("aten::convolution"), or nullptr.
+#pragma once
+
+#include <string>
+
+#include "meta/CpuKernelModel.h"
+
+namespace metamem {
+
+// scaled_dot_product_attention's backward kernels (meta/CudaAttention.cpp,
+// meta/EfficientAttention.cpp).
+ScratchPlanModel cuda_attention_plan_model(const std::string& qualified_name);
+
+// libtorch's own convolutions (meta/CudaConvolution.cpp).
+ScratchPlanModel cuda_convolution_plan_model(const std::string& qualified_name);
+
+// Embedding lookups (meta/CudaEmbedding.cpp).
+ScratchPlanModel cuda_embedding_plan_model(const std::string& qualified_name);
+
+// Layer norm and group norm (meta/CudaNormalization.cpp).
+ScratchPlanModel cuda_normalization_plan_model(const std::string& qualified_name);
+
+// Kernels that reduce a temporary of their own: a loss's mean over its
+// elementwise values (meta/CudaReduction.cpp).
+ScratchPlanModel cuda_reduction_plan_model(const std::string& qualified_name);
+
+}  // namespace metamem

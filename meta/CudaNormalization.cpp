@@ -1,0 +1,177 @@
+// What CUDA's layer norm and group norm kernels (layer_norm_kernel.cu,
+// group_norm_kernel.cu) hold beside their outputs, in their order.
+// Recorded from real torch 2.14.1 on the fake GPU; test_cuda_kernels.py
+// checks traces against it allocation by allocation.
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <unordered_map>
+#include <vector>
+
+#include "meta/CudaAttention.h"
+#include "meta/CudaKernelPlans.h"
+#include "meta/CudaReduction.h"
+#include "meta/MetaMode.h"
+
+namespace metamem {
+namespace {
+
+bool defined(const c10::IValue& value) { return value.isTensor() && value.toTensor().defined(); }
+
+std::int64_t contiguous_copy(const at::Tensor& tensor) {
+  return tensor.is_contiguous() ? 0 : static_cast<std::int64_t>(tensor.numel() * tensor.element_size());
+}
+
+// ---- layer norm ------------------------------------------------------------
+
+// aten::native_layer_norm(input, normalized_shape, weight, bias, eps): the
+// kernel reads the input contiguous, copied before the outputs exist.
+ScratchPlan layer_norm_plan(c10::ArrayRef<c10::IValue> arguments) {
+  ScratchPlan plan;
+  plan.make(contiguous_copy(arguments[0].toTensor()));
+  plan.before_outputs = plan.steps.size();
+  return plan;
+}
+
+std::int64_t element_size(const at::Tensor& tensor) { return static_cast<std::int64_t>(tensor.element_size()); }
+
+// The weight's and bias's gradients of a layer norm over `rows` rows of
+// `columns`: a grid of many rows (more than 65,536) over few columns (a
+// 32-column block per multiprocessor for at most half of them) sums each
+// block of 32 rows into a (blocks, columns) buffer in the parameter's dtype
+// first. The number of such blocks, or 0 where the grid is not split.
+std::int64_t split_row_blocks(std::int64_t rows, std::int64_t columns) {
+  constexpr std::int64_t kBlockWidth = 32, kRowsPerBlock = 32, kMaxGrid = 64 * 1024 / 2;
+  if (rows <= 64 * 1024 || columns / kBlockWidth >= traced_gpu().multi_processor_count / 2) return 0;
+  const std::int64_t blocks_x = (columns + kBlockWidth - 1) / kBlockWidth;
+  return std::min(kMaxGrid / blocks_x, (rows + kRowsPerBlock - 1) / kRowsPerBlock);
+}
+
+// Then .sum(0) of that buffer: a new gradient (which replaces the output,
+// freed there: the piece stands for it) and the sum's staging.
+void sum_row_blocks(ScratchPlan& plan, const at::Tensor& parameter, std::int64_t blocks) {
+  const std::int64_t columns = parameter.numel();
+  ReductionStaging staging;
+  {
+    OutsideMetaMode outside;
+    const auto options = parameter.options().device(c10::kMeta);
+    staging = cuda_reduction_staging(CudaReduction::Sum, at::empty({blocks, columns}, options), at::empty({columns}, options),
+                               at::IntArrayRef{0}, false);
+  }
+  const std::size_t sum = plan.make(columns * element_size(parameter));
+  if (staging.buffer > 0) {
+    const std::size_t buffer = plan.make(staging.buffer), semaphores = plan.make(staging.semaphores);
+    plan.free(semaphores);
+    plan.free(buffer);
+  }
+  plan.free(sum);
+}
+
+// aten::native_layer_norm_backward(grad_out, input, normalized_shape, mean,
+// rstd, weight, bias, output_mask): the input read contiguous (copied
+// before the outputs), the output's gradient made contiguous after them,
+// then the weight's and bias's block sums where the grid splits, freed as
+// the kernel returns.
+ScratchPlan layer_norm_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
+  const at::Tensor& grad_out = arguments[0].toTensor();
+  const at::Tensor& input = arguments[1].toTensor();
+  const auto axis = input.dim() - static_cast<std::int64_t>(arguments[2].toDimVector().size());
+  std::int64_t rows = 1, columns = 1;
+  for (std::int64_t d = 0; d < input.dim(); ++d) (d < axis ? rows : columns) *= input.size(d);
+  const auto mask = arguments[7].toBoolList();
+  std::vector<at::Tensor> parameters;  // those whose gradient is asked for
+  for (int i : {1, 2})
+    if (mask.get(i) && defined(arguments[4 + i])) parameters.push_back(arguments[4 + i].toTensor());
+
+  ScratchPlan plan;
+  plan.make(contiguous_copy(input));
+  plan.before_outputs = plan.steps.size();
+  plan.make(contiguous_copy(grad_out));
+  const std::int64_t blocks = split_row_blocks(rows, columns);
+  if (blocks == 0) return plan;
+  for (const at::Tensor& parameter : parameters) plan.make(blocks * columns * element_size(parameter));
+  for (const at::Tensor& parameter : parameters) sum_row_blocks(plan, parameter, blocks);
+  return plan;
+}
+
+// ---- group norm ------------------------------------------------------------
+
+bool sixteen_bit(const at::Tensor& input) {
+  return input.scalar_type() == at::kHalf || input.scalar_type() == at::kBFloat16;
+}
+
+std::int64_t accumulator_size(const at::Tensor& input) {
+  return sixteen_bit(input) ? 4 : static_cast<std::int64_t>(input.element_size());
+}
+
+// aten::native_group_norm(input, weight, bias, N, C, HxW, group, eps).
+// 16-bit inputs: the statistics in fp32 first, copied into the outputs
+// last. With an affine transform over more than one element per channel:
+// its per (sample, channel) scale and shift.
+ScratchPlan group_norm_plan(c10::ArrayRef<c10::IValue> arguments) {
+  const at::Tensor& input = arguments[0].toTensor();
+  const bool affine = defined(arguments[1]) || defined(arguments[2]);
+  const std::int64_t samples = arguments[3].toInt(), channels = arguments[4].toInt();
+  const std::int64_t per_channel = arguments[5].toInt(), groups = arguments[6].toInt();
+  const std::int64_t acc = accumulator_size(input);
+  ScratchPlan plan;
+  if (sixteen_bit(input)) {
+    plan.make(samples * groups * 4);
+    plan.make(samples * groups * 4);
+  }
+  if (affine && per_channel != 1) {
+    const std::size_t scale = plan.make(samples * channels * acc), shift = plan.make(samples * channels * acc);
+    plan.free(shift);
+    plan.free(scale);
+  }
+  return plan;
+}
+
+// aten::native_group_norm_backward(grad_out, input, mean, rstd, weight, N,
+// C, HxW, group, output_mask). One element per channel: two per (sample,
+// group) coefficients for the input's gradient. Otherwise the per (sample,
+// channel) sums of the gradient and of its product with the input, then
+// for the input's gradient three coefficients (torch's c2 and c3 per
+// (sample, group), and with a weight c1, rstd times the weight per
+// (sample, channel)), freed before the sums.
+ScratchPlan group_norm_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
+  const at::Tensor& input = arguments[1].toTensor();
+  const bool weight = defined(arguments[4]);
+  const std::int64_t samples = arguments[5].toInt(), channels = arguments[6].toInt();
+  const std::int64_t per_channel = arguments[7].toInt(), groups = arguments[8].toInt();
+  const bool input_gradient = arguments[9].toBoolList().get(0);
+  const std::int64_t acc = accumulator_size(input);
+  ScratchPlan plan;
+  if (per_channel == 1) {
+    if (input_gradient) {
+      plan.make(samples * groups * acc);
+      plan.make(samples * groups * acc);
+    }
+    return plan;
+  }
+  plan.make(samples * channels * acc);  // the sums, freed as the kernel returns
+  plan.make(samples * channels * acc);
+  if (input_gradient) {
+    const std::size_t c2 = plan.make(samples * groups * acc), c3 = plan.make(samples * groups * acc);
+    const std::optional<std::size_t> c1 = weight ? std::optional(plan.make(samples * channels * acc)) : std::nullopt;
+    plan.free(c3);
+    plan.free(c2);
+    if (c1) plan.free(*c1);
+  }
+  return plan;
+}
+
+}  // namespace
+
+ScratchPlanModel cuda_normalization_plan_model(const std::string& qualified_name) {
+  static const std::unordered_map<std::string, ScratchPlanModel> models = {
+      {"aten::native_layer_norm", &layer_norm_plan},
+      {"aten::native_layer_norm_backward", &layer_norm_backward_plan},
+      {"aten::native_group_norm", &group_norm_plan},
+      {"aten::native_group_norm_backward", &group_norm_backward_plan},
+  };
+  const auto it = models.find(qualified_name);
+  return it == models.end() ? nullptr : it->second;
+}
+
+}  // namespace metamem
