@@ -2,12 +2,14 @@
 // GPU with cuDNN off: what slow_conv2d (ConvolutionMM2d.cu),
 // slow_conv_dilated2d (DilatedConvolution.cu) and conv_depthwise2d
 // (DepthwiseConv2d.cu) hold beside their outputs, in their order, recorded
-// from real torch 2.14.1 on the fake GPU (test_cuda_kernels.py). Grouped,
-// 3-d and transposed ones hold no columns in a trace (not modelled), but a
-// 2-d input's contiguous copy.
+// from real torch 2.14.1 on the fake GPU (test_cuda_kernels.py); grouped
+// ones run slow_conv2d per group. Dilated grouped, 3-d and transposed ones
+// hold no columns in a trace (not modelled), but a 2-d input's contiguous
+// copy.
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "meta/CudaKernelPlans.h"
 #include "meta/CudaReduction.h"
@@ -20,25 +22,28 @@ std::int64_t copy_unless_contiguous(const at::Tensor& t) {
   return t.defined() && !t.is_contiguous() ? static_cast<std::int64_t>(t.numel() * t.element_size()) : 0;
 }
 
-enum class Kernel { Slow2d, Dilated2d, Depthwise2d, Other };
+// Grouped2d: slow_conv2d once per group (`_convolution` and
+// `convolution_backward` loop over the groups), the groups' results
+// concatenated.
+enum class Kernel { Slow2d, Grouped2d, Dilated2d, Depthwise2d, Other };
 
 // select_conv_backend's choice for a CUDA GPU without cuDNN.
 Kernel kernel_for(const at::Tensor& input, const at::Tensor& weight, bool transposed, at::IntArrayRef dilation,
                   std::int64_t groups) {
   if (transposed || input.dim() != 4 || input.size(0) == 0) return Kernel::Other;
   if (groups > 1 && input.size(1) == groups && weight.size(0) % groups == 0) return Kernel::Depthwise2d;
-  if (groups != 1) return Kernel::Other;
-  return std::any_of(dilation.begin(), dilation.end(), [](std::int64_t d) { return d != 1; }) ? Kernel::Dilated2d
-                                                                                                 : Kernel::Slow2d;
+  const bool dilated = std::any_of(dilation.begin(), dilation.end(), [](std::int64_t d) { return d != 1; });
+  if (groups != 1) return dilated ? Kernel::Other : Kernel::Grouped2d;
+  return dilated ? Kernel::Dilated2d : Kernel::Slow2d;
 }
 
-// One batch item unfolded: C_in x kernel x output pixels. slow_conv2d's
-// forward skips it for a 1x1 kernel with unit stride and no padding
-// (`forward`); its backward does not.
+// One batch item unfolded: C_in (of a group) x kernel x output pixels.
+// slow_conv2d's forward skips it for a 1x1 kernel with unit stride and no
+// padding (`forward`); its backward does not.
 std::int64_t columns_bytes(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef output_pixels,
                            at::IntArrayRef stride, at::IntArrayRef padding, Kernel kernel, bool forward) {
-  bool pointwise = kernel == Kernel::Slow2d && forward;
-  std::int64_t bytes = input.size(1) * static_cast<std::int64_t>(input.element_size());
+  bool pointwise = kernel != Kernel::Dilated2d && forward;
+  std::int64_t bytes = weight.size(1) * static_cast<std::int64_t>(input.element_size());
   for (int i = 0; i < 2; ++i) {
     bytes *= weight.size(2 + i) * output_pixels[i];
     pointwise = pointwise && weight.size(2 + i) == 1 && stride[i] == 1 && padding[i] == 0;
@@ -46,12 +51,11 @@ std::int64_t columns_bytes(const at::Tensor& input, const at::Tensor& weight, at
   return pointwise ? 0 : bytes;
 }
 
-// A sum over `dims` of a tensor laid out as `sizes` and `strides` into the
-// bias's gradient of `channels`: a new tensor made and freed here unless
-// it is the op's output, and the sum's staging.
+// A sum over `dims` of a tensor like `like` laid out as `sizes` and
+// `strides` into a bias's gradient of `channels`: a new tensor made and
+// freed here unless it is made already, and the sum's staging.
 void sum_for_bias(ScratchPlan& plan, const at::Tensor& like, at::IntArrayRef sizes, at::IntArrayRef strides,
-                  at::IntArrayRef dims, bool into_output) {
-  const std::int64_t channels = like.size(1);
+                  at::IntArrayRef dims, std::int64_t channels, bool into_output) {
   ReductionStaging staging;
   {
     OutsideMetaMode outside;
@@ -79,7 +83,7 @@ ScratchPlan convolution_plan(c10::ArrayRef<c10::IValue> arguments) {
   const auto dilation = arguments[5].toDimVector();
   const Kernel kernel = kernel_for(input, weight, arguments[6].toBool(), dilation, arguments[8].toInt());
   ScratchPlan plan;
-  if (kernel != Kernel::Slow2d && kernel != Kernel::Dilated2d) {
+  if (kernel == Kernel::Other || kernel == Kernel::Depthwise2d) {
     if (!arguments[6].toBool() && input.dim() == 4) plan.make(copy_unless_contiguous(input));
     return plan;
   }
@@ -89,8 +93,62 @@ ScratchPlan convolution_plan(c10::ArrayRef<c10::IValue> arguments) {
   at::DimVector pixels;
   for (int i = 0; i < 2; ++i)
     pixels.push_back((input.size(2 + i) + 2 * padding[i] - dilation[i] * (weight.size(2 + i) - 1) - 1) / stride[i] + 1);
-  plan.make(columns_bytes(input, weight, pixels, stride, padding, kernel, /*forward=*/true));
+  const std::int64_t columns = columns_bytes(input, weight, pixels, stride, padding, kernel, /*forward=*/true);
+  if (kernel != Kernel::Grouped2d) {
+    plan.make(columns);
+    return plan;
+  }
+  // Per group: its slice of the input made contiguous (a copy unless the
+  // batch is one), its output, its columns and products; then the outputs
+  // concatenated into the result.
+  const std::int64_t groups = arguments[8].toInt(), batch = input.size(0), item = input.element_size();
+  const std::int64_t slice = batch == 1 ? 0 : batch * weight.size(1) * input.size(2) * input.size(3) * item;
+  const std::int64_t group_output = batch * (weight.size(0) / groups) * pixels[0] * pixels[1] * item;
+  c10::SmallVector<std::size_t, 8> outputs;
+  for (std::int64_t g = 0; g < groups; ++g) {
+    const std::size_t copy = plan.make(slice);
+    outputs.push_back(plan.make(group_output));
+    const std::size_t unfolded = plan.make(columns);
+    if (g == 0) plan.cublas_call();
+    plan.free(unfolded);
+    plan.free(copy);
+  }
+  plan.output(0);
+  for (std::size_t output : outputs) plan.free(output);
   return plan;
+}
+
+// slow_conv2d's backward (of one group, where grouped) for an output
+// gradient of `grad_sizes`: the input's gradient, the columns it unfolds
+// into and its products; the bias's gradient, summed from the contiguous
+// output gradient; the weight's gradient, through columns of its own where
+// the input's gradient made none. `gradient(r, bytes)` makes gradient r
+// (the input's of `input_bytes`); the first products of the op (`first`)
+// may make cuBLAS's workspace.
+template <class Gradient>
+void slow2d_backward(ScratchPlan& plan, const c10::List<bool>& mask, std::int64_t columns, std::int64_t input_bytes,
+                     const at::Tensor& grad_output, at::IntArrayRef grad_sizes, const at::Tensor& weight, bool first,
+                     Gradient gradient) {
+  const std::int64_t item = grad_output.element_size();
+  std::optional<std::size_t> unfolded;
+  const auto unfold = [&] {
+    unfolded = plan.make(columns);
+    if (first) plan.cublas_call();
+  };
+  if (mask.get(0)) {
+    gradient(0, input_bytes);
+    unfold();
+  }
+  if (mask.get(2)) {
+    gradient(2, grad_sizes[1] * item);
+    sum_for_bias(plan, grad_output, grad_sizes, c10::contiguous_strides(grad_sizes), {0, 2, 3}, grad_sizes[1],
+                 /*into_output=*/true);
+  }
+  if (mask.get(1)) {
+    gradient(1, weight.numel() * item);
+    if (!mask.get(0)) unfold();
+  }
+  if (unfolded) plan.free(*unfolded);
 }
 
 // convolution_backward(grad_output, input, weight, bias_sizes, stride,
@@ -119,7 +177,8 @@ ScratchPlan convolution_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
       plan.free(0);
       if (mask.get(2)) {
         plan.output(2);
-        sum_for_bias(plan, grad_output, grad_output.sizes(), grad_output.strides(), {0, 2, 3}, /*into_output=*/true);
+        sum_for_bias(plan, grad_output, grad_output.sizes(), grad_output.strides(), {0, 2, 3}, grad_output.size(1),
+                     /*into_output=*/true);
       }
       return plan;
     case Kernel::Dilated2d:
@@ -137,36 +196,50 @@ ScratchPlan convolution_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
       if (mask.get(2)) {
         const at::IntArrayRef item = grad_output.sizes().slice(1);
         for (std::int64_t n = 0; n < input.size(0); ++n)
-          sum_for_bias(plan, grad_output, item, c10::contiguous_strides(item), {1, 2}, /*into_output=*/false);
+          sum_for_bias(plan, grad_output, item, c10::contiguous_strides(item), {1, 2}, item[0], /*into_output=*/false);
       }
       return plan;
     case Kernel::Slow2d:
-      // The operands made contiguous; the input's gradient, the columns it
-      // unfolds into and its products; the bias's gradient, summed from the
-      // contiguous output gradient; the weight's gradient, through columns
-      // of its own where the input's gradient made none.
+    case Kernel::Grouped2d: {
+      // The operands made contiguous (ungrouped, the output's gradient
+      // too), then slow_conv2d's backward, once per group where grouped.
       plan.make(copy_unless_contiguous(input));
       plan.make(copy_unless_contiguous(weight));
-      plan.make(copy_unless_contiguous(grad_output));
+      if (kernel == Kernel::Slow2d) plan.make(copy_unless_contiguous(grad_output));
       plan.before_outputs = plan.steps.size();
-      if (mask.get(0)) {
-        plan.output(0);
-        plan.make(columns_bytes(input, weight, pixels, stride, padding, kernel, /*forward=*/false));
-        plan.cublas_call();
+      const std::int64_t columns = columns_bytes(input, weight, pixels, stride, padding, kernel, /*forward=*/false);
+      if (kernel == Kernel::Slow2d) {
+        slow2d_backward(plan, mask, columns, 0, grad_output, grad_output.sizes(), weight, /*first=*/true,
+                        [&](std::size_t r, std::int64_t) { plan.output(r); });
+        return plan;
       }
-      if (mask.get(2)) {
-        plan.output(2);
-        sum_for_bias(plan, grad_output, grad_output.sizes(), c10::contiguous_strides(grad_output.sizes()), {0, 2, 3},
-                     /*into_output=*/true);
+      // Per group: its slices of the output's gradient and of the input
+      // made contiguous (copies, but of a contiguous batch of one), its
+      // gradients, kept until they are concatenated into the results.
+      const std::int64_t groups = arguments[9].toInt(), batch = input.size(0), item = input.element_size();
+      at::DimVector group_grad(grad_output.sizes().begin(), grad_output.sizes().end());
+      group_grad[1] /= groups;
+      const std::int64_t grad_slice =
+          grad_output.is_contiguous() && batch == 1 ? 0 : c10::multiply_integers(group_grad) * item;
+      const std::int64_t input_slice = batch * weight.size(1) * input.size(2) * input.size(3) * item;
+      // A group's weight: its output channels (a shape, taken outside the trace).
+      at::Tensor group_weight;
+      {
+        OutsideMetaMode outside;
+        group_weight = at::empty({weight.size(0) / groups, weight.size(1), weight.size(2), weight.size(3)},
+                                 weight.options().device(c10::kMeta));
       }
-      if (mask.get(1)) {
-        plan.output(1);
-        if (!mask.get(0)) {
-          plan.make(columns_bytes(input, weight, pixels, stride, padding, kernel, /*forward=*/false));
-          plan.cublas_call();
-        }
+      for (std::int64_t g = 0; g < groups; ++g) {
+        const std::size_t grad_copy = plan.make(grad_slice), input_copy = plan.make(batch == 1 ? 0 : input_slice);
+        slow2d_backward(plan, mask, columns, input_slice, grad_output, group_grad, group_weight, /*first=*/g == 0,
+                        [&](std::size_t r, std::int64_t bytes) { plan.make(bytes); });
+        plan.free(input_copy);
+        plan.free(grad_copy);
       }
+      for (std::size_t r = 0; r < 3; ++r)
+        if (mask.get(r)) plan.output(r);
       return plan;
+    }
   }
   return plan;
 }

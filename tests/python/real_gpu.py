@@ -266,6 +266,10 @@ NATIVE_CONVOLUTION_CASES = {
     "native conv 3x3 dilated 2, 32 channels, 32²": native_convolution(32, 32, 3, dilation=2),
     "native conv 3x3, 32 channels, 32², channels last": native_convolution(32, 32, 3, channels_last=True),
     "native conv 3x3 depthwise, 64 channels, 32²": native_convolution(64, 64, 3, groups=64),
+    # RegNet's and ResNeXt's: one convolution per group, then their outputs concatenated.
+    "native conv 3x3 in 4 groups, 32 channels, 16²": native_convolution(32, 32, 3, size=16, groups=4),
+    "native conv 3x3 stride 2 in 4 groups, 32 channels, 16², no bias":
+        native_convolution(32, 32, 3, size=16, stride=2, groups=4, bias=False),
 }
 
 

@@ -165,3 +165,22 @@ def test_timm_models_are_exact_on_cpu(name):
 def test_diffusers_denoisers_are_exact_on_cpu(name, make_step, reduced_config, full_config):
     traced, achieved = diffusers_sweep.exact_on_cpu(make_step, reduced_config)
     assert traced == achieved
+
+
+@pytest.mark.parametrize("name,gpu,precision", [
+    ("transformers BERT masked LM (base width)", "A100-80GB", "bf16 autocast"),  # was 1.5 MB under
+    ("torchvision RegNet-Y 400MF", "T4", "f32"),  # grouped convolutions; step 2 was 253,440 B under
+    ("transformers OPT", "T4", "bf16 autocast"),
+    ("mixer with a custom autograd.Function", "T4", "f32"),
+    ("diffusers UNet2DConditionModel", "H100-80GB", "f32"),  # step 2 reserved was 2 MiB over
+])
+def test_eager_steps_are_exact_against_real_torch_on_the_fake_gpu(name, gpu, precision):
+    # CI's subset of fake_gpu_sweep.py: max allocated and max reserved of
+    # both steps, the trace's against real torch's on the fake GPU.
+    import os
+    import fake_gpu_sweep
+    oracle = os.environ.get("METAMEM_ORACLE", "")
+    if not os.path.exists(os.path.join(oracle, "libmetamem_fake_cuda_preload.so")):
+        pytest.skip(f"METAMEM_ORACLE={oracle!r} holds no fake GPU to run real torch on")
+    row = fake_gpu_sweep.run_one(name, gpu, precision, oracle)
+    assert fake_gpu_sweep.verdict(row) == "exact", row

@@ -1,0 +1,241 @@
+"""Eager training steps traced on fake cuda against the same steps run by the
+pinned torch on metamem's fake GPU (real_torch_on_fake_gpu.py), per GPU and
+precision (issue 47): max allocated and max reserved of each of two AdamW
+steps. The models are ones no one here tuned to: compiled_models.py's
+(eager), torchvision classifiers, transformers' masked LM and OPT, and a
+mixer with a custom autograd.Function; f32 and bf16 autocast. Convolutions
+and attention take what the fake GPU runs (cuDNN off, attention's other
+kernels), as compiled_models.py says.
+
+    METAMEM_ORACLE=build/oracle PYTHONPATH=build/python:tests/python .venv/bin/python \\
+        tests/python/fake_gpu_sweep.py [--models "BERT,RegNet-Y 400MF"] [--gpus H100-80GB,T4] [--markdown] [--check]
+
+--check exits 1 unless every run is exact. A run that differs names where:
+tests/python/allocation_order.py finds the first allocation that parts.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import compiled_models  # noqa: E402
+
+BATCH = 16
+
+
+class _Scale(torch.autograd.Function):
+    """x * s with its own backward: saves both operands."""
+
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.save_for_backward(x, scale)
+        return x * scale
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, scale = ctx.saved_tensors
+        return grad * scale, (grad * x).sum(0)
+
+
+class Mixer(torch.nn.Module):
+    """An MLP-Mixer over 64 patches of width 128, its channel scale a custom
+    autograd.Function."""
+
+    def __init__(self, patches=64, width=128, depth=2):
+        super().__init__()
+        self.embed = torch.nn.Linear(48, width)
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.ModuleDict({"norm": torch.nn.LayerNorm(width),
+                                 "tokens": torch.nn.Sequential(torch.nn.Linear(patches, 256), torch.nn.GELU(),
+                                                               torch.nn.Linear(256, patches)),
+                                 "channels": torch.nn.Sequential(torch.nn.Linear(width, 512), torch.nn.GELU(),
+                                                                 torch.nn.Linear(512, width))})
+            for _ in range(depth))
+        self.scale = torch.nn.Parameter(torch.ones(width))
+        self.head = torch.nn.Linear(width, 10)
+
+    def forward(self, patches):
+        x = self.embed(patches)
+        for block in self.blocks:
+            x = x + block["tokens"](block["norm"](x).transpose(1, 2)).transpose(1, 2)
+            x = x + _Scale.apply(block["channels"](block["norm"](x)), self.scale)
+        return self.head(x.mean(1))
+
+
+def mixer():
+    def loss(model, device):
+        return F.cross_entropy(model(torch.randn(BATCH, 64, 48, device=device)),
+                               torch.randint(0, 10, (BATCH,), device=device))
+    return Mixer(), loss
+
+
+def torchvision_classifier(name):
+    def build():
+        import torchvision
+
+        def loss(model, device):
+            return F.cross_entropy(model(torch.randn(BATCH, 3, 64, 64, device=device)),
+                                   torch.randint(0, 10, (BATCH,), device=device))
+        return getattr(torchvision.models, name)(num_classes=10), loss
+    return build
+
+
+def transformers_model(config_class, model_class, **config):
+    def build():
+        import transformers
+
+        cfg = getattr(transformers, config_class)(vocab_size=1000, **config)
+
+        def loss(model, device):
+            ids = torch.randint(0, cfg.vocab_size, (BATCH, 128), device=device)
+            return model(input_ids=ids, labels=ids).loss
+        return getattr(transformers, model_class)(cfg), loss
+    return build
+
+
+MODELS = {
+    **{name: build for name, (build, _) in compiled_models.MODELS.items()
+       if name != "torchtitan Llama 3 debugmodel_flex_attn"},  # FlexAttention needs the compiler
+    "torchvision ResNet-18": torchvision_classifier("resnet18"),
+    "torchvision RegNet-Y 400MF": torchvision_classifier("regnet_y_400mf"),
+    "torchvision MobileNet V3": torchvision_classifier("mobilenet_v3_small"),
+    "transformers BERT masked LM (base width)": transformers_model(
+        "BertConfig", "BertForMaskedLM", hidden_size=768, intermediate_size=3072, num_hidden_layers=2,
+        num_attention_heads=12),
+    "transformers OPT": transformers_model("OPTConfig", "OPTForCausalLM", hidden_size=256, ffn_dim=1024,
+                                           num_hidden_layers=2, num_attention_heads=4, word_embed_proj_dim=256),
+    "mixer with a custom autograd.Function": mixer,
+}
+GPUS = ("H100-80GB", "A100-80GB", "T4")
+PRECISIONS = ("f32", "bf16 autocast")
+
+
+def two_steps(name, precision):
+    """(model, run): the model built on the CPU, as users load one (a trace
+    takes it with modules=[model]: on its one fake device a model built
+    inside would stand on the GPU from its construction), and a function
+    that moves it to cuda and runs two AdamW steps, returning each step's
+    [max allocated, max reserved]."""
+    from torch.nn.attention import SDPBackend
+
+    torch.manual_seed(0)
+    model, loss_of = MODELS[name]()
+    for module in model.modules():  # torchtitan's attention picks its own kernels: cuDNN's first
+        if hasattr(module, "sdpa_backends"):
+            module.sdpa_backends = [b for b in module.sdpa_backends if b != SDPBackend.CUDNN_ATTENTION]
+
+    def run():
+        from torch.nn.attention import sdpa_kernel
+
+        torch.manual_seed(0)
+        model.to("cuda").train()
+        optimizer = torch.optim.AdamW(model.parameters())
+        peaks = []
+        for _ in range(2):
+            torch.cuda.reset_peak_memory_stats()
+            with (sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]),
+                  torch.backends.cudnn.flags(enabled=False)):
+                with torch.autocast("cuda", torch.bfloat16, enabled=precision != "f32"):
+                    loss = loss_of(model, "cuda")
+                loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            peaks.append([torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()])
+        return peaks
+    return model, run
+
+
+# The steps in a child on the fake GPU (real_torch_on_fake_gpu.PROLOGUE
+# first), printing their peaks; CHILD then leaves at once, as the fake GPU's
+# runtime can abort as the process exits (a thread torch started still
+# running): the result is out by then.
+STEPS = f"""
+import os
+sys.path.insert(0, {HERE!r})
+from fake_gpu_sweep import two_steps
+print(json.dumps(two_steps(*json.loads(sys.argv[3]))[1]()), flush=True)
+"""
+CHILD = STEPS + "os._exit(0)\n"
+
+
+def run_one(name, gpu, precision, oracle):
+    """{"traced": peaks or error, "real": peaks or error, "seconds": [trace, real]}."""
+    import metamem
+    import metamem._metamem as native
+    from real_torch_on_fake_gpu import PROLOGUE, measure
+    from sweep_failure import why
+
+    row, seconds = {}, []
+    for side in ("traced", "real"):
+        start = time.perf_counter()
+        try:
+            if side == "traced":
+                model, run = two_steps(name, precision)
+                with metamem.trace(device="cuda", gpu=gpu, modules=[model]):
+                    row[side] = run()
+            else:
+                row[side] = measure(oracle, native.gpu(gpu), PROLOGUE + CHILD, json.dumps([name, precision]))
+        except Exception as error:  # a sweep reports every run
+            row[side] = why(error)
+        seconds.append(round(time.perf_counter() - start, 1))
+    row["seconds"] = seconds
+    return row
+
+
+def verdict(row):
+    traced, real = row["traced"], row["real"]
+    if isinstance(real, str) or isinstance(traced, str):
+        return "fails: " + (real if isinstance(real, str) else "(real) ") + \
+            ("; trace: " + traced if isinstance(traced, str) else "")
+    if traced == real:
+        return "exact"
+    return "; ".join(f"step {i + 1}: {t[0] - r[0]:+,} / {t[1] - r[1]:+,} B"
+                     for i, (t, r) in enumerate(zip(traced, real)) if t != r)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(MODELS), help="model names, comma-separated")
+    parser.add_argument("--gpus", default=",".join(GPUS))
+    parser.add_argument("--precisions", default=",".join(PRECISIONS))
+    parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    parser.add_argument("--check", action="store_true", help="exit 1 unless every run is exact")
+    args = parser.parse_args()
+    names, gpus, precisions = args.models.split(","), args.gpus.split(","), args.precisions.split(",")
+    for given, known, what in ((names, MODELS, "model"), (gpus, GPUS, "GPU"), (precisions, PRECISIONS, "precision")):
+        if set(given) - set(known):
+            parser.error(f"no {what} {', '.join(sorted(set(given) - set(known)))}; the {what}s: {', '.join(known)}")
+    oracle = os.environ.get("METAMEM_ORACLE", "")
+    if not os.path.exists(os.path.join(oracle, "libmetamem_fake_cuda_preload.so")):
+        parser.error(f"METAMEM_ORACLE={oracle!r} holds no fake GPU to run real torch on (build/oracle)")
+    rows, start = [], time.perf_counter()
+    for name in names:
+        for gpu in gpus:
+            for precision in precisions:
+                row = {"model": name, "gpu": gpu, "precision": precision, **run_one(name, gpu, precision, oracle)}
+                row["verdict"] = verdict(row)
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr if args.markdown else sys.stdout, flush=True)
+    exact = sum(row["verdict"] == "exact" for row in rows)
+    ran = sum(not row["verdict"].startswith("fails") for row in rows)
+    if args.markdown:
+        print("| model | GPU | precision | MiB allocated / reserved per step | trace / real on the fake GPU |")
+        print("| --- | --- | --- | --- | --- |")
+        for row in rows:
+            peaks = row["real"] if not isinstance(row["real"], str) else row["traced"]
+            cells = "; ".join(f"{a / 2**20:.2f} / {r / 2**20:.0f}" for a, r in peaks) \
+                if not isinstance(peaks, str) else "-"
+            print(f"| {row['model']} | {row['gpu']} | {row['precision']} | {cells} | {row['verdict']} |")
+    print(f"{len(rows)} runs in {time.perf_counter() - start:.0f} s: {ran} ran on both sides, {exact} exact")
+    return 1 if args.check and exact != len(rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
