@@ -9,10 +9,8 @@
 
 #include <c10/util/SmallVector.h>
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 #include <string>
 
 namespace metamem {
@@ -40,12 +38,12 @@ struct ScratchPlan {
   };
   c10::SmallVector<Step, 8> steps;
   std::size_t before_outputs = 0;
+  std::size_t pieces = 0;  // made so far (a grouped convolution's plan makes hundreds)
 
   // The new piece's number.
   std::size_t make(std::int64_t bytes) {
-    const auto made = std::count_if(steps.begin(), steps.end(), [](const Step& step) { return step.kind == Step::Kind::Make; });
     steps.push_back({Step::Kind::Make, bytes, 0});
-    return static_cast<std::size_t>(made);
+    return pieces++;
   }
   void free(std::size_t piece) { steps.push_back({Step::Kind::Free, 0, piece}); }
   void output(std::size_t return_index) { steps.push_back({Step::Kind::Output, 0, return_index}); }

@@ -64,11 +64,7 @@ void sum_for_bias(ScratchPlan& plan, const at::Tensor& like, at::IntArrayRef siz
                                      at::empty({channels}, options), dims, false);
   }
   const std::size_t result = into_output ? 0 : plan.make(channels * static_cast<std::int64_t>(like.element_size()));
-  if (staging.buffer > 0) {
-    const std::size_t buffer = plan.make(staging.buffer), semaphores = plan.make(staging.semaphores);
-    plan.free(semaphores);
-    plan.free(buffer);
-  }
+  add_staging(plan, staging);
   if (!into_output) plan.free(result);
 }
 

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -59,11 +60,7 @@ void sum_row_blocks(ScratchPlan& plan, const at::Tensor& parameter, std::int64_t
                                at::IntArrayRef{0}, false);
   }
   const std::size_t sum = plan.make(columns * element_size(parameter));
-  if (staging.buffer > 0) {
-    const std::size_t buffer = plan.make(staging.buffer), semaphores = plan.make(staging.semaphores);
-    plan.free(semaphores);
-    plan.free(buffer);
-  }
+  add_staging(plan, staging);
   plan.free(sum);
 }
 

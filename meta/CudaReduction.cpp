@@ -195,15 +195,18 @@ ScratchPlan reduced_loss_plan(c10::ArrayRef<c10::IValue> arguments) {
     const auto kind = reduction == at::Reduction::Mean ? CudaReduction::Mean : CudaReduction::Sum;
     staging = cuda_reduction_staging(kind, loss, at::empty({}, options), at::IntArrayRef{}, false);
   }
-  if (staging.buffer > 0) {
-    const std::size_t buffer = plan.make(staging.buffer), semaphores = plan.make(staging.semaphores);
-    plan.free(semaphores);
-    plan.free(buffer);
-  }
+  add_staging(plan, staging);
   return plan;
 }
 
 }  // namespace
+
+void add_staging(ScratchPlan& plan, const ReductionStaging& staging) {
+  if (staging.buffer <= 0) return;
+  const std::size_t buffer = plan.make(staging.buffer), semaphores = plan.make(staging.semaphores);
+  plan.free(semaphores);
+  plan.free(buffer);
+}
 
 ScratchPlanModel cuda_reduction_plan_model(const std::string& qualified_name) {
   if (qualified_name == "aten::mse_loss" || qualified_name == "aten::smooth_l1_loss")

@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <string>
 
+#include "meta/CpuKernelModel.h"
+
 namespace metamem {
 
 // Bytes of the staging buffer and of the semaphores, in the order they are
@@ -25,6 +27,10 @@ struct ReductionStaging {
 
 using ReductionStagingModel = ReductionStaging (*)(c10::ArrayRef<c10::IValue> arguments,
                                                    c10::ArrayRef<c10::IValue> returns);
+
+// The staging buffer and semaphores of a reduction inside a kernel's plan,
+// made and freed in turn, as the reduction's kernel does.
+void add_staging(ScratchPlan& plan, const ReductionStaging& staging);
 
 enum class CudaReduction { Sum, Mean };
 
