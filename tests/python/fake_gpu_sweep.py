@@ -157,12 +157,11 @@ def two_steps(name, precision):
 # runtime can abort as the process exits (a thread torch started still
 # running): the result is out by then.
 STEPS = f"""
-import os
 sys.path.insert(0, {HERE!r})
 from fake_gpu_sweep import two_steps
 print(json.dumps(two_steps(*json.loads(sys.argv[3]))[1]()), flush=True)
 """
-CHILD = STEPS + "os._exit(0)\n"
+CHILD = STEPS + "import os; os._exit(0)\n"
 
 
 def run_one(name, gpu, precision, oracle):
