@@ -24,11 +24,6 @@ using Args = c10::ArrayRef<c10::IValue>;
 
 std::int64_t element_size(const at::Tensor& t) { return static_cast<std::int64_t>(t.element_size()); }
 std::int64_t bytes_of(const at::Tensor& t) { return t.numel() * element_size(t); }
-// What t.contiguous(format) allocates: a copy unless it already is.
-std::int64_t copy_unless_contiguous(const at::Tensor& t,
-                                    at::MemoryFormat format = at::MemoryFormat::Contiguous) {
-  return t.defined() && !t.is_contiguous(format) ? bytes_of(t) : 0;
-}
 
 std::int64_t numel(at::IntArrayRef sizes) {
   std::int64_t n = 1;
@@ -1208,6 +1203,10 @@ std::int64_t cuda_softmax_backward(Args args, Args) {
   const std::int64_t product =
       grad.numel() * static_cast<std::int64_t>(c10::elementSize(c10::promoteTypes(grad.scalar_type(), output.scalar_type())));
   return product + (grad.is_contiguous() ? 0 : product) + copy_unless_contiguous(output);
+}
+
+std::int64_t copy_unless_contiguous(const at::Tensor& t, at::MemoryFormat format) {
+  return t.defined() && !t.is_contiguous(format) ? t.numel() * static_cast<std::int64_t>(t.element_size()) : 0;
 }
 
 ScratchModel cuda_native_scratch_model(const std::string& qualified_name) {

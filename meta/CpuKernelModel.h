@@ -49,6 +49,10 @@ struct ScratchPlan {
   void output(std::size_t return_index) { steps.push_back({Step::Kind::Output, 0, return_index}); }
   void cublas_call() { steps.push_back({Step::Kind::CublasCall, 0, 0}); }
 };
+// What t.contiguous(format) allocates: a copy unless it already is (none
+// for an undefined tensor). For the models and plans of every family.
+std::int64_t copy_unless_contiguous(const at::Tensor& t, at::MemoryFormat format = at::MemoryFormat::Contiguous);
+
 // From the op's arguments alone: pieces made before the outputs are.
 using ScratchPlanModel = ScratchPlan (*)(c10::ArrayRef<c10::IValue> arguments);
 

@@ -18,10 +18,6 @@
 namespace metamem {
 namespace {
 
-std::int64_t copy_unless_contiguous(const at::Tensor& t) {
-  return t.defined() && !t.is_contiguous() ? static_cast<std::int64_t>(t.numel() * t.element_size()) : 0;
-}
-
 // Grouped2d: slow_conv2d once per group (`_convolution` and
 // `convolution_backward` loop over the groups), the groups' results
 // concatenated.

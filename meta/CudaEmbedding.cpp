@@ -23,10 +23,6 @@ ScratchPlan embedding_plan(c10::ArrayRef<c10::IValue> arguments) {
   return plan;
 }
 
-std::int64_t copy_unless_contiguous(const at::Tensor& t) {
-  return t.is_contiguous() ? 0 : static_cast<std::int64_t>(t.numel() * t.element_size());
-}
-
 // aten::embedding_dense_backward(grad_output, indices, num_weights,
 // padding_idx, scale_grad_by_freq): the ids, then the gradient, made
 // contiguous before the weight's gradient. Past 3,072 ids, or scaled by

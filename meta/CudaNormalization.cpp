@@ -19,17 +19,13 @@ namespace {
 
 bool defined(const c10::IValue& value) { return value.isTensor() && value.toTensor().defined(); }
 
-std::int64_t contiguous_copy(const at::Tensor& tensor) {
-  return tensor.is_contiguous() ? 0 : static_cast<std::int64_t>(tensor.numel() * tensor.element_size());
-}
-
 // ---- layer norm ------------------------------------------------------------
 
 // aten::native_layer_norm(input, normalized_shape, weight, bias, eps): the
 // kernel reads the input contiguous, copied before the outputs exist.
 ScratchPlan layer_norm_plan(c10::ArrayRef<c10::IValue> arguments) {
   ScratchPlan plan;
-  plan.make(contiguous_copy(arguments[0].toTensor()));
+  plan.make(copy_unless_contiguous(arguments[0].toTensor()));
   plan.before_outputs = plan.steps.size();
   return plan;
 }
@@ -81,9 +77,9 @@ ScratchPlan layer_norm_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
     if (mask.get(i) && defined(arguments[4 + i])) parameters.push_back(arguments[4 + i].toTensor());
 
   ScratchPlan plan;
-  plan.make(contiguous_copy(input));
+  plan.make(copy_unless_contiguous(input));
   plan.before_outputs = plan.steps.size();
-  plan.make(contiguous_copy(grad_out));
+  plan.make(copy_unless_contiguous(grad_out));
   const std::int64_t blocks = split_row_blocks(rows, columns);
   if (blocks == 0) return plan;
   for (const at::Tensor& parameter : parameters) plan.make(blocks * columns * element_size(parameter));

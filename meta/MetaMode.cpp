@@ -351,14 +351,11 @@ at::Tensor wrap_output(const at::Tensor& inner, BufferList& outputs) {
   return make_meta_tensor(inner, g_mode.device);
 }
 
-// The op's returns in the order its kernel allocates them: the order it
-// returns them but for the ops of g_allocation_orders.
-c10::SmallVector<std::size_t, 8> allocation_order(const c10::OperatorHandle& op) {
-  if (const auto it = g_allocation_orders.find(&op.operator_name()); it != g_allocation_orders.end())
-    return it->second;
-  c10::SmallVector<std::size_t, 8> order;
-  for (std::size_t r = 0; r < op.schema().returns().size(); ++r) order.push_back(r);
-  return order;
+// The order in which the op's kernel allocates its returns, or nullptr
+// where it is the order it returns them (every op but g_allocation_orders').
+const c10::SmallVector<std::size_t, 8>* allocation_order(const c10::OperatorHandle& op) {
+  const auto it = g_allocation_orders.find(&op.operator_name());
+  return it == g_allocation_orders.end() ? nullptr : &it->second;
 }
 
 // Return r on the stack becomes the caller's MetaTensor, its storage tracked.
@@ -523,9 +520,12 @@ void meta_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   KernelScratch scratch(op, original_args, observer);
   call_on_meta(op, *stack);
   if (&op.operator_name() == g_zero_tensor) hold_no_memory(stack->back().toTensor());
-  for (std::size_t r : allocation_order(op))
-    if (!scratch.places_output(r)) wrap_return(schema, *stack, original_args, r, outputs);
   const std::size_t n_returns = schema.returns().size();
+  const auto* order = allocation_order(op);
+  for (std::size_t i = 0; i < n_returns; ++i) {
+    const std::size_t r = order != nullptr ? (*order)[i] : i;
+    if (!scratch.places_output(r)) wrap_return(schema, *stack, original_args, r, outputs);
+  }
   const c10::ArrayRef<c10::IValue> returns(stack->data() + stack->size() - n_returns, n_returns);
   // A kernel's cuBLAS call comes after its temporaries are made (a
   // convolution's columns) and before they are freed, unless its plan
