@@ -20,9 +20,11 @@ class CountingAllocator final : public c10::Allocator {
     if (nbytes == 0) return {nullptr, nullptr, &release, c10::Device(c10::kCPU)};
     void* data = c10::GetDefaultCPUAllocator()->raw_allocate(nbytes);
     if (t_uncounted > 0) {
+      auto* listener = listener_.load();
       std::lock_guard<std::mutex> lock(mutex_);
-      sizes_[data] = 0;  // counted only if it outlives the guard
-      deferred_[data] = {nbytes, std::this_thread::get_id()};
+      sizes_[data] = 0;  // counted only if it outlives the guard, and the listener hears of it now
+      if (listener == nullptr || listener->hears_allocations_now())
+        deferred_[data] = {nbytes, std::this_thread::get_id()};
     } else {
       {
         std::lock_guard<std::mutex> lock(mutex_);

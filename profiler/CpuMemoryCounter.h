@@ -14,6 +14,10 @@ class CpuAllocationListener {
   virtual ~CpuAllocationListener() = default;
   virtual void on_cpu_alloc(void* data, std::size_t bytes) = 0;
   virtual void on_cpu_free(void* data) = 0;
+  // Whether what this thread allocates now is the listener's to hear of,
+  // asked as the block is made: a block made while uncounted is told of
+  // only when the guard ends, when the answer may have changed.
+  virtual bool hears_allocations_now() const { return true; }
 };
 
 // While alive, what this thread allocates through the CPU allocator is not

@@ -68,8 +68,13 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
 
   ~TraceRecorder() override { stop(); }
 
+  // What a meta call allocates on the CPU (the values a trace knows,
+  // computed beside it) is the trace's own, not the step's: while compiling
+  // too, whose blocks are told of only once it ends.
+  bool hears_allocations_now() const override { return !in_meta_call(); }
+
   void on_cpu_alloc(void* data, std::size_t bytes) override {
-    if (in_meta_call() || bytes == 0) return;
+    if (!hears_allocations_now() || bytes == 0) return;
     std::lock_guard<std::mutex> lock(mutex_);
     const BufferId id = new_buffer_id();
     real_[data] = id;

@@ -30,7 +30,9 @@ def test_a_compiled_step_is_exact_against_the_real_compiled_run(how):
     t, real = traced_and_real(two_adamw_steps(how))
     assert len(t.step_peaks) == 2
     # Blocks compiled one by one: the real run reads 128 B less in some
-    # runs, not in others, the trace never; not yet explained (docs/compile.md).
+    # runs, not in others, the trace never. The CPU flash attention's
+    # backward makes a 128 B block in each of its two threads, alive together
+    # or not as the threads run (docs/compile.md); the trace holds both.
     assert 0 <= max(t.step_peaks) - real <= (128 if how == "each block" else 0)
 
 
@@ -44,15 +46,18 @@ def test_the_trace_follows_the_compiled_code_not_the_eager_one():
     assert max(compiled_.step_peaks) < max(eager.step_peaks)
 
 
-def test_a_compiled_optimizer_step_is_within_half_a_percent():
-    t, real = traced_and_real(two_adamw_steps("torch.compile(model)", compile_step=True))
+@pytest.mark.parametrize("how", ["eager", "torch.compile(model)"])
+def test_a_compiled_optimizer_step_is_exact(how):
+    t, real = traced_and_real(two_adamw_steps(how, compile_step=True))
     # Dynamo drops the record_function scope by which torch.optim marks a
     # step; the trace puts it back around the compiled step's graph.
     assert len(t.step_peaks) == 2
     assert t.json()["optimizer"] == "AdamW"
-    # 6,144 B over on 2.3 MB, in the compiled step's fallback ops, not yet
-    # explained (docs/compile.md).
-    assert 0 <= t.peak_bytes - real <= real // 200
+    # Dynamo makes the optimizer's state while it compiles. The trace knows
+    # the values of the small zero states and computes them on the CPU
+    # beside it; those copies were counted once compiling ended: 6,144 B
+    # over, in the 16 states of up to 192 elements.
+    assert max(t.step_peaks) == real
 
 
 def test_a_compiled_model_compiles_once_however_many_steps_the_trace_runs():
