@@ -95,9 +95,10 @@ class CanonicalSearch {
         total_(in.sections, 0),
         cuts_(std::max(in.sections - 1, 0), 0),
         raised_at_(in.size(), 0),
-        stamp_of_(in.sections, 0) {
+        stamp_of_(in.sections, 0),
+        floor_keeper_(in.sections, 0) {
     for (std::size_t i = 0; i < in.size(); ++i) {
-      for (int s = in.lo[i]; s < in.hi[i]; ++s) total_[s] += in.bytes[i];
+      for (int s = in.lo[i]; s < in.hi[i]; ++s) total_[s] += in.bytes[i], floor_keeper_[s] = static_cast<int>(i);
       for (int s = in.lo[i]; s + 1 < in.hi[i]; ++s) ++cuts_[s];
     }
   }
@@ -235,6 +236,10 @@ class CanonicalSearch {
     offset_[item] = offset;
     solution_[item] = offset;
 
+    for (int s = in_.lo[item]; s < in_.hi[item]; ++s) {
+      save(floor_[s]) = end;
+      total_[s] -= in_.bytes[item];
+    }
     ++stamp_;
     affected_.clear();
     hatless = true;
@@ -244,20 +249,28 @@ class CanonicalSearch {
       if (min_offset_[other] >= end) continue;
       save(min_offset_[other]) = end;
       raised_at_[other] = stamp_;
-      for (int s = in_.lo[other]; s < in_.hi[other]; ++s)
-        if (stamp_of_[s] != stamp_) stamp_of_[s] = stamp_, affected_.push_back(s);
+      // A section's floor may rise only where it is below `end`: not in
+      // the item's own sections.
+      auto mark = [&](int from, int to) {
+        for (int s = from; s < to; ++s)
+          if (floor_[s] < end && stamp_of_[s] != stamp_) stamp_of_[s] = stamp_, affected_.push_back(s);
+      };
+      mark(in_.lo[other], std::min(in_.hi[other], in_.lo[item]));
+      mark(std::max(in_.lo[other], in_.hi[item]), in_.hi[other]);
     }
-    for (int s = in_.lo[item]; s < in_.hi[item]; ++s) {
-      save(floor_[s]) = end;
-      total_[s] -= in_.bytes[item];
-    }
-    // Nothing unplaced can go below a section's lowest unplaced offset.
+    // Nothing unplaced can go below a section's lowest unplaced offset. The
+    // member that last kept a section's floor where it was is asked first.
     for (int s : affected_) {
+      const int kept = floor_keeper_[s];
+      if (offset_[kept] == kUnplaced && min_offset_[kept] <= floor_[s]) continue;  // no rise here
       std::int64_t lowest = kInfinity;
       for (int i : in_.members[s]) {
         if (offset_[i] != kUnplaced) continue;
         lowest = std::min(lowest, min_offset_[i]);
-        if (lowest <= floor_[s]) break;  // no rise here
+        if (lowest <= floor_[s]) {
+          floor_keeper_[s] = i;
+          break;
+        }
       }
       if (lowest != kInfinity && floor_[s] < lowest) save(floor_[s]) = lowest;
     }
@@ -282,9 +295,9 @@ class CanonicalSearch {
   // Every section's unplaced bytes stack above its floor and above the
   // offset reached (later items go no lower).
   bool fits(const Part& part, std::int64_t offset) const {
-    std::int64_t highest = 0;
-    for (int s = part.lo; s < part.hi; ++s) highest = std::max(highest, std::max(offset, floor_[s]) + total_[s]);
-    return highest <= capacity_;
+    for (int s = part.lo; s < part.hi; ++s)
+      if (std::max(offset, floor_[s]) + total_[s] > capacity_) return false;
+    return true;
   }
   // fits(), for the sections a placement at an unchanged offset changed.
   bool fits_after(int item, std::int64_t offset) const {
@@ -312,6 +325,7 @@ class CanonicalSearch {
   std::vector<int> cuts_;  // unplaced items spanning the boundary after each section
   std::vector<std::uint64_t> raised_at_;  // items: the stamp of the placement that last raised them
   std::vector<std::uint64_t> stamp_of_;  // sections: == stamp_ when in affected_
+  std::vector<int> floor_keeper_;  // sections: a member last found at or below the floor (a hint, not undone)
   std::uint64_t stamp_ = 0;
   std::vector<int> affected_;  // sections of items whose lowest offset rose
   std::vector<Entry> raised_;  // scratch for search()
