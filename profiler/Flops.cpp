@@ -2,6 +2,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
 #include <unordered_map>
 
 #include "meta/FlashAttention.h"
@@ -36,35 +37,56 @@ std::int64_t first_tensor_numel(c10::ArrayRef<c10::IValue> values) {
   return 0;
 }
 
+// Scores a causal mask leaves seq_q queries over seq_k keys, aligned to the
+// top left as SDPA's is_causal is: row i sees keys 0..i.
+std::int64_t top_left_causal_scores(std::int64_t seq_q, std::int64_t seq_k) {
+  const std::int64_t short_rows = std::min(seq_q, seq_k);
+  return short_rows * (short_rows + 1) / 2 + (seq_q - short_rows) * seq_k;
+}
+
 // `per_score` FLOPs per head_dim for each score the attention computes.
-std::int64_t attention_flops(c10::ArrayRef<c10::IValue> args, std::size_t q_at, std::size_t causal_at,
-                             std::int64_t per_score) {
-  const at::Tensor *q = tensor_at(args, q_at), *k = tensor_at(args, q_at + 1);
-  if (q == nullptr || k == nullptr || causal_at >= args.size()) return 0;
-  const std::int64_t scores = flash_attention_scores(q->size(1), k->size(1), args[causal_at].toBool());
-  return per_score * q->size(0) * q->size(2) * scores * q->size(3);
+std::int64_t attention_flops(const FlopRule& rule, c10::ArrayRef<c10::IValue> args, std::int64_t per_score) {
+  const at::Tensor *q = tensor_at(args, rule.query_at), *k = tensor_at(args, rule.query_at + 1);
+  if (q == nullptr || k == nullptr || q->dim() != 4 || rule.causal_at >= args.size()) return 0;
+  const bool causal = args[rule.causal_at].toBool();
+  const int heads_dim = rule.sdpa ? 1 : 2, seq_dim = rule.sdpa ? 2 : 1;
+  const std::int64_t seq_q = q->size(seq_dim), seq_k = k->size(seq_dim);
+  const std::int64_t scores = !causal ? seq_q * seq_k
+                              : rule.sdpa ? top_left_causal_scores(seq_q, seq_k)
+                                          : flash_attention_scores(seq_q, seq_k, true);
+  return per_score * q->size(0) * q->size(heads_dim) * scores * q->size(3);
 }
 
 }  // namespace
 
-FlopRule flop_rule(const std::string& name) {
+FlopRule flop_rule(const std::string& qualified_name) {
+  const std::string name = qualified_name.substr(0, qualified_name.find('.'));
   static const std::unordered_map<std::string, FlopRule> rules = {
-      {"aten::mm", FlopRule::MatMul},
-      {"aten::bmm", FlopRule::MatMul},
-      {"aten::addmm", FlopRule::MatMul},
-      {"aten::baddbmm", FlopRule::MatMul},
-      {"aten::convolution", FlopRule::Convolution},
-      {"aten::convolution_backward", FlopRule::ConvBackward},
-      {"aten::native_batch_norm", FlopRule::NormForward},
-      {"aten::native_batch_norm_backward", FlopRule::NormBackward},
-      {"aten::native_layer_norm", FlopRule::NormForward},
-      {"aten::native_layer_norm_backward", FlopRule::NormBackward},
-      {"aten::_softmax", FlopRule::Softmax},
-      {"aten::_softmax_backward_data", FlopRule::Softmax},
-      {"aten::_log_softmax", FlopRule::Softmax},
-      {"aten::_log_softmax_backward_data", FlopRule::Softmax},
-      {"metamem::flash_attention", FlopRule::Attention},
-      {"metamem::flash_attention_backward", FlopRule::AttentionBackward},
+      {"aten::mm", {FlopKind::MatMul}},
+      {"aten::bmm", {FlopKind::MatMul}},
+      {"aten::addmm", {FlopKind::AddMatMul}},
+      {"aten::baddbmm", {FlopKind::AddMatMul}},
+      {"aten::convolution", {FlopKind::Convolution}},
+      {"aten::convolution_backward", {FlopKind::ConvBackward}},
+      {"aten::native_batch_norm", {FlopKind::NormForward}},
+      {"aten::native_batch_norm_backward", {FlopKind::NormBackward}},
+      {"aten::native_layer_norm", {FlopKind::NormForward}},
+      {"aten::native_layer_norm_backward", {FlopKind::NormBackward}},
+      {"aten::_softmax", {FlopKind::Softmax}},
+      {"aten::_softmax_backward_data", {FlopKind::Softmax}},
+      {"aten::_log_softmax", {FlopKind::Softmax}},
+      {"aten::_log_softmax_backward_data", {FlopKind::Softmax}},
+      {"metamem::flash_attention", {FlopKind::Attention, 0, 4}},
+      {"metamem::flash_attention_backward", {FlopKind::AttentionBackward, 1, 8}},
+      // SDPA's kernels, as torch's scaled_dot_product_attention picks them.
+      {"aten::_scaled_dot_product_flash_attention", {FlopKind::Attention, 0, 4, true}},
+      {"aten::_scaled_dot_product_flash_attention_for_cpu", {FlopKind::Attention, 0, 4, true}},
+      {"aten::_scaled_dot_product_efficient_attention", {FlopKind::Attention, 0, 6, true}},
+      {"aten::_scaled_dot_product_cudnn_attention", {FlopKind::Attention, 0, 6, true}},
+      {"aten::_scaled_dot_product_flash_attention_backward", {FlopKind::AttentionBackward, 1, 11, true}},
+      {"aten::_scaled_dot_product_flash_attention_for_cpu_backward", {FlopKind::AttentionBackward, 1, 7, true}},
+      {"aten::_scaled_dot_product_efficient_attention_backward", {FlopKind::AttentionBackward, 1, 11, true}},
+      {"aten::_scaled_dot_product_cudnn_attention_backward", {FlopKind::AttentionBackward, 1, 14, true}},
   };
   if (auto it = rules.find(name); it != rules.end()) return it->second;
   static const char* elementwise[] = {
@@ -78,26 +100,28 @@ FlopRule flop_rule(const std::string& name) {
       "aten::tanh", "aten::sigmoid", "aten::neg", "aten::clamp", "aten::bernoulli"};
   for (const char* prefix : elementwise) {
     const std::string p(prefix);
-    if (name == p || name.rfind(p + ".", 0) == 0 || name.rfind(p + "_", 0) == 0)
-      return FlopRule::Elementwise;
+    if (qualified_name == p || qualified_name.rfind(p + ".", 0) == 0 || qualified_name.rfind(p + "_", 0) == 0)
+      return {FlopKind::Elementwise};
   }
-  return FlopRule::None;
+  return {};
 }
 
-std::int64_t count_flops(FlopRule rule, c10::ArrayRef<c10::IValue> args,
+std::int64_t count_flops(const FlopRule& rule, c10::ArrayRef<c10::IValue> args,
                          c10::ArrayRef<c10::IValue> returns) {
-  switch (rule) {
-    case FlopRule::None:
+  switch (rule.kind) {
+    case FlopKind::None:
       return 0;
-    case FlopRule::MatMul:  // addmm/baddbmm take the added tensor first
-      return matmul_flops(args, returns, args.size() >= 3 && tensor_at(args, 2) ? 1 : 0);
-    case FlopRule::Convolution: {
+    case FlopKind::MatMul:
+      return matmul_flops(args, returns, 0);
+    case FlopKind::AddMatMul:
+      return matmul_flops(args, returns, 1);
+    case FlopKind::Convolution: {
       const at::Tensor *input = tensor_at(args, 0), *weight = tensor_at(args, 1),
                        *out = tensor_at(returns, 0);
       if (!input || !weight || !out) return 0;
       return conv_flops(*out, *input, *weight, args[6].toBool());
     }
-    case FlopRule::ConvBackward: {
+    case FlopKind::ConvBackward: {
       const at::Tensor *grad_out = tensor_at(args, 0), *input = tensor_at(args, 1),
                        *weight = tensor_at(args, 2);
       if (!grad_out || !input || !weight) return 0;
@@ -105,18 +129,18 @@ std::int64_t count_flops(FlopRule rule, c10::ArrayRef<c10::IValue> args,
       const std::int64_t one = conv_flops(*grad_out, *input, *weight, args[7].toBool());
       return one * (mask[0] + mask[1]) + (mask[2] ? grad_out->numel() : 0);
     }
-    case FlopRule::NormForward:
+    case FlopKind::NormForward:
       return 5 * first_tensor_numel(args);
-    case FlopRule::NormBackward:
+    case FlopKind::NormBackward:
       return 8 * first_tensor_numel(args);
-    case FlopRule::Softmax:
+    case FlopKind::Softmax:
       return 5 * first_tensor_numel(returns);
-    case FlopRule::Elementwise:
+    case FlopKind::Elementwise:
       return first_tensor_numel(returns);
-    case FlopRule::Attention:
-      return attention_flops(args, 0, 4, 4);
-    case FlopRule::AttentionBackward:
-      return attention_flops(args, 1, 8, 10);
+    case FlopKind::Attention:
+      return attention_flops(rule, args, 4);
+    case FlopKind::AttentionBackward:
+      return attention_flops(rule, args, 10);
   }
   return 0;
 }

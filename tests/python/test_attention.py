@@ -144,3 +144,33 @@ def test_memory_efficient_backward_holds_delta_and_its_kernels_workspace_as_real
     traced = real_gpu.traced(gpu, case)
     assert "error" not in real and "error" not in traced, (real, traced)
     assert (traced["allocated"], traced["reserved"]) == (real["allocated"], real["reserved"])
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self, causal):
+        super().__init__()
+        self.causal = causal
+
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+
+
+@pytest.mark.parametrize("device, gpu, dtype, kernel", [
+    ("cpu", None, torch.float32, "_scaled_dot_product_flash_attention_for_cpu"),
+    ("cuda", "H100-80GB", torch.float32, "_scaled_dot_product_efficient_attention"),
+    ("cuda", "H100-80GB", torch.bfloat16, "_scaled_dot_product_cudnn_attention"),
+    ("cuda", "A100-80GB", torch.bfloat16, "_scaled_dot_product_flash_attention"),
+])
+@pytest.mark.parametrize("causal, queries", [(True, S), (False, S // 2)])
+def test_each_attention_kernel_counts_the_flops_of_the_scores_it_computes(device, gpu, dtype, kernel, causal,
+                                                                          queries):
+    # QKᵀ and PV: 4·D FLOPs a score forward; backward runs QKᵀ again and four
+    # more products: 10·D. A causal mask leaves each query row the keys up to
+    # its own.
+    with metamem.trace(device=device, **({"gpu": gpu} if gpu else {})) as t:
+        q = torch.randn(B, H, queries, D, device=device, dtype=dtype, requires_grad=True)
+        k, v = (torch.randn(B, H, S, D, device=device, dtype=dtype, requires_grad=True) for _ in range(2))
+        _Attention(causal)(q, k, v).sum().backward()
+    scores = B * H * (S * (S + 1) // 2 if causal else queries * S)
+    rows = [row for row in t.json()["nodes"] if row["op"].startswith(f"aten::{kernel}")]
+    assert [(row["fwd_flops"], row["bwd_flops"]) for row in rows] == [(4 * scores * D, 10 * scores * D)]

@@ -141,3 +141,23 @@ def test_transformers_models_compiled_are_exact(name, monkeypatch):
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # restored after the sweep's cold caches
     traced, real, _, _ = compile_sweep.on_cpu(name, compile=True)
     assert traced == real
+
+
+def test_a_compiled_regions_products_count_the_flops_of_the_eager_ones():
+    # Inductor calls its extern kernels with out= (aten::mm.out,
+    # addmm.out): counted as mm and addmm are. Its fused kernels are not ops
+    # and count nothing (here the bias gradient's sum). A compiled region's
+    # backward is the backward of the region's first node.
+    def linear_flops(compile):
+        torch.manual_seed(0)
+        with metamem.trace(device="cpu") as t:
+            layer = torch.nn.Linear(64, 128)
+            forward = torch.compile(layer) if compile else layer
+            forward(torch.randn(32, 64, requires_grad=True)).relu().sum().backward()
+        if compile:
+            rows = [row for row in t.json()["nodes"] if "[compiled 0 forward]" in row["module"]]
+        else:
+            rows = [row for row in t.json()["nodes"] if row["op"] in ("aten::addmm", "aten::mm")]
+        return sum(row["fwd_flops"] + row["bwd_flops"] for row in rows)
+
+    assert linear_flops(compile=True) == linear_flops(compile=False) == 3 * 2 * 32 * 64 * 128
