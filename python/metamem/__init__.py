@@ -29,8 +29,9 @@ from ._compile import CompiledCode, CompilingAside
 from ._compile_cuda import UnsupportedCompileError
 from ._cuda import FakeCudaRuntime, Patches
 from ._process import ProcessState
+from ._sharding import Sharding
 
-__all__ = ["trace", "trace_ranks", "achieved_cpu", "gpus", "gpu_memory", "largest_batch", "Trace", "UnsupportedOpError", "ValueReadError", "TraceEndedError",
+__all__ = ["trace", "trace_ranks", "Sharding", "achieved_cpu", "gpus", "gpu_memory", "largest_batch", "Trace", "UnsupportedOpError", "ValueReadError", "TraceEndedError",
            "UnsupportedCompileError"]
 
 

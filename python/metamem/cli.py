@@ -7,6 +7,7 @@ TorchScript models stay in C++.
     metamem profile --hf LlamaForCausalLM --hf-set num_hidden_layers=8 --batch 4 --seq 2048 --dtype bf16
     metamem profile --timm convnext_tiny --batch 64 --gpu A100-80GB --format json
     metamem fit --hf path/to/config.json --seq 4096 --dtype bf16 --checkpointing --gpu H200
+    metamem profile --hf llama --hf-set num_hidden_layers=8 --dtype bf16 --dp 64 --fsdp hybrid --rank 9
 """
 
 import argparse
@@ -15,7 +16,7 @@ import json
 import logging
 import sys
 
-from . import UnsupportedOpError, _metamem, achieved_cpu, gpu_memory, largest_batch, trace
+from . import Sharding, UnsupportedOpError, _metamem, achieved_cpu, gpu_memory, largest_batch, trace
 
 class UsageError(Exception):
     pass
@@ -91,6 +92,14 @@ def parser():
     p.add_argument("--optimizer", choices=["adamw", "sgd", "none"], default="adamw")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--checkpointing", action="store_true", help="recompute every layer or block in backward")
+    p.add_argument("--dp", type=int, metavar="N", help="one rank of N data-parallel ranks (--hf): the model "
+                   "sharded by FSDP2's fully_shard on each layer and on the model (--zero 3 or --fsdp)")
+    p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="with --dp: 3 (FSDP2's full sharding) is "
+                   "traced for --hf models; 0 to 2 for the zoo's")
+    p.add_argument("--fsdp", choices=["full", "hybrid"], help="with --dp: FSDP2 sharding across all ranks, or "
+                   "within each node's (--gpus-per-node) and replicated across nodes")
+    p.add_argument("--gpus-per-node", type=int, help="--fsdp hybrid: ranks to a node (default 8)")
+    p.add_argument("--rank", type=int, help="with --dp: the rank traced (default 0)")
     add_trace_flags(p, values="error")
     add_report_flags(p)
     p.add_argument("--achieved", action="store_true", help="profile: also run the step for real (--device cpu)")
@@ -108,14 +117,59 @@ def check(args):
         raise UsageError("--steps must be between 1 and 1000")
     if args.timm and (args.hf_set or args.attn_implementation):
         raise UsageError("--hf-set and --attn-implementation are for --hf models")
-    if args.achieved and (args.device != "cpu" or args.command != "profile"):
-        raise UsageError("--achieved is for profile --device cpu (a real CPU run)")
+    if args.achieved and (args.device != "cpu" or args.command != "profile" or args.dp is not None):
+        raise UsageError("--achieved is for profile --device cpu (a real CPU run) of one process")
     if args.command == "fit" and args.device != "cuda":
         raise UsageError("fit compares the CUDA allocator's reserved bytes: --device cuda")
     if args.command == "fit" and (args.html or args.snapshot or args.allocator_events or args.table != "summary"
                                   or args.format == "csv"):
         raise UsageError("--html, --snapshot, --allocator-events, --table and --format csv are for profile")
+    args.sharding = sharding_of(args)
     check_shared_flags(args)
+
+
+def sharding_of(args):
+    """The Sharding that --dp, --zero, --fsdp and --gpus-per-node ask for
+    (None without --dp); --rank checked against it."""
+    if args.dp is None:
+        if args.zero is not None or args.fsdp or args.gpus_per_node is not None or args.rank is not None:
+            raise UsageError("--zero, --fsdp, --gpus-per-node and --rank are for data parallelism: give --dp N")
+        return None
+    if args.timm:
+        raise UsageError("--dp is for --hf models (transformers names their layers to shard)")
+    if args.dp < 1:
+        raise UsageError("--dp must be positive")
+    if args.zero is not None and args.zero != 3:
+        raise UsageError(f"--zero {args.zero}: --hf models are sharded by FSDP2 (--zero 3, --fsdp full or "
+                         "hybrid); DDP and ZeRO 1 and 2 are traced for the zoo's models (docs/parallelism.md)")
+    if args.zero == 3 and args.fsdp == "hybrid":
+        raise UsageError("--zero 3 shards across every rank; --fsdp hybrid within a node: give one")
+    if args.gpus_per_node is not None and args.fsdp != "hybrid":
+        raise UsageError("--gpus-per-node is for --fsdp hybrid")
+    rank = 0 if args.rank is None else args.rank
+    if not 0 <= rank < args.dp:
+        raise UsageError(f"--rank must be in [0, {args.dp}) for --dp {args.dp}")
+    args.rank = rank
+    if args.fsdp != "hybrid":
+        return Sharding(args.dp)
+    per_node = 8 if args.gpus_per_node is None else args.gpus_per_node
+    if per_node < 1 or args.dp % per_node:
+        raise UsageError(f"--fsdp hybrid needs whole nodes: --dp {args.dp} is not a multiple of "
+                         f"--gpus-per-node {per_node}")
+    return Sharding(args.dp, per_node)
+
+
+def job_lines(args):
+    """(JSON, summary lines) naming the data-parallel job the trace is a rank of."""
+    if args.sharding is None:
+        return None, []
+    sharding = args.sharding
+    how = ("FSDP2, each layer and the model fully sharded" if sharding.ranks_per_node is None else
+           f"FSDP2 hybrid: sharded within nodes of {sharding.ranks_per_node}, replicated across "
+           f"{sharding.ranks // sharding.ranks_per_node}")
+    job = {"data_parallel": sharding.ranks, "rank": args.rank, "ranks_per_node": sharding.ranks_per_node,
+           "sharding": "fsdp2"}
+    return {"job": job}, [f"  as data-parallel rank {args.rank} of {sharding.ranks} ({how})"]
 
 
 def check_shared_flags(args):
@@ -133,7 +187,7 @@ def step_of(args, batch):
         from . import hf
         cfg = hf.config(args.hf, **dict(parse_setting(s) for s in args.hf_set))
         step = hf.training_step(cfg, batch, args.seq, args.device, args.dtype, optimizer, args.steps,
-                                args.attn_implementation, args.checkpointing)
+                                args.attn_implementation, args.checkpointing, args.sharding)
         return step, ()
     from . import timm
     model = timm.create(args.timm)
@@ -144,7 +198,9 @@ def step_of(args, batch):
 def traced(args, batch):
     """The Trace of the step at `batch`, the step and the modules built before it."""
     step, modules = step_of(args, batch)
-    with trace(device=args.device, modules=modules, gpu=args.gpu, values=args.values) as t:
+    world = None if args.sharding is None else args.sharding.ranks
+    with trace(device=args.device, modules=modules, gpu=args.gpu, values=args.values, world_size=world,
+               rank=args.rank or 0) as t:
         step()
     return t, step, modules
 
@@ -173,13 +229,14 @@ def render(t, args, extra=None, lines=()):
 
 def profile(args):
     t, step, modules = traced(args, args.batch)
+    extra, lines = job_lines(args)
     if not args.achieved:
-        render(t, args)
+        render(t, args, extra, lines)
         return 0
     achieved = achieved_cpu(step, modules=modules)
-    render(t, args, {"achieved": {"peak_bytes": achieved}},
-           [f"  {'achieved peak (real CPU)':<39}{achieved:,} B   "
-            f"predicted - achieved {max(t.step_peaks) - achieved:+,} B"])
+    render(t, args, {**(extra or {}), "achieved": {"peak_bytes": achieved}},
+           lines + [f"  {'achieved peak (real CPU)':<39}{achieved:,} B   "
+                    f"predicted - achieved {max(t.step_peaks) - achieved:+,} B"])
     return 0
 
 
@@ -197,14 +254,17 @@ def fit(args):
         return tried[batch] <= budget
 
     best = largest_batch(fits, args.max_batch)
+    extra, lines = job_lines(args)
     if args.format == "json":
         print(json.dumps({"gpu": args.gpu, "memory_bytes": gpu["total_bytes"], "gpu_memory": gpu,
                           "largest_batch": best, "max_batch": args.max_batch, "capped": best == args.max_batch,
-                          "reserved_bytes": {str(b): r for b, r in sorted(tried.items())}}, indent=2))
+                          "reserved_bytes": {str(b): r for b, r in sorted(tried.items())}, **(extra or {})},
+                         indent=2))
     else:
         beside = ", ".join(f"{use['what']} {use['bytes'] / 2**20:.0f} MiB" for use in gpu["beside_allocator"])
         print(f"{args.gpu}, {gpu['total_bytes'] / 2**30:.2f} GiB ({budget / 2**30:.2f} GiB left to the CUDA "
               f"allocator beside {beside}): largest batch that fits: {best}")
+        print("".join(line + "\n" for line in lines), end="")
         if best == args.max_batch:
             print(f"  {best} is the --max-batch cap: larger batches were not tried and may fit")
         for batch, reserved in sorted(tried.items()):

@@ -171,13 +171,16 @@ def _check_sizes(cfg, batch, seq):
 
 
 def training_step(cfg, batch=1, seq=128, device="cuda", dtype="f32", optimizer="adamw", steps=2,
-                  attn_implementation=None, checkpointing=False):
+                  attn_implementation=None, checkpointing=False, sharding=None):
     """A function that builds the model on `device`, then runs `steps`
     training steps: forward with labels, backward of the model's loss, an
     optimizer step ("adamw", "sgd" or None) and zero_grad. Inputs are drawn
     once, from a generator seeded inside the function. `checkpointing`
     recomputes each layer in backward (transformers'
-    activation_checkpointing_enable, non-reentrant)."""
+    activation_checkpointing_enable, non-reentrant). `sharding` (a
+    metamem.Sharding) shards the model with FSDP2 over a data-parallel job's
+    ranks, each of its layers a unit: run it as one rank of that job
+    (trace(world_size=...), or in a process group)."""
     transformers = _transformers()
     torch_dtype = checked(dtype, optimizer)
     task, architecture = task_of(cfg)
@@ -201,17 +204,22 @@ def training_step(cfg, batch=1, seq=128, device="cuda", dtype="f32", optimizer="
         model.train()
         if checkpointing:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        if sharding is not None:
+            sharding.shard(model, model._no_split_modules, device)
         inputs = _inputs(cfg, task, batch, seq, device, torch_dtype)
         train(model, lambda: model(**inputs).loss.backward(), optimizer, steps)
     return step
 
 
 def trace_step(cfg, batch=1, seq=128, device="cuda", dtype="f32", optimizer="adamw", steps=2, gpu="H100-80GB",
-               attn_implementation=None, values="error", checkpointing=False):
+               attn_implementation=None, values="error", checkpointing=False, sharding=None, rank=0):
     """training_step(...) traced on a fake `device` for `gpu`: the Trace.
-    `values` as metamem.trace takes it."""
-    step = training_step(cfg, batch, seq, device, dtype, optimizer, steps, attn_implementation, checkpointing)
-    with trace(device=device, gpu=gpu, values=values) as t:
+    `values` as metamem.trace takes it; with `sharding`, as data-parallel
+    rank `rank` of its ranks."""
+    step = training_step(cfg, batch, seq, device, dtype, optimizer, steps, attn_implementation, checkpointing,
+                         sharding)
+    world = None if sharding is None else sharding.ranks
+    with trace(device=device, gpu=gpu, values=values, world_size=world, rank=rank) as t:
         step()
     return t
 

@@ -20,7 +20,8 @@ def traced_peak(name, world, rank):
 
 
 @pytest.mark.parametrize("name, world", [("fsdp2", 4), ("fsdp2_keep_unsharded", 2), ("tensor_parallel", 4),
-                                         ("pipeline_gpipe", 4), ("pipeline_1f1b", 4)])
+                                         ("pipeline_gpipe", 4), ("pipeline_1f1b", 4), ("hf_llama", 4),
+                                         ("hf_llama_hybrid", 4)])
 def test_each_rank_is_exact_against_gloo(name, world, tmp_path):
     # gloo's worker thread drops a finished collective's tensors when it
     # gets to it, sometimes after the main thread's next allocation: a run

@@ -114,6 +114,24 @@ def test_the_command_lines_outputs_are_the_zoos_for_a_hub_model(tmp_path, capsys
     assert capsys.readouterr().out.startswith("name,op,module,phase")
 
 
+def test_the_command_line_traces_one_rank_of_a_data_parallel_job(capsys):
+    # FSDP2 on each GPT-2 block and on the model: a rank holds a shard of
+    # the model states; the last rank's shards are padded (checked against
+    # real gloo processes in test_distributed.py).
+    def rank(*flags):
+        assert metamem.cli.main(["profile", *REDUCED_GPT2, "--format", "json", *flags]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    one, first, last, hybrid = (rank(*flags) for flags in ([], ["--dp", "8"], ["--dp", "8", "--rank", "7"],
+                                                           ["--dp", "8", "--fsdp", "hybrid", "--gpus-per-node", "4"]))
+    assert first["job"] == {"data_parallel": 8, "rank": 0, "ranks_per_node": None, "sharding": "fsdp2"}
+    assert hybrid["job"]["ranks_per_node"] == 4
+    states = [report["model_states"]["param_bytes"] for report in (one, first, last, hybrid)]
+    assert states[0] > states[3] > states[1] >= states[2]
+    assert metamem.cli.main(["profile", *REDUCED_GPT2, "--dp", "8", "--rank", "3"]) == 0
+    assert "as data-parallel rank 3 of 8 (FSDP2" in capsys.readouterr().out
+
+
 def test_the_command_line_fits_a_timm_model_on_a_gpu(capsys):
     # 320 MiB of a T4, less its CUDA context: 40 SMs × 1024 threads × 1 KiB of stack and the driver's 213 MiB.
     memory = (320 - 40 - 213) << 20
@@ -141,6 +159,13 @@ def test_the_command_line_fits_a_timm_model_on_a_gpu(capsys):
     (["profile", "--timm", "test_vit", "--depth", "0"], "--depth must be at least 1"),
     (["fit", "--timm", "test_vit", "--html", "fit.html"], "are for profile"),
     (["profile", "--timm", "test_vit", "--html", "/nonexistent/r.html"], "No such file or directory"),
+    (["profile", "--hf", "gpt2", "--dp", "8", "--zero", "1"], "--hf models are sharded by FSDP2"),
+    (["profile", "--hf", "gpt2", "--rank", "1"], "are for data parallelism: give --dp N"),
+    (["profile", "--hf", "gpt2", "--dp", "4", "--rank", "4"], "--rank must be in [0, 4)"),
+    (["profile", "--hf", "gpt2", "--dp", "12", "--fsdp", "hybrid"], "not a multiple of --gpus-per-node 8"),
+    (["profile", "--hf", "gpt2", "--dp", "8", "--gpus-per-node", "4"], "--gpus-per-node is for --fsdp hybrid"),
+    (["profile", "--timm", "test_vit", "--dp", "2"], "--dp is for --hf models"),
+    (["profile", "--hf", "gpt2", "--dp", "2", "--device", "cpu", "--achieved"], "of one process"),
 ])
 def test_the_command_line_names_bad_input(args, message, capsys):
     assert metamem.cli.main(args) == 2
