@@ -509,15 +509,18 @@ PYBIND11_MODULE(_metamem, m) {
   m.def("gpu", [](const std::string& key) { return gpu_dict(metamem::find_gpu(key)); });
   // `total` bytes of `gpu` (0: all of its memory) and what it holds beside
   // the allocator (docs/gpu-memory.md), as the report's JSON has it;
-  // `cuda_context`: a measured size in place of the estimate.
+  // `cuda_context`: a measured size in place of the estimate;
+  // `nccl_communicators`: the job's process groups of two or more ranks.
   m.def(
       "gpu_memory_json",
-      [](const std::string& gpu, std::int64_t total, std::optional<std::int64_t> cuda_context) {
+      [](const std::string& gpu, std::int64_t total, std::optional<std::int64_t> cuda_context,
+         int nccl_communicators) {
         return metamem::gpu_memory_json(
-                   metamem::gpu_memory(metamem::find_gpu(gpu), total, {.cuda_context = cuda_context}))
+                   metamem::gpu_memory(metamem::find_gpu(gpu), total,
+                                       {.nccl_communicators = nccl_communicators, .cuda_context = cuda_context}))
             .dump();
       },
-      py::arg("gpu"), py::arg("total") = 0, py::arg("cuda_context") = py::none());
+      py::arg("gpu"), py::arg("total") = 0, py::arg("cuda_context") = py::none(), py::arg("nccl_communicators") = 0);
   m.def("gpu_keys", [] {
     std::vector<std::string> keys;
     for (const metamem::GpuSpec& gpu : metamem::known_gpus()) keys.emplace_back(gpu.key);

@@ -424,13 +424,15 @@ def gpus():
     return list(_metamem.gpu_keys())
 
 
-def gpu_memory(gpu="H100-80GB", memory=None, cuda_context=None):
+def gpu_memory(gpu="H100-80GB", memory=None, cuda_context=None, nccl_communicators=0):
     """`memory` bytes of `gpu` (None: all of it) and what they leave the
     caching allocator beside the CUDA context, metamem's estimate unless
-    `cuda_context` gives a measured size (docs/gpu-memory.md): a dict of
-    gpu, total_bytes, beside_allocator ([{what, bytes, basis}]) and
-    allocator_bytes. ValueError where nothing is left."""
-    return json.loads(_metamem.gpu_memory_json(gpu, memory or 0, cuda_context))
+    `cuda_context` gives a measured size, and the buffers of
+    `nccl_communicators` NCCL communicators (one per process group of two
+    or more ranks; docs/gpu-memory.md): a dict of gpu, total_bytes,
+    beside_allocator ([{what, bytes, basis}]) and allocator_bytes.
+    ValueError where nothing is left."""
+    return json.loads(_metamem.gpu_memory_json(gpu, memory or 0, cuda_context, nccl_communicators))
 
 
 def _shown_values(tensor, placeholder):

@@ -25,6 +25,14 @@ class Sharding:
             raise ValueError(f"hybrid sharding needs whole nodes: {self.ranks} ranks do not split into nodes of "
                              f"{self.ranks_per_node}")
 
+    def process_groups(self):
+        """The process groups of two or more ranks it communicates in: NCCL
+        gives each a communicator, whose buffers live beside the caching
+        allocator (metamem.gpu_memory)."""
+        if self.ranks_per_node is None:
+            return int(self.ranks > 1)
+        return int(self.ranks_per_node > 1) + int(self.ranks // self.ranks_per_node > 1)
+
     def mesh(self, device):
         from torch.distributed.device_mesh import init_device_mesh
 

@@ -8,6 +8,7 @@ TorchScript models stay in C++.
     metamem profile --timm convnext_tiny --batch 64 --gpu A100-80GB --format json
     metamem fit --hf path/to/config.json --seq 4096 --dtype bf16 --checkpointing --gpu H200
     metamem profile --hf llama --hf-set num_hidden_layers=8 --dtype bf16 --dp 64 --fsdp hybrid --rank 9
+    metamem fit --hf llama --dtype bf16 --seq 8192 --search --gpus 16 --jobs 2
 """
 
 import argparse
@@ -107,6 +108,11 @@ def parser():
     p.add_argument("--cuda-context", help="fit: the CUDA context's size, measured, in place of metamem's estimate "
                                           "(docs/gpu-memory.md)")
     p.add_argument("--max-batch", type=int, default=1 << 16, help="fit: the largest batch tried")
+    p.add_argument("--search", action="store_true", help="fit --hf: the layouts FSDP2 gives --gpus GPUs "
+                   "(fully sharded, hybrid within nodes of --gpus-per-node), with and without recomputing each "
+                   "layer, each with its largest local batch")
+    p.add_argument("--gpus", type=int, help="fit --search: the GPUs of the job")
+    p.add_argument("--jobs", type=int, default=1, help="fit --search: layouts searched in this many processes")
     return p
 
 
@@ -124,7 +130,23 @@ def check(args):
     if args.command == "fit" and (args.html or args.snapshot or args.allocator_events or args.table != "summary"
                                   or args.format == "csv"):
         raise UsageError("--html, --snapshot, --allocator-events, --table and --format csv are for profile")
-    args.sharding = sharding_of(args)
+    if args.search:
+        if args.command != "fit" or not args.hf:
+            raise UsageError("--search is for fit --hf")
+        if args.gpus is None or args.gpus < 1:
+            raise UsageError("fit --search needs --gpus N (positive)")
+        if args.dp is not None or args.zero is not None or args.fsdp or args.rank is not None or args.checkpointing:
+            raise UsageError("fit --search picks the sharding and recomputation: drop --dp, --zero, --fsdp, "
+                             "--rank and --checkpointing")
+        if args.jobs < 1:
+            raise UsageError("--jobs must be positive")
+        if args.gpus_per_node is not None and args.gpus_per_node < 1:
+            raise UsageError("--gpus-per-node must be positive")
+        args.sharding = None
+    else:
+        if args.gpus is not None:
+            raise UsageError("--gpus is for fit --search")
+        args.sharding = sharding_of(args)
     check_shared_flags(args)
 
 
@@ -245,7 +267,19 @@ def fit(args):
     memory leaves the allocator beside the CUDA context."""
     memory = _metamem.parse_memory(args.memory, "--memory") if args.memory else 0
     context = _metamem.parse_memory_or_zero(args.cuda_context, "--cuda-context") if args.cuda_context else None
-    gpu = gpu_memory(args.gpu, memory, context)
+
+    def gpu_for(sharding):
+        """The GPU's memory beside the CUDA context and the layout's NCCL communicators."""
+        return gpu_memory(args.gpu, memory, context, sharding.process_groups() if sharding else 0)
+
+    if args.search:
+        found = search(args, gpu_for)
+        if args.format == "json":
+            print(json.dumps(found, indent=2))
+        else:
+            print_search(found)
+        return 0
+    gpu = gpu_for(args.sharding)
     budget = gpu["allocator_bytes"]
     tried = {}
 
@@ -271,6 +305,81 @@ def fit(args):
             print(f"  batch {batch:>6}   reserved {reserved / 2**30:10.2f} GiB   "
                   f"{'fits' if reserved <= budget else 'does not fit'}")
     return 0
+
+
+def layouts_of(args):
+    """(sharding, recompute) of each layout fit --search tries on --gpus:
+    one GPU unsharded; more, FSDP2 fully sharded and, where they span whole
+    nodes of --gpus-per-node (8), hybrid; each without recompute and with
+    every layer recomputed."""
+    per_node = args.gpus_per_node or 8
+    if args.gpus == 1:
+        shardings = [None]
+    else:
+        shardings = [Sharding(args.gpus)]
+        if args.gpus > per_node and args.gpus % per_node == 0:
+            shardings.append(Sharding(args.gpus, per_node))
+    return [(sharding, recompute) for recompute in (False, True) for sharding in shardings]
+
+
+def largest_local_batch(args, sharding, recompute, budget):
+    """(largest batch, {batch: reserved bytes}) of one layout on rank 0,
+    whose shards are the largest (the last rank's are short where a
+    dimension does not divide)."""
+    args = argparse.Namespace(**{**vars(args), "sharding": sharding, "checkpointing": recompute,
+                                 "rank": 0})
+    tried = {}
+
+    def fits(batch):
+        tried[batch] = traced(args, batch)[0].reserved_peak_bytes
+        return tried[batch] <= budget
+
+    return largest_batch(fits, args.max_batch), tried
+
+
+def search(args, gpu_for):
+    """fit --search: each layout's largest local batch within what
+    gpu_for(its sharding) leaves the allocator, in --jobs processes."""
+    import concurrent.futures
+    import multiprocessing
+    import time
+
+    start = time.perf_counter()
+    layouts = layouts_of(args)
+    budgets = [gpu_for(sharding)["allocator_bytes"] for sharding, _ in layouts]
+    asked = [(args, sharding, recompute, budget) for (sharding, recompute), budget in zip(layouts, budgets)]
+    if args.jobs == 1:
+        results = [largest_local_batch(*layout) for layout in asked]
+    else:  # each process imports torch afresh (spawn): the layouts' traces share nothing
+        with concurrent.futures.ProcessPoolExecutor(min(args.jobs, len(layouts)), initializer=quiet_imports,
+                                                    mp_context=multiprocessing.get_context("spawn")) as pool:
+            results = list(pool.map(largest_local_batch, *zip(*asked)))
+    rows = []
+    for (sharding, recompute), budget, (best, tried) in zip(layouts, budgets, results):
+        rows.append({"sharding": "none" if sharding is None else "full" if sharding.ranks_per_node is None
+                     else "hybrid", "dp": args.gpus, "ranks_per_node": sharding and sharding.ranks_per_node,
+                     "recompute": "layers" if recompute else "none", "local_batch": best,
+                     "reserved_bytes": tried.get(best), "allocator_bytes": budget, "traces": len(tried)})
+    rows.sort(key=lambda row: (row["recompute"] != "none", -row["local_batch"]))
+    return {"gpus": args.gpus, "gpu": args.gpu, "memory_bytes": gpu_for(None)["total_bytes"],
+            "max_batch": args.max_batch, "layouts": rows, "traces": sum(row["traces"] for row in rows),
+            "seconds": round(time.perf_counter() - start, 1), "jobs": args.jobs}
+
+
+def print_search(found):
+    print(f"{len(found['layouts'])} layouts on {found['gpus']} {found['gpu']} of {found['memory_bytes'] / 2**30:.2f} "
+          f"GiB (rank 0 traced, whose shards are the largest): {found['traces']} traces, {found['seconds']} s, "
+          f"{found['jobs']} process{'es' * (found['jobs'] > 1)}")
+    print(f"  {'sharding':<22}{'recompute':<11}{'local batch':>11}{'reserved':>14}{'allocator':>14}")
+    for row in found["layouts"]:
+        sharding = {"none": "none (one GPU)", "full": f"FSDP2 full ({row['dp']})",
+                    "hybrid": f"FSDP2 hybrid ({row['dp'] // (row['ranks_per_node'] or 1)} x "
+                              f"{row['ranks_per_node']})"}[row["sharding"]]
+        reserved = "-" if row["reserved_bytes"] is None else f"{row['reserved_bytes'] / 2**30:.2f} GiB"
+        print(f"  {sharding:<22}{row['recompute']:<11}{row['local_batch']:>11}{reserved:>14}"
+              f"{row['allocator_bytes'] / 2**30:>10.2f} GiB")
+    if any(row["local_batch"] == found["max_batch"] for row in found["layouts"]):
+        print(f"  {found['max_batch']} is the --max-batch cap: larger batches were not tried and may fit")
 
 
 def failure(error):
@@ -317,13 +426,18 @@ def run(args):
     return 0
 
 
-def main(argv=None):
-    # torchao, which transformers imports wherever it is installed (the
-    # float8 extra installs it), registers enums with torch's pytree as
-    # torch 2.14 deprecates, and torch logs a warning for each at import: a
-    # notice for torchao's authors, not for this command's user, whose
-    # output (bad input: one line) it would break.
+def quiet_imports():
+    """torchao, which transformers imports wherever it is installed (the
+    float8 extra installs it), registers enums with torch's pytree as torch
+    2.14 deprecates, and torch logs a warning for each at import: a notice
+    for torchao's authors, not for this command's user, whose output (bad
+    input: one line) it would break. In the command's process and in a
+    search's."""
     logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+
+
+def main(argv=None):
+    quiet_imports()
     argv = sys.argv[1:] if argv is None else list(argv)
     running = argv[:1] == ["run"]
     args = run_parser().parse_args(argv[1:]) if running else parser().parse_args(argv)

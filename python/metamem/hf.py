@@ -235,6 +235,10 @@ def largest_batch(cfg, seq=128, gpu="H100-80GB", memory=None, most=1 << 16, **op
     """The largest batch size (up to `most`) whose reserved_peak fits in what
     `memory` bytes of the GPU (all of it by default) leave the allocator
     beside the CUDA context (docs/gpu-memory.md), 0 when batch 1 does not:
-    doubling, then bisection, one trace per size tried (metamem.largest_batch)."""
-    capacity = gpu_memory(gpu, memory)["allocator_bytes"]
+    doubling, then bisection, one trace per size tried (metamem.largest_batch).
+    With a `sharding`, the NCCL communicators of its process groups come
+    off the allocator's memory too."""
+    sharding = options.get("sharding")
+    capacity = gpu_memory(gpu, memory, nccl_communicators=sharding.process_groups() if sharding else 0)[
+        "allocator_bytes"]
     return search_largest_batch(lambda batch: reserved_peak(cfg, batch, seq, gpu, **options) <= capacity, most)

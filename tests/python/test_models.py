@@ -132,6 +132,26 @@ def test_the_command_line_traces_one_rank_of_a_data_parallel_job(capsys):
     assert "as data-parallel rank 3 of 8 (FSDP2" in capsys.readouterr().out
 
 
+def test_fit_searches_the_layouts_of_a_data_parallel_job_in_one_process_or_several(capsys):
+    # FSDP2 fully sharded and hybrid (two nodes of 8), each with and without
+    # every layer recomputed; rank 0 traced. NCCL's communicators (one, or
+    # two for hybrid) come off what the allocator gets.
+    search = ["fit", *REDUCED_GPT2, "--seq", "256", "--gpu", "T4", "--memory", "360MiB", "--max-batch", "64",
+              "--search", "--gpus", "16", "--format", "json"]
+    assert metamem.cli.main(search) == 0
+    found = json.loads(capsys.readouterr().out)
+    layouts = {(row["sharding"], row["recompute"]): row for row in found["layouts"]}
+    assert set(layouts) == {(s, r) for s in ("full", "hybrid") for r in ("none", "layers")}
+    for row in found["layouts"]:
+        assert 1 <= row["local_batch"] < 64 and row["reserved_bytes"] <= row["allocator_bytes"]
+    for sharding in ("full", "hybrid"):
+        assert layouts[sharding, "layers"]["local_batch"] >= layouts[sharding, "none"]["local_batch"]
+    assert layouts["hybrid", "none"]["allocator_bytes"] < layouts["full", "none"]["allocator_bytes"]
+    assert found["traces"] == sum(row["traces"] for row in found["layouts"])
+    assert metamem.cli.main(search + ["--jobs", "2"]) == 0
+    assert json.loads(capsys.readouterr().out)["layouts"] == found["layouts"]
+
+
 def test_the_command_line_fits_a_timm_model_on_a_gpu(capsys):
     # 320 MiB of a T4, less its CUDA context: 40 SMs × 1024 threads × 1 KiB of stack and the driver's 213 MiB.
     memory = (320 - 40 - 213) << 20
@@ -166,6 +186,11 @@ def test_the_command_line_fits_a_timm_model_on_a_gpu(capsys):
     (["profile", "--hf", "gpt2", "--dp", "8", "--gpus-per-node", "4"], "--gpus-per-node is for --fsdp hybrid"),
     (["profile", "--timm", "test_vit", "--dp", "2"], "--dp is for --hf models"),
     (["profile", "--hf", "gpt2", "--dp", "2", "--device", "cpu", "--achieved"], "of one process"),
+    (["fit", "--hf", "gpt2", "--search"], "fit --search needs --gpus N"),
+    (["profile", "--hf", "gpt2", "--search", "--gpus", "8"], "--search is for fit --hf"),
+    (["fit", "--hf", "gpt2", "--search", "--gpus", "8", "--dp", "8"], "fit --search picks the sharding"),
+    (["fit", "--hf", "gpt2", "--gpus", "8"], "--gpus is for fit --search"),
+    (["fit", "--hf", "gpt2", "--search", "--gpus", "8", "--jobs", "0"], "--jobs must be positive"),
 ])
 def test_the_command_line_names_bad_input(args, message, capsys):
     assert metamem.cli.main(args) == 2
