@@ -113,6 +113,9 @@ def parser():
                    "layer, each with its largest local batch")
     p.add_argument("--gpus", type=int, help="fit --search: the GPUs of the job")
     p.add_argument("--jobs", type=int, default=1, help="fit --search: layouts searched in this many processes")
+    p.add_argument("--ray", metavar="ADDRESS", help="fit --search: layouts searched as Ray tasks on the cluster "
+                   "at ADDRESS (\"auto\": the one this machine is in; \"local\": one started here for the search), "
+                   "whose machines have metamem and transformers")
     return p
 
 
@@ -140,12 +143,14 @@ def check(args):
                              "--rank and --checkpointing")
         if args.jobs < 1:
             raise UsageError("--jobs must be positive")
+        if args.ray is not None and args.jobs != 1:
+            raise UsageError("--jobs and --ray each say where the layouts are searched: give one")
         if args.gpus_per_node is not None and args.gpus_per_node < 1:
             raise UsageError("--gpus-per-node must be positive")
         args.sharding = None
     else:
-        if args.gpus is not None:
-            raise UsageError("--gpus is for fit --search")
+        if args.gpus is not None or args.ray is not None or args.jobs != 1:
+            raise UsageError("--gpus, --jobs and --ray are for fit --search")
         args.sharding = sharding_of(args)
     check_shared_flags(args)
 
@@ -348,7 +353,9 @@ def search(args, gpu_for):
     layouts = layouts_of(args)
     budgets = [gpu_for(sharding)["allocator_bytes"] for sharding, _ in layouts]
     asked = [(args, sharding, recompute, budget) for (sharding, recompute), budget in zip(layouts, budgets)]
-    if args.jobs == 1:
+    if args.ray is not None:
+        results = on_ray(args.ray, asked)
+    elif args.jobs == 1:
         results = [largest_local_batch(*layout) for layout in asked]
     else:  # each process imports torch afresh (spawn): the layouts' traces share nothing
         with concurrent.futures.ProcessPoolExecutor(min(args.jobs, len(layouts)), initializer=quiet_imports,
@@ -363,13 +370,32 @@ def search(args, gpu_for):
     rows.sort(key=lambda row: (row["recompute"] != "none", -row["local_batch"]))
     return {"gpus": args.gpus, "gpu": args.gpu, "memory_bytes": gpu_for(None)["total_bytes"],
             "max_batch": args.max_batch, "layouts": rows, "traces": sum(row["traces"] for row in rows),
-            "seconds": round(time.perf_counter() - start, 1), "jobs": args.jobs}
+            "seconds": round(time.perf_counter() - start, 1), "jobs": args.jobs, "ray": args.ray}
+
+
+def on_ray(address, asked):
+    """largest_local_batch of each layout `asked`, as a Ray task of one CPU
+    on the cluster at `address` ("local": one started for the search and
+    stopped after it)."""
+    try:
+        import ray
+    except ImportError as error:
+        raise UsageError("--ray needs Ray: pip install ray==2.60.0 (metamem's [cluster] extra)") from error
+    ray.init(address=None if address == "local" else address, include_dashboard=False, log_to_driver=False,
+             configure_logging=False, runtime_env={"worker_process_setup_hook": quiet_imports})
+    try:
+        task = ray.remote(num_cpus=1)(largest_local_batch)
+        return ray.get([task.remote(*layout) for layout in asked])
+    finally:
+        ray.shutdown()
 
 
 def print_search(found):
+    where = (f"Ray tasks at {found['ray']}" if found["ray"] is not None
+             else f"{found['jobs']} process{'es' * (found['jobs'] > 1)}")
     print(f"{len(found['layouts'])} layouts on {found['gpus']} {found['gpu']} of {found['memory_bytes'] / 2**30:.2f} "
           f"GiB (rank 0 traced, whose shards are the largest): {found['traces']} traces, {found['seconds']} s, "
-          f"{found['jobs']} process{'es' * (found['jobs'] > 1)}")
+          f"{where}")
     print(f"  {'sharding':<22}{'recompute':<11}{'local batch':>11}{'reserved':>14}{'allocator':>14}")
     for row in found["layouts"]:
         sharding = {"none": "none (one GPU)", "full": f"FSDP2 full ({row['dp']})",

@@ -150,6 +150,9 @@ def test_fit_searches_the_layouts_of_a_data_parallel_job_in_one_process_or_sever
     assert found["traces"] == sum(row["traces"] for row in found["layouts"])
     assert metamem.cli.main(search + ["--jobs", "2"]) == 0
     assert json.loads(capsys.readouterr().out)["layouts"] == found["layouts"]
+    # As Ray tasks on a Ray instance started for the search and stopped after it.
+    assert metamem.cli.main(search + ["--ray", "local"]) == 0
+    assert json.loads(capsys.readouterr().out)["layouts"] == found["layouts"]
 
 
 def test_the_command_line_fits_a_timm_model_on_a_gpu(capsys):
@@ -189,8 +192,10 @@ def test_the_command_line_fits_a_timm_model_on_a_gpu(capsys):
     (["fit", "--hf", "gpt2", "--search"], "fit --search needs --gpus N"),
     (["profile", "--hf", "gpt2", "--search", "--gpus", "8"], "--search is for fit --hf"),
     (["fit", "--hf", "gpt2", "--search", "--gpus", "8", "--dp", "8"], "fit --search picks the sharding"),
-    (["fit", "--hf", "gpt2", "--gpus", "8"], "--gpus is for fit --search"),
+    (["fit", "--hf", "gpt2", "--gpus", "8"], "--gpus, --jobs and --ray are for fit --search"),
     (["fit", "--hf", "gpt2", "--search", "--gpus", "8", "--jobs", "0"], "--jobs must be positive"),
+    (["fit", "--hf", "gpt2", "--search", "--gpus", "8", "--jobs", "2", "--ray", "local"], "give one"),
+    (["fit", "--hf", "gpt2", "--ray", "auto"], "are for fit --search"),
 ])
 def test_the_command_line_names_bad_input(args, message, capsys):
     assert metamem.cli.main(args) == 2
