@@ -353,14 +353,19 @@ def search(args, gpu_for):
     layouts = layouts_of(args)
     budgets = [gpu_for(sharding)["allocator_bytes"] for sharding, _ in layouts]
     asked = [(args, sharding, recompute, budget) for (sharding, recompute), budget in zip(layouts, budgets)]
+    progress = Progress(len(asked))
     if args.ray is not None:
-        results = on_ray(args.ray, asked)
+        results = on_ray(args.ray, asked, progress)
     elif args.jobs == 1:
-        results = [largest_local_batch(*layout) for layout in asked]
+        results = [progress.done(largest_local_batch(*layout)) for layout in asked]
     else:  # each process imports torch afresh (spawn): the layouts' traces share nothing
         with concurrent.futures.ProcessPoolExecutor(min(args.jobs, len(layouts)), initializer=quiet_imports,
                                                     mp_context=multiprocessing.get_context("spawn")) as pool:
-            results = list(pool.map(largest_local_batch, *zip(*asked)))
+            futures = [pool.submit(largest_local_batch, *layout) for layout in asked]
+            for future in concurrent.futures.as_completed(futures):
+                progress.done(future)
+            results = [future.result() for future in futures]
+    progress.close()
     rows = []
     for (sharding, recompute), budget, (best, tried) in zip(layouts, budgets, results):
         rows.append({"sharding": "none" if sharding is None else "full" if sharding.ranks_per_node is None
@@ -373,7 +378,32 @@ def search(args, gpu_for):
             "seconds": round(time.perf_counter() - start, 1), "jobs": args.jobs, "ray": args.ray}
 
 
-def on_ray(address, asked):
+class Progress:
+    """A progress bar over a search's layouts, on stderr where it is a
+    terminal (a program reading the output sees none)."""
+
+    def __init__(self, total):
+        self.total, self.finished = total, 0
+        self.shown = sys.stderr.isatty()
+        self._draw()
+
+    def done(self, result):
+        self.finished += 1
+        self._draw()
+        return result
+
+    def close(self):
+        if self.shown:
+            print(file=sys.stderr)
+
+    def _draw(self):
+        if self.shown:
+            filled = 30 * self.finished // self.total
+            print(f"\r  [{'#' * filled}{'.' * (30 - filled)}] {self.finished}/{self.total} layouts", end="",
+                  file=sys.stderr, flush=True)
+
+
+def on_ray(address, asked, progress):
     """largest_local_batch of each layout `asked`, as a Ray task of one CPU
     on the cluster at `address` ("local": one started for the search and
     stopped after it)."""
@@ -385,7 +415,12 @@ def on_ray(address, asked):
              configure_logging=False, runtime_env={"worker_process_setup_hook": quiet_imports})
     try:
         task = ray.remote(num_cpus=1)(largest_local_batch)
-        return ray.get([task.remote(*layout) for layout in asked])
+        pending = refs = [task.remote(*layout) for layout in asked]
+        while pending:
+            ready, pending = ray.wait(pending)
+            for ref in ready:
+                progress.done(ref)
+        return ray.get(refs)
     finally:
         ray.shutdown()
 
