@@ -16,7 +16,8 @@ namespace metamem::cli {
 
 bool runs_on_python_engine(const std::vector<std::string>& args) {
   if (!args.empty() && args[0] == "run") return true;  // a training script
-  return std::any_of(args.begin(), args.end(), [](const std::string& a) { return a == "--hf" || a == "--timm"; });
+  return std::any_of(args.begin(), args.end(),
+                     [](const std::string& a) { return a == "--hf" || a == "--timm" || a == "--torchtitan"; });
 }
 
 namespace {
@@ -48,7 +49,7 @@ void run_python_engine(const std::vector<std::string>& args) {
     if (!error && std::filesystem::exists(beside)) python = beside.string();
   }
   if (!finds_metamem(python))
-    throw std::invalid_argument(python + " cannot run metamem's Python engine for --hf, --timm and run (it fails, or has "
+    throw std::invalid_argument(python + " cannot run metamem's Python engine for --hf, --timm, --torchtitan and run (it fails, or has "
                                 "no metamem package); set METAMEM_PYTHON to the Python that has metamem and "
                                 "transformers or timm");
   std::vector<std::string> command{python, "-m", "metamem"};
@@ -57,7 +58,7 @@ void run_python_engine(const std::vector<std::string>& args) {
   for (std::string& arg : command) argv.push_back(arg.data());
   argv.push_back(nullptr);
   execvp(argv[0], argv.data());
-  throw std::runtime_error("cannot run " + python + " -m metamem for --hf, --timm and run (" + std::strerror(errno) +
+  throw std::runtime_error("cannot run " + python + " -m metamem for --hf, --timm, --torchtitan and run (" + std::strerror(errno) +
                            "); set METAMEM_PYTHON to the Python that has metamem and transformers or timm");
 }
 

@@ -18,6 +18,7 @@ import logging
 import sys
 
 from . import Sharding, UnsupportedOpError, _metamem, achieved_cpu, gpu_memory, largest_batch, trace
+from . import torchtitan as titan
 
 class UsageError(Exception):
     pass
@@ -84,11 +85,13 @@ def parser():
     model.add_argument("--hf", metavar="TYPE|ARCHITECTURE|CONFIG.json",
                        help="a transformers model type, architecture or config.json")
     model.add_argument("--timm", metavar="NAME", help="a model of timm's registry")
+    model.add_argument("--torchtitan", metavar="FLAVOR", help="torchtitan's Llama 3 preset, one rank of its job: "
+                       + ", ".join(titan.PRESETS))
     p.add_argument("--hf-set", action="append", default=[], metavar="KEY=VALUE",
                    help="a config attribute to set (repeat for more)")
     p.add_argument("--attn-implementation", choices=["sdpa", "eager"], help="transformers' attention")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--seq", type=int, default=128, help="tokens per sequence (transformers)")
+    p.add_argument("--batch", type=int, help="samples per step (default 1; --torchtitan: the preset's local batch)")
+    p.add_argument("--seq", type=int, help="tokens per sequence (default 128; --torchtitan: the preset's)")
     p.add_argument("--dtype", choices=["f32", "bf16", "f16"], default="f32")
     p.add_argument("--optimizer", choices=["adamw", "sgd", "none"], default="adamw")
     p.add_argument("--steps", type=int, default=2)
@@ -101,6 +104,10 @@ def parser():
                    "within each node's (--gpus-per-node) and replicated across nodes")
     p.add_argument("--gpus-per-node", type=int, help="--fsdp hybrid: ranks to a node (default 8)")
     p.add_argument("--rank", type=int, help="with --dp: the rank traced (default 0)")
+    p.add_argument("--tp", type=int, metavar="T", help="--torchtitan: tensor-parallel degree (default the "
+                   "preset's); its job is --dp x --tp ranks")
+    p.add_argument("--recompute", choices=["none", "selective", "full"], help="--torchtitan: its activation "
+                   "checkpointing (default the preset's)")
     add_trace_flags(p, values="error")
     add_report_flags(p)
     p.add_argument("--achieved", action="store_true", help="profile: also run the step for real (--device cpu)")
@@ -120,6 +127,13 @@ def parser():
 
 
 def check(args):
+    if args.torchtitan:
+        check_torchtitan(args)
+    else:
+        if args.tp is not None or args.recompute is not None:
+            raise UsageError("--tp and --recompute are for --torchtitan presets")
+        args.batch = 1 if args.batch is None else args.batch
+        args.seq = 128 if args.seq is None else args.seq
     if args.batch < 1 or args.seq < 1 or args.max_batch < 1:
         raise UsageError("--batch, --seq and --max-batch must be positive")
     if not 1 <= args.steps <= 1000:
@@ -134,13 +148,14 @@ def check(args):
                                   or args.format == "csv"):
         raise UsageError("--html, --snapshot, --allocator-events, --table and --format csv are for profile")
     if args.search:
-        if args.command != "fit" or not args.hf:
-            raise UsageError("--search is for fit --hf")
+        if args.command != "fit" or not (args.hf or args.torchtitan):
+            raise UsageError("--search is for fit --hf and fit --torchtitan")
         if args.gpus is None or args.gpus < 1:
             raise UsageError("fit --search needs --gpus N (positive)")
-        if args.dp is not None or args.zero is not None or args.fsdp or args.rank is not None or args.checkpointing:
-            raise UsageError("fit --search picks the sharding and recomputation: drop --dp, --zero, --fsdp, "
-                             "--rank and --checkpointing")
+        if (args.dp is not None or args.zero is not None or args.fsdp or args.rank is not None or args.checkpointing
+                or args.tp is not None or args.recompute is not None):
+            raise UsageError("fit --search picks the layout and recomputation: drop --dp, --tp, --zero, --fsdp, "
+                             "--rank, --checkpointing and --recompute")
         if args.jobs < 1:
             raise UsageError("--jobs must be positive")
         if args.ray is not None and args.jobs != 1:
@@ -151,8 +166,38 @@ def check(args):
     else:
         if args.gpus is not None or args.ray is not None or args.jobs != 1:
             raise UsageError("--gpus, --jobs and --ray are for fit --search")
-        args.sharding = sharding_of(args)
+        args.sharding = None if args.torchtitan else sharding_of(args)
     check_shared_flags(args)
+
+
+def check_torchtitan(args):
+    """torchtitan's presets train as its Trainer does (bf16 FSDP2, AdamW, its
+    activation checkpointing) on GPUs: the flags of other sources do not
+    apply. The job's layout, the preset's unless given, checked."""
+    if args.torchtitan not in titan.PRESETS:
+        raise UsageError(f"unknown torchtitan flavor {args.torchtitan!r}: one of {', '.join(titan.PRESETS)}")
+    others = {"--hf-set": args.hf_set, "--attn-implementation": args.attn_implementation,
+              "--checkpointing": args.checkpointing, "--zero": args.zero is not None, "--fsdp": args.fsdp,
+              "--gpus-per-node": args.gpus_per_node is not None, "--achieved": args.achieved,
+              "--dtype": args.dtype != "f32", "--optimizer": args.optimizer != "adamw"}
+    if any(others.values()):
+        raise UsageError(f"{', '.join(flag for flag, given in others.items() if given)}: not for --torchtitan, "
+                         "which trains as its preset does (--recompute for its activation checkpointing)")
+    if args.device != "cuda":
+        raise UsageError("--torchtitan trains on GPUs: --device cuda")
+    preset = titan.PRESETS[args.torchtitan]
+    args.batch = preset.local_batch_size if args.batch is None else args.batch
+    args.seq = preset.seq_len if args.seq is None else args.seq
+    if args.search:
+        return
+    args.tp = preset.tensor_parallel if args.tp is None else args.tp
+    if args.tp < 1 or (args.dp is not None and args.dp < 1):
+        raise UsageError("--tp and --dp must be positive")
+    args.dp = max(preset.world_size // args.tp, 1) if args.dp is None else args.dp
+    args.recompute = preset.activation_checkpoint if args.recompute is None else args.recompute
+    args.rank = 0 if args.rank is None else args.rank
+    if not 0 <= args.rank < args.dp * args.tp:
+        raise UsageError(f"--rank must be in [0, {args.dp * args.tp}) for --dp {args.dp} x --tp {args.tp}")
 
 
 def sharding_of(args):
@@ -188,6 +233,11 @@ def sharding_of(args):
 
 def job_lines(args):
     """(JSON, summary lines) naming the data-parallel job the trace is a rank of."""
+    if args.torchtitan:
+        job = {"data_parallel": args.dp, "tensor_parallel": args.tp, "rank": args.rank, "sharding": "fsdp2",
+               "recompute": args.recompute}
+        return {"job": job}, [f"  as rank {args.rank} of torchtitan's {args.torchtitan} on {args.dp * args.tp} "
+                              f"GPUs: tensor parallel {args.tp}, FSDP2 over {args.dp}, recompute {args.recompute}"]
     if args.sharding is None:
         return None, []
     sharding = args.sharding
@@ -224,6 +274,10 @@ def step_of(args, batch):
 
 def traced(args, batch):
     """The Trace of the step at `batch`, the step and the modules built before it."""
+    if args.torchtitan:
+        t = titan.trace(args.torchtitan, args.dp * args.tp, args.rank, args.gpu, args.steps, local_batch_size=batch,
+                        seq_len=args.seq, tensor_parallel=args.tp, activation_checkpoint=args.recompute)
+        return t, None, ()
     step, modules = step_of(args, batch)
     world = None if args.sharding is None else args.sharding.ranks
     with trace(device=args.device, modules=modules, gpu=args.gpu, values=args.values, world_size=world,
@@ -273,9 +327,9 @@ def fit(args):
     memory = _metamem.parse_memory(args.memory, "--memory") if args.memory else 0
     context = _metamem.parse_memory_or_zero(args.cuda_context, "--cuda-context") if args.cuda_context else None
 
-    def gpu_for(sharding):
+    def gpu_for(layout):
         """The GPU's memory beside the CUDA context and the layout's NCCL communicators."""
-        return gpu_memory(args.gpu, memory, context, sharding.process_groups() if sharding else 0)
+        return gpu_memory(args.gpu, memory, context, process_groups(layout))
 
     if args.search:
         found = search(args, gpu_for)
@@ -284,7 +338,7 @@ def fit(args):
         else:
             print_search(found)
         return 0
-    gpu = gpu_for(args.sharding)
+    gpu = gpu_for(args)
     budget = gpu["allocator_bytes"]
     tried = {}
 
@@ -312,11 +366,25 @@ def fit(args):
     return 0
 
 
+def process_groups(layout):
+    """The process groups of two or more ranks a layout (the flags, or a
+    search's layout) communicates in: each an NCCL communicator."""
+    if getattr(layout, "tp", None) is not None:  # torchtitan's: FSDP2 over dp, tensor parallel over tp
+        return int(layout.dp > 1) + int(layout.tp > 1)
+    return layout.sharding.process_groups() if layout.sharding else 0
+
+
 def layouts_of(args):
-    """(sharding, recompute) of each layout fit --search tries on --gpus:
-    one GPU unsharded; more, FSDP2 fully sharded and, where they span whole
-    nodes of --gpus-per-node (8), hybrid; each without recompute and with
-    every layer recomputed."""
+    """The layouts fit --search tries on --gpus, each a Namespace of the
+    flags it sets. --hf: one GPU unsharded; more, FSDP2 fully sharded and,
+    where they span whole nodes of --gpus-per-node (8), hybrid; each without
+    recompute and with every layer recomputed. --torchtitan: tensor
+    parallel 1, 2, 4 or 8 (within a node) that divides the GPUs, FSDP2 over
+    the rest, with each of torchtitan's activation checkpointing modes."""
+    if args.torchtitan:
+        return [argparse.Namespace(tp=tp, dp=args.gpus // tp, recompute=recompute)
+                for recompute in ("none", "selective", "full") for tp in (1, 2, 4, 8)
+                if tp <= args.gpus and args.gpus % tp == 0]
     per_node = args.gpus_per_node or 8
     if args.gpus == 1:
         shardings = [None]
@@ -324,15 +392,15 @@ def layouts_of(args):
         shardings = [Sharding(args.gpus)]
         if args.gpus > per_node and args.gpus % per_node == 0:
             shardings.append(Sharding(args.gpus, per_node))
-    return [(sharding, recompute) for recompute in (False, True) for sharding in shardings]
+    return [argparse.Namespace(sharding=sharding, checkpointing=recompute)
+            for recompute in (False, True) for sharding in shardings]
 
 
-def largest_local_batch(args, sharding, recompute, budget):
+def largest_local_batch(args, layout, budget):
     """(largest batch, {batch: reserved bytes}) of one layout on rank 0,
     whose shards are the largest (the last rank's are short where a
     dimension does not divide)."""
-    args = argparse.Namespace(**{**vars(args), "sharding": sharding, "checkpointing": recompute,
-                                 "rank": 0})
+    args = argparse.Namespace(**{**vars(args), **vars(layout), "rank": 0})
     tried = {}
 
     def fits(batch):
@@ -342,17 +410,31 @@ def largest_local_batch(args, sharding, recompute, budget):
     return largest_batch(fits, args.max_batch), tried
 
 
+def layout_row(args, layout):
+    """A search row's layout: its fields and how the table shows them."""
+    if args.torchtitan:
+        return {"tp": layout.tp, "dp": layout.dp, "recompute": layout.recompute,
+                "shown": f"tp {layout.tp} x FSDP2 {layout.dp}"}
+    sharding = layout.sharding
+    kind = "none" if sharding is None else "full" if sharding.ranks_per_node is None else "hybrid"
+    shown = {"none": "none (one GPU)", "full": f"FSDP2 full ({args.gpus})",
+             "hybrid": f"FSDP2 hybrid ({args.gpus // (sharding and sharding.ranks_per_node or 1)} x "
+                       f"{sharding and sharding.ranks_per_node})"}[kind]
+    return {"sharding": kind, "dp": args.gpus, "ranks_per_node": sharding and sharding.ranks_per_node,
+            "recompute": "layers" if layout.checkpointing else "none", "shown": shown}
+
+
 def search(args, gpu_for):
     """fit --search: each layout's largest local batch within what
-    gpu_for(its sharding) leaves the allocator, in --jobs processes."""
+    gpu_for(layout) leaves the allocator, in --jobs processes or on Ray."""
     import concurrent.futures
     import multiprocessing
     import time
 
     start = time.perf_counter()
     layouts = layouts_of(args)
-    budgets = [gpu_for(sharding)["allocator_bytes"] for sharding, _ in layouts]
-    asked = [(args, sharding, recompute, budget) for (sharding, recompute), budget in zip(layouts, budgets)]
+    budgets = [gpu_for(layout)["allocator_bytes"] for layout in layouts]
+    asked = [(args, layout, budget) for layout, budget in zip(layouts, budgets)]
     progress = Progress(len(asked))
     if args.ray is not None:
         results = on_ray(args.ray, asked, progress)
@@ -367,13 +449,12 @@ def search(args, gpu_for):
             results = [future.result() for future in futures]
     progress.close()
     rows = []
-    for (sharding, recompute), budget, (best, tried) in zip(layouts, budgets, results):
-        rows.append({"sharding": "none" if sharding is None else "full" if sharding.ranks_per_node is None
-                     else "hybrid", "dp": args.gpus, "ranks_per_node": sharding and sharding.ranks_per_node,
-                     "recompute": "layers" if recompute else "none", "local_batch": best,
-                     "reserved_bytes": tried.get(best), "allocator_bytes": budget, "traces": len(tried)})
-    rows.sort(key=lambda row: (row["recompute"] != "none", -row["local_batch"]))
-    return {"gpus": args.gpus, "gpu": args.gpu, "memory_bytes": gpu_for(None)["total_bytes"],
+    for layout, budget, (best, tried) in zip(layouts, budgets, results):
+        rows.append({**layout_row(args, layout), "local_batch": best, "reserved_bytes": tried.get(best),
+                     "allocator_bytes": budget, "traces": len(tried)})
+    rows.sort(key=lambda row: (row["recompute"] != "none", row["recompute"] == "full", -row["local_batch"]))
+    return {"model": args.torchtitan or args.hf, "gpus": args.gpus, "gpu": args.gpu,
+            "memory_bytes": gpu_for(argparse.Namespace(sharding=None))["total_bytes"],
             "max_batch": args.max_batch, "layouts": rows, "traces": sum(row["traces"] for row in rows),
             "seconds": round(time.perf_counter() - start, 1), "jobs": args.jobs, "ray": args.ray}
 
@@ -431,13 +512,10 @@ def print_search(found):
     print(f"{len(found['layouts'])} layouts on {found['gpus']} {found['gpu']} of {found['memory_bytes'] / 2**30:.2f} "
           f"GiB (rank 0 traced, whose shards are the largest): {found['traces']} traces, {found['seconds']} s, "
           f"{where}")
-    print(f"  {'sharding':<22}{'recompute':<11}{'local batch':>11}{'reserved':>14}{'allocator':>14}")
+    print(f"  {'layout':<22}{'recompute':<11}{'local batch':>11}{'reserved':>14}{'allocator':>14}")
     for row in found["layouts"]:
-        sharding = {"none": "none (one GPU)", "full": f"FSDP2 full ({row['dp']})",
-                    "hybrid": f"FSDP2 hybrid ({row['dp'] // (row['ranks_per_node'] or 1)} x "
-                              f"{row['ranks_per_node']})"}[row["sharding"]]
         reserved = "-" if row["reserved_bytes"] is None else f"{row['reserved_bytes'] / 2**30:.2f} GiB"
-        print(f"  {sharding:<22}{row['recompute']:<11}{row['local_batch']:>11}{reserved:>14}"
+        print(f"  {row['shown']:<22}{row['recompute']:<11}{row['local_batch']:>11}{reserved:>14}"
               f"{row['allocator_bytes'] / 2**30:>10.2f} GiB")
     if any(row["local_batch"] == found["max_batch"] for row in found["layouts"]):
         print(f"  {found['max_batch']} is the --max-batch cap: larger batches were not tried and may fit")
@@ -488,13 +566,19 @@ def run(args):
 
 
 def quiet_imports():
-    """torchao, which transformers imports wherever it is installed (the
-    float8 extra installs it), registers enums with torch's pytree as torch
-    2.14 deprecates, and torch logs a warning for each at import: a notice
-    for torchao's authors, not for this command's user, whose output (bad
-    input: one line) it would break. In the command's process and in a
-    search's."""
+    """Notices for the authors of the libraries a trace runs, not for this
+    command's user, whose output (bad input: one line) they would break; in
+    the command's process and in a search's. torchao, which transformers
+    imports wherever it is installed (the float8 extra installs it),
+    registers enums with torch's pytree as torch 2.14 deprecates, and torch
+    logs a warning for each at import; FSDP2 warns at each step that
+    torchtitan's sharded embedding returns a view, and DTensor that some of
+    its redistributions take two collectives."""
+    import warnings
+
     logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
 
 
 def main(argv=None):

@@ -191,7 +191,7 @@ def test_the_command_line_fits_a_timm_model_on_a_gpu(capsys):
     (["profile", "--hf", "gpt2", "--dp", "2", "--device", "cpu", "--achieved"], "of one process"),
     (["fit", "--hf", "gpt2", "--search"], "fit --search needs --gpus N"),
     (["profile", "--hf", "gpt2", "--search", "--gpus", "8"], "--search is for fit --hf"),
-    (["fit", "--hf", "gpt2", "--search", "--gpus", "8", "--dp", "8"], "fit --search picks the sharding"),
+    (["fit", "--hf", "gpt2", "--search", "--gpus", "8", "--dp", "8"], "fit --search picks the layout"),
     (["fit", "--hf", "gpt2", "--gpus", "8"], "--gpus, --jobs and --ray are for fit --search"),
     (["fit", "--hf", "gpt2", "--search", "--gpus", "8", "--jobs", "0"], "--jobs must be positive"),
     (["fit", "--hf", "gpt2", "--search", "--gpus", "8", "--jobs", "2", "--ray", "local"], "give one"),
