@@ -19,6 +19,7 @@ import sys
 
 from . import Sharding, UnsupportedOpError, _metamem, achieved_cpu, gpu_memory, largest_batch, trace
 from . import torchtitan as titan
+from ._search import each_apart
 
 class UsageError(Exception):
     pass
@@ -427,27 +428,13 @@ def layout_row(args, layout):
 def search(args, gpu_for):
     """fit --search: each layout's largest local batch within what
     gpu_for(layout) leaves the allocator, in --jobs processes or on Ray."""
-    import concurrent.futures
-    import multiprocessing
     import time
 
     start = time.perf_counter()
     layouts = layouts_of(args)
     budgets = [gpu_for(layout)["allocator_bytes"] for layout in layouts]
     asked = [(args, layout, budget) for layout, budget in zip(layouts, budgets)]
-    progress = Progress(len(asked))
-    if args.ray is not None:
-        results = on_ray(args.ray, asked, progress)
-    elif args.jobs == 1:
-        results = [progress.done(largest_local_batch(*layout)) for layout in asked]
-    else:  # each process imports torch afresh (spawn): the layouts' traces share nothing
-        with concurrent.futures.ProcessPoolExecutor(min(args.jobs, len(layouts)), initializer=quiet_imports,
-                                                    mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = [pool.submit(largest_local_batch, *layout) for layout in asked]
-            for future in concurrent.futures.as_completed(futures):
-                progress.done(future)
-            results = [future.result() for future in futures]
-    progress.close()
+    results = each_apart(largest_local_batch, asked, args.jobs, args.ray, quiet_imports)
     rows = []
     for layout, budget, (best, tried) in zip(layouts, budgets, results):
         rows.append({**layout_row(args, layout), "local_batch": best, "reserved_bytes": tried.get(best),
@@ -457,53 +444,6 @@ def search(args, gpu_for):
             "memory_bytes": gpu_for(argparse.Namespace(sharding=None))["total_bytes"],
             "max_batch": args.max_batch, "layouts": rows, "traces": sum(row["traces"] for row in rows),
             "seconds": round(time.perf_counter() - start, 1), "jobs": args.jobs, "ray": args.ray}
-
-
-class Progress:
-    """A progress bar over a search's layouts, on stderr where it is a
-    terminal (a program reading the output sees none)."""
-
-    def __init__(self, total):
-        self.total, self.finished = total, 0
-        self.shown = sys.stderr.isatty()
-        self._draw()
-
-    def done(self, result):
-        self.finished += 1
-        self._draw()
-        return result
-
-    def close(self):
-        if self.shown:
-            print(file=sys.stderr)
-
-    def _draw(self):
-        if self.shown:
-            filled = 30 * self.finished // self.total
-            print(f"\r  [{'#' * filled}{'.' * (30 - filled)}] {self.finished}/{self.total} layouts", end="",
-                  file=sys.stderr, flush=True)
-
-
-def on_ray(address, asked, progress):
-    """largest_local_batch of each layout `asked`, as a Ray task of one CPU
-    on the cluster at `address` ("local": one started for the search and
-    stopped after it)."""
-    try:
-        import ray
-    except ImportError as error:
-        raise UsageError("--ray needs Ray: pip install ray==2.60.0 (metamem's [cluster] extra)") from error
-    ray.init(address=None if address == "local" else address, include_dashboard=False, log_to_driver=False,
-             configure_logging=False, runtime_env={"worker_process_setup_hook": quiet_imports})
-    try:
-        task = ray.remote(num_cpus=1)(largest_local_batch)
-        pending = refs = [task.remote(*layout) for layout in asked]
-        while pending:
-            ready, pending = ray.wait(pending)
-            for ref in ready:
-                progress.done(ref)
-        return ray.get(refs)
-    finally:
-        ray.shutdown()
 
 
 def print_search(found):
