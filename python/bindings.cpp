@@ -286,6 +286,7 @@ class Session {
         allocator_setup_(allocator_setup(run_.alloc_conf, alloc_conf ? "alloc_conf" : allocator_config_variable(),
                                          gpu.total_memory)),
         allocator_(allocator_setup_),
+        gpu_(gpu),
         owner_(std::this_thread::get_id()) {
     if (device != "cpu" && device != "cuda")
       throw py::value_error("device must be 'cpu' or 'cuda', got '" + device + "'");
@@ -335,6 +336,12 @@ class Session {
   // The simulated CUDA caching allocator at this moment of the trace.
   py::dict memory_stats() const { return memory_stats_dict(allocator_.sim.stats()); }
   py::list memory_segments() const { return segments_of(allocator_.sim); }
+  // The NCCL communicators of one rank of a job (its process groups of two
+  // or more ranks that communicated): their buffers stand beside the
+  // allocator on the GPU the report shows.
+  void set_nccl_communicators(int count) {
+    if (run_.gpu_memory) run_.gpu_memory = gpu_memory(gpu_, 0, {.nccl_communicators = count});
+  }
   void reset_peak_memory_stats() { allocator_.sim.reset_peaks(); }
   void reset_accumulated_memory_stats() { allocator_.sim.reset_accumulated(); }
   void empty_cache() {
@@ -421,6 +428,7 @@ class Session {
   Phase phase_ = Phase::Setup;
   bool step_open_ = true;
   std::int64_t parameter_bytes_ = 0, parameter_count_ = 0;
+  const GpuSpec& gpu_;  // metamem's table's, which outlives every session
   std::thread::id owner_;
 };
 
@@ -567,6 +575,7 @@ PYBIND11_MODULE(_metamem, m) {
       .def("pop_scope", &Session::pop_scope)
       .def("memory_stats", &Session::memory_stats)
       .def("memory_segments", &Session::memory_segments)
+      .def("set_nccl_communicators", &Session::set_nccl_communicators, py::arg("count"))
       .def("reset_peak_memory_stats", &Session::reset_peak_memory_stats)
       .def("reset_accumulated_memory_stats", &Session::reset_accumulated_memory_stats)
       .def("empty_cache", &Session::empty_cache)

@@ -609,8 +609,9 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
                 _patch_traced_storages(patches)
                 _patch_fake_tensor_mode(patches)
                 _patch_data_loader_workers(patches)
+                groups = None
                 if world_size is not None:
-                    stack.enter_context(_distributed.ranks(device, world_size, rank, nproc_per_node))
+                    groups = stack.enter_context(_distributed.ranks(device, world_size, rank, nproc_per_node))
                 if values == "placeholder":
                     stack.enter_context(_metamem.PlaceholderValues())
                 scopes = stack.enter_context(_ModuleScopes(session))
@@ -623,6 +624,8 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
                 model, dtype = scopes.model()
                 if device == "cuda":
                     result._reserved_peak = session.memory_stats()["reserved_bytes"]["all"]["peak"]
+                    if groups is not None:
+                        session.set_nccl_communicators(groups.communicators())
             result._result = session.finish(model, dtype)
             finished = True
         finally:

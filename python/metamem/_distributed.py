@@ -22,6 +22,7 @@ What a backend holds beside its arguments:
 """
 
 import contextlib
+import functools
 import os
 from unittest import mock
 
@@ -185,6 +186,23 @@ class TracedProcessGroup(dist.ProcessGroup):
     def __repr__(self):
         return f"metamem.TracedProcessGroup(rank={self.rank()}, size={self.size()})"
 
+    communicated = False  # whether it ran a collective or sent (NCCL makes its communicator then)
+
+
+def _communicating(collective):
+    @functools.wraps(collective)
+    def marked(self, *args, **kwargs):
+        self.communicated = True
+        return collective(self, *args, **kwargs)
+    return marked
+
+
+for _name in ("all_gather_single", "all_gather_single_coalesced", "allgather", "gather", "scatter",
+              "reduce_scatter_single", "reduce_scatter_single_coalesced", "reduce_scatter", "allreduce",
+              "allreduce_coalesced", "reduce", "broadcast", "alltoall", "all_to_all_single", "barrier", "send",
+              "recv"):
+    setattr(TracedProcessGroup, _name, _communicating(getattr(TracedProcessGroup, _name)))
+
 
 def _real(tensor):
     """A traced tensor of known values (a mesh's rank numbers) as a real CPU
@@ -271,20 +289,37 @@ def local_world_size(world_size, nproc_per_node=None):
     return nproc_per_node or min(world_size, 8)
 
 
+class Groups:
+    """The process groups a block made (the default one, new_group's, a
+    DeviceMesh's dimensions), as the backend makes them for this rank."""
+
+    def __init__(self):
+        self.made = []
+
+    def communicators(self):
+        """The groups of two or more ranks that ran a collective: NCCL makes
+        a communicator for each, at its first collective."""
+        return sum(1 for group in self.made if group.size() > 1 and group.communicated)
+
+
 @contextlib.contextmanager
 def ranks(device, world_size, rank, nproc_per_node=None):
     """Rank `rank` of `world_size` (check()ed) for the block: metamem's
     default process group, torchrun's environment (`nproc_per_node` ranks
     to a node), and
     torch.distributed.init_process_group answering from them whatever
-    backend it names. Everything is put back afterwards."""
+    backend it names. Everything is put back afterwards. Yields the Groups
+    the block makes."""
     local_size = local_world_size(world_size, nproc_per_node)
     environment = {"RANK": rank, "WORLD_SIZE": world_size, "LOCAL_RANK": rank % local_size,
                    "LOCAL_WORLD_SIZE": local_size, "GROUP_RANK": rank // local_size,
                    "MASTER_ADDR": "localhost", "MASTER_PORT": "29500"}
+    groups = Groups()
 
     def make_group(store, group_rank, group_size, timeout):
-        return TracedProcessGroup(group_rank, group_size, copies=device == "cpu")
+        group = TracedProcessGroup(group_rank, group_size, copies=device == "cpu")
+        groups.made.append(group)
+        return group
 
     from torch.distributed.tensor import _random
 
@@ -314,4 +349,4 @@ def ranks(device, world_size, rank, nproc_per_node=None):
         _host_meshes(patches)
         patches.set(dist, "init_process_group", init_process_group)
         patches.set(dist.distributed_c10d, "init_process_group", init_process_group)
-        yield
+        yield groups

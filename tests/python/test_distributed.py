@@ -164,3 +164,27 @@ def test_bad_ranks_are_refused_before_anything_changes():
         assert dist.is_initialized()
     finally:
         dist.destroy_process_group()
+
+
+def test_a_cuda_ranks_report_counts_the_nccl_communicators_its_collectives_made():
+    # NCCL makes a communicator for a group of two or more ranks at its first
+    # collective; its buffers stand beside the allocator on the GPU.
+    def nccl_buffers(world, step):
+        with metamem.trace(device="cuda", world_size=world, rank=0) as t:
+            step(world)
+        beside = {use["what"]: use["bytes"] for use in t.json()["gpu_memory"]["beside_allocator"]}
+        return beside.get("NCCL buffers", 0)
+
+    one = metamem.gpu_memory("H100-80GB", nccl_communicators=1)["beside_allocator"][1]["bytes"]
+    assert nccl_buffers(4, lambda world: fsdp2(world, device="cuda")) == one  # the mesh is the default group
+    assert nccl_buffers(1, lambda world: fsdp2(world, device="cuda")) == 0  # a group of one rank has none
+    assert nccl_buffers(4, lambda world: torch.zeros(8, device="cuda")) == 0  # nothing communicated
+
+    def data_and_tensor_parallel(world):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cuda", (2, 2), mesh_dim_names=("dp", "tp"))
+        for name in ("dp", "tp"):
+            dist.all_reduce(torch.ones(4, device="cuda"), group=mesh[name].get_group())
+
+    assert nccl_buffers(4, data_and_tensor_parallel) == 2 * one
