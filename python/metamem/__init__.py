@@ -31,7 +31,7 @@ from ._cuda import FakeCudaRuntime, Patches
 from ._process import ProcessState
 from ._sharding import Sharding
 
-__all__ = ["trace", "trace_ranks", "Sharding", "achieved_cpu", "gpus", "gpu_memory", "largest_batch", "Trace", "UnsupportedOpError", "ValueReadError", "TraceEndedError",
+__all__ = ["trace", "trace_ranks", "Sharding", "achieved_cpu", "gpus", "gpu_memory", "largest_batch", "largest_batch_by_line", "Trace", "UnsupportedOpError", "ValueReadError", "TraceEndedError",
            "UnsupportedCompileError"]
 
 
@@ -676,21 +676,66 @@ def largest_batch(fits, most=1 << 16):
     when fits(1) is not: doubling, then bisection, each size asked once. A
     size whose trace reads a value it does not know stops the search with
     ValueReadError, naming that size and the largest that fit."""
-    best = 0
+    asked = _naming_the_batch(fits)
+    return _largest_from(asked, 1, None, most) if asked(1) else 0
+
+
+def largest_batch_by_line(measure, budget, most=1 << 16):
+    """The largest batch size up to `most` whose reserved bytes (measure(batch)
+    gives (peak bytes, reserved bytes)) are at most `budget`, 0 when batch
+    1's are not, in few traces: a step's buffers either do not depend on the
+    batch or grow by the same bytes with each sample, so batches 1 and 2 give
+    the line the peak follows, the batch where that line meets the budget is
+    traced, and the next one, which must not fit: four traces where the line
+    holds. Where it does not (the allocator's segments round the reserved
+    bytes), doubling and bisection go on from what was measured. Each size
+    is measured once; errors as largest_batch's."""
+    measured = {}
+
+    def fits(batch):
+        measured[batch] = measure(batch)
+        return measured[batch][1] <= budget
+
+    asked = _naming_the_batch(fits)
+    if not asked(1):
+        return 0
+    if most == 1 or not asked(2):
+        return 1
+    slope = measured[2][0] - measured[1][0]
+    guess = most if slope <= 0 else min(most, max(2, 2 + (budget - measured[2][1]) // slope))
+    if guess == 2:
+        return _largest_from(asked, 2, None, most)
+    if not asked(guess):
+        return _largest_from(asked, 2, guess, most)
+    if guess == most or not asked(guess + 1):
+        return guess
+    return _largest_from(asked, guess + 1, None, most)
+
+
+def _naming_the_batch(fits):
+    """fits(batch), a ValueReadError naming the batch and the largest that fit."""
+    largest = [0]
 
     def asked(batch):
         try:
-            return fits(batch)
+            fit = fits(batch)
         except ValueReadError as error:
             raise ValueReadError(f"at batch {batch} the step reads a value the trace does not know, "
-                                 f"batch {best} fits: {error.args[0]}") from error
+                                 f"batch {largest[0]} fits: {error.args[0]}") from error
+        if fit:
+            largest[0] = max(largest[0], batch)
+        return fit
+    return asked
 
-    if not asked(1):
-        return 0
-    best, fails = 1, 2
-    while fails <= most and asked(fails):
-        best, fails = fails, 2 * fails
-    fails = min(fails, most + 1)
+
+def _largest_from(asked, best, fails, most):
+    """The largest batch that fits, `best` fitting and `fails` (None: none
+    known yet) not: doubling from `best` until one fails, then bisection."""
+    if fails is None:
+        fails = 2 * best
+        while fails <= most and asked(fails):
+            best, fails = fails, 2 * fails
+        fails = min(fails, most + 1)
     while fails - best > 1:
         middle = (best + fails) // 2
         if asked(middle):

@@ -17,7 +17,8 @@ import json
 import logging
 import sys
 
-from . import Sharding, UnsupportedOpError, _metamem, achieved_cpu, gpu_memory, largest_batch, trace
+from . import (Sharding, UnsupportedOpError, _metamem, achieved_cpu, gpu_memory, largest_batch_by_line,
+               trace)
 from . import torchtitan as titan
 from ._search import each_apart
 
@@ -341,13 +342,7 @@ def fit(args):
         return 0
     gpu = gpu_for(args)
     budget = gpu["allocator_bytes"]
-    tried = {}
-
-    def fits(batch):
-        tried[batch] = traced(args, batch)[0].reserved_peak_bytes
-        return tried[batch] <= budget
-
-    best = largest_batch(fits, args.max_batch)
+    best, tried = largest_local_batch(args, argparse.Namespace(), budget)
     extra, lines = job_lines(args)
     if args.format == "json":
         print(json.dumps({"gpu": args.gpu, "memory_bytes": gpu["total_bytes"], "gpu_memory": gpu,
@@ -398,17 +393,22 @@ def layouts_of(args):
 
 
 def largest_local_batch(args, layout, budget):
-    """(largest batch, {batch: reserved bytes}) of one layout on rank 0,
+    """(largest batch, {batch: reserved bytes}) of the flags' layout with
+    `layout`'s flags set, read off the line through batches 1 and 2 and
+    verified (metamem.largest_batch_by_line); a search traces rank 0,
     whose shards are the largest (the last rank's are short where a
     dimension does not divide)."""
-    args = argparse.Namespace(**{**vars(args), **vars(layout), "rank": 0})
+    args = argparse.Namespace(**{**vars(args), **vars(layout)})
+    if vars(layout):
+        args.rank = 0
     tried = {}
 
-    def fits(batch):
-        tried[batch] = traced(args, batch)[0].reserved_peak_bytes
-        return tried[batch] <= budget
+    def measure(batch):
+        t = traced(args, batch)[0]
+        tried[batch] = t.reserved_peak_bytes
+        return max(t.step_peaks), t.reserved_peak_bytes
 
-    return largest_batch(fits, args.max_batch), tried
+    return largest_batch_by_line(measure, budget, args.max_batch), tried
 
 
 def layout_row(args, layout):

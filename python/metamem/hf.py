@@ -19,7 +19,7 @@ import torch
 
 from . import UnsupportedOpError, gpu_memory, trace
 from ._step import checked, train
-from . import largest_batch as search_largest_batch
+from . import largest_batch_by_line
 
 __all__ = ["config", "training_step", "trace_step", "TASKS"]
 
@@ -235,10 +235,16 @@ def largest_batch(cfg, seq=128, gpu="H100-80GB", memory=None, most=1 << 16, **op
     """The largest batch size (up to `most`) whose reserved_peak fits in what
     `memory` bytes of the GPU (all of it by default) leave the allocator
     beside the CUDA context (docs/gpu-memory.md), 0 when batch 1 does not:
-    doubling, then bisection, one trace per size tried (metamem.largest_batch).
+    read off the line through batches 1 and 2 and verified, else doubling and
+    bisection (metamem.largest_batch_by_line).
     With a `sharding`, the NCCL communicators of its process groups come
     off the allocator's memory too."""
     sharding = options.get("sharding")
     capacity = gpu_memory(gpu, memory, nccl_communicators=sharding.process_groups() if sharding else 0)[
         "allocator_bytes"]
-    return search_largest_batch(lambda batch: reserved_peak(cfg, batch, seq, gpu, **options) <= capacity, most)
+
+    def measure(batch):
+        t = trace_step(cfg, batch, seq, device="cuda", gpu=gpu, **options)
+        return max(t.step_peaks), t.reserved_peak_bytes
+
+    return largest_batch_by_line(measure, capacity, most)

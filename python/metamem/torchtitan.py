@@ -19,7 +19,7 @@ import os
 import torch
 
 from . import gpu_memory
-from . import largest_batch as search_largest_batch
+from . import largest_batch_by_line
 from . import trace as metamem_trace
 
 __all__ = ["PRESETS", "Preset", "job_config", "training_step", "trace", "largest_batch"]
@@ -146,10 +146,13 @@ def trace(flavor, world_size=None, rank=0, gpu="H100-80GB", steps=2, **overrides
 def largest_batch(flavor, world_size=None, gpu="H100-80GB", memory=None, most=64, **overrides):
     """The largest local batch size (up to `most`) whose rank 0 step reserves
     no more than what the CUDA context leaves of `memory` bytes of `gpu`
-    (all of it by default): one two-step trace per size tried."""
+    (all of it by default): two-step traces of batches 1 and 2, then where
+    their line meets the memory and the next batch, to verify
+    (metamem.largest_batch_by_line)."""
     capacity = gpu_memory(gpu, memory)["allocator_bytes"]
 
-    def fits(batch):
-        return trace(flavor, world_size, 0, gpu, local_batch_size=batch, **overrides).reserved_peak_bytes <= capacity
+    def measure(batch):
+        t = trace(flavor, world_size, 0, gpu, local_batch_size=batch, **overrides)
+        return max(t.step_peaks), t.reserved_peak_bytes
 
-    return search_largest_batch(fits, most)
+    return largest_batch_by_line(measure, capacity, most)

@@ -455,3 +455,38 @@ def test_code_written_for_cuda_runs_on_cpu_traced_and_for_real():
         model(torch.randn(8, 64, device="cuda")).sum().backward()
     traced, achieved = trace_and_run(step)
     assert traced == achieved
+
+
+def _searched(search, reserved_of, budget, most=1 << 16):
+    """(answer, batches measured) of a largest-batch search over reserved_of."""
+    asked = []
+
+    def measure(batch):
+        asked.append(batch)
+        return reserved_of(batch), reserved_of(batch)
+
+    if search is metamem.largest_batch:
+        return search(lambda batch: measure(batch)[1] <= budget, most), asked
+    return search(measure, budget, most), asked
+
+
+@pytest.mark.parametrize("reserved_of, budget", [
+    (lambda b: 1000 + 37 * b, 1000 + 37 * 25),                    # a line: read off it
+    (lambda b: 1000 + 37 * b + 1, 1000 + 37 * 25),                # just under one more sample
+    (lambda b: (1000 + 37 * b + 511) // 512 * 512, 5000),         # rounded to segments
+    (lambda b: 1000 + 37 * b + (300 if b > 40 else 0), 2600),     # a step beyond the line's batch
+    (lambda b: 1000 + 3 * b * b, 40_000),                         # faster than a line: the guess fails
+    (lambda b: 1000 + 37 * b, 500),                               # batch 1 does not fit
+    (lambda b: 1000 + 37 * b, 1050),                              # batch 2 does not
+    (lambda b: 1000, 2000),                                       # no growth: the cap
+])
+def test_the_largest_batch_is_read_off_the_line_of_two_batches_and_verified(reserved_of, budget):
+    # The same answer as doubling and bisection, each batch measured once;
+    # four batches where the reserved bytes follow the line.
+    line, asked = _searched(metamem.largest_batch_by_line, reserved_of, budget, most=64)
+    assert line == _searched(metamem.largest_batch, reserved_of, budget, most=64)[0]
+    assert len(asked) == len(set(asked))
+    if reserved_of(1) == 1000 + 37 and budget == 1000 + 37 * 25:
+        assert (line, asked) == (25, [1, 2, 25, 26])
+    bisection_asked = _searched(metamem.largest_batch, reserved_of, budget, most=64)[1]
+    assert len(asked) <= len(bisection_asked) + 2
