@@ -26,7 +26,7 @@ import tempfile
 import metamem
 import metamem._metamem as native
 import fake_gpu_sweep
-from compile_sweep import STEPS, cold_cache
+from compile_sweep import CHILD as COMPILE_CHILD, cold_cache
 from compiled_models import two_adamw_steps
 from real_torch_on_fake_gpu import PROLOGUE, measure
 
@@ -38,14 +38,13 @@ import os, pickle, torch
 torch.cuda.memory._record_memory_history(context="alloc", stacks="python", max_entries=10**7)
 """ + child + """
 pickle.dump(torch.cuda.memory._snapshot()["device_traces"][0], open(os.environ["METAMEM_HISTORY"], "wb"))
-os._exit(0)
 """
 
 
 def real_events(oracle, gpu, name, how):
     """[(kind, bytes, where)] of the real run: kind "alloc" or "free".
     `how`: compiled (True or False), or fake_gpu_sweep's precision."""
-    child = fake_gpu_sweep.STEPS if isinstance(how, str) else STEPS
+    child = fake_gpu_sweep.CHILD if isinstance(how, str) else COMPILE_CHILD
     with tempfile.TemporaryDirectory() as folder:
         os.environ["METAMEM_HISTORY"] = history = os.path.join(folder, "history.pickle")
         cold_cache()

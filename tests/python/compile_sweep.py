@@ -35,7 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # wraps the two compile entries that metamem's CompilingAside wraps
 # (metamem/_compile.py), written out here because the child imports only
 # torch.
-STEPS = f"""
+CHILD = f"""
 import gc
 import torch._dynamo.convert_frame as convert_frame
 from torch._functorch._aot_autograd import runtime_wrappers
@@ -56,8 +56,6 @@ from compiled_models import two_adamw_steps
 name, compile = json.loads(sys.argv[3])
 print(json.dumps(two_adamw_steps(name, "cuda", compile)[1]()), flush=True)
 """
-# The fake GPU's runtime can abort as the process exits: the result is out by then.
-CHILD = STEPS + "import os; os._exit(0)\n"
 
 
 def timed(function):

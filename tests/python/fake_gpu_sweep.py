@@ -153,15 +153,13 @@ def two_steps(name, precision):
 
 
 # The steps in a child on the fake GPU (real_torch_on_fake_gpu.PROLOGUE
-# first), printing their peaks; CHILD then leaves at once, as the fake GPU's
-# runtime can abort as the process exits (a thread torch started still
-# running): the result is out by then.
-STEPS = f"""
+# first), printing their peaks (measure() then leaves at once: the fake GPU's
+# runtime can abort as the process exits).
+CHILD = f"""
 sys.path.insert(0, {HERE!r})
 from fake_gpu_sweep import two_steps
 print(json.dumps(two_steps(*json.loads(sys.argv[3]))[1]()), flush=True)
 """
-CHILD = STEPS + "import os; os._exit(0)\n"
 
 
 def run_one(name, gpu, precision, oracle):

@@ -181,9 +181,17 @@ CHILD_STEPS = PROLOGUE + textwrap.dedent("""
 """)
 
 
+# The fake GPU's runtime can abort as a process exits ("terminate called
+# without an active exception": a CUDA-graph step's child did, once in a
+# loaded CI run): a child leaves at once when its program is done, its
+# result printed.
+LEAVE = "\nimport os as _os, sys as _sys\n_sys.stdout.flush()\n_sys.stderr.flush()\n_os._exit(0)\n"
+
+
 def measure(oracle, gpu, program, *args, torch_site=None):
     """The child's last line, as JSON: `program` run by real torch on the
     fake `gpu`; the torch of the folder `torch_site` where one is given."""
+    program += LEAVE
     env = dict(os.environ)
     if torch_site:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, (torch_site, env.get("PYTHONPATH"))))
