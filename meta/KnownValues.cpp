@@ -52,6 +52,13 @@ at::Tensor view_of(const c10::Storage& storage, const at::Tensor& t) {
 
 bool is_random(const c10::OperatorHandle& op) { return op.hasTag(at::Tag::nondeterministic_seeded); }
 
+// A collective's result holds the other ranks' values, which this rank's
+// trace does not have; run on the values it knows, torch's own kernel
+// would reach the trace's process group with host tensors.
+bool is_collective(const std::string& name) {
+  return name.rfind("c10d::", 0) == 0 || name.rfind("_c10d_functional", 0) == 0 || name.rfind("_dtensor::", 0) == 0;
+}
+
 // An uninitialised buffer's values are whatever it held. A random op that
 // learn_values runs draws from torch's CPU generator (or the CPU generator
 // it is given), as the real run's host code does: values the run could have
@@ -60,7 +67,7 @@ bool is_random(const c10::OperatorHandle& op) { return op.hasTag(at::Tag::nondet
 bool makes_run_values(const c10::OperatorHandle& op) {
   const std::string& name = op.schema().name();
   return name.find("empty") == std::string::npos && name.find("resize") == std::string::npos &&
-         name != "aten::set_";
+         name != "aten::set_" && !is_collective(name);
 }
 
 bool is_written(const c10::FunctionSchema& schema, std::size_t argument) {

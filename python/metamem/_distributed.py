@@ -204,6 +204,39 @@ for _name in ("all_gather_single", "all_gather_single_coalesced", "allgather", "
     setattr(TracedProcessGroup, _name, _communicating(getattr(TracedProcessGroup, _name)))
 
 
+def _mark_functional_collectives(patches):
+    """torch.distributed's functional collectives (DTensor's redistributions,
+    tensor parallelism's) are ops whose meta kernels, in a trace, never
+    reach the process group: the group one names is marked as communicating
+    where the call resolves it."""
+    from torch.distributed import _functional_collectives as funcol
+
+    resolve = funcol._resolve_group
+
+    def resolved(group, tag=""):
+        found = resolve(group, tag)
+        process_group = dist.distributed_c10d._resolve_process_group(found) if isinstance(found, str) else found
+        if isinstance(process_group, TracedProcessGroup):
+            process_group.communicated = True
+        return found
+
+    patches.set(funcol, "_resolve_group", resolved)
+
+
+def _wrap_collective_results(restored):
+    """A functional collective's result is made ready for autograd by
+    _wrap_tensor_autograd: the real kernel wraps it (an AsyncCollectiveTensor
+    over the same storage), where the fake kernel a trace would run copies
+    it (64,000 B more at the gathered logits of a tensor-parallel Llama's
+    head). For the block, traced tensors take the real kernel's bytes: over
+    metamem's own kernel for the op, made when tracing began."""
+    import torch.distributed._functional_collectives  # noqa: F401  defines the op
+
+    library = torch.library.Library("_c10d_functional", "IMPL")
+    library.impl("_wrap_tensor_autograd", torch.ops.aten.alias.default, "PrivateUse1")
+    restored.callback(library._destroy)
+
+
 def _real(tensor):
     """A traced tensor of known values (a mesh's rank numbers) as a real CPU
     tensor made now: on a fake cpu it is recorded as the real one was."""
@@ -256,6 +289,7 @@ def _random_op_on_traced_tensors(start_offset, end_offset, op, *args, **kwargs):
 # A traced tensor's backend key is metamem's own (PrivateUse1): the kernel
 # serves traces alone.
 torch._prims.rng_prims.run_dtensor_rng_op.py_impl(torch._C.DispatchKey.PrivateUse1)(_random_op_on_traced_tensors)
+
 
 
 # torch keeps tables of every rank of a group (init_process_group's rank map:
@@ -347,6 +381,8 @@ def ranks(device, world_size, rank, nproc_per_node=None):
                                      f"of {world_size}")
 
         _host_meshes(patches)
+        _mark_functional_collectives(patches)
+        _wrap_collective_results(restored)
         patches.set(dist, "init_process_group", init_process_group)
         patches.set(dist.distributed_c10d, "init_process_group", init_process_group)
         yield groups

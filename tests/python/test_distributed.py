@@ -166,6 +166,20 @@ def test_bad_ranks_are_refused_before_anything_changes():
         dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_collectives_result_holds_values_of_other_ranks_that_a_trace_does_not_know(device):
+    # A trace knows the values of small host-made tensors (ones here); a
+    # collective's result is not this rank's to compute. It was: torch's own
+    # kernel ran on the known values and left a result that crashed the
+    # next op.
+    import torch.distributed._functional_collectives as funcol
+
+    with pytest.raises(metamem.ValueReadError):
+        with metamem.trace(device=device, world_size=2, rank=0):
+            total = funcol.all_reduce(torch.ones(4, device=device), "sum", dist.group.WORLD)
+            (total + 1).sum().item()
+
+
 def test_a_cuda_ranks_report_counts_the_nccl_communicators_its_collectives_made():
     # NCCL makes a communicator for a group of two or more ranks at its first
     # collective; its buffers stand beside the allocator on the GPU.
@@ -188,3 +202,14 @@ def test_a_cuda_ranks_report_counts_the_nccl_communicators_its_collectives_made(
             dist.all_reduce(torch.ones(4, device="cuda"), group=mesh[name].get_group())
 
     assert nccl_buffers(4, data_and_tensor_parallel) == 2 * one
+    def partial_sums_replicated(world):
+        # DTensor's redistributions are functional collectives, ops whose
+        # kernels in a trace never reach the group: counted where they name it.
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import DTensor, Partial, Replicate
+
+        mesh = init_device_mesh("cuda", (world,))
+        DTensor.from_local(torch.ones(4, device="cuda"), mesh, [Partial()], run_check=False).redistribute(
+            mesh, [Replicate()]).to_local().sum()  # used: waited for
+
+    assert nccl_buffers(2, partial_sums_replicated) == one
