@@ -298,6 +298,7 @@ nlohmann::json checkpoint_json(const CheckpointReport& r) {
                         {"step_flops", r.step_flops},
                         {"overhead", r.overhead()},
                         {"solver_ms", r.solver_ms},
+                        {"traces", r.traces},
                         {"policy", segments_json(r.policy.segments, r.unit_names)},
                         {"policy_text", to_string(r.policy)},
                         {"units", r.unit_names},
@@ -320,12 +321,20 @@ std::string checkpoint_text(const CheckpointReport& r) {
                        r.unit_names.back());
   out += fmt::format("  policy ({}): {}   (segments of units by index, nested ones in brackets)\n",
                      r.solver, to_string(r.policy));
-  line("predicted peak", human_bytes(r.peak_bytes), "simulated");
-  line("re-traced peak", human_bytes(r.retraced_peak_bytes),
-       r.retraced_peak_bytes == r.peak_bytes ? "equal" : fmt::format("{:+} B", r.retraced_peak_bytes - r.peak_bytes));
+  if (r.traces > 0) {
+    line("peak", human_bytes(r.peak_bytes), "traced");
+  } else {
+    line("predicted peak", human_bytes(r.peak_bytes), "simulated");
+    line("re-traced peak", human_bytes(r.retraced_peak_bytes),
+         r.retraced_peak_bytes == r.peak_bytes ? "equal"
+                                               : fmt::format("{:+} B", r.retraced_peak_bytes - r.peak_bytes));
+  }
   line("recompute", human_flops(r.recompute_flops),
        fmt::format("{:.1f}% of the step's {}", 100.0 * r.overhead(), human_flops(r.step_flops)));
-  line("solver time", fmt::format("{:.1f} ms", r.solver_ms));
+  if (r.traces > 0)
+    line("search time", fmt::format("{:.1f} s", r.solver_ms / 1000), fmt::format("{} trace{}", r.traces, r.traces == 1 ? "" : "s"));
+  else
+    line("solver time", fmt::format("{:.1f} ms", r.solver_ms));
   if (r.achieved_peak_bytes >= 0)
     line("achieved peak (real CPU)", human_bytes(r.achieved_peak_bytes),
          fmt::format("{:+} B", r.peak_bytes - r.achieved_peak_bytes));

@@ -60,12 +60,15 @@ struct CheckpointReport {
   std::string solver;
   CheckpointPolicy policy;
   std::vector<std::string> unit_names;
-  std::int64_t peak_bytes = 0;           // simulated
+  std::int64_t peak_bytes = 0;           // simulated; traced where `traces` found it
   std::int64_t retraced_peak_bytes = 0;  // traced under the policy
   std::int64_t recompute_flops = 0;
   std::int64_t step_flops = 0;           // without checkpointing
   std::int64_t unchecked_peak_bytes = 0;  // without checkpointing
   double solver_ms = 0;
+  // 0: the simulator planned it and a trace checked it (the zoo's chains);
+  // more: a search of that many traces found it (Python models).
+  std::int32_t traces = 0;
   struct Point {
     std::int64_t budget, peak, recompute_flops;
   };

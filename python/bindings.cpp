@@ -190,7 +190,19 @@ class Result {
     return out;
   }
   std::string to_json(int depth) const { return report_json(run_, estimated(), depth).dump(2); }
-  std::string html(int depth) const { return report_html(report_json(run_, estimated(), depth)); }
+  // With `checkpoint` (a checkpoint report's JSON), the page shows that plan too.
+  std::string html(int depth, const std::string& checkpoint) const {
+    return report_html(report_json(run_, estimated(), depth),
+                       checkpoint.empty() ? nlohmann::json(nullptr) : nlohmann::json::parse(checkpoint));
+  }
+  // FLOPs of the measured step, and of them those recomputed in backward.
+  py::dict flops() const {
+    const StepFlops flops = trace().measured_flops();
+    py::dict out;
+    out["total"] = flops.total;
+    out["recompute"] = flops.recompute;
+    return out;
+  }
   void snapshot(const std::string& path) const { save(path, memory_snapshot_pickle(trace(), allocator_)); }
   void save_allocator_events(const std::string& path) const {
     std::ostringstream events;
@@ -319,6 +331,11 @@ class Session {
     tracer_->begin_backward(outputs);
     phase_ = Phase::Backward;
   }
+
+  // A module torch.utils.checkpoint recomputes in backward: its ops are
+  // the step's recomputation (phase "recompute", their FLOPs its cost).
+  std::int64_t begin_recompute() { return Tracer::begin_region(RegionKind::Recompute, -1, -1); }
+  void end_recompute(std::int64_t region) { Tracer::end_region(region); }
 
   void backward_done(const std::vector<at::Tensor>& gradients) {
     tracer_->end_backward();
@@ -513,6 +530,7 @@ PYBIND11_MODULE(_metamem, m) {
   });
   // "80GiB" -> bytes, as the command line reads sizes; ValueError naming `what` otherwise.
   m.def("parse_memory", &metamem::parse_memory, py::arg("text"), py::arg("what"));
+  m.def("human_bytes", &metamem::human_bytes, py::arg("bytes"));  // "20.00 MiB", as the CLI prints sizes
   m.def("parse_memory_or_zero", &metamem::parse_memory_or_zero, py::arg("text"), py::arg("what"));
   m.def("gpu", [](const std::string& key) { return gpu_dict(metamem::find_gpu(key)); });
   // `total` bytes of `gpu` (0: all of its memory) and what it holds beside
@@ -529,6 +547,38 @@ PYBIND11_MODULE(_metamem, m) {
             .dump();
       },
       py::arg("gpu"), py::arg("total") = 0, py::arg("cuda_context") = py::none(), py::arg("nccl_communicators") = 0);
+  // A checkpointing plan that a search of traces found (metamem checkpoint
+  // --hf): (the CLI's text, its JSON), as the zoo's plans print.
+  m.def(
+      "checkpoint_report",
+      [](const std::string& model, const std::string& device, std::int64_t batch, const std::string& dtype,
+         const std::string& optimizer, std::int64_t budget, const std::string& solver, const std::string& policy,
+         const std::vector<std::string>& units, std::int64_t peak, std::int64_t unchecked_peak,
+         std::int64_t recompute_flops, std::int64_t step_flops, double search_ms, std::int32_t traces,
+         const std::vector<std::tuple<std::int64_t, std::int64_t, std::int64_t>>& pareto) {
+        metamem::CheckpointReport report;
+        report.run.model = model;
+        report.run.device = device;
+        report.run.batch = batch;
+        report.run.dtype = dtype;
+        report.run.optimizer = optimizer;
+        report.budget = budget;
+        report.solver = solver;
+        report.policy = metamem::parse_policy(policy);
+        report.unit_names = units;
+        report.peak_bytes = report.retraced_peak_bytes = peak;
+        report.unchecked_peak_bytes = unchecked_peak;
+        report.recompute_flops = recompute_flops;
+        report.step_flops = step_flops;
+        report.solver_ms = search_ms;
+        report.traces = traces;
+        for (const auto& [at, reached, flops] : pareto) report.pareto.push_back({at, reached, flops});
+        return std::make_pair(metamem::checkpoint_text(report), metamem::checkpoint_json(report).dump(2));
+      },
+      py::arg("model"), py::arg("device"), py::arg("batch"), py::arg("dtype"), py::arg("optimizer"),
+      py::arg("budget"), py::arg("solver"), py::arg("policy"), py::arg("units"), py::arg("peak"),
+      py::arg("unchecked_peak"), py::arg("recompute_flops"), py::arg("step_flops"), py::arg("search_ms"),
+      py::arg("traces"), py::arg("pareto"));
   m.def("gpu_keys", [] {
     std::vector<std::string> keys;
     for (const metamem::GpuSpec& gpu : metamem::known_gpus()) keys.emplace_back(gpu.key);
@@ -557,7 +607,8 @@ PYBIND11_MODULE(_metamem, m) {
       .def("table", &Result::table, py::arg("kind"), py::arg("depth"), py::arg("csv"))
       .def("allocations", &Result::allocations)
       .def("to_json", &Result::to_json, py::arg("depth"))
-      .def("html", &Result::html, py::arg("depth"))
+      .def("html", &Result::html, py::arg("depth"), py::arg("checkpoint") = "")
+      .def("flops", &Result::flops)
       .def("snapshot", &Result::snapshot, py::arg("path"))
       .def("save_allocator_events", &Result::save_allocator_events, py::arg("path"));
   py::class_<Session>(m, "Session")
@@ -570,6 +621,8 @@ PYBIND11_MODULE(_metamem, m) {
       .def("forward", &Session::forward)
       .def("backward", &Session::backward)
       .def("backward_done", &Session::backward_done)
+      .def("begin_recompute", &Session::begin_recompute)
+      .def("end_recompute", &Session::end_recompute, py::arg("region"))
       .def("parameters", &Session::parameters)
       .def("push_scope", &Session::push_scope)
       .def("pop_scope", &Session::pop_scope)

@@ -18,6 +18,7 @@ import gc
 import html
 import json
 import os
+import sys
 import threading
 import weakref
 
@@ -30,8 +31,9 @@ from ._compile_cuda import UnsupportedCompileError
 from ._cuda import FakeCudaRuntime, Patches
 from ._process import ProcessState
 from ._sharding import Sharding
+from ._checkpointing import Checkpointing
 
-__all__ = ["trace", "trace_ranks", "Sharding", "achieved_cpu", "gpus", "gpu_memory", "largest_batch", "largest_batch_by_line", "Trace", "UnsupportedOpError", "ValueReadError", "TraceEndedError",
+__all__ = ["trace", "trace_ranks", "Sharding", "Checkpointing", "achieved_cpu", "gpus", "gpu_memory", "largest_batch", "largest_batch_by_line", "Trace", "UnsupportedOpError", "ValueReadError", "TraceEndedError",
            "UnsupportedCompileError"]
 
 
@@ -110,10 +112,17 @@ class Trace:
         """The whole report as a dict."""
         return json.loads(self.to_json(depth))
 
-    def html(self, path, depth=2):
+    @property
+    def flops(self):
+        """FLOPs of the last step: {"total": ..., "recompute": ...}, those
+        of its forward ops that checkpointing ran again in backward."""
+        return self._done().flops()
+
+    def html(self, path, depth=2, checkpoint=None):
         """Writes the CLI's HTML page (`--html`) to `path`: one file, its
-        charts and sortable tables drawn by itself, nothing fetched."""
-        page = self._done().html(depth)
+        charts and sortable tables drawn by itself, nothing fetched.
+        `checkpoint`: the JSON of `metamem checkpoint`'s plan, shown too."""
+        page = self._done().html(depth, checkpoint or "")
         with open(os.fspath(path), "w", encoding="utf-8") as out:
             out.write(page)
 
@@ -144,33 +153,42 @@ def _local(tensor):
 class _ModuleScopes:
     """Module paths from nn.Module names, via global forward hooks that
     see the trace's thread alone. Modules are held weakly: a model the
-    block drops is freed as it would be without a trace."""
+    block drops is freed as it would be without a trace.
+
+    A module entered in backward, outside every module, is recomputed
+    (torch.utils.checkpoint): its ops are the trace's recomputation. The
+    leave hook runs when forward raises too, as torch.utils.checkpoint's
+    recomputation does where it stops early, so the path never keeps a
+    module that has left."""
 
     def __init__(self, session):
         self.session = session
         self.owner = threading.get_ident()
         self.names = weakref.WeakKeyDictionary()  # module -> path
         self.adopted = []  # (weak root, its name, its parameters' dtype then), in adoption order
-        self.path = []  # the paths of the modules running, innermost last
+        self.path = []  # (module, its path) of the modules running, innermost last
+        self.recompute = None  # the recomputation region open, from Session.begin_recompute
         self.handles = []
 
     def __enter__(self):
         hooks = torch.nn.modules.module
         self.handles = [hooks.register_module_forward_pre_hook(self._enter),
-                        hooks.register_module_forward_hook(self._leave)]
+                        hooks.register_module_forward_hook(self._leave, always_call=True)]
         return self
 
     def __exit__(self, *exc):
         for handle in self.handles:
             handle.remove()
-
+        if self.recompute is not None:
+            self.session.end_recompute(self.recompute)
+            self.recompute = None
     def adopt(self, module):
         """Names `module`'s submodules from it and marks its parameters."""
         if module in self.names:
             return
         # torch.compile(model) is an OptimizedModule around the model: named as the model.
         named = getattr(module, "_orig_mod", module) if type(module).__name__ == "OptimizedModule" else module
-        root = type(named).__name__
+        root = _class_name(named)
         self.names[module] = root
         for name, sub in named.named_modules():
             self.names.setdefault(sub, f"{root}.{name}" if name else root)
@@ -196,21 +214,39 @@ class _ModuleScopes:
         if torch.compiler.is_compiling() or threading.get_ident() != self.owner:
             return
         if not self.path:
-            self.adopt(module)
-            self.session.forward()
-        self.path.append(self.names.get(module, type(module).__name__))
-        self.session.push_scope(self.path[-1])
+            if torch._C._current_graph_task_id() == -1:
+                self.adopt(module)
+                self.session.forward()
+            else:
+                self.recompute = self.session.begin_recompute()
+        self.path.append((module, self.names.get(module, type(module).__name__)))
+        self.session.push_scope(self.path[-1][1])
 
     def _leave(self, module, inputs, output):
         if torch.compiler.is_compiling() or threading.get_ident() != self.owner:
             return
-        if self.path:
-            self.path.pop()
+        # Not entered where a pre-hook before this one raised.
+        if not self.path or self.path[-1][0] is not module:
+            return
+        self.path.pop()
         self.session.pop_scope()
+        if not self.path and self.recompute is not None:
+            self.session.end_recompute(self.recompute)
+            self.recompute = None
 
     def current(self):
         """The path of the innermost module running, "" outside every module."""
-        return self.path[-1] if self.path else ""
+        return self.path[-1][1] if self.path else ""
+
+
+def _class_name(module):
+    """The module's class's name; FSDP2's fully_shard makes each sharded
+    module's class a new one, "FSDP" + its name: the model's own."""
+    cls = type(module)
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    if fsdp is not None and len(cls.__bases__) == 2 and cls.__bases__[0] is fsdp.FSDPModule:
+        cls = cls.__bases__[1]
+    return cls.__name__
 
 
 def _on_cpu(value):

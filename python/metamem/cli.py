@@ -9,6 +9,7 @@ TorchScript models stay in C++.
     metamem fit --hf path/to/config.json --seq 4096 --dtype bf16 --checkpointing --gpu H200
     metamem profile --hf llama --hf-set num_hidden_layers=8 --dtype bf16 --dp 64 --fsdp hybrid --rank 9
     metamem fit --hf llama --dtype bf16 --seq 8192 --search --gpus 16 --jobs 2
+    metamem checkpoint --hf llama --hf-set num_hidden_layers=8 --batch 8 --seq 2048 --budget 30GiB
 """
 
 import argparse
@@ -20,6 +21,7 @@ import sys
 from . import (Sharding, UnsupportedOpError, _metamem, achieved_cpu, gpu_memory, largest_batch_by_line,
                trace)
 from . import torchtitan as titan
+from ._checkpointing import SOLVERS, least_recompute
 from ._search import each_apart
 
 class UsageError(Exception):
@@ -82,7 +84,7 @@ def run_parser():
 def parser():
     p = argparse.ArgumentParser(prog="metamem", description="metamem for transformers and timm models",
                                 epilog=__doc__.split("\n\n")[1])
-    p.add_argument("command", choices=["profile", "fit"])
+    p.add_argument("command", choices=["profile", "fit", "checkpoint"])
     model = p.add_mutually_exclusive_group(required=True)
     model.add_argument("--hf", metavar="TYPE|ARCHITECTURE|CONFIG.json",
                        help="a transformers model type, architecture or config.json")
@@ -120,6 +122,11 @@ def parser():
     p.add_argument("--search", action="store_true", help="fit --hf: the layouts FSDP2 gives --gpus GPUs "
                    "(fully sharded, hybrid within nodes of --gpus-per-node), with and without recomputing each "
                    "layer, each with its largest local batch")
+    p.add_argument("--budget", help="checkpoint: the peak to fit in (16GiB)")
+    p.add_argument("--solver", choices=list(SOLVERS), default="auto", help="checkpoint: recompute whole layers, "
+                   "selectively (keeping matrix products and attention), or the one of both that recomputes less")
+    p.add_argument("--pareto", action="store_true", help="checkpoint: trace every count of layers recomputed, "
+                   "so that the curve of the least recompute at each peak (the traced plans') is whole")
     p.add_argument("--gpus", type=int, help="fit --search: the GPUs of the job")
     p.add_argument("--jobs", type=int, default=1, help="fit --search: layouts searched in this many processes")
     p.add_argument("--ray", metavar="ADDRESS", help="fit --search: layouts searched as Ray tasks on the cluster "
@@ -149,6 +156,7 @@ def check(args):
     if args.command == "fit" and (args.html or args.snapshot or args.allocator_events or args.table != "summary"
                                   or args.format == "csv"):
         raise UsageError("--html, --snapshot, --allocator-events, --table and --format csv are for profile")
+    check_checkpoint(args)
     if args.search:
         if args.command != "fit" or not (args.hf or args.torchtitan):
             raise UsageError("--search is for fit --hf and fit --torchtitan")
@@ -170,6 +178,24 @@ def check(args):
             raise UsageError("--gpus, --jobs and --ray are for fit --search")
         args.sharding = None if args.torchtitan else sharding_of(args)
     check_shared_flags(args)
+
+
+def check_checkpoint(args):
+    """checkpoint recomputes transformers' layers itself and writes its plan
+    as the zoo's does (--format table or json, --html)."""
+    if args.command != "checkpoint":
+        if args.budget is not None or args.solver != "auto" or args.pareto:
+            raise UsageError("--budget, --solver and --pareto are for checkpoint")
+        return
+    if not args.hf:
+        raise UsageError("checkpoint recomputes transformers' layers: --hf (torchtitan's modes: fit --torchtitan "
+                         "--search tries them)")
+    if args.budget is None:
+        raise UsageError("checkpoint needs --budget")
+    if args.checkpointing:
+        raise UsageError("checkpoint chooses what to recompute itself: leave out --checkpointing")
+    if args.snapshot or args.allocator_events or args.table != "summary" or args.format == "csv":
+        raise UsageError("--snapshot, --allocator-events, --table and --format csv are for profile")
 
 
 def check_torchtitan(args):
@@ -362,6 +388,44 @@ def fit(args):
     return 0
 
 
+def checkpoint(args):
+    """The layers to recompute, fully or selectively, with the fewest FLOPs
+    recomputed that bring the step's peak within --budget."""
+    from . import hf
+
+    budget = _metamem.parse_memory(args.budget, "--budget")
+    cfg = hf.config(args.hf, **dict(parse_setting(s) for s in args.hf_set))
+    units = hf.checkpoint_layers(cfg, args.attn_implementation)
+    if not units:
+        raise UsageError(f"{cfg.model_type} has no layers transformers checkpoints one by one")
+    traces = {}
+
+    def measure(plan):
+        t = traced(argparse.Namespace(**{**vars(args), "checkpointing": plan}), args.batch)[0]
+        traces[plan] = t
+        return max(t.step_peaks), t.flops["recompute"], t.flops["total"]
+
+    found = least_recompute(measure, len(units), budget, args.solver, args.pareto)
+    plan = found["plan"]
+    if plan is None:
+        print(f"metamem: {cfg.model_type} does not fit in {_metamem.human_bytes(budget)} with the {args.solver} "
+              f"solver; the least memory a traced plan reaches is {_metamem.human_bytes(found['lowest_peak'])} "
+              f"({found['lowest_peak']} B)", file=sys.stderr)
+        return 1
+    t = traces[plan]
+    run = t.json(1)
+    text, report = _metamem.checkpoint_report(
+        model=run["model"], device=run["device"], batch=args.batch, dtype=run["dtype"], optimizer=run["optimizer"],
+        budget=budget, solver=args.solver, policy=plan.policy_text(len(units)), units=units, peak=found["peak"],
+        unchecked_peak=found["unchecked_peak"], recompute_flops=found["recompute_flops"],
+        step_flops=found["step_flops"], search_ms=1000 * found["seconds"], traces=found["traces"],
+        pareto=found["pareto"])
+    if args.html:
+        t.html(args.html, args.depth, checkpoint=report)
+    print(report if args.format == "json" else text, end="\n" if args.format == "json" else "")
+    return 0
+
+
 def process_groups(layout):
     """The process groups of two or more ranks a layout (the flags, or a
     search's layout) communicates in: each an NCCL communicator."""
@@ -452,10 +516,11 @@ def print_search(found):
     print(f"{len(found['layouts'])} layouts on {found['gpus']} {found['gpu']} of {found['memory_bytes'] / 2**30:.2f} "
           f"GiB (rank 0 traced, whose shards are the largest): {found['traces']} traces, {found['seconds']} s, "
           f"{where}")
-    print(f"  {'layout':<22}{'recompute':<11}{'local batch':>11}{'reserved':>14}{'allocator':>14}")
+    width = max(len("layout"), *(len(row["shown"]) for row in found["layouts"])) + 2
+    print(f"  {'layout':<{width}}{'recompute':<11}{'local batch':>11}{'reserved':>14}{'allocator':>14}")
     for row in found["layouts"]:
         reserved = "-" if row["reserved_bytes"] is None else f"{row['reserved_bytes'] / 2**30:.2f} GiB"
-        print(f"  {row['shown']:<22}{row['recompute']:<11}{row['local_batch']:>11}{reserved:>14}"
+        print(f"  {row['shown']:<{width}}{row['recompute']:<11}{row['local_batch']:>11}{reserved:>14}"
               f"{row['allocator_bytes'] / 2**30:>10.2f} GiB")
     if any(row["local_batch"] == found["max_batch"] for row in found["layouts"]):
         print(f"  {found['max_batch']} is the --max-batch cap: larger batches were not tried and may fit")

@@ -18,10 +18,11 @@ import os
 import torch
 
 from . import UnsupportedOpError, gpu_memory, trace
+from ._checkpointing import Checkpointing
 from ._step import checked, train
 from . import largest_batch_by_line
 
-__all__ = ["config", "training_step", "trace_step", "TASKS"]
+__all__ = ["config", "training_step", "trace_step", "checkpoint_layers", "TASKS"]
 
 # The head a model trains with, the first its type has in this order:
 # encoder-decoders before the causal-LM head some of them also have,
@@ -170,13 +171,42 @@ def _check_sizes(cfg, batch, seq):
                              f"whose bytes overflow int64")
 
 
+def _layers(model):
+    """The layers transformers checkpoints one by one, in the model's order."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return [module for module in model.modules() if isinstance(module, GradientCheckpointingLayer)]
+
+
+def checkpoint_layers(cfg, attn_implementation=None):
+    """The module paths of the layers `checkpointing` recomputes, in order
+    (the model built on the meta device: nothing is allocated)."""
+    task, architecture = task_of(cfg)
+    built_with = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    with torch.device("meta"):
+        model = getattr(_transformers(), architecture)._from_config(cfg, **built_with)
+    path = {module: name for name, module in model.named_modules()}
+    return [f"{type(model).__name__}.{path[layer]}" for layer in _layers(model)]
+
+
+def _recompute(model, checkpointing):
+    """Turns on transformers' activation checkpointing as `checkpointing`
+    (a Checkpointing) asks: its checkpoint function's arguments, and in
+    each layer whether it recomputes."""
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs=checkpointing.checkpoint_kwargs())
+    layers = _layers(model)
+    for index, layer in enumerate(layers):
+        layer.gradient_checkpointing = index < checkpointing.recomputed(len(layers))
+
+
 def training_step(cfg, batch=1, seq=128, device="cuda", dtype="f32", optimizer="adamw", steps=2,
                   attn_implementation=None, checkpointing=False, sharding=None):
     """A function that builds the model on `device`, then runs `steps`
     training steps: forward with labels, backward of the model's loss, an
     optimizer step ("adamw", "sgd" or None) and zero_grad. Inputs are drawn
     once, from a generator seeded inside the function. `checkpointing`
-    recomputes each layer in backward (transformers'
+    (True, or a metamem.Checkpointing naming the layers and whether
+    selectively) recomputes layers in backward (transformers'
     activation_checkpointing_enable, non-reentrant). `sharding` (a
     metamem.Sharding) shards the model with FSDP2 over a data-parallel job's
     ranks, each of its layers a unit: run it as one rank of that job
@@ -190,6 +220,10 @@ def training_step(cfg, batch=1, seq=128, device="cuda", dtype="f32", optimizer="
         built_with["attn_implementation"] = attn_implementation
 
     _check_sizes(cfg, batch, seq)
+    if checkpointing is True:
+        checkpointing = Checkpointing()
+    if checkpointing and checkpointing.layers == 0:
+        checkpointing = None
 
     def step():
         torch.manual_seed(0)
@@ -203,7 +237,7 @@ def training_step(cfg, batch=1, seq=128, device="cuda", dtype="f32", optimizer="
                                  f"{type(error).__name__}: {error}") from error
         model.train()
         if checkpointing:
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            _recompute(model, checkpointing)
         if sharding is not None:
             sharding.shard(model, model._no_split_modules, device)
         inputs = _inputs(cfg, task, batch, seq, device, torch_dtype)

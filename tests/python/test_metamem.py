@@ -122,6 +122,106 @@ def test_python_only_model_is_exact_on_cpu(make, shape):
     assert traced == achieved
 
 
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
+def test_recomputed_modules_are_the_steps_recomputation_and_every_step_has_its_forward(reentrant):
+    # torch.utils.checkpoint stops its (non-reentrant) recomputation with an
+    # exception inside the last module it needs: module paths must not keep
+    # it, or the next step's forward is not seen as one.
+    def step():
+        model = Checkpointed(reentrant)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            model(torch.randn(16, 64, requires_grad=True)).sum().backward()
+            opt.step()
+    with metamem.trace(device="cpu") as t:
+        step()
+    nodes = t.json(depth=3)["nodes"]
+    forward = [n for n in nodes if n["phase"] == "forward"]
+    recomputed = [n for n in nodes if n["phase"] == "recompute"]
+    assert {n["module"] for n in forward if n["op"] == "aten::addmm"} == {
+        f"Checkpointed.blocks.{b}.{layer}" for b in range(3) for layer in (0, 2)}
+    # Non-reentrant recomputation stops after the GELU, whose output is the
+    # last tensor backward needs; reentrant runs each block whole again.
+    products = {n["module"]: n["fwd_flops"] for n in forward if n["op"] == "aten::addmm"}
+    again = [n["module"] for n in recomputed if n["op"] == "aten::addmm"]
+    assert sorted(again) == sorted(f"Checkpointed.blocks.{b}.{layer}" for b in range(3)
+                                   for layer in ((0, 2) if reentrant else (0,)))
+    assert t.flops["recompute"] == sum(n["recompute_flops"] for n in nodes)
+    assert t.flops["recompute"] > sum(products[module] for module in again)
+    assert t.flops["total"] > t.flops["recompute"]
+
+
+def test_a_module_whose_forward_raises_leaves_the_module_path():
+    class Refuses(torch.nn.Module):
+        def forward(self, x):
+            raise ValueError("no")
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.refuses, self.linear = Refuses(), torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            try:
+                self.refuses(x)
+            except ValueError:
+                pass
+            return self.linear(x)
+
+    with metamem.trace(device="cpu") as t:
+        Model()(torch.randn(4, 8)).sum().backward()
+    assert {n["module"] for n in t.json(depth=3)["nodes"] if n["op"] == "aten::addmm"} == {"Model.linear"}
+
+
+@pytest.mark.parametrize("peak_of, budget, expected", [
+    (lambda k: 1000 - 37 * k, 1000 - 37 * 9, 9),                   # a line: read off it
+    (lambda k: 1000 - 37 * k + 1, 1000 - 37 * 9, 10),              # just over with nine
+    (lambda k: 1000 - 3 * k * k, 1000 - 3 * 81, 9),                # faster than a line
+    (lambda k: 1000 - 37 * min(k, 12), 500, None),                 # no count fits
+    (lambda k: 1000 - 37 * k, 2000, 0),                            # fits without recomputing
+])
+def test_the_fewest_layers_recomputed_are_read_off_the_line_of_all_and_all_but_one(peak_of, budget, expected):
+    from metamem._checkpointing import least_recompute
+
+    asked = []
+
+    def measure(plan):
+        recomputed = plan.recomputed(16)
+        asked.append((recomputed, plan.selective))
+        return peak_of(recomputed), 100 * recomputed, 10_000
+    found = least_recompute(measure, 16, budget, solver="layers")
+    assert len(asked) == len(set(asked))
+    if expected is None:
+        assert found["plan"] is None and found["lowest_peak"] == peak_of(16)
+        return
+    assert found["plan"] == metamem.Checkpointing(expected) and found["peak"] == peak_of(expected) <= budget
+    assert expected == 0 or peak_of(expected - 1) > budget
+    assert found["recompute_flops"] == 100 * expected and found["traces"] == len(asked)
+    if peak_of(1) == 1000 - 37:
+        assert asked == [(0, False)] if expected == 0 else asked == [(0, False), (16, False), (15, False),
+                                                                      (9, False), (8, False)]
+    peaks = [point[1] for point in found["pareto"]]
+    assert peaks == sorted(peaks) and [p[2] for p in found["pareto"]] == sorted(p[2] for p in found["pareto"])[::-1]
+
+
+def test_the_plan_that_recomputes_least_wins_and_pareto_traces_every_count():
+    from metamem._checkpointing import least_recompute
+
+    # Selective recomputation keeps 60 of every layer's 100 bytes and recomputes a tenth of its FLOPs.
+    def measure(plan):
+        k = plan.recomputed(8)
+        return (2000 - 60 * k, 10 * k, 10_000) if plan.selective else (2000 - 100 * k, 100 * k, 10_000)
+    found = least_recompute(measure, 8, 1700, solver="auto")
+    assert found["plan"] == metamem.Checkpointing(5, selective=True) and found["recompute_flops"] == 50
+    assert least_recompute(measure, 8, 1500, solver="auto")["plan"] == metamem.Checkpointing(5)
+    assert least_recompute(measure, 8, 1500, solver="selective")["plan"] is None
+    whole = least_recompute(measure, 8, 1700, solver="auto", pareto=True)
+    assert whole["traces"] == 1 + 8 + 8 and whole["plan"] == found["plan"]
+    assert whole["pareto"][0] == (1200, 1200, 800) and whole["pareto"][-1] == (2000, 2000, 0)
+    with pytest.raises(ValueError, match="solver must be one of"):
+        least_recompute(measure, 8, 1700, solver="rotor")
+
+
 @pytest.mark.parametrize("split", [
     lambda y: (y[:3], y[3:]),
     lambda y: torch.hsplit(y, [1, 3]),

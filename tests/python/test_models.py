@@ -155,6 +155,41 @@ def test_fit_searches_the_layouts_of_a_data_parallel_job_in_one_process_or_sever
     assert json.loads(capsys.readouterr().out)["layouts"] == found["layouts"]
 
 
+def test_checkpoint_recomputes_the_fewest_layers_a_budget_needs_and_traces_the_plan(tmp_path, capsys):
+    # Four GPT-2 blocks: a budget between the peaks without checkpointing
+    # and with every block recomputed. The plan's peak is traced; one layer
+    # fewer of the same kind does not fit; the least recompute wins.
+    model = [*REDUCED_GPT2, "--hf-set", "num_hidden_layers=4", "--seq", "128", "--batch", "4"]
+    cfg = metamem.hf.config("gpt2", num_hidden_layers=4, n_embd=64, n_head=2, vocab_size=256)
+
+    def peak(checkpointing):
+        t = metamem.hf.trace_step(cfg, batch=4, seq=128, checkpointing=checkpointing)
+        return max(t.step_peaks), t.flops
+    (plain, flops), (lowest, _) = peak(None), peak(True)
+    budget = (plain + lowest) // 2
+    page = tmp_path / "plan.html"
+    assert metamem.cli.main(["checkpoint", *model, "--budget", str(budget), "--format", "json",
+                             "--html", str(page)]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["units"] == [f"GPT2LMHeadModel.transformer.h.{i}" for i in range(4)]
+    assert plan["unchecked_peak_bytes"] == plain and plan["step_flops"] == flops["total"]
+    selective = ";keep=" in plan["policy_text"]
+    layers = len(plan["policy"])
+    assert plan["policy_text"].startswith(",".join(map(str, range(layers))))
+    chosen = metamem.Checkpointing(layers, selective)
+    assert peak(chosen)[0] == plan["peak_bytes"] <= budget
+    assert peak(chosen)[1]["recompute"] == plan["recompute_flops"] > 0
+    assert peak(metamem.Checkpointing(layers - 1, selective))[0] > budget
+    other = metamem.Checkpointing(layers, not selective)  # the other kind recomputes more or does not fit
+    assert peak(other)[0] > budget or peak(other)[1]["recompute"] >= plan["recompute_flops"]
+    assert '<svg id="checkpoint-curve"' in page.read_text()
+    # The table the zoo's plans print; a budget no plan reaches exits 1, naming the least reached.
+    assert metamem.cli.main(["checkpoint", *model, "--budget", str(budget), "--solver", "layers"]) == 0
+    assert "peak" in capsys.readouterr().out
+    assert metamem.cli.main(["checkpoint", *model, "--budget", str(lowest // 2)]) == 1
+    assert f"the least memory a traced plan reaches is" in capsys.readouterr().err
+
+
 def test_the_command_line_fits_a_timm_model_on_a_gpu(capsys):
     # 320 MiB of a T4, less its CUDA context: 40 SMs × 1024 threads × 1 KiB of stack and the driver's 213 MiB.
     memory = (320 - 40 - 213) << 20
@@ -196,6 +231,13 @@ def test_the_command_line_fits_a_timm_model_on_a_gpu(capsys):
     (["fit", "--hf", "gpt2", "--search", "--gpus", "8", "--jobs", "0"], "--jobs must be positive"),
     (["fit", "--hf", "gpt2", "--search", "--gpus", "8", "--jobs", "2", "--ray", "local"], "give one"),
     (["fit", "--hf", "gpt2", "--ray", "auto"], "are for fit --search"),
+    (["checkpoint", "--hf", "gpt2"], "checkpoint needs --budget"),
+    (["checkpoint", "--hf", "gpt2", "--budget", "lots"], "--budget expects a size"),
+    (["checkpoint", "--timm", "test_vit", "--budget", "1GiB"], "checkpoint recomputes transformers' layers"),
+    (["checkpoint", "--hf", "gpt2", "--budget", "1GiB", "--checkpointing"], "chooses what to recompute itself"),
+    (["checkpoint", "--hf", "gpt2", "--budget", "1GiB", "--table", "nodes"], "are for profile"),
+    (["profile", "--hf", "gpt2", "--budget", "1GiB"], "are for checkpoint"),
+    (["fit", "--hf", "gpt2", "--solver", "layers"], "are for checkpoint"),
 ])
 def test_the_command_line_names_bad_input(args, message, capsys):
     assert metamem.cli.main(args) == 2
