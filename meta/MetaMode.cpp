@@ -560,7 +560,10 @@ bool runs_as_one_op(const c10::OperatorHandle& op, const std::string& qualified)
       "aten::_unsafe_masked_index_put_accumulate", "aten::allclose"};
   if (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))
     return op.hasKernelForDispatchKey(c10::DispatchKey::CPU);
-  if (decomposed.count(qualified) != 0) return false;
+  // Functional collectives (DTensor's redistributions) run their own code,
+  // which reaches the trace's process group as the real run's reaches its
+  // backend: gloo's staging on a fake cpu, the group's first collective.
+  if (decomposed.count(qualified) != 0 || qualified.rfind("_c10d_functional", 0) == 0) return false;
   return op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
          op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
 }

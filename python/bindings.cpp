@@ -639,6 +639,12 @@ PYBIND11_MODULE(_metamem, m) {
       .def("__eq__", &ThreadState::operator==);
   m.def("is_traced", [](const at::Tensor& t) { return metamem::is_meta_tensor(t); }, py::arg("tensor"),
         "Whether a tensor is a trace's (on the fake device; no data).");
+  m.def(
+      "forget_values",
+      [](const at::Tensor& t) {
+        if (t.defined() && metamem::is_meta_tensor(t)) metamem::forget_values(metamem::buffer_of(t));
+      },
+      py::arg("tensor"), "The trace no longer knows the values of the tensor's buffer (another rank wrote them).");
   m.def("known_values", [](const at::Tensor& t) -> std::optional<at::Tensor> { return metamem::known_values(t); },
         py::arg("tensor"), "A traced tensor's values as a real CPU tensor, if the trace knows them; else None.");
   m.def("run_cpp_meta_kernels_in_traces", &metamem::run_cpp_meta_kernels_in_traces, py::arg("ops"),

@@ -60,6 +60,14 @@ class _Work(dist.Work):
         return future
 
 
+def _reduced(tensors):
+    """A reduction's result holds the other ranks' values, which this rank's
+    trace does not have: values it knew (ones, a count) are forgotten, and
+    reading them is reading an unknown value."""
+    for tensor in tensors:
+        _metamem.forget_values(tensor)
+
+
 def _averaged(tensor, opts, size):
     """gloo averages by dividing after it sums."""
     if opts is not None and opts.reduceOp == dist.ReduceOp.AVG:
@@ -138,10 +146,12 @@ class TracedProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter_single(self, output, input, opts=None):
         if not self._copies:
+            _reduced([output])
             return _Work()
         whole = input.clone()
         _averaged(whole, opts, self.size())
         output.copy_(whole.chunk(self.size())[self.rank()])
+        _reduced([output])
         return _Work(held=[whole])
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
@@ -149,18 +159,21 @@ class TracedProcessGroup(dist.ProcessGroup):
         return _Work(held=[tensor for work in works for tensor in work._held])
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
+        _reduced(outputs)
         return _Work()
 
     def allreduce(self, tensors, opts=None):
         if self._copies:
             for tensor in tensors:
                 _averaged(tensor, opts, self.size())
+        _reduced(tensors)
         return _Work()
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
 
     def reduce(self, tensors, opts=None):
+        _reduced(tensors)
         return _Work()
 
     def broadcast(self, tensors, opts=None):
@@ -202,39 +215,6 @@ for _name in ("all_gather_single", "all_gather_single_coalesced", "allgather", "
               "allreduce_coalesced", "reduce", "broadcast", "alltoall", "all_to_all_single", "barrier", "send",
               "recv"):
     setattr(TracedProcessGroup, _name, _communicating(getattr(TracedProcessGroup, _name)))
-
-
-def _mark_functional_collectives(patches):
-    """torch.distributed's functional collectives (DTensor's redistributions,
-    tensor parallelism's) are ops whose meta kernels, in a trace, never
-    reach the process group: the group one names is marked as communicating
-    where the call resolves it."""
-    from torch.distributed import _functional_collectives as funcol
-
-    resolve = funcol._resolve_group
-
-    def resolved(group, tag=""):
-        found = resolve(group, tag)
-        process_group = dist.distributed_c10d._resolve_process_group(found) if isinstance(found, str) else found
-        if isinstance(process_group, TracedProcessGroup):
-            process_group.communicated = True
-        return found
-
-    patches.set(funcol, "_resolve_group", resolved)
-
-
-def _wrap_collective_results(restored):
-    """A functional collective's result is made ready for autograd by
-    _wrap_tensor_autograd: the real kernel wraps it (an AsyncCollectiveTensor
-    over the same storage), where the fake kernel a trace would run copies
-    it (64,000 B more at the gathered logits of a tensor-parallel Llama's
-    head). For the block, traced tensors take the real kernel's bytes: over
-    metamem's own kernel for the op, made when tracing began."""
-    import torch.distributed._functional_collectives  # noqa: F401  defines the op
-
-    library = torch.library.Library("_c10d_functional", "IMPL")
-    library.impl("_wrap_tensor_autograd", torch.ops.aten.alias.default, "PrivateUse1")
-    restored.callback(library._destroy)
 
 
 def _real(tensor):
@@ -381,8 +361,6 @@ def ranks(device, world_size, rank, nproc_per_node=None):
                                      f"of {world_size}")
 
         _host_meshes(patches)
-        _mark_functional_collectives(patches)
-        _wrap_collective_results(restored)
         patches.set(dist, "init_process_group", init_process_group)
         patches.set(dist.distributed_c10d, "init_process_group", init_process_group)
         yield groups

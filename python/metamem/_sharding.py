@@ -1,7 +1,9 @@
-"""Data parallelism for the models metamem builds (transformers'), through
-torch's own FSDP2 as their users shard them: fully_shard on each layer,
-then on the model, over a mesh of the job's ranks. Traced as one rank of
-the job (trace(world_size=...)), it runs FSDP2's own code; run for real in
+"""Data and tensor parallelism for the models metamem builds (transformers'),
+through torch's own FSDP2 and transformers' own tensor-parallel plans as
+their users shard them: each layer's linears split by the model's
+`tp_plan` over a tensor-parallel mesh dimension, then fully_shard on each
+layer and on the model over the data-parallel one. Traced as one rank of
+the job (trace(world_size=...)), it runs their own code; run for real in
 gloo processes, the same code gives the rank's achieved peak."""
 
 import dataclasses
@@ -11,49 +13,100 @@ __all__ = ["Sharding"]
 
 @dataclasses.dataclass(frozen=True)
 class Sharding:
-    """FSDP2 over `ranks` data-parallel ranks: fully sharded (ZeRO-3), or,
-    with `ranks_per_node`, hybrid: sharded within each node's ranks and
-    replicated across nodes."""
+    """A job of `ranks` data-parallel ranks, each of `tensor_parallel` ranks
+    (consecutive ones: a node's GPUs) that split the model's layers by its
+    tensor-parallel plan. FSDP2 shards across the data-parallel ranks
+    (ZeRO-3), or, with `ranks_per_node` (data-parallel ranks to a node),
+    hybrid: sharded within each node and replicated across nodes."""
 
     ranks: int
     ranks_per_node: int | None = None
+    tensor_parallel: int = 1
 
     def __post_init__(self):
-        if self.ranks < 1:
-            raise ValueError(f"data-parallel ranks must be positive, got {self.ranks}")
+        if self.ranks < 1 or self.tensor_parallel < 1:
+            raise ValueError(f"data- and tensor-parallel ranks must be positive, got {self.ranks} and "
+                             f"{self.tensor_parallel}")
         if self.ranks_per_node is not None and (self.ranks_per_node < 1 or self.ranks % self.ranks_per_node):
             raise ValueError(f"hybrid sharding needs whole nodes: {self.ranks} ranks do not split into nodes of "
                              f"{self.ranks_per_node}")
+
+    @property
+    def world_size(self):
+        """The job's ranks: data-parallel times tensor-parallel."""
+        return self.ranks * self.tensor_parallel
 
     def process_groups(self):
         """The process groups of two or more ranks it communicates in: NCCL
         gives each a communicator, whose buffers live beside the caching
         allocator (metamem.gpu_memory)."""
+        tensor = int(self.tensor_parallel > 1)
         if self.ranks_per_node is None:
-            return int(self.ranks > 1)
-        return int(self.ranks_per_node > 1) + int(self.ranks // self.ranks_per_node > 1)
+            return int(self.ranks > 1) + tensor
+        return int(self.ranks_per_node > 1) + int(self.ranks // self.ranks_per_node > 1) + tensor
 
     def mesh(self, device):
+        """The job's device mesh: ("replicate",) "shard" and, with tensor
+        parallelism, "tp", its ranks innermost."""
         from torch.distributed.device_mesh import init_device_mesh
 
-        if self.ranks_per_node is None:
-            return init_device_mesh(device, (self.ranks,))
-        return init_device_mesh(device, (self.ranks // self.ranks_per_node, self.ranks_per_node),
-                                mesh_dim_names=("replicate", "shard"))
+        shape, names = (self.ranks,), ("shard",)
+        if self.ranks_per_node is not None:
+            shape, names = (self.ranks // self.ranks_per_node, self.ranks_per_node), ("replicate", "shard")
+        if self.tensor_parallel > 1:
+            shape, names = shape + (self.tensor_parallel,), names + ("tp",)
+        return init_device_mesh(device, shape, mesh_dim_names=names)
 
     def shard(self, model, layer_classes, device):
-        """fully_shard on each submodule whose class is named in
-        `layer_classes` (transformers' _no_split_modules: its decoder or
-        encoder layers), then on `model`, which keeps the rest (embeddings,
-        final norm, head)."""
+        """With tensor parallelism, the model's linears split as its plan
+        (transformers' tp_plan) says; then fully_shard on each submodule whose
+        class is named in `layer_classes` (transformers' _no_split_modules:
+        its decoder or encoder layers), then on `model`, which keeps the rest
+        (embeddings, final norm, head). Tensor parallelism alone shards
+        nothing further."""
         from torch.distributed.fsdp import fully_shard
 
-        layers = [module for module in model.modules() if type(module).__name__ in set(layer_classes or ())]
+        names = set(layer_classes or ())
+        layers = [module for module in model.modules() if type(module).__name__ in names]
         if not layers:
             raise ValueError(f"{type(model).__name__} names no layers to shard one by one "
                              f"(_no_split_modules: {layer_classes})")
         mesh = self.mesh(device)
+        if self.tensor_parallel > 1:
+            _split_by_plan(model, mesh["tp"], self.tensor_parallel)
+            if self.ranks == 1:
+                return model
+        data = mesh[tuple(name for name in mesh.mesh_dim_names if name != "tp")]
         for layer in layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+            fully_shard(layer, mesh=data)
+        fully_shard(model, mesh=data)
         return model
+
+
+def tensor_parallel_refusal(config, size):
+    """Why transformers cannot split the model of `config` (a transformers
+    config) `size` ways: it has no tensor-parallel plan, or its attention
+    heads do not divide; None where it can."""
+    text = config.get_text_config()
+    if not getattr(text, "base_model_tp_plan", None):
+        return f"{config.model_type} has no tensor-parallel plan in transformers (base_model_tp_plan)"
+    for key in ("num_attention_heads", "num_key_value_heads"):
+        heads = getattr(text, key, None)
+        if isinstance(heads, int) and heads % size:
+            return f"tensor parallel {size} splits attention heads: {config.model_type}'s {key} ({heads}) is not a " \
+                   "multiple of it"
+    return None
+
+
+def _split_by_plan(model, mesh, size):
+    """transformers' tensor parallelism, as from_pretrained(distributed_config=
+    DistributedConfig(tp_size=size)) applies it after building the model:
+    the model's plan, expanded to its layers, applied on `mesh`."""
+    from transformers.distributed import DistributedConfig
+    from transformers.distributed.tensor_parallel import apply_tensor_parallelism
+
+    refusal = tensor_parallel_refusal(model.config, size)
+    if refusal:
+        raise ValueError(refusal)
+    plan = model._resolve_parallel_plans(DistributedConfig(tp_size=size))[0]
+    apply_tensor_parallelism(model, mesh, plan)

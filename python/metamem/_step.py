@@ -19,11 +19,16 @@ def checked(dtype, optimizer):
 def train(model, forward_backward, optimizer, steps):
     """`steps` times: forward_backward(), then the optimizer's step and
     zero_grad (AdamW at its defaults, SGD at lr 0.01, or none)."""
+    params = list(model.parameters())
+    # torch's foreach kernels refuse a list that mixes DTensors and tensors
+    # (tensor parallelism alone leaves norms whole): such a job steps its
+    # parameters one by one.
+    foreach = False if len({type(p).__name__ == "DTensor" for p in params}) > 1 else None
     opt = None
     if optimizer == "adamw":
-        opt = torch.optim.AdamW(model.parameters())
+        opt = torch.optim.AdamW(params, foreach=foreach)
     elif optimizer == "sgd":
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        opt = torch.optim.SGD(params, lr=0.01, foreach=foreach)
     for _ in range(steps):
         forward_backward()
         if opt is not None:

@@ -108,8 +108,8 @@ def parser():
                    "within each node's (--gpus-per-node) and replicated across nodes")
     p.add_argument("--gpus-per-node", type=int, help="--fsdp hybrid: ranks to a node (default 8)")
     p.add_argument("--rank", type=int, help="with --dp: the rank traced (default 0)")
-    p.add_argument("--tp", type=int, metavar="T", help="--torchtitan: tensor-parallel degree (default the "
-                   "preset's); its job is --dp x --tp ranks")
+    p.add_argument("--tp", type=int, metavar="T", help="tensor-parallel degree (--torchtitan: default the "
+                   "preset's; --hf: transformers' tp_plan); the job is --dp x --tp ranks")
     p.add_argument("--recompute", choices=["none", "selective", "full"], help="--torchtitan: its activation "
                    "checkpointing (default the preset's)")
     add_trace_flags(p, values="error")
@@ -139,8 +139,8 @@ def check(args):
     if args.torchtitan:
         check_torchtitan(args)
     else:
-        if args.tp is not None or args.recompute is not None:
-            raise UsageError("--tp and --recompute are for --torchtitan presets")
+        if args.recompute is not None:
+            raise UsageError("--recompute is for --torchtitan presets (--checkpointing for other models)")
         args.batch = 1 if args.batch is None else args.batch
         args.seq = 128 if args.seq is None else args.seq
     if args.batch < 1 or args.seq < 1 or args.max_batch < 1:
@@ -229,16 +229,19 @@ def check_torchtitan(args):
 
 
 def sharding_of(args):
-    """The Sharding that --dp, --zero, --fsdp and --gpus-per-node ask for
-    (None without --dp); --rank checked against it."""
-    if args.dp is None:
+    """The Sharding that --dp, --tp, --zero, --fsdp and --gpus-per-node ask
+    for (None without --dp or --tp); --rank checked against it."""
+    if args.dp is None and args.tp is None:
         if args.zero is not None or args.fsdp or args.gpus_per_node is not None or args.rank is not None:
             raise UsageError("--zero, --fsdp, --gpus-per-node and --rank are for data parallelism: give --dp N")
         return None
     if args.timm:
-        raise UsageError("--dp is for --hf models (transformers names their layers to shard)")
-    if args.dp < 1:
-        raise UsageError("--dp must be positive")
+        raise UsageError("--dp and --tp are for --hf models (transformers names their layers to shard and plans "
+                         "their tensor parallelism)")
+    dp = 1 if args.dp is None else args.dp
+    tp = 1 if args.tp is None else args.tp
+    if dp < 1 or tp < 1:
+        raise UsageError("--dp and --tp must be positive")
     if args.zero is not None and args.zero != 3:
         raise UsageError(f"--zero {args.zero}: --hf models are sharded by FSDP2 (--zero 3, --fsdp full or "
                          "hybrid); DDP and ZeRO 1 and 2 are traced for the zoo's models (docs/parallelism.md)")
@@ -247,16 +250,19 @@ def sharding_of(args):
     if args.gpus_per_node is not None and args.fsdp != "hybrid":
         raise UsageError("--gpus-per-node is for --fsdp hybrid")
     rank = 0 if args.rank is None else args.rank
-    if not 0 <= rank < args.dp:
-        raise UsageError(f"--rank must be in [0, {args.dp}) for --dp {args.dp}")
+    if not 0 <= rank < dp * tp:
+        raise UsageError(f"--rank must be in [0, {dp * tp}) for --dp {dp}" + (f" x --tp {tp}" if tp > 1 else ""))
     args.rank = rank
     if args.fsdp != "hybrid":
-        return Sharding(args.dp)
-    per_node = 8 if args.gpus_per_node is None else args.gpus_per_node
-    if per_node < 1 or args.dp % per_node:
-        raise UsageError(f"--fsdp hybrid needs whole nodes: --dp {args.dp} is not a multiple of "
-                         f"--gpus-per-node {per_node}")
-    return Sharding(args.dp, per_node)
+        return Sharding(dp, tensor_parallel=tp)
+    gpus_per_node = 8 if args.gpus_per_node is None else args.gpus_per_node
+    if gpus_per_node < 1 or (dp * tp) % gpus_per_node:
+        raise UsageError(f"--fsdp hybrid needs whole nodes: --dp {dp}" + (f" x --tp {tp}" if tp > 1 else "") +
+                         f" is not a multiple of --gpus-per-node {gpus_per_node}")
+    if gpus_per_node % tp:
+        raise UsageError(f"--fsdp hybrid: a node of --gpus-per-node {gpus_per_node} must hold whole tensor-parallel "
+                         f"groups of --tp {tp}")
+    return Sharding(dp, gpus_per_node // tp, tp)
 
 
 def job_lines(args):
@@ -272,9 +278,13 @@ def job_lines(args):
     how = ("FSDP2, each layer and the model fully sharded" if sharding.ranks_per_node is None else
            f"FSDP2 hybrid: sharded within nodes of {sharding.ranks_per_node}, replicated across "
            f"{sharding.ranks // sharding.ranks_per_node}")
-    job = {"data_parallel": sharding.ranks, "rank": args.rank, "ranks_per_node": sharding.ranks_per_node,
-           "sharding": "fsdp2"}
-    return {"job": job}, [f"  as data-parallel rank {args.rank} of {sharding.ranks} ({how})"]
+    job = {"data_parallel": sharding.ranks, "tensor_parallel": sharding.tensor_parallel, "rank": args.rank,
+           "ranks_per_node": sharding.ranks_per_node, "sharding": "fsdp2"}
+    if sharding.tensor_parallel == 1:
+        return {"job": job}, [f"  as data-parallel rank {args.rank} of {sharding.ranks} ({how})"]
+    data = f", {how} over {sharding.ranks} data-parallel ranks" if sharding.ranks > 1 else ""
+    return {"job": job}, [f"  as rank {args.rank} of {sharding.world_size}: tensor parallel {sharding.tensor_parallel} "
+                          f"(transformers' tp_plan){data}"]
 
 
 def check_shared_flags(args):
@@ -307,7 +317,7 @@ def traced(args, batch):
                         seq_len=args.seq, tensor_parallel=args.tp, activation_checkpoint=args.recompute)
         return t, None, ()
     step, modules = step_of(args, batch)
-    world = None if args.sharding is None else args.sharding.ranks
+    world = None if args.sharding is None else args.sharding.world_size
     with trace(device=args.device, modules=modules, gpu=args.gpu, values=args.values, world_size=world,
                rank=args.rank or 0) as t:
         step()
@@ -429,16 +439,20 @@ def checkpoint(args):
 def process_groups(layout):
     """The process groups of two or more ranks a layout (the flags, or a
     search's layout) communicates in: each an NCCL communicator."""
+    if getattr(layout, "sharding", None) is not None:
+        return layout.sharding.process_groups()
     if getattr(layout, "tp", None) is not None:  # torchtitan's: FSDP2 over dp, tensor parallel over tp
         return int(layout.dp > 1) + int(layout.tp > 1)
-    return layout.sharding.process_groups() if layout.sharding else 0
+    return 0
 
 
 def layouts_of(args):
     """The layouts fit --search tries on --gpus, each a Namespace of the
-    flags it sets. --hf: one GPU unsharded; more, FSDP2 fully sharded and,
-    where they span whole nodes of --gpus-per-node (8), hybrid; each without
-    recompute and with every layer recomputed. --torchtitan: tensor
+    flags it sets. --hf: one GPU unsharded; more, tensor parallel 1, 2, 4
+    or 8 (within a node, where transformers splits the model so) and FSDP2
+    over the rest, fully sharded and, where they span whole nodes of
+    --gpus-per-node (8), hybrid; each without recompute and with every
+    layer recomputed. --torchtitan: tensor
     parallel 1, 2, 4 or 8 (within a node) that divides the GPUs, FSDP2 over
     the rest, with each of torchtitan's activation checkpointing modes."""
     if args.torchtitan:
@@ -446,14 +460,26 @@ def layouts_of(args):
                 for recompute in ("none", "selective", "full") for tp in (1, 2, 4, 8)
                 if tp <= args.gpus and args.gpus % tp == 0]
     per_node = args.gpus_per_node or 8
-    if args.gpus == 1:
-        shardings = [None]
-    else:
-        shardings = [Sharding(args.gpus)]
-        if args.gpus > per_node and args.gpus % per_node == 0:
-            shardings.append(Sharding(args.gpus, per_node))
+    shardings = [None] if args.gpus == 1 else []
+    for tp in (1, 2, 4, 8):
+        if tp > min(args.gpus, per_node) or args.gpus % tp or (tp > 1 and not _splits(args, tp)):
+            continue
+        dp = args.gpus // tp
+        if tp > 1 or dp > 1:
+            shardings.append(Sharding(dp, tensor_parallel=tp))
+        if args.gpus > per_node and args.gpus % per_node == 0 and per_node % tp == 0:
+            shardings.append(Sharding(dp, per_node // tp, tp))
     return [argparse.Namespace(sharding=sharding, checkpointing=recompute)
             for recompute in (False, True) for sharding in shardings]
+
+
+def _splits(args, tp):
+    """Whether transformers splits the model `tp` ways (it has a plan, and
+    its attention heads divide)."""
+    from . import hf
+    from ._sharding import tensor_parallel_refusal
+
+    return tensor_parallel_refusal(hf.config(args.hf, **dict(parse_setting(s) for s in args.hf_set)), tp) is None
 
 
 def largest_local_batch(args, layout, budget):
@@ -481,11 +507,15 @@ def layout_row(args, layout):
         return {"tp": layout.tp, "dp": layout.dp, "recompute": layout.recompute,
                 "shown": f"tp {layout.tp} x FSDP2 {layout.dp}"}
     sharding = layout.sharding
-    kind = "none" if sharding is None else "full" if sharding.ranks_per_node is None else "hybrid"
-    shown = {"none": "none (one GPU)", "full": f"FSDP2 full ({args.gpus})",
-             "hybrid": f"FSDP2 hybrid ({args.gpus // (sharding and sharding.ranks_per_node or 1)} x "
+    tp = 1 if sharding is None else sharding.tensor_parallel
+    dp = args.gpus // tp
+    kind = ("none" if sharding is None or dp == 1 else "full" if sharding.ranks_per_node is None else "hybrid")
+    shown = {"none": "none (one GPU)" if tp == 1 else "", "full": f"FSDP2 full ({dp})",
+             "hybrid": f"FSDP2 hybrid ({dp // (sharding and sharding.ranks_per_node or 1)} x "
                        f"{sharding and sharding.ranks_per_node})"}[kind]
-    return {"sharding": kind, "dp": args.gpus, "ranks_per_node": sharding and sharding.ranks_per_node,
+    if tp > 1:
+        shown = f"tp {tp}" + (f" x {shown}" if shown else "")
+    return {"sharding": kind, "dp": dp, "tp": tp, "ranks_per_node": sharding and sharding.ranks_per_node,
             "recompute": "layers" if layout.checkpointing else "none", "shown": shown}
 
 
@@ -596,7 +626,7 @@ def main(argv=None):
             check_shared_flags(args)
             return run(args)
         check(args)
-        return profile(args) if args.command == "profile" else fit(args)
+        return {"profile": profile, "fit": fit, "checkpoint": checkpoint}[args.command](args)
     except Exception as error:
         if args.debug:
             raise

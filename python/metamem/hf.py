@@ -252,7 +252,7 @@ def trace_step(cfg, batch=1, seq=128, device="cuda", dtype="f32", optimizer="ada
     rank `rank` of its ranks."""
     step = training_step(cfg, batch, seq, device, dtype, optimizer, steps, attn_implementation, checkpointing,
                          sharding)
-    world = None if sharding is None else sharding.ranks
+    world = None if sharding is None else sharding.world_size
     with trace(device=device, gpu=gpu, values=values, world_size=world, rank=rank) as t:
         step()
     return t

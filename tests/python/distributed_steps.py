@@ -88,23 +88,27 @@ def pipeline(world, schedule="GPipe", microbatches=8):
         optimizer.zero_grad()
 
 
-def hf_llama(world, ranks_per_node=None):
+def hf_llama(world, ranks_per_node=None, tensor_parallel=1):
     """transformers' Llama (two layers, width 72: shards padded on 4 ranks)
-    as `metamem profile --hf llama --dp N` shards and trains it: FSDP2 on
-    each decoder layer and on the model, two AdamW steps."""
+    as `metamem profile --hf llama --dp N [--tp T]` shards and trains it:
+    the linears split by its tp_plan, FSDP2 on each decoder layer and on the
+    model, two AdamW steps."""
     import metamem
     from metamem import hf
 
     cfg = hf.config("llama", num_hidden_layers=2, hidden_size=72, intermediate_size=144, num_attention_heads=4,
                     num_key_value_heads=2, vocab_size=250)
-    hf.training_step(cfg, batch=2, seq=32, device="cpu", sharding=metamem.Sharding(world, ranks_per_node))()
+    sharding = metamem.Sharding(world // tensor_parallel, ranks_per_node, tensor_parallel)
+    hf.training_step(cfg, batch=2, seq=32, device="cpu", sharding=sharding)()
 
 
 STEPS = {"fsdp2": fsdp2, "fsdp2_keep_unsharded": lambda world: fsdp2(world, reshard_after_forward=False),
          "tensor_parallel": tensor_parallel, "sequence_parallel": sequence_parallel,
          "pipeline_gpipe": pipeline,
          "pipeline_1f1b": lambda world: pipeline(world, "1F1B"),
-         "hf_llama": hf_llama, "hf_llama_hybrid": lambda world: hf_llama(world, ranks_per_node=2)}
+         "hf_llama": hf_llama, "hf_llama_hybrid": lambda world: hf_llama(world, ranks_per_node=2),
+         "hf_llama_tp": lambda world: hf_llama(world, tensor_parallel=2),
+         "hf_llama_tp_alone": lambda world: hf_llama(world, tensor_parallel=world)}
 
 
 def _gloo_rank(rank, world, store, name, repeats, results):

@@ -20,8 +20,9 @@ def traced_peak(name, world, rank):
 
 
 @pytest.mark.parametrize("name, world", [("fsdp2", 4), ("fsdp2_keep_unsharded", 2), ("tensor_parallel", 4),
+                                         ("sequence_parallel", 4),
                                          ("pipeline_gpipe", 4), ("pipeline_1f1b", 4), ("hf_llama", 4),
-                                         ("hf_llama_hybrid", 4)])
+                                         ("hf_llama_hybrid", 4), ("hf_llama_tp", 4)])
 def test_each_rank_is_exact_against_gloo(name, world, tmp_path):
     # gloo's worker thread drops a finished collective's tensors when it
     # gets to it, sometimes after the main thread's next allocation: a run
@@ -34,15 +35,15 @@ def test_each_rank_is_exact_against_gloo(name, world, tmp_path):
         assert all(peak >= traced for peak in real[rank])
 
 
-def test_sequence_parallelism_is_within_eight_bytes_of_gloo(tmp_path):
-    # DTensor redistributes the sequence with functional collectives, which
-    # a trace runs as their meta kernels: gloo's staging for them is not
-    # modelled, and their scalar temporaries differ. 281,904 B traced
-    # against 281,896 B real on every rank today; 0.01% is the bound.
-    real = gloo_peaks("sequence_parallel", 4, tmp_path / "store")
-    for rank in range(4):
-        traced = traced_peak("sequence_parallel", 4, rank)
-        assert abs(traced - min(real[rank])) <= 1e-4 * traced, (rank, real[rank], traced)
+def test_tensor_parallelism_alone_is_within_the_cpu_attentions_row_sums_of_gloo(tmp_path):
+    # transformers' tp_plan on two ranks, no FSDP: the step peaks in the CPU
+    # flash attention's backward, whose two threads each make a 128 B block
+    # of row sums, alive together in some real runs and one after the other
+    # in others; the trace holds both.
+    real = gloo_peaks("hf_llama_tp_alone", 2, tmp_path / "store")
+    for rank in range(2):
+        traced = traced_peak("hf_llama_tp_alone", 2, rank)
+        assert min(real[rank]) <= traced <= min(real[rank]) + 128, (rank, real[rank], traced)
 
 
 def test_ranks_differ_where_the_code_does():
@@ -203,8 +204,8 @@ def test_a_cuda_ranks_report_counts_the_nccl_communicators_its_collectives_made(
 
     assert nccl_buffers(4, data_and_tensor_parallel) == 2 * one
     def partial_sums_replicated(world):
-        # DTensor's redistributions are functional collectives, ops whose
-        # kernels in a trace never reach the group: counted where they name it.
+        # DTensor's redistributions are functional collectives: they run
+        # their own code in a trace, which reaches the group.
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor import DTensor, Partial, Replicate
 

@@ -124,12 +124,48 @@ def test_the_command_line_traces_one_rank_of_a_data_parallel_job(capsys):
 
     one, first, last, hybrid = (rank(*flags) for flags in ([], ["--dp", "8"], ["--dp", "8", "--rank", "7"],
                                                            ["--dp", "8", "--fsdp", "hybrid", "--gpus-per-node", "4"]))
-    assert first["job"] == {"data_parallel": 8, "rank": 0, "ranks_per_node": None, "sharding": "fsdp2"}
+    assert first["job"] == {"data_parallel": 8, "tensor_parallel": 1, "rank": 0, "ranks_per_node": None,
+                            "sharding": "fsdp2"}
     assert hybrid["job"]["ranks_per_node"] == 4
     states = [report["model_states"]["param_bytes"] for report in (one, first, last, hybrid)]
     assert states[0] > states[3] > states[1] >= states[2]
     assert metamem.cli.main(["profile", *REDUCED_GPT2, "--dp", "8", "--rank", "3"]) == 0
     assert "as data-parallel rank 3 of 8 (FSDP2" in capsys.readouterr().out
+
+
+REDUCED_LLAMA = ["--hf", "llama", "--hf-set", "num_hidden_layers=2", "--hf-set", "hidden_size=64", "--hf-set",
+                 "intermediate_size=128", "--hf-set", "num_attention_heads=4", "--hf-set", "num_key_value_heads=2",
+                 "--hf-set", "vocab_size=256", "--batch", "2", "--seq", "32"]
+
+
+def test_the_command_line_splits_a_hub_model_by_its_tensor_parallel_plan(capsys):
+    # transformers' tp_plan over --tp ranks, FSDP2 over the --dp ones (each
+    # checked against real gloo processes in test_distributed.py): each
+    # rank holds about 1/(dp x tp) of the model states, and the report
+    # counts an NCCL communicator for each parallel dimension.
+    def rank(*flags):
+        assert metamem.cli.main(["profile", *REDUCED_LLAMA, "--format", "json", *flags]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    one, split, both = rank(), rank("--tp", "2", "--rank", "1"), rank("--tp", "2", "--dp", "4", "--rank", "5")
+    assert both["job"] == {"data_parallel": 4, "tensor_parallel": 2, "rank": 5, "ranks_per_node": None,
+                           "sharding": "fsdp2"}
+    whole, half, eighth = (report["model_states"]["param_bytes"] for report in (one, split, both))
+    assert whole / 2 < half < whole / 2 * 1.01 and half / 4 <= eighth < half / 4 * 1.01  # norms stay whole
+
+    def nccl(report):
+        return {use["what"]: use["bytes"] for use in report["gpu_memory"]["beside_allocator"]}.get("NCCL buffers")
+    assert nccl(both) == 2 * nccl(split) > 0
+    assert metamem.cli.main(["profile", *REDUCED_LLAMA, "--tp", "2", "--dp", "4"]) == 0
+    assert "as rank 0 of 8: tensor parallel 2 (transformers' tp_plan), FSDP2" in capsys.readouterr().out
+    # A search on 4 GPUs: tensor parallel 1 and 2 (its two key-value heads
+    # do not split 4 ways), FSDP2 over the rest.
+    assert metamem.cli.main(["fit", *REDUCED_LLAMA, "--gpu", "T4", "--memory", "400MiB", "--max-batch", "16",
+                             "--search", "--gpus", "4", "--format", "json"]) == 0
+    rows = {(row["tp"], row["dp"], row["recompute"]): row for row in json.loads(capsys.readouterr().out)["layouts"]}
+    assert set(rows) == {(tp, 4 // tp, r) for tp in (1, 2) for r in ("none", "layers")}
+    assert rows[2, 2, "none"]["allocator_bytes"] < rows[1, 4, "none"]["allocator_bytes"]  # two communicators
+    assert all(1 <= row["local_batch"] and row["reserved_bytes"] <= row["allocator_bytes"] for row in rows.values())
 
 
 def test_fit_searches_the_layouts_of_a_data_parallel_job_in_one_process_or_several(capsys):
@@ -141,7 +177,7 @@ def test_fit_searches_the_layouts_of_a_data_parallel_job_in_one_process_or_sever
     assert metamem.cli.main(search) == 0
     found = json.loads(capsys.readouterr().out)
     layouts = {(row["sharding"], row["recompute"]): row for row in found["layouts"]}
-    assert set(layouts) == {(s, r) for s in ("full", "hybrid") for r in ("none", "layers")}
+    assert set(layouts) == {(s, r) for s in ("full", "hybrid") for r in ("none", "layers")}  # GPT-2: no tp_plan
     for row in found["layouts"]:
         assert 1 <= row["local_batch"] < 64 and row["reserved_bytes"] <= row["allocator_bytes"]
     for sharding in ("full", "hybrid"):
@@ -222,7 +258,13 @@ def test_the_command_line_fits_a_timm_model_on_a_gpu(capsys):
     (["profile", "--hf", "gpt2", "--dp", "4", "--rank", "4"], "--rank must be in [0, 4)"),
     (["profile", "--hf", "gpt2", "--dp", "12", "--fsdp", "hybrid"], "not a multiple of --gpus-per-node 8"),
     (["profile", "--hf", "gpt2", "--dp", "8", "--gpus-per-node", "4"], "--gpus-per-node is for --fsdp hybrid"),
-    (["profile", "--timm", "test_vit", "--dp", "2"], "--dp is for --hf models"),
+    (["profile", "--timm", "test_vit", "--dp", "2"], "--dp and --tp are for --hf models"),
+    (["profile", "--hf", "gpt2", "--tp", "2"], "gpt2 has no tensor-parallel plan"),
+    (["profile", "--hf", "llama", "--hf-set", "num_key_value_heads=2", "--tp", "4"], "splits attention heads"),
+    (["profile", "--hf", "llama", "--tp", "2", "--dp", "2", "--rank", "4"], "--rank must be in [0, 4)"),
+    (["profile", "--hf", "llama", "--tp", "4", "--dp", "2", "--fsdp", "hybrid", "--gpus-per-node", "2"],
+     "must hold whole tensor-parallel groups of --tp 4"),
+    (["profile", "--hf", "llama", "--recompute", "full"], "--recompute is for --torchtitan"),
     (["profile", "--hf", "gpt2", "--dp", "2", "--device", "cpu", "--achieved"], "of one process"),
     (["fit", "--hf", "gpt2", "--search"], "fit --search needs --gpus N"),
     (["profile", "--hf", "gpt2", "--search", "--gpus", "8"], "--search is for fit --hf"),

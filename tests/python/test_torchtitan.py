@@ -61,7 +61,7 @@ def test_the_command_line_traces_a_rank_of_a_preset_and_searches_its_layouts(cap
     (["--torchtitan", "7B"], "unknown torchtitan flavor"),
     (["--torchtitan", "8B", "--dtype", "bf16"], "--dtype: not for --torchtitan"),
     (["--torchtitan", "8B", "--tp", "2", "--rank", "8", "--dp", "4"], "--rank must be in [0, 8)"),
-    (["--hf", "gpt2", "--tp", "2"], "--tp and --recompute are for --torchtitan"),
+    (["--hf", "gpt2", "--recompute", "full"], "--recompute is for --torchtitan"),
 ])
 def test_the_command_line_names_bad_torchtitan_flags(flags, message, capsys):
     from metamem import cli
