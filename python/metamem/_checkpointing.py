@@ -20,7 +20,7 @@ __all__ = ["Checkpointing", "least_recompute", "SOLVERS"]
 
 _aten = torch.ops.aten
 # What selective recomputation keeps from the forward: the outputs of matrix
-# products and attention, whose recomputation costs the most FLOPs for the
+# products, convolutions and attention, whose recomputation costs the most FLOPs for the
 # bytes kept (the policy of torch's selective activation checkpointing
 # examples, and the ops of torchtitan's). Norms, activations and elementwise
 # ops are recomputed.
@@ -30,6 +30,7 @@ KEPT_OPS = {
     "aten::bmm": _aten.bmm.default,
     "aten::baddbmm": _aten.baddbmm.default,
     "aten::_scaled_mm": _aten._scaled_mm.default,
+    "aten::convolution": _aten.convolution.default,
     "aten::_scaled_dot_product_flash_attention": _aten._scaled_dot_product_flash_attention.default,
     "aten::_scaled_dot_product_efficient_attention": _aten._scaled_dot_product_efficient_attention.default,
     "aten::_scaled_dot_product_cudnn_attention": _aten._scaled_dot_product_cudnn_attention.default,

@@ -187,9 +187,9 @@ def check_checkpoint(args):
         if args.budget is not None or args.solver != "auto" or args.pareto:
             raise UsageError("--budget, --solver and --pareto are for checkpoint")
         return
-    if not args.hf:
-        raise UsageError("checkpoint recomputes transformers' layers: --hf (torchtitan's modes: fit --torchtitan "
-                         "--search tries them)")
+    if args.torchtitan:
+        raise UsageError("checkpoint recomputes --hf layers and --timm blocks; torchtitan's presets recompute as "
+                         "torchtitan does: fit --torchtitan --search tries its modes")
     if args.budget is None:
         raise UsageError("checkpoint needs --budget")
     if args.checkpointing:
@@ -398,16 +398,28 @@ def fit(args):
     return 0
 
 
-def checkpoint(args):
-    """The layers to recompute, fully or selectively, with the fewest FLOPs
-    recomputed that bring the step's peak within --budget."""
-    from . import hf
+def checkpoint_units(args):
+    """The module paths of the layers (--hf) or blocks (--timm) a
+    Checkpointing recomputes, in order."""
+    if args.hf:
+        from . import hf
 
+        cfg = hf.config(args.hf, **dict(parse_setting(s) for s in args.hf_set))
+        return hf.checkpoint_layers(cfg, args.attn_implementation)
+    from . import timm
+
+    model = timm.create(args.timm)
+    return [f"{type(model).__name__}.{path}" for path, _ in timm.checkpoint_blocks(model)]
+
+
+def checkpoint(args):
+    """The layers or blocks to recompute, fully or selectively, with the
+    fewest FLOPs recomputed that bring the step's peak within --budget."""
     budget = _metamem.parse_memory(args.budget, "--budget")
-    cfg = hf.config(args.hf, **dict(parse_setting(s) for s in args.hf_set))
-    units = hf.checkpoint_layers(cfg, args.attn_implementation)
+    units = checkpoint_units(args)
+    model = args.hf or args.timm
     if not units:
-        raise UsageError(f"{cfg.model_type} has no layers transformers checkpoints one by one")
+        raise UsageError(f"{model} has no layers or blocks to recompute one by one")
     traces = {}
 
     def measure(plan):
@@ -418,7 +430,7 @@ def checkpoint(args):
     found = least_recompute(measure, len(units), budget, args.solver, args.pareto)
     plan = found["plan"]
     if plan is None:
-        print(f"metamem: {cfg.model_type} does not fit in {_metamem.human_bytes(budget)} with the {args.solver} "
+        print(f"metamem: {model} does not fit in {_metamem.human_bytes(budget)} with the {args.solver} "
               f"solver; the least memory a traced plan reaches is {_metamem.human_bytes(found['lowest_peak'])} "
               f"({found['lowest_peak']} B)", file=sys.stderr)
         return 1

@@ -14,10 +14,14 @@ random initial weights does not know. timm is an optional dependency
 (`pip install .[models]`).
 """
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from . import trace
+from ._checkpointing import Checkpointing
 from ._step import checked, train
 
 
@@ -34,13 +38,46 @@ def create(name, **kwargs):
     return timm.create_model(name, **kwargs)
 
 
+def checkpoint_blocks(model):
+    """(path, module) of the blocks a Checkpointing recomputes, in the
+    model's order: the innermost modules with parameters and submodules
+    that sit in an nn.Sequential or nn.ModuleList (a ViT's blocks, a
+    ConvNeXt stage's blocks, a ResNet's bottlenecks), as timm's own
+    checkpoint_seq walks them."""
+    lists = (torch.nn.Sequential, torch.nn.ModuleList)
+    in_list = {child for module in model.modules() if isinstance(module, lists) for child in module.children()}
+    found = [(path, module) for path, module in model.named_modules()
+             if module in in_list and not isinstance(module, lists)
+             and next(module.children(), None) is not None and next(module.parameters(), None) is not None]
+    return [(path, module) for path, module in found
+            if not any(other != path and other.startswith(path + ".") for other, _ in found)]
+
+
+@contextlib.contextmanager
+def _recomputing(model, checkpointing):
+    """The first blocks `checkpointing` names run through
+    torch.utils.checkpoint (non-reentrant) for the block."""
+    blocks = [module for _, module in checkpoint_blocks(model)]
+    kwargs = checkpointing.checkpoint_kwargs()
+    chosen = blocks[:checkpointing.recomputed(len(blocks))]
+    for block in chosen:
+        block.forward = (lambda forward: lambda *args, **kw: checkpoint(forward, *args, **kwargs, **kw))(block.forward)
+    try:
+        yield
+    finally:
+        for block in chosen:
+            del block.forward
+
+
 def training_step(model, batch=2, device="cuda", dtype="f32", optimizer="adamw", steps=2, checkpointing=False):
     """A function that runs `steps` training steps of `model` (moved to
     `device` and `dtype` inside it) on random images of its input size:
     forward, cross entropy over its classes (a backbone without classifier:
     its features' sum; distilled models train both heads), backward, an
-    optimizer step ("adamw", "sgd" or None) and zero_grad. `checkpointing`
-    recomputes its blocks in backward (timm's set_grad_checkpointing)."""
+    optimizer step ("adamw", "sgd" or None) and zero_grad. `checkpointing`:
+    True recomputes its blocks in backward (timm's set_grad_checkpointing);
+    a metamem.Checkpointing, the first of checkpoint_blocks(model), whole or
+    selectively."""
     torch_dtype = checked(dtype, optimizer)
     input_size = model.pretrained_cfg["input_size"]
 
@@ -56,7 +93,7 @@ def training_step(model, batch=2, device="cuda", dtype="f32", optimizer="adamw",
         if any(p.device.type != torch.device(device).type or p.dtype != torch_dtype for p in model.parameters()):
             model.to(device=device, dtype=torch_dtype)
         model.train()
-        if checkpointing:
+        if checkpointing is True:
             model.set_grad_checkpointing(True)
         x = torch.randn(batch, *input_size, device=device, dtype=torch_dtype)
         y = torch.randint(0, max(model.num_classes, 1), (batch,), device=device)
@@ -66,7 +103,10 @@ def training_step(model, batch=2, device="cuda", dtype="f32", optimizer="adamw",
             outs = out if isinstance(out, (tuple, list)) else (out,)
             sum(head_loss(o, y) for o in outs).backward()
 
-        train(model, forward_backward, optimizer, steps)
+        recomputing = _recomputing(model, checkpointing) if isinstance(checkpointing, Checkpointing) \
+            else contextlib.nullcontext()
+        with recomputing:
+            train(model, forward_backward, optimizer, steps)
     return step
 
 

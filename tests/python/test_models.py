@@ -226,6 +226,30 @@ def test_checkpoint_recomputes_the_fewest_layers_a_budget_needs_and_traces_the_p
     assert f"the least memory a traced plan reaches is" in capsys.readouterr().err
 
 
+def test_a_timm_models_first_blocks_recompute_exactly_on_cpu_and_checkpoint_finds_them(capsys):
+    # ConvNeXt's nine blocks, the first two recomputed whole or keeping
+    # their products (convolutions, linears): equal to the real CPU run.
+    model = metamem.timm.create("test_convnext")
+    assert [path for path, _ in metamem.timm.checkpoint_blocks(model)][:3] == [
+        "stages.0.blocks.0", "stages.1.blocks.0", "stages.1.blocks.1"]
+    peaks = {}
+    for plan in (None, metamem.Checkpointing(2), metamem.Checkpointing(2, selective=True)):
+        step = metamem.timm.training_step(model, batch=4, device="cpu", checkpointing=plan)
+        with metamem.trace(device="cpu", modules=[model]) as t:
+            step()
+        assert max(t.step_peaks) == metamem.achieved_cpu(step, modules=[model]), plan
+        peaks[plan] = max(t.step_peaks), t.flops["recompute"]
+    assert peaks[None][0] > peaks[metamem.Checkpointing(2, selective=True)][0] > peaks[metamem.Checkpointing(2)][0]
+    assert peaks[metamem.Checkpointing(2)][1] > peaks[metamem.Checkpointing(2, selective=True)][1] > 0
+    # The blocks are put back: the model runs as it was built.
+    assert all("forward" not in vars(block) for _, block in metamem.timm.checkpoint_blocks(model))
+    budget = (peaks[None][0] + peaks[metamem.Checkpointing(2)][0]) // 2
+    assert metamem.cli.main(["checkpoint", "--timm", "test_convnext", "--batch", "4", "--device", "cpu",
+                             "--budget", str(budget), "--format", "json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["units"][0] == "ConvNeXt.stages.0.blocks.0" and plan["peak_bytes"] <= budget < plan["unchecked_peak_bytes"]
+
+
 def test_the_command_line_fits_a_timm_model_on_a_gpu(capsys):
     # 320 MiB of a T4, less its CUDA context: 40 SMs × 1024 threads × 1 KiB of stack and the driver's 213 MiB.
     memory = (320 - 40 - 213) << 20
@@ -275,7 +299,7 @@ def test_the_command_line_fits_a_timm_model_on_a_gpu(capsys):
     (["fit", "--hf", "gpt2", "--ray", "auto"], "are for fit --search"),
     (["checkpoint", "--hf", "gpt2"], "checkpoint needs --budget"),
     (["checkpoint", "--hf", "gpt2", "--budget", "lots"], "--budget expects a size"),
-    (["checkpoint", "--timm", "test_vit", "--budget", "1GiB"], "checkpoint recomputes transformers' layers"),
+    (["checkpoint", "--torchtitan", "8B", "--budget", "1GiB"], "torchtitan's presets recompute as torchtitan does"),
     (["checkpoint", "--hf", "gpt2", "--budget", "1GiB", "--checkpointing"], "chooses what to recompute itself"),
     (["checkpoint", "--hf", "gpt2", "--budget", "1GiB", "--table", "nodes"], "are for profile"),
     (["profile", "--hf", "gpt2", "--budget", "1GiB"], "are for checkpoint"),
