@@ -451,11 +451,10 @@ def checkpoint(args):
 def process_groups(layout):
     """The process groups of two or more ranks a layout (the flags, or a
     search's layout) communicates in: each an NCCL communicator."""
-    if getattr(layout, "sharding", None) is not None:
-        return layout.sharding.process_groups()
-    if getattr(layout, "tp", None) is not None:  # torchtitan's: FSDP2 over dp, tensor parallel over tp
-        return int(layout.dp > 1) + int(layout.tp > 1)
-    return 0
+    sharding = getattr(layout, "sharding", None)
+    if sharding is None and getattr(layout, "tp", None) is not None:  # torchtitan's: FSDP2 over dp, tp over tp
+        sharding = Sharding(layout.dp, tensor_parallel=layout.tp)
+    return sharding.process_groups() if sharding else 0
 
 
 def layouts_of(args):
