@@ -67,7 +67,7 @@ bool is_collective(const std::string& name) {
 bool makes_run_values(const c10::OperatorHandle& op) {
   const std::string& name = op.schema().name();
   return name.find("empty") == std::string::npos && name.find("resize") == std::string::npos &&
-         name != "aten::set_" && !is_collective(name);
+         !is_collective(name);
 }
 
 bool is_written(const c10::FunctionSchema& schema, std::size_t argument) {
@@ -288,6 +288,9 @@ void check_known_indices(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValu
 void learn_values(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
                   c10::ArrayRef<c10::IValue> returns) {
   const c10::FunctionSchema& schema = op.schema();
+  // set_ points a tensor at another buffer and writes no bytes: the values
+  // stay with their buffers (copy.deepcopy sets a tensor on a copied one).
+  if (schema.name() == "aten::set_") return;
   std::int64_t made = 0;
   bool integers = true, bools = true, numbers = true;
   for (const c10::IValue& value : returns)
@@ -344,6 +347,15 @@ void forget_values(BufferId id) {
   if (!g_any.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> lock(g_mutex);
   g_values.erase(id);
+}
+
+void forget_all_values() {
+  std::unordered_map<BufferId, c10::Storage> values;  // freed once the lock is released
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    values.swap(g_values);
+    g_any.store(false, std::memory_order_relaxed);
+  }
 }
 
 }  // namespace metamem

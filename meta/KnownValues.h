@@ -57,4 +57,9 @@ std::optional<at::Tensor> known_values(const at::Tensor& t);
 // The buffer is freed: its values go with it.
 void forget_values(BufferId id);
 
+// The trace ends: no op runs on its tensors any more, and values kept past
+// it (tensors still alive at the process's exit) would be freed by a CPU
+// allocator already destroyed.
+void forget_all_values();
+
 }  // namespace metamem

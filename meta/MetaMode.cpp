@@ -320,6 +320,10 @@ void unwrap_arguments(const c10::FunctionSchema& schema, torch::jit::Stack& stac
         inner.push_back(element.isTensor() ? c10::optional<at::Tensor>(to_inner(element.toTensor(), inputs))
                                            : c10::nullopt);
       value = std::move(inner);
+    } else if (value.isStorage() && is_meta_storage(value.toStorage())) {
+      // set_(storage): a traced tensor's storage stands for the meta one,
+      // on which the kernel sets the inner tensor (copy.deepcopy does).
+      value = c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(inner_storage(value.toStorage())));
     } else if (value.isDevice() || (value.isNone() && is_optional_device(args[i]))) {
       value = c10::Device(c10::kMeta);
     }
@@ -726,6 +730,7 @@ MetaMode::~MetaMode() {
   fake_cuda_.reset();
   g_mode.active.store(false);
   retire_meta_tensors();
+  forget_all_values();
 }
 
 namespace {

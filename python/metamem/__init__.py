@@ -548,6 +548,32 @@ def _patch_traced_storages(patches):
     patches.set(storage, "data_ptr", traced_data_ptr)
 
 
+def _patch_deepcopy(patches):
+    """copy.deepcopy of a tensor in a block, as outside it. A traced tensor's
+    copy is traced: a copy of its whole storage (torch clones the storage,
+    which would make a real one, on the host or the real GPU), viewed as
+    the tensor was, with the values the trace knows of it. A real tensor's copy is real, as its ops are (Dynamo's
+    guards copy DTensor specs, whose device mesh holds real tensors), where
+    the copy's empty tensor would be traced and its real storage refused."""
+    storage, tensor = torch.UntypedStorage, torch.Tensor
+    clone, deepcopy = storage.clone, tensor.__deepcopy__
+
+    def traced_clone(self):
+        if not _metamem.is_traced_storage(self):
+            return clone(self)
+        whole = torch.empty(0, dtype=torch.uint8, device=self.device).set_(self)
+        return whole.clone().untyped_storage()
+
+    def real_deepcopy(self, memo):
+        if type(self) is torch.Tensor and not _metamem.is_traced(self):
+            with _metamem.OutsideTrace():
+                return deepcopy(self, memo)
+        return deepcopy(self, memo)
+
+    patches.set(storage, "clone", traced_clone)
+    patches.set(tensor, "__deepcopy__", real_deepcopy)
+
+
 def _patch_fake_tensor_mode(patches):
     """FakeTensorMode inside a block (DTensor's sharding propagation finds
     its outputs' shapes with it) computes on plain meta tensors, as outside
@@ -643,6 +669,7 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
                 patches = Patches()
                 stack.callback(patches.restore)
                 _patch_traced_storages(patches)
+                _patch_deepcopy(patches)
                 _patch_fake_tensor_mode(patches)
                 _patch_data_loader_workers(patches)
                 groups = None

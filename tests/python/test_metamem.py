@@ -1,5 +1,6 @@
 """import metamem: eager Python traced on a fake device, checked against real CPU runs."""
 
+import copy
 import html
 import json
 import pickle
@@ -275,6 +276,31 @@ def test_a_storage_resized_frees_and_remakes_its_buffer_as_fsdp2_does():
         assert view.untyped_storage().nbytes() == 4096
     traced, achieved = trace_and_run(step)
     assert traced == achieved == 4096 + 2 * 1024
+
+
+def test_copy_deepcopy_of_a_model_is_exact_on_cpu():
+    def step():
+        model = torch.nn.Linear(64, 64)
+        ema = copy.deepcopy(model)  # parameters are copied by clone()
+        (model(torch.ones(8, 64)) + ema(torch.ones(8, 64))).sum().backward()
+    traced, achieved = trace_and_run(step)
+    assert traced == achieved
+
+
+def test_copy_deepcopy_of_a_tensor_copies_its_whole_storage_and_known_values():
+    # A plain tensor's copy is a copy of its storage, made by torch.UntypedStorage's
+    # constructor, which takes c10's default CPU allocator: achieved_cpu cannot count
+    # it, so the bytes are checked here on the fake GPU.
+    real = torch.arange(4)
+    with metamem.trace(device="cuda"):
+        weights = torch.ones(1024, device="cuda")
+        half = copy.deepcopy(weights[512:])
+        assert half.untyped_storage().nbytes() == 4096 and half.storage_offset() == 512
+        assert torch.cuda.memory_allocated() == 2 * 4096
+        state = copy.deepcopy({"step": torch.tensor(3.0), "positions": torch.arange(4)})
+        assert state["step"].item() == 3.0 and state["positions"].tolist() == [0, 1, 2, 3]
+        copied = copy.deepcopy(real)  # a real tensor's copy is real, as its ops are
+        assert not metamem._metamem.is_traced(copied) and copied.tolist() == [0, 1, 2, 3]
 
 
 def test_a_model_built_on_the_meta_device_holds_nothing_until_materialized():
