@@ -678,7 +678,7 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
                 if values == "placeholder":
                     stack.enter_context(_metamem.PlaceholderValues())
                 scopes = stack.enter_context(_ModuleScopes(session))
-                stack.enter_context(CompiledCode(session, scopes, runtime))
+                stack.enter_context(CompiledCode(session, scopes, runtime, ranks=world_size is not None))
                 stack.enter_context(_swapped(modules, device))
                 for module in modules:
                     scopes.adopt(module)

@@ -47,10 +47,10 @@ def _keep_products(ctx, op, *args, **kwargs):
 class Checkpointing:
     """The first `layers` layers of a model (all of them: None) recomputed
     in backward, each through torch.utils.checkpoint (non-reentrant);
-    `selective`: keeping the outputs of matrix products and attention
-    (KEPT_OPS) through torch's selective activation checkpointing. The first
-    layers, because backward reaches them last: their recomputation adds to
-    what is live when the least is."""
+    `selective`: keeping the outputs of matrix products, convolutions and
+    attention (KEPT_OPS) through torch's selective activation
+    checkpointing. The first layers, because backward reaches them last:
+    their recomputation adds to what is live when the least is."""
 
     layers: int | None = None
     selective: bool = False

@@ -41,11 +41,24 @@ import re
 import sys
 import threading
 import warnings
+import weakref
 
 import torch
 
 from . import _compile_cuda, _metamem
 from ._cuda import Patches
+
+# The `call` of each wrapper loaded for a trace that has ended, while
+# Dynamo's cache keeps it (it keeps the function, and so the module's
+# globals, not the module).
+_LOADED_FOR_TRACES = weakref.WeakSet()
+
+
+class _WrapperGlobals:
+    """A wrapper module's globals as attributes, patched as the module's are."""
+
+    def __init__(self, namespace):
+        self.__dict__ = namespace
 
 # A kernel in the wrapper's source: `cpp_fused_add_0 = async_compile.cpp_pybinding(...)`.
 _KERNEL = re.compile(r"^(\w+) = async_compile\.\w+\(", re.M)
@@ -205,12 +218,21 @@ class CompiledCode(CompilingAside):
     (`cuda`, the trace's metamem._cuda.FakeCudaRuntime), Inductor compiles
     for the traced GPU (metamem._compile_cuda)."""
 
-    def __init__(self, session, scopes, cuda=None):
+    def __init__(self, session, scopes, cuda=None, ranks=False):
         super().__init__(_outside_the_trace)
         self.session = session
         self.scopes = scopes
         self.cuda = cuda
-        self.wrappers = set()  # id() of the wrapper modules made traceable
+        # In a trace of one rank (`ranks`), the graphs compiled name its
+        # process groups, which end with it: a trace of another rank in
+        # this process would pass their guards (DTensor's specs compare
+        # meshes by shape) and find them in AOTAutograd's cache (its key
+        # does not name groups), then run collectives on groups that are
+        # gone or not its own. Each rank's graphs are its own, as in its
+        # own process: dropped from Dynamo's cache when the trace ends, and
+        # not taken from AOTAutograd's.
+        self.guards = [] if ranks else None
+        self.wrappers = set()  # id() of the globals of the wrapper modules made traceable
         self.loaded = []  # the wrapper modules loaded during the block
         self.owner = threading.get_ident()
         self.optimizer = None  # the optimizer whose step the frame compiling now traces
@@ -228,6 +250,8 @@ class CompiledCode(CompilingAside):
         if self.installed and self.cuda is not None:
             _compile_cuda.uninstall()
         self._drop_loaded()
+        for guards in self.guards or ():
+            guards.invalidate("the trace's process groups")  # "... got deallocated": Dynamo's words
         if self.warning_filter in warnings.filters:
             warnings.filters.remove(self.warning_filter)
             warnings._filters_mutated()
@@ -257,8 +281,10 @@ class CompiledCode(CompilingAside):
             self.patches.set(AsyncCompile, method, self._unbuilt(getattr(AsyncCompile, method)))
         if self.cuda is not None:
             _compile_cuda.install(self.patches, self.cuda, self.owner)
-        for module in list(PyCodeCache.modules):
+        for module in PyCodeCache.modules:
             self._make_traceable(module)
+        for call in list(_LOADED_FOR_TRACES):
+            self._make_traceable(_WrapperGlobals(call.__globals__))
 
         run = CompiledFxGraph.__call__
 
@@ -293,6 +319,10 @@ class CompiledCode(CompilingAside):
         from torch._dynamo import convert_frame
 
         self.patches.set(convert_frame, "CheckFunctionManager", self._guarding(convert_frame.CheckFunctionManager))
+        if self.guards is not None:
+            from torch._functorch import config as functorch
+
+            self.patches.set(functorch, "enable_autograd_cache", False, restore=functorch.enable_autograd_cache)
 
     def compiling(self, compile_):
         aside = super().compiling(compile_)
@@ -330,7 +360,10 @@ class CompiledCode(CompilingAside):
             if threading.get_ident() != self.owner:
                 return check_function_manager(*args, **kwargs)
             with _metamem.InsideTrace():
-                return check_function_manager(*args, **kwargs)
+                guards = check_function_manager(*args, **kwargs)
+            if self.guards is not None:
+                self.guards.append(guards)
+            return guards
         return built
 
     def refused(self, error):
@@ -347,10 +380,15 @@ class CompiledCode(CompilingAside):
 
     def _drop_loaded(self):
         """The wrappers loaded during the block (their kernels unbuilt) leave
-        Inductor's in-memory cache: a real run loads and builds them anew."""
+        Inductor's in-memory cache: a real run loads and builds them anew.
+        Dynamo's cache keeps the graphs that call them, which a later trace
+        runs again (a function compiled anew in each trace compiles once:
+        Dynamo caches by code): that trace makes them traceable too."""
         from torch._inductor.codecache import PyCodeCache
 
         for module in self.loaded:
+            if callable(getattr(module, "call", None)):  # a wrapper, not a kernel's module
+                _LOADED_FOR_TRACES.add(module.call)
             if module in PyCodeCache.modules:
                 PyCodeCache.modules.remove(module)
             for cache in (PyCodeCache.modules_no_attr, sys.modules):
@@ -368,9 +406,9 @@ class CompiledCode(CompilingAside):
     def _make_traceable(self, module):
         """A wrapper module's kernels idle on traced tensors, its buffers and
         views traced (put back when the block ends)."""
-        if id(module) in self.wrappers or not callable(getattr(module, "call", None)):
+        if id(vars(module)) in self.wrappers or not callable(getattr(module, "call", None)):
             return
-        self.wrappers.add(id(module))
+        self.wrappers.add(id(vars(module)))
         with open(module.__file__) as source:
             kernels = _KERNEL.findall(source.read())
         for name in kernels:

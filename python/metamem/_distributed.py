@@ -69,7 +69,10 @@ def _reduced(tensors):
 
 
 def _averaged(tensor, opts, size):
-    """gloo averages by dividing after it sums."""
+    """gloo averages by dividing after it sums, and refuses a premultiplied
+    sum (FSDP2's, given a gradient divide factor), in its words."""
+    if opts is not None and opts.reduceOp == dist.ReduceOp.PREMUL_SUM:
+        raise RuntimeError("Cannot use ReduceOp.PREMUL_SUM with Gloo")
     if opts is not None and opts.reduceOp == dist.ReduceOp.AVG:
         tensor /= float(size)
 
@@ -145,14 +148,14 @@ class TracedProcessGroup(dist.ProcessGroup):
         return _Work()
 
     def reduce_scatter_single(self, output, input, opts=None):
-        if not self._copies:
-            _reduced([output])
-            return _Work()
-        whole = input.clone()
-        _averaged(whole, opts, self.size())
-        output.copy_(whole.chunk(self.size())[self.rank()])
+        held = []
+        if self._copies:  # gloo reduces a copy of the whole input, then copies this rank's chunk out
+            whole = input.clone()
+            _averaged(whole, opts, self.size())
+            output.copy_(whole.chunk(self.size())[self.rank()])
+            held.append(whole)
         _reduced([output])
-        return _Work(held=[whole])
+        return _Work(held=held)
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         works = [self.reduce_scatter_single(output, input, opts) for output, input in zip(outputs, inputs)]

@@ -112,6 +112,10 @@ def parser():
                    "preset's; --hf: transformers' tp_plan); the job is --dp x --tp ranks")
     p.add_argument("--recompute", choices=["none", "selective", "full"], help="--torchtitan: its activation "
                    "checkpointing (default the preset's)")
+    p.add_argument("--compile", choices=["on", "off"], help="--torchtitan: torch.compile of each block and of the "
+                   "loss (default the preset's: on for 405B)")
+    p.add_argument("--float8", choices=["on", "off"], help="--torchtitan: float8 linears, tensorwise, all-gathered "
+                   "in float8 (default the preset's: on for 405B; GPUs of compute capability 8.9 and up)")
     add_trace_flags(p, values="error")
     add_report_flags(p)
     p.add_argument("--achieved", action="store_true", help="profile: also run the step for real (--device cpu)")
@@ -124,7 +128,8 @@ def parser():
                    "layer, each with its largest local batch")
     p.add_argument("--budget", help="checkpoint: the peak to fit in (16GiB)")
     p.add_argument("--solver", choices=list(SOLVERS), default="auto", help="checkpoint: recompute whole layers, "
-                   "selectively (keeping matrix products and attention), or the one of both that recomputes less")
+                   "selectively (keeping matrix products, convolutions and attention), or the one of both that "
+                   "recomputes less")
     p.add_argument("--pareto", action="store_true", help="checkpoint: trace every count of layers recomputed, "
                    "so that the curve of the least recompute at each peak (the traced plans') is whole")
     p.add_argument("--gpus", type=int, help="fit --search: the GPUs of the job")
@@ -141,6 +146,8 @@ def check(args):
     else:
         if args.recompute is not None:
             raise UsageError("--recompute is for --torchtitan presets (--checkpointing for other models)")
+        if args.compile is not None or args.float8 is not None:
+            raise UsageError("--compile and --float8 are for --torchtitan presets")
         args.batch = 1 if args.batch is None else args.batch
         args.seq = 128 if args.seq is None else args.seq
     if args.batch < 1 or args.seq < 1 or args.max_batch < 1:
@@ -181,8 +188,8 @@ def check(args):
 
 
 def check_checkpoint(args):
-    """checkpoint recomputes transformers' layers itself and writes its plan
-    as the zoo's does (--format table or json, --html)."""
+    """checkpoint recomputes transformers' layers or timm's blocks itself and
+    writes its plan as the zoo's does (--format table or json, --html)."""
     if args.command != "checkpoint":
         if args.budget is not None or args.solver != "auto" or args.pareto:
             raise UsageError("--budget, --solver and --pareto are for checkpoint")
@@ -216,6 +223,8 @@ def check_torchtitan(args):
     preset = titan.PRESETS[args.torchtitan]
     args.batch = preset.local_batch_size if args.batch is None else args.batch
     args.seq = preset.seq_len if args.seq is None else args.seq
+    args.compile = preset.compile if args.compile is None else args.compile == "on"
+    args.float8 = preset.float8 if args.float8 is None else args.float8 == "on"
     if args.search:
         return
     args.tp = preset.tensor_parallel if args.tp is None else args.tp
@@ -265,13 +274,19 @@ def sharding_of(args):
     return Sharding(dp, gpus_per_node // tp, tp)
 
 
+def compiled_float8(compile, float8):
+    """", compiled, float8" as far as a torchtitan job is either."""
+    return "".join(f", {what}" for what, on in (("compiled", compile), ("float8", float8)) if on)
+
+
 def job_lines(args):
     """(JSON, summary lines) naming the data-parallel job the trace is a rank of."""
     if args.torchtitan:
         job = {"data_parallel": args.dp, "tensor_parallel": args.tp, "rank": args.rank, "sharding": "fsdp2",
-               "recompute": args.recompute}
+               "recompute": args.recompute, "compile": args.compile, "float8": args.float8}
         return {"job": job}, [f"  as rank {args.rank} of torchtitan's {args.torchtitan} on {args.dp * args.tp} "
-                              f"GPUs: tensor parallel {args.tp}, FSDP2 over {args.dp}, recompute {args.recompute}"]
+                              f"GPUs: tensor parallel {args.tp}, FSDP2 over {args.dp}, recompute {args.recompute}"
+                              f"{compiled_float8(args.compile, args.float8)}"]
     if args.sharding is None:
         return None, []
     sharding = args.sharding
@@ -314,7 +329,8 @@ def traced(args, batch):
     """The Trace of the step at `batch`, the step and the modules built before it."""
     if args.torchtitan:
         t = titan.trace(args.torchtitan, args.dp * args.tp, args.rank, args.gpu, args.steps, local_batch_size=batch,
-                        seq_len=args.seq, tensor_parallel=args.tp, activation_checkpoint=args.recompute)
+                        seq_len=args.seq, tensor_parallel=args.tp, activation_checkpoint=args.recompute,
+                        compile=args.compile, float8=args.float8)
         return t, None, ()
     step, modules = step_of(args, batch)
     world = None if args.sharding is None else args.sharding.world_size
@@ -470,10 +486,16 @@ def layouts_of(args):
         return [argparse.Namespace(tp=tp, dp=args.gpus // tp, recompute=recompute)
                 for recompute in ("none", "selective", "full") for tp in (1, 2, 4, 8)
                 if tp <= args.gpus and args.gpus % tp == 0]
+    from . import hf
+    from ._sharding import tensor_parallel_refusal
+
+    config = hf.config(args.hf, **dict(parse_setting(s) for s in args.hf_set))
     per_node = args.gpus_per_node or 8
     shardings = [None] if args.gpus == 1 else []
     for tp in (1, 2, 4, 8):
-        if tp > min(args.gpus, per_node) or args.gpus % tp or (tp > 1 and not _splits(args, tp)):
+        # transformers splits the model tp ways where it has a plan and its heads divide
+        if (tp > min(args.gpus, per_node) or args.gpus % tp
+                or (tp > 1 and tensor_parallel_refusal(config, tp) is not None)):
             continue
         dp = args.gpus // tp
         if tp > 1 or dp > 1:
@@ -482,15 +504,6 @@ def layouts_of(args):
             shardings.append(Sharding(dp, per_node // tp, tp))
     return [argparse.Namespace(sharding=sharding, checkpointing=recompute)
             for recompute in (False, True) for sharding in shardings]
-
-
-def _splits(args, tp):
-    """Whether transformers splits the model `tp` ways (it has a plan, and
-    its attention heads divide)."""
-    from . import hf
-    from ._sharding import tensor_parallel_refusal
-
-    return tensor_parallel_refusal(hf.config(args.hf, **dict(parse_setting(s) for s in args.hf_set)), tp) is None
 
 
 def largest_local_batch(args, layout, budget):
@@ -545,18 +558,22 @@ def search(args, gpu_for):
         rows.append({**layout_row(args, layout), "local_batch": best, "reserved_bytes": tried.get(best),
                      "allocator_bytes": budget, "traces": len(tried)})
     rows.sort(key=lambda row: (row["recompute"] != "none", row["recompute"] == "full", -row["local_batch"]))
-    return {"model": args.torchtitan or args.hf, "gpus": args.gpus, "gpu": args.gpu,
-            "memory_bytes": gpu_for(argparse.Namespace(sharding=None))["total_bytes"],
-            "max_batch": args.max_batch, "layouts": rows, "traces": sum(row["traces"] for row in rows),
-            "seconds": round(time.perf_counter() - start, 1), "jobs": args.jobs, "ray": args.ray}
+    found = {"model": args.torchtitan or args.hf, "gpus": args.gpus, "gpu": args.gpu,
+             "memory_bytes": gpu_for(argparse.Namespace(sharding=None))["total_bytes"],
+             "max_batch": args.max_batch, "layouts": rows, "traces": sum(row["traces"] for row in rows),
+             "seconds": round(time.perf_counter() - start, 1), "jobs": args.jobs, "ray": args.ray}
+    if args.torchtitan:
+        found.update(compile=args.compile, float8=args.float8)
+    return found
 
 
 def print_search(found):
     where = (f"Ray tasks at {found['ray']}" if found["ray"] is not None
              else f"{found['jobs']} process{'es' * (found['jobs'] > 1)}")
+    extras = compiled_float8(found.get("compile"), found.get("float8"))
     print(f"{len(found['layouts'])} layouts on {found['gpus']} {found['gpu']} of {found['memory_bytes'] / 2**30:.2f} "
-          f"GiB (rank 0 traced, whose shards are the largest): {found['traces']} traces, {found['seconds']} s, "
-          f"{where}")
+          f"GiB (rank 0 traced, whose shards are the largest{extras}): {found['traces']} traces, "
+          f"{found['seconds']} s, {where}")
     width = max(len("layout"), *(len(row["shown"]) for row in found["layouts"])) + 2
     print(f"  {'layout':<{width}}{'recompute':<11}{'local batch':>11}{'reserved':>14}{'allocator':>14}")
     for row in found["layouts"]:

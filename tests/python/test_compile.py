@@ -120,6 +120,28 @@ def test_a_trace_builds_no_kernel_and_leaves_none_behind():
     assert metamem.achieved_cpu(run) > 0
 
 
+def test_a_function_compiled_in_each_of_two_traces_is_traced_in_both():
+    # Dynamo caches by code: the second trace's torch.compile of the same
+    # function runs the graph compiled in the first, whose wrapper left
+    # Inductor's cache when that trace ended. It ran with real buffers and
+    # unbuilt kernels ("a kernel loaded for a trace, unbuilt, is called on
+    # real tensors").
+    def loss(logits, labels):
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+    def step():
+        logits = torch.randn(2, 64, 100, requires_grad=True)
+        torch.compile(loss)(logits, torch.randint(0, 100, (2, 64))).backward()
+
+    torch._dynamo.reset()
+    peaks = []
+    for _ in range(2):
+        with metamem.trace(device="cpu", values="placeholder") as t:
+            step()
+        peaks.append(t.peak_bytes)
+    assert peaks[0] == peaks[1] == metamem.achieved_cpu(step)
+
+
 def test_compiled_code_outside_the_block_is_untouched():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU())
