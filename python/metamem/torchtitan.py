@@ -82,7 +82,7 @@ def job_config(flavor, local_batch_size=None, seq_len=None, tensor_parallel=None
     if preset.float8 if float8 is None else float8:
         # The 405B toml names the converter "float8", which torchtitan 0.2.2
         # no longer registers (its Trainer stops with a KeyError); its float8
-        # docs name it so. parallelize_llama still looks for "float8" to
+        # docs name it as here. parallelize_llama still looks for "float8" to
         # split float8 linears with float8 tensor parallelism: under this
         # name they are split as bf16 ones are, as torchtitan runs them.
         config.model.converters = ["quantize.linear.float8"]
