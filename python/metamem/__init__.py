@@ -552,9 +552,10 @@ def _patch_deepcopy(patches):
     """copy.deepcopy of a tensor in a block, as outside it. A traced tensor's
     copy is traced: a copy of its whole storage (torch clones the storage,
     which would make a real one, on the host or the real GPU), viewed as
-    the tensor was, with the values the trace knows of it. A real tensor's copy is real, as its ops are (Dynamo's
-    guards copy DTensor specs, whose device mesh holds real tensors), where
-    the copy's empty tensor would be traced and its real storage refused."""
+    the tensor was, with the values the trace knows of it. A real tensor's
+    copy is real, as its ops are (Dynamo's guards copy DTensor specs, whose
+    device mesh holds real tensors), where the copy's empty tensor would be
+    traced and its real storage refused."""
     storage, tensor = torch.UntypedStorage, torch.Tensor
     clone, deepcopy = storage.clone, tensor.__deepcopy__
 

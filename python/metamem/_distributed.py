@@ -68,9 +68,10 @@ def _reduced(tensors):
         _metamem.forget_values(tensor)
 
 
-def _averaged(tensor, opts, size):
-    """gloo averages by dividing after it sums, and refuses a premultiplied
-    sum (FSDP2's, given a gradient divide factor), in its words."""
+def _gloo_reduction(tensor, opts, size):
+    """What gloo does beyond summing `tensor`: it averages by dividing after
+    it sums, and refuses a premultiplied sum (FSDP2's, given a gradient
+    divide factor), in its words."""
     if opts is not None and opts.reduceOp == dist.ReduceOp.PREMUL_SUM:
         raise RuntimeError("Cannot use ReduceOp.PREMUL_SUM with Gloo")
     if opts is not None and opts.reduceOp == dist.ReduceOp.AVG:
@@ -151,7 +152,7 @@ class TracedProcessGroup(dist.ProcessGroup):
         held = []
         if self._copies:  # gloo reduces a copy of the whole input, then copies this rank's chunk out
             whole = input.clone()
-            _averaged(whole, opts, self.size())
+            _gloo_reduction(whole, opts, self.size())
             output.copy_(whole.chunk(self.size())[self.rank()])
             held.append(whole)
         _reduced([output])
@@ -168,7 +169,7 @@ class TracedProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         if self._copies:
             for tensor in tensors:
-                _averaged(tensor, opts, self.size())
+                _gloo_reduction(tensor, opts, self.size())
         _reduced(tensors)
         return _Work()
 

@@ -124,8 +124,9 @@ def training_step(config, steps=2, device="cuda"):
     def step():
         if not dist.is_initialized():  # a real gloo run's process made its group
             dist.init_process_group("nccl" if device == "cuda" else "gloo")
-        rank_device = torch.device(device, int(os.environ["LOCAL_RANK"])) if device == "cuda" else torch.device(device)
+        rank_device = torch.device(device)
         if device == "cuda":
+            rank_device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
             torch.cuda.set_device(rank_device)
         parallelism = config.parallelism
         dims = ParallelDims(dp_shard=parallelism.data_parallel_shard_degree,
