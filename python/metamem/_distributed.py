@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import FakeStore
 
-from . import _metamem
+from . import _foreach_sharding, _metamem
 from ._cuda import Patches
 
 _BACKEND = "fake"
@@ -365,6 +365,7 @@ def ranks(device, world_size, rank, nproc_per_node=None):
                                      f"of {world_size}")
 
         _host_meshes(patches)
+        _foreach_sharding.quicken(patches)
         patches.set(dist, "init_process_group", init_process_group)
         patches.set(dist.distributed_c10d, "init_process_group", init_process_group)
         yield groups

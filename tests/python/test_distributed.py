@@ -8,6 +8,9 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import metamem
 from distributed_steps import STEPS, fsdp2, gloo_peaks
@@ -136,7 +139,11 @@ def test_a_node_has_the_ranks_torchrun_gives_it():
 
 
 def test_leaving_the_block_restores_torch_distributed():
+    from torch.distributed.tensor import _sharding_prop
+
     init, excepthook = dist.init_process_group, sys.excepthook
+    strided_flag = _sharding_prop._propagate_use_strided_shard_flag
+    propagate = _sharding_prop.ShardingPropagator.propagate_op_sharding_non_cached
     environment = dict(os.environ)
     with pytest.raises(KeyError):
         with metamem.trace(device="cpu", world_size=2, rank=1):
@@ -144,7 +151,77 @@ def test_leaving_the_block_restores_torch_distributed():
             raise KeyError("the step failed")
     assert not dist.is_initialized()
     assert dist.init_process_group is init and sys.excepthook is excepthook
+    assert _sharding_prop._propagate_use_strided_shard_flag is strided_flag
+    assert _sharding_prop.ShardingPropagator.propagate_op_sharding_non_cached is propagate
     assert dict(os.environ) == environment
+
+
+def _tensor_and_fully_sharded_step():
+    """Four MLPs of two widths split Megatron's way over a tensor-parallel
+    dimension, FSDP2 over the other (a _StridedShard on each split
+    parameter), gradients clipped, a fused AdamW step for two and a foreach
+    one for the others: DTensor's foreach and fused ops over lists of
+    parameters, many alike."""
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    layers = []
+    for width in (256, 128, 256, 128):
+        mlp = torch.nn.Sequential(torch.nn.Linear(64, width), torch.nn.ReLU(), torch.nn.Linear(width, 64))
+        parallelize_module(mlp, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        fully_shard(mlp, mesh=mesh["dp"])
+        layers.append(mlp)
+    model = torch.nn.Sequential(*layers)
+    optimizers = [torch.optim.AdamW(model[:2].parameters(), fused=True),
+                  torch.optim.AdamW(model[2:].parameters(), foreach=True)]
+    model(torch.randn(8, 64)).sum().backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+    for optimizer in optimizers:
+        optimizer.step()
+
+
+def test_dtensor_shards_foreach_ops_in_a_trace_as_torch_does(monkeypatch):
+    # A trace answers DTensor's repeated questions about a foreach op's
+    # tensors once (metamem._foreach_sharding): every op's sharding is the
+    # one torch works out, with fewer expansions.
+    from torch.distributed.tensor import _dispatch
+    from torch.distributed.tensor._ops import utils
+
+    import metamem._foreach_sharding
+
+    propagate = _dispatch.OpDispatcher._propagate_op_sharding_dispatch_slow_path
+    expand = utils.expand_to_full_mesh_op_strategy
+
+    def shardings(quicken):
+        found, expansions = [], []
+
+        def recorded(self, op, args, kwargs, info, try_cache):
+            sharding = propagate(self, op, args, kwargs, info, try_cache)
+            specs = sharding.output_spec if isinstance(sharding.output_spec, (list, tuple)) else [sharding.output_spec]
+            found.append((str(op), [None if spec is None else (spec.placements, spec.shard_order,
+                                                                spec.use_strided_shard_as_shard_order,
+                                                                spec.tensor_meta) for spec in specs],
+                          sharding.needs_redistribute, str(sharding.redistribute_schema)))
+            return sharding
+
+        def counted(*args, **kwargs):
+            expansions.append(args[1].op)
+            return expand(*args, **kwargs)
+
+        with monkeypatch.context() as patched:
+            patched.setattr(_dispatch.OpDispatcher, "_propagate_op_sharding_dispatch_slow_path", recorded)
+            patched.setattr(utils, "expand_to_full_mesh_op_strategy", counted)
+            if not quicken:
+                patched.setattr(metamem._foreach_sharding, "quicken", lambda patches: None)
+            with metamem.trace(device="cpu", world_size=4, rank=0) as t:
+                _tensor_and_fully_sharded_step()
+        return found, expansions, max(t.step_peaks)
+
+    quick, quick_expansions, quick_peak = shardings(quicken=True)
+    torchs, torchs_expansions, torchs_peak = shardings(quicken=False)
+    assert quick == torchs and quick_peak == torchs_peak
+    assert any("_fused_adamw_" in op for op, *_ in quick)
+    assert any("Strided" in str(specs) for _, specs, *_ in quick)
+    assert len(quick_expansions) < len(torchs_expansions)
+    assert utils.expand_to_full_mesh_op_strategy is expand
 
 
 def test_bad_ranks_are_refused_before_anything_changes():
