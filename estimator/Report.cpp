@@ -308,9 +308,10 @@ nlohmann::json checkpoint_json(const CheckpointReport& r) {
 }
 
 std::string checkpoint_text(const CheckpointReport& r) {
-  std::string out = fmt::format("model {} · batch {} · {} · optimizer {} · fake device {} · {} units\n",
-                                r.run.model, r.run.batch, r.run.dtype, r.run.optimizer, r.run.device,
-                                r.unit_names.size());
+  // A script's batch is its own (metamem run --budget): 0, left out as profile leaves it out.
+  std::string out = fmt::format("model {}{} · {} · optimizer {} · fake device {} · {} units\n", r.run.model,
+                                r.run.batch > 0 ? fmt::format(" · batch {}", r.run.batch) : "", r.run.dtype,
+                                r.run.optimizer, r.run.device, r.unit_names.size());
   auto line = [&](const std::string& what, const std::string& value, const std::string& note = "") {
     out += fmt::format("  {:<30}{:>16}{}{}\n", what, value, note.empty() ? "" : "   ", note);
   };

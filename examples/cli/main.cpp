@@ -38,6 +38,7 @@ constexpr const char* kUsage =
     "                       (the Python engine: metamem profile --hf llama --help lists its flags)\n"
     "       metamem run [--device cpu|cuda] [--gpu NAME] [--steps K] [--values error|placeholder]\n"
     "                       [--table ...] [--format table|csv|json] [--html FILE.html] ... SCRIPT [ARGS...]\n"
+    "                       [--budget 16GiB [--solver none|layers|selective|auto] [--pareto]: the blocks to recompute]\n"
     "                       (a training script, unchanged, stopped after K optimizer steps; the Python engine)\n"
     "       metamem fit --model NAME [--memory 80GiB (default: the --gpu's)] [model flags as above]\n"
     "                       [--max-batch N] [--checkpoint none|uniform|chen|rotor|selective|auto]\n"

@@ -9,14 +9,15 @@ that recomputes the fewest FLOPs.
     t.flops["recompute"]
 """
 
+import contextlib
 import dataclasses
 import functools
 import time
 
 import torch
-from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-__all__ = ["Checkpointing", "least_recompute", "SOLVERS"]
+__all__ = ["Checkpointing", "checkpoint_blocks", "recomputing", "least_recompute", "SOLVERS"]
 
 _aten = torch.ops.aten
 # What selective recomputation keeps from the forward: the outputs of matrix
@@ -83,6 +84,38 @@ class Checkpointing:
         if recomputed == 0:
             return "none"
         return f"{'selective' if self.selective else 'full'}, first {recomputed} of {units} layers"
+
+
+def checkpoint_blocks(model):
+    """(path, module) of the blocks a Checkpointing recomputes in a model
+    that transformers does not build (timm's, a script's), in the model's
+    order: the innermost modules with parameters and submodules that sit in
+    an nn.Sequential or nn.ModuleList (a ViT's blocks, a ConvNeXt stage's
+    blocks, a ResNet's bottlenecks, a GPT's layers), as timm's own
+    checkpoint_seq walks them."""
+    lists = (torch.nn.Sequential, torch.nn.ModuleList)
+    in_list = {child for module in model.modules() if isinstance(module, lists) for child in module.children()}
+    found = [(path, module) for path, module in model.named_modules()
+             if module in in_list and not isinstance(module, lists)
+             and next(module.children(), None) is not None and next(module.parameters(), None) is not None]
+    return [(path, module) for path, module in found
+            if not any(other != path and other.startswith(path + ".") for other, _ in found)]
+
+
+@contextlib.contextmanager
+def recomputing(model, checkpointing):
+    """The first blocks `checkpointing` names run through
+    torch.utils.checkpoint (non-reentrant) for the block."""
+    blocks = [module for _, module in checkpoint_blocks(model)]
+    kwargs = checkpointing.checkpoint_kwargs()
+    chosen = blocks[:checkpointing.recomputed(len(blocks))]
+    for block in chosen:
+        block.forward = (lambda forward: lambda *args, **kw: checkpoint(forward, *args, **kwargs, **kw))(block.forward)
+    try:
+        yield
+    finally:
+        for block in chosen:
+            del block.forward
 
 
 SOLVERS = {"none": (), "layers": (False,), "selective": (True,), "auto": (False, True)}

@@ -10,14 +10,17 @@ placeholder, and the run lists where each happened. With a job's shape
 of it.
 """
 
+import contextlib
 import os
 import runpy
 import sys
 
 import torch
+from torch.nn.modules.module import register_module_forward_pre_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import _metamem, trace
+from ._checkpointing import checkpoint_blocks, recomputing
 from ._cuda import Patches
 
 # The Tensor methods through which Python reads a value.
@@ -42,6 +45,7 @@ class ScriptRun:
         self.steps = 0  # optimizer steps taken
         self.unsaved = []  # file:line of each torch.save, which wrote nothing
         self.values_read = {}  # file:line: how many values read there the trace does not know
+        self.blocks = None  # with a Checkpointing: the paths of its model's blocks
 
     @property
     def stopped(self):
@@ -88,10 +92,29 @@ def _counting_reads(run, patches):
         patches.set(torch.Tensor, name, counted)
 
 
-def trace_script(script, argv, steps, device, gpu, values, world_size=None, rank=0, nproc_per_node=None):
+def _recomputing_its_model(run, checkpointing, exits):
+    """At the first call of a module with blocks (checkpoint_blocks), the
+    script's model, entered before any of its blocks: its blocks are the
+    run's, and the first `checkpointing` names are recomputed until `exits`
+    close."""
+    def first_call(module, args):
+        blocks = checkpoint_blocks(module)
+        if blocks:
+            hook.remove()
+            run.blocks = [f"{type(module).__name__}.{path}" for path, _ in blocks]
+            exits.enter_context(recomputing(module, checkpointing))
+
+    hook = register_module_forward_pre_hook(first_call)
+    exits.callback(hook.remove)
+
+
+def trace_script(script, argv, steps, device, gpu, values, world_size=None, rank=0, nproc_per_node=None,
+                 checkpointing=None):
     """(Trace, ScriptRun) of `script` run with `argv`, stopped after
     `steps` optimizer steps; with `world_size`, as rank `rank` of a
-    torchrun job of `nproc_per_node` ranks to a node."""
+    torchrun job of `nproc_per_node` ranks to a node; with a
+    `checkpointing`, recomputing the blocks of the script's model it names
+    (the run's `blocks`)."""
     path = os.path.abspath(script)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no script {script!r}")
@@ -118,7 +141,10 @@ def trace_script(script, argv, steps, device, gpu, values, world_size=None, rank
             _counting_reads(run, patches)
             hook = register_optimizer_step_post_hook(after_step)
             try:
-                runpy.run_path(path, run_name="__main__")
+                with contextlib.ExitStack() as exits:
+                    if checkpointing is not None:
+                        _recomputing_its_model(run, checkpointing, exits)
+                    runpy.run_path(path, run_name="__main__")
             except StepsDone:
                 pass
             except SystemExit as exit:

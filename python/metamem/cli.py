@@ -10,6 +10,7 @@ TorchScript models stay in C++.
     metamem profile --hf llama --hf-set num_hidden_layers=8 --dtype bf16 --dp 64 --fsdp hybrid --rank 9
     metamem fit --hf llama --dtype bf16 --seq 8192 --search --gpus 16 --jobs 2
     metamem checkpoint --hf llama --hf-set num_hidden_layers=8 --batch 8 --seq 2048 --budget 30GiB
+    metamem run --budget 30GiB train.py --batch-size 16
 """
 
 import argparse
@@ -17,11 +18,12 @@ import contextlib
 import json
 import logging
 import sys
+import time
 
 from . import (Sharding, UnsupportedOpError, _metamem, achieved_cpu, gpu_memory, largest_batch_by_line,
                trace)
 from . import torchtitan as titan
-from ._checkpointing import SOLVERS, least_recompute
+from ._checkpointing import SOLVERS, Checkpointing, least_recompute
 from ._search import each_apart
 
 class UsageError(Exception):
@@ -62,12 +64,24 @@ def add_trace_flags(p, values):
     p.add_argument("--debug", action="store_true", help="an error prints its traceback")
 
 
+def add_checkpoint_flags(p, prefix):
+    """What the search for the least recomputation takes (`prefix` names
+    where it applies)."""
+    p.add_argument("--budget", help=prefix + "the peak to fit in (16GiB)")
+    p.add_argument("--solver", choices=list(SOLVERS), default="auto", help=prefix + "recompute whole layers, "
+                   "selectively (keeping matrix products, convolutions and attention), or the one of both that "
+                   "recomputes less")
+    p.add_argument("--pareto", action="store_true", help=prefix + "trace every count of layers recomputed, "
+                   "so that the curve of the least recompute at each peak (the traced plans') is whole")
+
+
 def run_parser():
     p = argparse.ArgumentParser(
         prog="metamem run", description="Runs a training script unchanged under a trace, as `python SCRIPT ARGS` "
         "would run it, stops it after --steps optimizer steps and reports what they held.",
         epilog="metamem run --device cuda --gpu A100-80GB --steps 2 train.py --batch-size 32\n"
-               "metamem run --nproc-per-node 8 --nnodes 4 --rank 13 train_fsdp.py   # rank 13 of a torchrun job",
+               "metamem run --nproc-per-node 8 --nnodes 4 --rank 13 train_fsdp.py   # rank 13 of a torchrun job\n"
+               "metamem run --budget 30GiB train.py   # the fewest blocks to recompute for a peak within 30 GiB",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=2, help="optimizer steps traced; nothing after them runs")
     p.add_argument("--nproc-per-node", type=int, help="as torchrun's: the script is one rank of a job of "
@@ -76,6 +90,7 @@ def run_parser():
     p.add_argument("--rank", type=int, help="the rank traced (default 0)")
     add_trace_flags(p, values="placeholder")
     add_report_flags(p)
+    add_checkpoint_flags(p, "with --budget, the blocks of the script's model to recompute: ")
     p.add_argument("script", help="the training script")
     p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     return p
@@ -126,12 +141,7 @@ def parser():
     p.add_argument("--search", action="store_true", help="fit --hf: the layouts FSDP2 gives --gpus GPUs "
                    "(fully sharded, hybrid within nodes of --gpus-per-node), with and without recomputing each "
                    "layer, each with its largest local batch")
-    p.add_argument("--budget", help="checkpoint: the peak to fit in (16GiB)")
-    p.add_argument("--solver", choices=list(SOLVERS), default="auto", help="checkpoint: recompute whole layers, "
-                   "selectively (keeping matrix products, convolutions and attention), or the one of both that "
-                   "recomputes less")
-    p.add_argument("--pareto", action="store_true", help="checkpoint: trace every count of layers recomputed, "
-                   "so that the curve of the least recompute at each peak (the traced plans') is whole")
+    add_checkpoint_flags(p, "checkpoint: ")
     p.add_argument("--gpus", type=int, help="fit --search: the GPUs of the job")
     p.add_argument("--jobs", type=int, default=1, help="fit --search: layouts searched in this many processes")
     p.add_argument("--ray", metavar="ADDRESS", help="fit --search: layouts searched as Ray tasks on the cluster "
@@ -431,36 +441,52 @@ def checkpoint_units(args):
 def checkpoint(args):
     """The layers or blocks to recompute, fully or selectively, with the
     fewest FLOPs recomputed that bring the step's peak within --budget."""
-    budget = _metamem.parse_memory(args.budget, "--budget")
     units = checkpoint_units(args)
     model = args.hf or args.timm
     if not units:
         raise UsageError(f"{model} has no layers or blocks to recompute one by one")
-    traces = {}
 
     def measure(plan):
-        t = traced(argparse.Namespace(**{**vars(args), "checkpointing": plan}), args.batch)[0]
-        traces[plan] = t
+        return traced(argparse.Namespace(**{**vars(args), "checkpointing": plan}), args.batch)[0], {}, []
+
+    return least_recompute_report(args, model, args.batch, units, measure)
+
+
+def least_recompute_report(args, source, batch, units, measure, seconds_before=0.0):
+    """Searches the plans of `units` (least_recompute) with measure(plan) ->
+    (Trace, JSON to add, lines to add) and prints the plan found as the
+    zoo's are printed (--format, --html); 1 where none fits --budget,
+    naming `source`. `seconds_before`: the search's time before it (a
+    trace that found the units)."""
+    budget = _metamem.parse_memory(args.budget, "--budget")
+    traces = {}
+
+    def peak_and_flops(plan):
+        traces[plan] = measure(plan)
+        t = traces[plan][0]
         return max(t.step_peaks), t.flops["recompute"], t.flops["total"]
 
-    found = least_recompute(measure, len(units), budget, args.solver, args.pareto)
+    found = least_recompute(peak_and_flops, len(units), budget, args.solver, args.pareto)
     plan = found["plan"]
     if plan is None:
-        print(f"metamem: {model} does not fit in {_metamem.human_bytes(budget)} with the {args.solver} "
+        print(f"metamem: {source} does not fit in {_metamem.human_bytes(budget)} with the {args.solver} "
               f"solver; the least memory a traced plan reaches is {_metamem.human_bytes(found['lowest_peak'])} "
               f"({found['lowest_peak']} B)", file=sys.stderr)
         return 1
-    t = traces[plan]
+    t, extra, lines = traces[plan]
     run = t.json(1)
     text, report = _metamem.checkpoint_report(
-        model=run["model"], device=run["device"], batch=args.batch, dtype=run["dtype"], optimizer=run["optimizer"],
+        model=run["model"], device=run["device"], batch=batch or 0, dtype=run["dtype"], optimizer=run["optimizer"],
         budget=budget, solver=args.solver, policy=plan.policy_text(len(units)), units=units, peak=found["peak"],
         unchecked_peak=found["unchecked_peak"], recompute_flops=found["recompute_flops"],
-        step_flops=found["step_flops"], search_ms=1000 * found["seconds"], traces=found["traces"],
+        step_flops=found["step_flops"], search_ms=1000 * (seconds_before + found["seconds"]), traces=found["traces"],
         pareto=found["pareto"])
     if args.html:
         t.html(args.html, args.depth, checkpoint=report)
-    print(report if args.format == "json" else text, end="\n" if args.format == "json" else "")
+    if args.format == "json":
+        print(json.dumps({**json.loads(report), **extra}, indent=2))
+    else:
+        print(text + "".join(line + "\n" for line in lines), end="")
     return 0
 
 
@@ -615,17 +641,40 @@ def job_of(args):
 
 
 def run(args):
-    """`metamem run SCRIPT ARGS`: the report of the script's first steps."""
+    """`metamem run SCRIPT ARGS`: the report of the script's first steps;
+    with --budget, the plan of what to recompute in its model."""
     from ._run import trace_script
 
     world, rank, nproc_per_node = job_of(args)
     # JSON and CSV are for programs to read: what the script prints goes to stderr.
     printed = contextlib.redirect_stdout(sys.stderr) if args.format != "table" else contextlib.nullcontext()
-    with printed:
-        t, script = trace_script(args.script, args.args, args.steps, args.device, args.gpu, args.values,
-                                 world_size=world, rank=rank, nproc_per_node=nproc_per_node)
-    render(t, args, {"run": script.json()}, script.lines())
-    return 0
+
+    def script_traced(checkpointing=None):
+        with printed:
+            return trace_script(args.script, args.args, args.steps, args.device, args.gpu, args.values,
+                                world_size=world, rank=rank, nproc_per_node=nproc_per_node,
+                                checkpointing=checkpointing)
+
+    if args.budget is None:
+        if args.solver != "auto" or args.pareto:
+            raise UsageError("--solver and --pareto are for a search of what to recompute: give --budget")
+        t, script = script_traced()
+        render(t, args, {"run": script.json()}, script.lines())
+        return 0
+    if args.snapshot or args.allocator_events or args.table != "summary" or args.format == "csv":
+        raise UsageError("--snapshot, --allocator-events, --table and --format csv are for a run without --budget")
+    start = time.perf_counter()
+    plain = script_traced(Checkpointing(0))
+    units = plain[1].blocks
+    if not units:
+        raise UsageError(f"{args.script}: its model has no blocks to recompute one by one (modules with "
+                         "parameters and submodules in an nn.Sequential or nn.ModuleList)")
+
+    def measure(plan):
+        t, script = plain if plan == Checkpointing(0) else script_traced(plan)
+        return t, {"run": script.json()}, script.lines()
+
+    return least_recompute_report(args, args.script, None, units, measure, time.perf_counter() - start)
 
 
 def quiet_imports():

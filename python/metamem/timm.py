@@ -18,10 +18,10 @@ import contextlib
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from . import trace
-from ._checkpointing import Checkpointing
+# checkpoint_blocks: the blocks a Checkpointing recomputes, as for any model.
+from ._checkpointing import Checkpointing, checkpoint_blocks, recomputing
 from ._step import checked, train
 
 
@@ -36,37 +36,6 @@ def create(name, **kwargs):
         raise ValueError(f"unknown timm model {name!r} (timm.list_models() lists them)")
     torch.manual_seed(0)
     return timm.create_model(name, **kwargs)
-
-
-def checkpoint_blocks(model):
-    """(path, module) of the blocks a Checkpointing recomputes, in the
-    model's order: the innermost modules with parameters and submodules
-    that sit in an nn.Sequential or nn.ModuleList (a ViT's blocks, a
-    ConvNeXt stage's blocks, a ResNet's bottlenecks), as timm's own
-    checkpoint_seq walks them."""
-    lists = (torch.nn.Sequential, torch.nn.ModuleList)
-    in_list = {child for module in model.modules() if isinstance(module, lists) for child in module.children()}
-    found = [(path, module) for path, module in model.named_modules()
-             if module in in_list and not isinstance(module, lists)
-             and next(module.children(), None) is not None and next(module.parameters(), None) is not None]
-    return [(path, module) for path, module in found
-            if not any(other != path and other.startswith(path + ".") for other, _ in found)]
-
-
-@contextlib.contextmanager
-def _recomputing(model, checkpointing):
-    """The first blocks `checkpointing` names run through
-    torch.utils.checkpoint (non-reentrant) for the block."""
-    blocks = [module for _, module in checkpoint_blocks(model)]
-    kwargs = checkpointing.checkpoint_kwargs()
-    chosen = blocks[:checkpointing.recomputed(len(blocks))]
-    for block in chosen:
-        block.forward = (lambda forward: lambda *args, **kw: checkpoint(forward, *args, **kwargs, **kw))(block.forward)
-    try:
-        yield
-    finally:
-        for block in chosen:
-            del block.forward
 
 
 def training_step(model, batch=2, device="cuda", dtype="f32", optimizer="adamw", steps=2, checkpointing=False):
@@ -103,9 +72,8 @@ def training_step(model, batch=2, device="cuda", dtype="f32", optimizer="adamw",
             outs = out if isinstance(out, (tuple, list)) else (out,)
             sum(head_loss(o, y) for o in outs).backward()
 
-        recomputing = _recomputing(model, checkpointing) if isinstance(checkpointing, Checkpointing) \
-            else contextlib.nullcontext()
-        with recomputing:
+        with recomputing(model, checkpointing) if isinstance(checkpointing, Checkpointing) \
+                else contextlib.nullcontext():
             train(model, forward_backward, optimizer, steps)
     return step
 

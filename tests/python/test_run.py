@@ -4,6 +4,7 @@ after its first optimizer steps, and a torchrun FSDP2 script
 (torchrun_training_script.py) traced as each of its ranks; on a fake
 cpu, against the same scripts run for real."""
 
+import contextlib
 import json
 import os
 import runpy
@@ -16,6 +17,7 @@ from distributed_steps import torchrun_peaks
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "ordinary_training_script.py")
 TORCHRUN_SCRIPT = os.path.join(HERE, "torchrun_training_script.py")
+BLOCK_SCRIPT = os.path.join(HERE, "block_training_script.py")
 
 
 def line_of(text, path=SCRIPT):
@@ -66,6 +68,47 @@ def test_a_script_that_ends_by_itself_is_exact_against_its_real_cpu_run(tmp_path
         sys.argv = saved
     assert sorted(os.listdir(tmp_path)) == ["finished", "model.pt"]
     assert max(report["predicted"]["step_peaks"]) == real
+
+
+def test_a_budget_finds_the_blocks_of_the_scripts_model_to_recompute_exact_against_its_real_cpu_run(capsys):
+    # The script's model is the first module called that has blocks; the
+    # fewest of its first blocks are recomputed that bring the peak within
+    # the budget, and the script run for real with them recomputed peaks
+    # where the trace said.
+    argv = [BLOCK_SCRIPT, "--steps", "2"]
+    assert metamem.cli.main(["run", "--device", "cpu", "--format", "json", *argv]) == 0
+    unchecked = max(json.loads(capsys.readouterr().out)["predicted"]["step_peaks"])
+    budget = unchecked * 2 // 3
+    assert metamem.cli.main(["run", "--device", "cpu", "--budget", str(budget), "--format", "json", *argv]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["units"] == [f"LM.blocks.{index}" for index in range(4)]
+    assert plan["unchecked_peak_bytes"] == unchecked and plan["peak_bytes"] <= budget < unchecked
+    assert plan["run"]["optimizer_steps"] == 2 and plan["recompute_flops"] > 0
+    recomputed = int(plan["policy_text"].split(";")[0].split(",")[-1]) + 1
+    checkpointing = metamem.Checkpointing(recomputed, selective=";keep=" in plan["policy_text"])
+
+    from metamem import _run
+
+    saved = sys.argv
+    sys.argv = argv
+    try:
+        with contextlib.ExitStack() as exits:
+            script = _run.ScriptRun(BLOCK_SCRIPT, steps=2)
+            _run._recomputing_its_model(script, checkpointing, exits)
+            real = metamem.achieved_cpu(lambda: runpy.run_path(BLOCK_SCRIPT, run_name="__main__"))
+    finally:
+        sys.argv = saved
+    assert script.blocks == plan["units"]
+    assert plan["peak_bytes"] == real
+
+    # Where nothing fits, the least peak a plan reached; a script without
+    # blocks, or a search's flags without a budget, is refused.
+    assert metamem.cli.main(["run", "--device", "cpu", "--budget", "1MiB", *argv]) == 1
+    assert "does not fit in 1.00 MiB" in capsys.readouterr().err
+    assert metamem.cli.main(["run", "--device", "cpu", "--budget", "1MiB", SCRIPT, "--out", "unused"]) == 2
+    assert "no blocks to recompute" in capsys.readouterr().err
+    assert metamem.cli.main(["run", "--solver", "layers", *argv]) == 2
+    assert "give --budget" in capsys.readouterr().err
 
 
 def test_what_a_run_cannot_do_is_named(tmp_path, capsys):
