@@ -33,6 +33,15 @@ Kernel kernel_for(const at::Tensor& input, const at::Tensor& weight, bool transp
   return dilated ? Kernel::Dilated2d : Kernel::Slow2d;
 }
 
+// A 2-d convolution's stride, padding or dilation, one value per spatial
+// dimension: `_convolution` expands one value given for both, as
+// conv2d(padding="valid") passes its padding {0} (expand_param_if_needed).
+at::DimVector spatial(const c10::IValue& parameter) {
+  at::DimVector values = parameter.toDimVector();
+  if (values.size() == 1) values.push_back(values[0]);
+  return values;
+}
+
 // One batch item unfolded: C_in (of a group) x kernel x output pixels.
 // slow_conv2d's forward skips it for a 1x1 kernel with unit stride and no
 // padding (`forward`); its backward does not.
@@ -71,8 +80,8 @@ void sum_for_bias(ScratchPlan& plan, const at::Tensor& like, at::IntArrayRef siz
 ScratchPlan convolution_plan(c10::ArrayRef<c10::IValue> arguments) {
   const at::Tensor& input = arguments[0].toTensor();
   const at::Tensor& weight = arguments[1].toTensor();
-  const auto stride = arguments[3].toDimVector(), padding = arguments[4].toDimVector();
-  const auto dilation = arguments[5].toDimVector();
+  const auto stride = spatial(arguments[3]), padding = spatial(arguments[4]);
+  const auto dilation = spatial(arguments[5]);
   const Kernel kernel = kernel_for(input, weight, arguments[6].toBool(), dilation, arguments[8].toInt());
   ScratchPlan plan;
   if (kernel == Kernel::Other || kernel == Kernel::Depthwise2d) {
@@ -149,10 +158,9 @@ ScratchPlan convolution_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
   const at::Tensor& grad_output = arguments[0].toTensor();
   const at::Tensor& input = arguments[1].toTensor();
   const at::Tensor& weight = arguments[2].toTensor();
-  const auto stride = arguments[4].toDimVector(), padding = arguments[5].toDimVector();
+  const auto stride = spatial(arguments[4]), padding = spatial(arguments[5]);
   const auto mask = arguments[10].toBoolList();
-  const Kernel kernel = kernel_for(input, weight, arguments[7].toBool(), arguments[6].toDimVector(),
-                                   arguments[9].toInt());
+  const Kernel kernel = kernel_for(input, weight, arguments[7].toBool(), spatial(arguments[6]), arguments[9].toInt());
   const at::IntArrayRef pixels = grad_output.sizes().slice(2);
   ScratchPlan plan;
   switch (kernel) {

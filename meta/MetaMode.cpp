@@ -649,6 +649,12 @@ void register_meta_kernel() {
       g_allocation_orders.emplace(&op->operator_name(), c10::SmallVector<std::size_t, 8>{2, 3, 0, 1});
     if (qualified == "aten::native_dropout")
       g_allocation_orders.emplace(&op->operator_name(), c10::SmallVector<std::size_t, 8>{1, 0});
+    // CUDA's fused LSTM and GRU cells make their workspace (the gates
+    // backward reads) before the states they return first.
+    if (qualified == "aten::_thnn_fused_lstm_cell")
+      g_allocation_orders.emplace(&op->operator_name(), c10::SmallVector<std::size_t, 8>{2, 0, 1});
+    if (qualified == "aten::_thnn_fused_gru_cell")
+      g_allocation_orders.emplace(&op->operator_name(), c10::SmallVector<std::size_t, 8>{1, 0});
     if (qualified == kValueRead) g_value_read = &op->operator_name();
     if (const c10::KernelFunction* kernel = own_meta_kernel(qualified))
       g_own_kernels.emplace(&op->operator_name(), kernel);

@@ -395,6 +395,14 @@ class FakeCudaRuntime:
             set_(C, "_cuda_memorySnapshot", lambda *args: {"segments": session.memory_segments(),
                                                             "device_traces": [[]], "allocator_settings": {}})
             set_(cuda, "cudart", lambda: _CudaRuntime(self))
+            # RNN modules run as a build without cuDNN runs them
+            # (docs/cuda-paths.md): they do not flatten their weights for
+            # cuDNN (which reads their addresses), and their layers take the
+            # native kernels the trace follows.
+            acceptable = torch.backends.cudnn.is_acceptable
+            set_(torch.backends.cudnn, "is_acceptable",
+                 lambda tensor: not _metamem.is_traced(tensor) and acceptable(tensor))
+            set_(torch.nn.modules.rnn, "_VF", _RnnsWithoutCudnn(torch.nn.modules.rnn._VF))
             # GradScaler checks for inf and NaN gradients by reading a value:
             # in a trace it finds none and steps, as a healthy step does.
             scaler = torch.amp.grad_scaler.GradScaler
@@ -408,6 +416,33 @@ class FakeCudaRuntime:
     def __exit__(self, *exc):
         self.kernels_for.__exit__(*exc)
         self.patches.restore()
+
+
+class _RnnsWithoutCudnn:
+    """torch._VF as nn.RNN, nn.LSTM and nn.GRU call it in a fake-cuda trace:
+    a whole RNN (`lstm`, `gru`, `rnn_tanh`, `rnn_relu`) runs with cuDNN off,
+    layer by layer and step by step on torch's own CUDA cells (whose C++
+    would otherwise pick cuDNN, guard the real device and read the weights'
+    addresses); the rest as torch._VF has it."""
+
+    _WHOLE_RNNS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
+
+    def __init__(self, functions):
+        self._functions = functions
+
+    def __getattr__(self, name):
+        function = getattr(self._functions, name)
+        if name not in self._WHOLE_RNNS:
+            return function
+
+        def native(*args, **kwargs):
+            enabled = torch._C._get_cudnn_enabled()
+            torch._C._set_cudnn_enabled(False)
+            try:
+                return function(*args, **kwargs)
+            finally:
+                torch._C._set_cudnn_enabled(enabled)
+        return native
 
 
 def _placeholder_reads(method):

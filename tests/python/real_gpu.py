@@ -236,12 +236,13 @@ LAYER_NORM_CASES = {
 
 
 def native_convolution(in_channels, channels, kernel, size=32, stride=1, dilation=1, groups=1, bias=True,
-                       dtype=torch.float32, channels_last=False, input_grad=True):
+                       dtype=torch.float32, channels_last=False, input_grad=True, padding=None):
     """A Conv2d's forward and backward at batch 8 on libtorch's own CUDA
     kernels (cuDNN off, as metamem's fake cuda runs every convolution), all
     freed as the step ends."""
     def step():
-        conv = torch.nn.Conv2d(in_channels, channels, kernel, stride, padding=dilation * (kernel // 2),
+        conv = torch.nn.Conv2d(in_channels, channels, kernel, stride,
+                               padding=dilation * (kernel // 2) if padding is None else padding,
                                dilation=dilation, groups=groups, bias=bias).cuda().to(dtype)
         x = torch.randn(8, in_channels, size, size, device="cuda", dtype=dtype, requires_grad=input_grad)
         if channels_last:
@@ -270,6 +271,9 @@ NATIVE_CONVOLUTION_CASES = {
     "native conv 3x3 in 4 groups, 32 channels, 16²": native_convolution(32, 32, 3, size=16, groups=4),
     "native conv 3x3 stride 2 in 4 groups, 32 channels, 16², no bias":
         native_convolution(32, 32, 3, size=16, stride=2, groups=4, bias=False),
+    # A ViT's (SigLIP's) patches: padding "valid" reaches the kernel as one value for both dimensions.
+    "native conv 16x16 stride 16, padding valid, 3 to 64 channels, 64²":
+        native_convolution(3, 64, 16, size=64, stride=16, padding="valid"),
 }
 
 
@@ -300,10 +304,24 @@ def flash_with_dropout():
         F.scaled_dot_product_attention(q, q, q, dropout_p=0.1).sum().backward()
 
 
+def recurrent(module, dtype=torch.float32):
+    """A 2-layer `module` (nn.LSTM, nn.GRU), width 256, 32 steps of batch
+    8, forward and backward with cuDNN off, as metamem's fake cuda runs
+    RNNs: each layer and step on torch's own CUDA cells."""
+    def step():
+        with torch.backends.cudnn.flags(enabled=False):
+            rnn = module(256, 256, 2).cuda().to(dtype)
+            x = torch.randn(32, 8, 256, device="cuda", dtype=dtype, requires_grad=True)
+            rnn(x)[0].sum().backward()
+    return freed_step(step)
+
+
 OTHER_KERNEL_CASES = {
     "embedding of expanded ids, forward and backward": freed_step(expanded_ids_embedding),
     "dropout 16 x 128 x 768, f32": freed_step(dropout),
     "flash attention with dropout, bf16": freed_step(flash_with_dropout),
+    "LSTM, 2 layers of 256, 32 steps of 8, cuDNN off, f32": recurrent(torch.nn.LSTM),
+    "GRU, 2 layers of 256, 32 steps of 8, cuDNN off, bf16": recurrent(torch.nn.GRU, torch.bfloat16),
 }
 
 

@@ -84,3 +84,30 @@ def test_embeddings_dropout_and_flash_allocate_in_their_kernels_order(gpu, case)
     # came after its output; flash's forward with dropout lacked a 16-byte
     # temporary (a BERT masked LM in bf16 autocast differed on all three).
     assert_as_real_torch(gpu, case)
+
+
+@pytest.mark.parametrize("module", ["LSTM", "GRU", "RNN"])
+def test_an_rnn_with_cudnn_on_runs_torchs_own_cells_as_with_cudnn_off(module):
+    # metamem's fake cuda has no cuDNN: an RNN module built and run with
+    # cuDNN on (torch's default) does not flatten its weights for it (which
+    # read their addresses and stopped the trace) and runs layer by layer
+    # on torch's own cells, as real torch runs it with cuDNN off (checked
+    # against the fake GPU above). cuDNN's flag is the user's again after.
+    import metamem
+    import torch
+
+    def events(cudnn):
+        with metamem.trace(device="cuda", gpu="A100-80GB") as t:
+            torch.backends.cudnn.enabled = cudnn
+            try:
+                rnn = getattr(torch.nn, module)(64, 64, 2, batch_first=True, bidirectional=True).cuda()
+                rnn(torch.randn(4, 16, 64, device="cuda", requires_grad=True))[0].sum().backward()
+                assert torch.backends.cudnn.enabled is cudnn
+            finally:
+                torch.backends.cudnn.enabled = True
+        return real_gpu.traced_events(t)
+
+    acceptable = torch.backends.cudnn.is_acceptable
+    with_cudnn = events(True)
+    assert with_cudnn == events(False) and len(with_cudnn) > 100
+    assert torch.backends.cudnn.is_acceptable is acceptable and torch.nn.modules.rnn._VF is torch._VF
