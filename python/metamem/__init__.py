@@ -575,6 +575,26 @@ def _patch_deepcopy(patches):
     patches.set(tensor, "__deepcopy__", real_deepcopy)
 
 
+def _patch_truncated_normal(patches):
+    """nn.init.trunc_normal_ of a traced tensor. torch 2.14 redraws values
+    outside the bounds until none is left, and asks whether one is
+    (mask.any()), a value the trace does not have. In a trace none is
+    outside, so the first draw stands: as in a real run whenever the bounds
+    are wide (the std 0.02 within ±2 of timm, torchvision and transformers:
+    100 deviations). Where they are narrow, a real run redraws, and holds
+    those draws' temporaries while it initializes; a trace does not."""
+    init = torch.nn.init
+    truncated = init._no_grad_trunc_normal_
+
+    def first_draw(tensor, *args, **kwargs):
+        if not _metamem.is_traced(tensor):
+            return truncated(tensor, *args, **kwargs)
+        with _metamem.PlaceholderValues():
+            return truncated(tensor, *args, **kwargs)
+
+    patches.set(init, "_no_grad_trunc_normal_", first_draw)
+
+
 def _patch_fake_tensor_mode(patches):
     """FakeTensorMode inside a block (DTensor's sharding propagation finds
     its outputs' shapes with it) computes on plain meta tensors, as outside
@@ -671,6 +691,7 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
                 stack.callback(patches.restore)
                 _patch_traced_storages(patches)
                 _patch_deepcopy(patches)
+                _patch_truncated_normal(patches)
                 _patch_fake_tensor_mode(patches)
                 _patch_data_loader_workers(patches)
                 groups = None

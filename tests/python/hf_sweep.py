@@ -52,7 +52,11 @@ REDUCED = {
 TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id",
              "cls_token_id", "forced_eos_token_id")
 # What a published config sets and transformers' default config lacks.
-PUBLISHED = {"t5": {"decoder_start_token_id": 0}}
+# RoBERTa's positions start after its padding id (1): roberta-base and
+# xlm-roberta-base publish 514 of them, for 512 tokens; transformers'
+# default of 512 holds 510 (a longer sequence indexes past its table).
+PUBLISHED = {"t5": {"decoder_start_token_id": 0}, "roberta": {"max_position_embeddings": 514},
+             "xlm-roberta": {"max_position_embeddings": 514}}
 # Where the reduced size above does not fit an architecture's own rules.
 REDUCED_FOR = {
     "swin": {"patch_size": 4},

@@ -37,15 +37,12 @@ def test_random_token_ids_carry_values():
     assert max(t.step_peaks) == metamem.achieved_cpu(step)
 
 
-def test_a_model_that_reads_a_value_is_exact_with_placeholder_values():
+def test_a_model_whose_initializer_redraws_is_exact_without_values():
     # ViT's trunc_normal_ init draws again while a (random, float) value is
-    # out of bounds: the real run reads what zero answers (nothing out of
-    # bounds).
+    # out of bounds, and asks whether one is: in a trace none is, as in the
+    # real run, whose bounds lie 100 deviations out.
     step = metamem.hf.training_step(reduced("vit"), batch=BATCH, seq=SEQ, device="cpu")
-    with pytest.raises(metamem.ValueReadError):
-        with metamem.trace(device="cpu"):
-            step()
-    with metamem.trace(device="cpu", values="placeholder") as t:
+    with metamem.trace(device="cpu") as t:
         step()
     assert max(t.step_peaks) == metamem.achieved_cpu(step)
 
