@@ -18,6 +18,8 @@ asked, with torch's own functions and objects: the flag from the two specs
 that decide it, an expansion from the earlier expansion of equal arguments.
 """
 
+import threading
+
 from ._cuda import Patches
 
 __all__ = ["quicken"]
@@ -100,18 +102,18 @@ def quicken(patches: Patches):
     propagate = propagator.propagate_op_sharding_non_cached
     fix_flag = _sharding_prop._propagate_use_strided_shard_flag
     expand = utils.expand_to_full_mesh_op_strategy
-    current = [None]
+    current = threading.local()  # each thread's propagation (autograd's runs DTensor ops too)
 
     def propagate_once(self, op_schema):
-        outer = current[0]
-        current[0] = _Propagation()
+        outer = getattr(current, "propagation", None)
+        current.propagation = _Propagation()
         try:
             return propagate(self, op_schema)
         finally:
-            current[0] = outer
+            current.propagation = outer
 
     def fix_flag_once(op_strategy, op_schema):
-        propagation = current[0]
+        propagation = getattr(current, "propagation", None)
         if propagation is None:
             return fix_flag(op_strategy, op_schema)
         if propagation.schema is not op_schema:
@@ -119,7 +121,7 @@ def quicken(patches: Patches):
         return fix_flag(op_strategy, propagation.deciding)
 
     def expand_once(mesh, op_schema, strategies, **options):
-        propagation = current[0]
+        propagation = getattr(current, "propagation", None)
         key = None if propagation is None else _expansion_key(mesh, op_schema, strategies, options)
         if key is None:
             return expand(mesh, op_schema, strategies, **options)
