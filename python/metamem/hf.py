@@ -19,24 +19,11 @@ import torch
 
 from . import UnsupportedOpError, gpu_memory, trace
 from ._checkpointing import Checkpointing
+from ._hf_tasks import TASKS, inputs, task_of
 from ._step import checked, train
 from . import largest_batch_by_line
 
 __all__ = ["config", "training_step", "trace_step", "checkpoint_layers", "TASKS"]
-
-# The head a model trains with, the first its type has in this order:
-# encoder-decoders before the causal-LM head some of them also have,
-# masked-LM encoders (BERT) before their causal-LM variant, CLIP's
-# contrastive pair before a classifier on its vision tower.
-TASKS = {
-    "seq2seq": "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
-    "speech": "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
-    "masked": "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
-    "causal": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
-    "contrastive": "MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES",
-    "image": "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
-}
-
 
 
 def _transformers():
@@ -46,11 +33,6 @@ def _transformers():
         raise ImportError("metamem.hf needs transformers: pip install .[models]") from error
     transformers.logging.set_verbosity_error()
     return transformers
-
-
-def _mappings():
-    from transformers.models.auto import modeling_auto
-    return {task: getattr(modeling_auto, name) for task, name in TASKS.items()}
 
 
 def config(spec, **overrides):
@@ -105,47 +87,6 @@ def config(spec, **overrides):
 
 def _number(value):
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def task_of(cfg):
-    """The task whose head trains: the config's own architecture's, else the
-    first of TASKS its model type has."""
-    mappings = {task: {model_type: names if isinstance(names, (list, tuple)) else (names,)
-                       for model_type, names in mapping.items()} for task, mapping in _mappings().items()}
-    for architecture in cfg.architectures or ():
-        for task, mapping in mappings.items():
-            if architecture in mapping.get(cfg.model_type, ()):
-                return task, architecture
-    for task, mapping in mappings.items():
-        if cfg.model_type in mapping:
-            return task, mapping[cfg.model_type][0]
-    raise ValueError(f"metamem.hf trains {', '.join(TASKS)} heads; {cfg.model_type} has none of them")
-
-
-def _image_size(cfg):
-    size = cfg.image_size
-    return tuple(size) if isinstance(size, (list, tuple)) else (size, size)
-
-
-def _inputs(cfg, task, batch, seq, device, dtype):
-    """Synthetic inputs of the shapes the task's model takes, labels included."""
-    def tokens(config, length):
-        return torch.randint(0, config.vocab_size, (batch, length), device=device)
-
-    def pixels(config):
-        return torch.randn(batch, config.num_channels, *_image_size(config), device=device, dtype=dtype)
-
-    if task in ("causal", "masked", "seq2seq"):
-        ids = tokens(cfg, seq)
-        return {"input_ids": ids, "labels": ids}
-    if task == "speech":
-        features = torch.randn(batch, cfg.num_mel_bins, 2 * cfg.max_source_positions, device=device, dtype=dtype)
-        return {"input_features": features, "labels": tokens(cfg, min(seq, cfg.max_target_positions))}
-    if task == "image":
-        return {"pixel_values": pixels(cfg), "labels": torch.randint(0, cfg.num_labels, (batch,), device=device)}
-    text, vision = cfg.text_config, cfg.vision_config
-    return {"input_ids": tokens(text, min(seq, text.max_position_embeddings)), "pixel_values": pixels(vision),
-            "return_loss": True}
 
 
 MOST_LAYERS = 10_000  # a trace's work grows with them; ten times what any model has
@@ -240,8 +181,8 @@ def training_step(cfg, batch=1, seq=128, device="cuda", dtype="f32", optimizer="
             _recompute(model, checkpointing)
         if sharding is not None:
             sharding.shard(model, model._no_split_modules, device)
-        inputs = _inputs(cfg, task, batch, seq, device, torch_dtype)
-        train(model, lambda: model(**inputs).loss.backward(), optimizer, steps)
+        batch_inputs = inputs(cfg, task, batch, seq, device, torch_dtype)
+        train(model, lambda: model(**batch_inputs).loss.backward(), optimizer, steps)
     return step
 
 

@@ -32,7 +32,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 import metamem
 import metamem.hf
-from hf_sweep import reduced
+from hf_configs import reduced
 from sweep_failure import why
 
 MODELS = ["gpt2", "llama", "mistral", "qwen2", "gemma2", "phi3", "mixtral", "bert", "roberta", "t5", "whisper",

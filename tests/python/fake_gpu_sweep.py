@@ -2,8 +2,9 @@
 pinned torch on metamem's fake GPU (real_torch_on_fake_gpu.py), per GPU and
 precision (issue 47): max allocated and max reserved of each of two AdamW
 steps. The models are ones no one here tuned to: compiled_models.py's
-(eager), torchvision classifiers, transformers' masked LM and OPT, and a
-mixer with a custom autograd.Function; f32 and bf16 autocast. Convolutions
+(eager), torchvision classifiers, transformers' masked LM and OPT, a
+mixer with a custom autograd.Function, and the 40 architectures of
+hf_sweep.py at its reduced size; f32 and bf16 autocast. Convolutions
 and attention take what the fake GPU runs (cuDNN off, attention's other
 kernels), as compiled_models.py says.
 
@@ -26,6 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import compiled_models  # noqa: E402
+import hf_configs  # noqa: E402
 
 BATCH = 16
 
@@ -100,6 +102,34 @@ def transformers_model(config_class, model_class, **config):
     return build
 
 
+def _hf_tasks():
+    """metamem's _hf_tasks (the heads and batches metamem.hf trains), loaded
+    by its path: the real run's child imports no metamem."""
+    import importlib.util
+
+    folder = importlib.util.find_spec("metamem").submodule_search_locations[0]
+    spec = importlib.util.spec_from_file_location("metamem_hf_tasks", os.path.join(folder, "_hf_tasks.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def transformers_architecture(model_type, seq=64):
+    """hf_sweep's `model_type` at its reduced size (2 layers, width 64),
+    with the head and the synthetic batch metamem.hf trains it on."""
+    def build():
+        import transformers
+        from hf_configs import reduced
+
+        tasks, cfg = _hf_tasks(), reduced(model_type)
+        task, architecture = tasks.task_of(cfg)
+
+        def loss(model, device):
+            return model(**tasks.inputs(cfg, task, BATCH, seq, device, torch.float32)).loss
+        return getattr(transformers, architecture)._from_config(cfg), loss
+    return build
+
+
 MODELS = {
     **{name: build for name, (build, _) in compiled_models.MODELS.items()
        if name != "torchtitan Llama 3 debugmodel_flex_attn"},  # FlexAttention needs the compiler
@@ -112,6 +142,8 @@ MODELS = {
     "transformers OPT": transformers_model("OPTConfig", "OPTForCausalLM", hidden_size=256, ffn_dim=1024,
                                            num_hidden_layers=2, num_attention_heads=4, word_embed_proj_dim=256),
     "mixer with a custom autograd.Function": mixer,
+    **{f"transformers {model_type} (hf_sweep's reduced size)": transformers_architecture(model_type)
+       for model_type in hf_configs.ARCHITECTURES},
 }
 GPUS = ("H100-80GB", "A100-80GB", "T4")
 PRECISIONS = ("f32", "bf16 autocast")
