@@ -87,7 +87,7 @@ class LaunchShape {
     if (ctas_per_output_ <= 1) return {};
     std::int64_t buffer = std::int64_t{accumulator_bytes_} * num_outputs_ * ctas_per_output_;
     if (!block_x_reduce_) buffer *= block_width_ * output_vec_size_;
-    return {buffer, static_cast<std::int64_t>(sizeof(int)) * grid_x()};
+    return {.buffer = buffer, .semaphores = static_cast<std::int64_t>(sizeof(int)) * grid_x()};
   }
 
  private:
@@ -151,23 +151,30 @@ ReductionStaging cuda_reduction_staging(CudaReduction kind, const at::Tensor& se
   const bool low_precision = self.scalar_type() == at::kHalf || self.scalar_type() == at::kBFloat16;
   const at::ScalarType in_dtype =
       low_precision && result.scalar_type() == at::kFloat ? self.scalar_type() : result.scalar_type();
-  // A cast input is another tensor first; complex halves take a jitted kernel.
-  if (self.scalar_type() != in_dtype || self.scalar_type() == at::kComplexHalf || self.numel() == 0) return {};
+  // Complex halves take a jitted kernel.
+  if (self.scalar_type() == at::kComplexHalf || self.numel() == 0) return {};
 
   OutsideMetaMode outside;
-  const at::Tensor input = at::empty_strided(self.sizes(), self.strides(), self.options().device(c10::kMeta));
+  // An input of another dtype is copied into in_dtype first (its layout
+  // kept), and that copy is reduced.
+  const at::Tensor input = at::empty_strided(self.sizes(), self.strides(), self.options().device(c10::kMeta))
+                               .to(in_dtype);
+  const std::int64_t cast = self.scalar_type() == in_dtype ? 0 : static_cast<std::int64_t>(input.nbytes());
   const at::Tensor output =
       at::empty_strided(result.sizes(), result.strides(), result.options().device(c10::kMeta));
   const auto mask = at::native::make_dim_mask(dims, input.dim());
   at::Tensor viewed = at::native::review_reduce_result(output, input.dim(), mask, keepdim);
   at::TensorIterator iter = at::TensorIterator::reduce_op(viewed, input);
   // Past 32-bit indexing the kernel runs on sub-iterators: not modelled.
-  if (!iter.can_use_32bit_indexing()) return {};
-  const int input_bytes = static_cast<int>(self.element_size());
-  const bool complex_double = self.scalar_type() == at::kComplexDouble;
+  if (!iter.can_use_32bit_indexing()) return {.cast = cast};
+  const int input_bytes = static_cast<int>(input.element_size());
+  const bool complex_double = input.scalar_type() == at::kComplexDouble;
   const int vec_size = kind == CudaReduction::Sum && input_bytes == 2 ? 8 : 4;
   const Kernel kernel{low_precision ? 4 : input_bytes, input_bytes, vec_size, complex_double ? 256 : 512};
-  return LaunchShape(iter, self.storage_offset(), kernel, traced_gpu()).staging();
+  ReductionStaging staging =
+      LaunchShape(iter, cast == 0 ? self.storage_offset() : 0, kernel, traced_gpu()).staging();
+  staging.cast = cast;
+  return staging;
 }
 
 namespace {
@@ -202,10 +209,13 @@ ScratchPlan reduced_loss_plan(c10::ArrayRef<c10::IValue> arguments) {
 }  // namespace
 
 void add_staging(ScratchPlan& plan, const ReductionStaging& staging) {
-  if (staging.buffer <= 0) return;
-  const std::size_t buffer = plan.make(staging.buffer), semaphores = plan.make(staging.semaphores);
-  plan.free(semaphores);
-  plan.free(buffer);
+  const std::size_t cast = plan.make(staging.cast);
+  if (staging.buffer > 0) {
+    const std::size_t buffer = plan.make(staging.buffer), semaphores = plan.make(staging.semaphores);
+    plan.free(semaphores);
+    plan.free(buffer);
+  }
+  plan.free(cast);
 }
 
 ScratchPlanModel cuda_reduction_plan_model(const std::string& qualified_name) {

@@ -19,17 +19,20 @@
 
 namespace metamem {
 
-// Bytes of the staging buffer and of the semaphores, in the order they are
-// allocated; both 0 where the blocks of an output do not split its inputs.
+// Bytes of the input's copy in the reduction's dtype (make_reduction's
+// self.to(in_dtype): a sum of bools or ints reduces int64s; none where the
+// kernel reads the input as it is), then of the staging buffer and of the
+// semaphores, in the order they are allocated; the last two 0 where the
+// blocks of an output do not split its inputs.
 struct ReductionStaging {
-  std::int64_t buffer = 0, semaphores = 0;
+  std::int64_t cast = 0, buffer = 0, semaphores = 0;
 };
 
 using ReductionStagingModel = ReductionStaging (*)(c10::ArrayRef<c10::IValue> arguments,
                                                    c10::ArrayRef<c10::IValue> returns);
 
-// The staging buffer and semaphores of a reduction inside a kernel's plan,
-// made and freed in turn, as the reduction's kernel does.
+// The cast input, staging buffer and semaphores of a reduction inside a
+// kernel's plan, made and freed in turn, as the reduction's kernel does.
 void add_staging(ScratchPlan& plan, const ReductionStaging& staging);
 
 enum class CudaReduction { Sum, Mean };

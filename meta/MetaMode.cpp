@@ -202,20 +202,21 @@ class KernelScratch {
   BufferList made_;  // by piece number
 };
 
-// A CUDA reduction's staging buffer and semaphores, made in that order after
-// its output and freed in the reverse order.
+// A CUDA reduction's cast input, staging buffer and semaphores, made in
+// that order after its output and freed in the reverse order.
 void report_reduction_staging(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
                               c10::ArrayRef<c10::IValue> returns, MetaObserver* observer) {
   if (observer == nullptr || !g_mode.device.is_cuda()) return;
   const auto model = g_cuda_staging.find(&op.operator_name());
   if (model == g_cuda_staging.end()) return;
   const ReductionStaging staging = model->second(arguments, returns);
-  if (staging.buffer <= 0) return;
-  const BufferId buffer = g_next_buffer.fetch_add(1), semaphores = g_next_buffer.fetch_add(1);
-  observer->on_alloc(buffer, static_cast<std::size_t>(staging.buffer));
-  observer->on_alloc(semaphores, static_cast<std::size_t>(staging.semaphores));
-  observer->on_free(semaphores);
-  observer->on_free(buffer);
+  c10::SmallVector<BufferId, 3> made;
+  for (const std::int64_t bytes : {staging.cast, staging.buffer, staging.semaphores}) {
+    if (bytes <= 0) continue;
+    made.push_back(g_next_buffer.fetch_add(1));
+    observer->on_alloc(made.back(), static_cast<std::size_t>(bytes));
+  }
+  for (auto it = made.rbegin(); it != made.rend(); ++it) observer->on_free(*it);
 }
 
 // A fake CUDA device's cuBLAS calls need the workspace torch makes at the

@@ -349,6 +349,10 @@ REDUCTION_CASES = {
     "mean of 4,000,000, f32": reduction(lambda x, t: (x * t).mean(), (4000000,)),
     "mean over rows, 8192 x 256, bf16": reduction(lambda x, t: (x * t).mean(0).sum(), (8192, 256), torch.bfloat16),
     "mean over the last dimension, 64 x 8192, f32": reduction(lambda x, t: (x * t).mean(-1).sum(), (64, 8192)),
+    # transformers' fast_all: a sum of bools reduces a copy of them as int64s.
+    "sum of 16 x 64 bools": freed_step(lambda: torch.ones(16, 64, device="cuda", dtype=torch.bool).sum()),
+    "sum over rows of 4096 x 1024 bools": freed_step(
+        lambda: torch.ones(4096, 1024, device="cuda", dtype=torch.bool).sum(0)),
 }
 
 
