@@ -1,5 +1,6 @@
 #include "meta/MetaMode.h"
 
+#include <ATen/Context.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <ATen/native/Resize.h>
@@ -617,6 +618,23 @@ void is_pinned(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   stack->emplace_back(true);
 }
 
+// A CPU LSTM takes oneDNN's RNN layer while oneDNN is on, and its
+// workspace and weight reorders are oneDNN's own, whose sizes only oneDNN
+// knows (its symbols are hidden in libtorch). A trace takes the native
+// cells, as the real CPU run it is checked against does (oneDNN off, as for
+// convolutions); on fake cuda oneDNN is not a choice. The flag is off only
+// while the LSTM decomposes.
+void lstm_without_onednn(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  auto& context = at::globalContext();
+  struct Restore {
+    at::Context& context;
+    bool enabled;
+    ~Restore() { context.setUserEnabledMkldnn(enabled); }
+  } restore{context, context.userEnabledMkldnn()};
+  context.setUserEnabledMkldnn(false);
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), stack);
+}
+
 // Registrations live as long as the process.
 void register_meta_kernel() {
   auto& dispatcher = c10::Dispatcher::singleton();
@@ -670,6 +688,13 @@ void register_meta_kernel() {
       handles->push_back(dispatcher.registerImpl(name, c10::DispatchKey::PrivateUse1,
                                                  c10::KernelFunction::makeFromBoxedFunction<&is_pinned>(),
                                                  c10::nullopt, nullptr, "metamem: pinned"));
+      continue;
+    }
+    if (qualified == "aten::lstm.input") {
+      handles->push_back(dispatcher.registerImpl(
+          name, c10::DispatchKey::AutogradPrivateUse1,
+          c10::KernelFunction::makeFromBoxedFunction<&lstm_without_onednn>(), c10::nullopt, nullptr,
+          "metamem: the native LSTM"));
       continue;
     }
     if (runs_shared_backend_code(qualified)) {

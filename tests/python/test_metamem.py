@@ -123,6 +123,25 @@ def test_python_only_model_is_exact_on_cpu(make, shape):
     assert traced == achieved
 
 
+@pytest.mark.parametrize("bidirectional, batch_first", [(False, False), (True, True)], ids=["lstm", "bidirectional"])
+def test_a_cpu_lstm_is_traced_on_the_native_cells_the_onednn_off_run_takes(bidirectional, batch_first):
+    # With oneDNN on (torch's default), 2.14's CPU LSTM runs oneDNN's RNN
+    # layer, whose workspace only oneDNN sizes; the real run is checked with
+    # it off, and the trace takes that run's path without turning it off.
+    def step():
+        torch.manual_seed(0)
+        lstm = torch.nn.LSTM(64, 96, num_layers=2, bidirectional=bidirectional, batch_first=batch_first)
+        out, _ = lstm(torch.randn(12, 5, 64))
+        out.sum().backward()
+    assert torch.backends.mkldnn.enabled
+    with metamem.trace(device="cpu") as t:
+        step()
+        assert torch.backends.mkldnn.enabled
+    assert torch.backends.mkldnn.enabled
+    assert "mkldnn_rnn_layer" not in t.table("nodes")
+    assert t.peak_bytes == metamem.achieved_cpu(step)
+
+
 @pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
 def test_recomputed_modules_are_the_steps_recomputation_and_every_step_has_its_forward(reentrant):
     # torch.utils.checkpoint stops its (non-reentrant) recomputation with an
