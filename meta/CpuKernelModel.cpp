@@ -96,11 +96,33 @@ std::int64_t transposed_convolution(Args args, const at::Tensor& output) {
 // The undilated 2-d kernel runs channels last when the input is: the weight
 // is copied into that format first (for the forward and for the backward),
 // and lives until every group is done.
+bool runs_channels_last(const at::Tensor& input, at::IntArrayRef dilation) {
+  const bool dilated = std::any_of(dilation.begin(), dilation.end(), [](std::int64_t d) { return d != 1; });
+  return input.dim() == 4 && !dilated && input.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
+}
+
 std::int64_t channels_last_weight_copy(const at::Tensor& input, const at::Tensor& weight,
                                        at::IntArrayRef dilation) {
-  const bool dilated = std::any_of(dilation.begin(), dilation.end(), [](std::int64_t d) { return d != 1; });
-  if (input.dim() != 4 || dilated || input.suggest_memory_format() != at::MemoryFormat::ChannelsLast) return 0;
-  return copy_unless_contiguous(weight, at::MemoryFormat::ChannelsLast);
+  return runs_channels_last(input, dilation) ? copy_unless_contiguous(weight, at::MemoryFormat::ChannelsLast) : 0;
+}
+
+// Before anything else the native paths (all but the undilated 3-d one)
+// make the input contiguous in the format they run in, a copy that lives
+// until the op returns: a view with gaps, or one whose layout is neither
+// format (a split of a transposed tensor, as CoaT's relative position
+// encoding convolves).
+std::int64_t backend_input_copy(const at::Tensor& input, at::IntArrayRef dilation) {
+  if (all_groups_at_once(input, dilation)) return 0;
+  return copy_unless_contiguous(input, runs_channels_last(input, dilation) ? at::MemoryFormat::ChannelsLast
+                                                                           : at::MemoryFormat::Contiguous);
+}
+
+// One group's slice of that copy, copied again unless it is contiguous:
+// channels first, for a batch of one; channels last, never but for a
+// single pixel of a batch of one.
+std::int64_t group_input_copy(const at::Tensor& input, std::int64_t groups, at::IntArrayRef dilation) {
+  const std::int64_t items = runs_channels_last(input, dilation) ? input.numel() / input.size(1) : input.size(0);
+  return items == 1 ? 0 : bytes_of(input) / groups;
 }
 
 std::int64_t convolution(Args args, Args returns) {
@@ -111,10 +133,22 @@ std::int64_t convolution(Args args, Args returns) {
   const at::Tensor& output = returns[0].toTensor();
   const std::int64_t columns =
       conv_columns_bytes(input, weight, output.sizes(), stride, padding, args[5].toIntVector());
-  const std::int64_t weight_copy = channels_last_weight_copy(input, weight, args[5].toIntVector());
-  if (groups == 1) return columns + weight_copy;
-  if (all_groups_at_once(input, args[5].toIntVector())) return columns;
-  return weight_copy + std::max(bytes_of(output), group_copy_bytes(input, groups) + columns);
+  const auto dilation = args[5].toIntVector();
+  const std::int64_t copies = channels_last_weight_copy(input, weight, dilation) + backend_input_copy(input, dilation);
+  if (groups == 1) return columns + copies;
+  if (all_groups_at_once(input, dilation)) return columns;
+  return copies + std::max(bytes_of(output), group_input_copy(input, groups, dilation) + columns);
+}
+
+// One group's slice of the output gradient: copied contiguous in the
+// gradient's own format unless it is, then, where the kernel runs in the
+// other format, copied into that one (a channels-last convolution's
+// gradient from a sum's expanded ones).
+std::int64_t group_grad_output_copies(const at::Tensor& grad_output, std::int64_t groups, const at::Tensor& input,
+                                      at::IntArrayRef dilation) {
+  const bool channels_last = grad_output.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
+  return group_copy_bytes(grad_output, groups) +
+         (channels_last != runs_channels_last(input, dilation) ? bytes_of(grad_output) / groups : 0);
 }
 
 // convolution_backward(grad_output, input, weight, bias_sizes, stride,
@@ -155,10 +189,11 @@ std::int64_t convolution_backward(Args args, Args) {
     const std::int64_t weight_pass = mask[1] ? grad_output_copy + columns : 0;
     return std::max({input_pass, weight_pass, std::int64_t{0}});
   }
-  const std::int64_t weight_copy = channels_last_weight_copy(input, weight, dilation);
-  if (groups == 1) return columns + grad_output_copy + weight_copy;
-  return weight_copy + std::max(columns + group_copy_bytes(input, groups) + group_copy_bytes(grad_output, groups),
-                                gradients(weight.size(0)));
+  const std::int64_t copies = channels_last_weight_copy(input, weight, dilation) + backend_input_copy(input, dilation);
+  if (groups == 1) return columns + grad_output_copy + copies;
+  return copies + std::max(columns + group_input_copy(input, groups, dilation) +
+                               group_grad_output_copies(grad_output, groups, input, dilation),
+                           gradients(weight.size(0)));
 }
 
 // In training, the kernel gathers each channel's mean and sum of squares
@@ -1191,27 +1226,15 @@ ScratchModel elementwise_model(const std::string& op) {
   return it == families.end() ? nullptr : it->second;
 }
 
-// CUDA's softmax backward (softmax_backward_cuda_out) first multiplies the
-// gradient by the output into a temporary, then reads it and the output
-// contiguous. The temporary takes the operands' promoted type, and the
-// gradient's layout, which is copied again if it is not contiguous.
-// Measured against real torch on the fake GPU: 512 MiB for 2 x 16 x 2048 x
-// 2048 f32 scores, the math attention's backward. Log-softmax's backward
-// makes no such temporary.
-std::int64_t cuda_softmax_backward(Args args, Args) {
-  const at::Tensor &grad = args[0].toTensor(), &output = args[1].toTensor();
-  const std::int64_t product =
-      grad.numel() * static_cast<std::int64_t>(c10::elementSize(c10::promoteTypes(grad.scalar_type(), output.scalar_type())));
-  return product + (grad.is_contiguous() ? 0 : product) + copy_unless_contiguous(output);
-}
-
 std::int64_t copy_unless_contiguous(const at::Tensor& t, at::MemoryFormat format) {
   return t.defined() && !t.is_contiguous(format) ? t.numel() * static_cast<std::int64_t>(t.element_size()) : 0;
 }
 
 ScratchModel cuda_native_scratch_model(const std::string& qualified_name) {
-  if (qualified_name == "aten::_softmax_backward_data") return &cuda_softmax_backward;
-  return nullptr;
+  // host_softmax reads its input contiguous, as the CPU kernel does: a
+  // copy of a transposed view (CoaT's keys) beside the output. Its
+  // backward has a plan (meta/CudaNormalization.cpp).
+  return qualified_name == "aten::_softmax" || qualified_name == "aten::_log_softmax" ? &softmax : nullptr;
 }
 
 ScratchModel cpu_scratch_model(const std::string& qualified_name) {

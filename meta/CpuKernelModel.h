@@ -61,7 +61,7 @@ using ScratchPlanModel = ScratchPlan (*)(c10::ArrayRef<c10::IValue> arguments);
 ScratchModel cpu_scratch_model(const std::string& qualified_name);
 
 // The same for libtorch's own CUDA kernels, which a fake CUDA device (no
-// cuDNN) runs: softmax backward's product. Kernels that make several
+// cuDNN) runs: softmax's contiguous input. Kernels that make several
 // temporaries in an order of their own have plans (meta/CudaKernelPlans.h).
 ScratchModel cuda_native_scratch_model(const std::string& qualified_name);
 

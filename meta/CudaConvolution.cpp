@@ -168,11 +168,16 @@ ScratchPlan convolution_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
       return plan;
     case Kernel::Depthwise2d:
       // The output's gradient made contiguous for the kernel, which makes
-      // the weight's gradient before the input's; then convolution_backward
-      // sums the bias's from the gradient as it came.
+      // the weight's gradient before the input's, from the input made
+      // contiguous for it alone (a channel split of CoaT's values); then
+      // convolution_backward sums the bias's from the gradient as it came.
       plan.make(copy_unless_contiguous(grad_output));
       plan.before_outputs = plan.steps.size();
-      if (mask.get(1)) plan.output(1);
+      if (mask.get(1)) {
+        const std::size_t contiguous_input = plan.make(copy_unless_contiguous(input));
+        plan.output(1);
+        plan.free(contiguous_input);
+      }
       if (mask.get(0)) plan.output(0);
       plan.free(0);
       if (mask.get(2)) {

@@ -19,7 +19,7 @@ ScratchPlanModel cuda_convolution_plan_model(const std::string& qualified_name);
 // Embedding lookups (meta/CudaEmbedding.cpp).
 ScratchPlanModel cuda_embedding_plan_model(const std::string& qualified_name);
 
-// Layer norm and group norm (meta/CudaNormalization.cpp).
+// Layer norm, group norm and softmax's backward (meta/CudaNormalization.cpp).
 ScratchPlanModel cuda_normalization_plan_model(const std::string& qualified_name);
 
 // Kernels that reduce a temporary of their own: a loss's mean over its

@@ -417,11 +417,15 @@ def _swapped(modules, device):
     where the caching allocator puts them."""
     saved = []
     fakes = {}  # id of each tensor replaced: its replacement
+    made = set()  # ids of the replacements
     for module in modules:
         for sub in _in_apply_order(module):
             for store in (sub._parameters, sub._buffers):
                 for name, tensor in list(store.items()):
-                    if tensor is None:
+                    # A module that two parents hold (CoaT's position
+                    # encodings, shared by a stage's blocks) is met again
+                    # holding its replacements.
+                    if tensor is None or id(tensor) in made:
                         continue
                     saved.append((store, name, tensor))
                     if id(tensor) not in fakes:
@@ -429,6 +433,7 @@ def _swapped(modules, device):
                         if isinstance(tensor, torch.nn.Parameter):
                             fake = torch.nn.Parameter(fake, requires_grad=tensor.requires_grad)
                         fakes[id(tensor)] = fake
+                        made.add(id(fake))
                     store[name] = fakes[id(tensor)]
     try:
         yield

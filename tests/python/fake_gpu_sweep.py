@@ -3,8 +3,9 @@ pinned torch on metamem's fake GPU (real_torch_on_fake_gpu.py), per GPU and
 precision (issue 47): max allocated and max reserved of each of two AdamW
 steps. The models are ones no one here tuned to: compiled_models.py's
 (eager), torchvision classifiers, transformers' masked LM and OPT, a
-mixer with a custom autograd.Function, and the 40 architectures of
-hf_sweep.py at its reduced size; f32 and bf16 autocast. Convolutions
+mixer with a custom autograd.Function, the 40 architectures of
+hf_sweep.py at its reduced size and the 171 timm models of timm_sweep.py
+("timm NAME"); f32 and bf16 autocast. Convolutions
 and attention take what the fake GPU runs (cuDNN off, attention's other
 kernels), as compiled_models.py says.
 
@@ -28,6 +29,7 @@ sys.path.insert(0, HERE)
 
 import compiled_models  # noqa: E402
 import hf_configs  # noqa: E402
+import timm_models  # noqa: E402
 
 BATCH = 16
 
@@ -89,6 +91,26 @@ def torchvision_classifier(name):
     return build
 
 
+def timm_classifier(name):
+    """timm's `name` (timm_models.py) at its own input size, trained as
+    metamem.timm trains it: cross entropy over its classes, both heads of a
+    distilled model, a backbone's features summed."""
+    def build():
+        import timm
+
+        model = timm.create_model(name)
+        size = model.pretrained_cfg["input_size"]
+
+        def loss(model, device):
+            x = torch.randn(BATCH, *size, device=device)
+            y = torch.randint(0, max(model.num_classes, 1), (BATCH,), device=device)
+            out = model(x)
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            return sum(F.cross_entropy(o.float(), y) if model.num_classes else o.float().sum() for o in outs)
+        return model, loss
+    return build
+
+
 def transformers_model(config_class, model_class, **config):
     def build():
         import transformers
@@ -144,6 +166,7 @@ MODELS = {
     "mixer with a custom autograd.Function": mixer,
     **{f"transformers {model_type} (hf_sweep's reduced size)": transformers_architecture(model_type)
        for model_type in hf_configs.ARCHITECTURES},
+    **{f"timm {name}": timm_classifier(name) for name in timm_models.MODELS},
 }
 GPUS = ("H100-80GB", "A100-80GB", "T4")
 PRECISIONS = ("f32", "bf16 autocast")

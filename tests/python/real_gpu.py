@@ -316,12 +316,29 @@ def recurrent(module, dtype=torch.float32):
     return freed_step(step)
 
 
+def coat_factor_attention():
+    # CoaT's factorized attention: keys softmaxed over their tokens (a
+    # transposed view), and depthwise convolutions of the values' channel
+    # splits, the splits not contiguous.
+    with torch.backends.cudnn.flags(enabled=False):
+        qkv = torch.randn(8, 197, 3, 8, 32, device="cuda", requires_grad=True).permute(2, 0, 3, 1, 4)
+        k, v = qkv[1], qkv[2]
+        keys = k.softmax(dim=2)
+        image = v[:, :, 1:].transpose(-1, -2).reshape(8, 256, 14, 14)
+        convs = [torch.nn.Conv2d(c, c, k, padding=k // 2, groups=c).cuda() for c, k in ((64, 3), (96, 5), (96, 7))]
+        positions = torch.cat([conv(x) for conv, x in zip(convs, image.split([64, 96, 96], dim=1))], dim=1)
+        queries = torch.randn(8, 8, 32, 197, device="cuda")  # its gradient reaches the softmax transposed
+        ((keys.transpose(-1, -2) * queries).sum() + positions.sum()).backward()
+
+
 OTHER_KERNEL_CASES = {
     "embedding of expanded ids, forward and backward": freed_step(expanded_ids_embedding),
     "dropout 16 x 128 x 768, f32": freed_step(dropout),
     "flash attention with dropout, bf16": freed_step(flash_with_dropout),
     "LSTM, 2 layers of 256, 32 steps of 8, cuDNN off, f32": recurrent(torch.nn.LSTM),
     "GRU, 2 layers of 256, 32 steps of 8, cuDNN off, bf16": recurrent(torch.nn.GRU, torch.bfloat16),
+    "CoaT factorized attention, softmax over a transposed view, depthwise convolutions of channel splits":
+        freed_step(coat_factor_attention),
 }
 
 

@@ -384,6 +384,28 @@ def test_convolution_gradients_have_the_layout_the_cpu_kernel_gives(layout):
     assert traced == real
 
 
+@pytest.mark.parametrize("groups", [1, 4, 64])
+@pytest.mark.parametrize("layout", ["permuted", "transposed", "view_with_gaps"])
+@pytest.mark.parametrize("leaf", [True, False], ids=["leaf", "inside_the_graph"])
+def test_a_convolution_over_a_view_copies_it_into_the_format_it_runs_in(groups, layout, leaf):
+    # The native path makes its input contiguous, channels last where the
+    # input suggests it, before the groups loop slices it; CoaT convolves
+    # the tokens of a transposed sequence, a view with gaps (its class token).
+    views = {"permuted": ((2, 14, 14, 64), lambda base: base.permute(0, 3, 1, 2)),
+             "transposed": ((2, 64, 14, 14), lambda base: base.transpose(2, 3)),
+             "view_with_gaps": ((2, 197, 64), lambda base: base[:, 1:].transpose(1, 2).view(2, 64, 14, 14))}
+    shape, view = views[layout]
+
+    def step():
+        torch.manual_seed(0)
+        conv = torch.nn.Conv2d(64, 64, 3, padding=1, groups=groups)
+        base = torch.randn(shape, requires_grad=not leaf)
+        x = view(base).detach().requires_grad_() if leaf else view(base)
+        conv(x).sum().backward()
+    traced, achieved = trace_and_run(step)
+    assert traced == achieved
+
+
 def test_model_built_before_the_block_runs_on_the_fake_device_and_is_restored():
     model = torchvision.models.resnet18(num_classes=10)
     weight = model.conv1.weight
@@ -431,6 +453,27 @@ def test_tied_weights_of_a_model_built_before_the_block_stay_tied():
     traced, achieved = trace_and_run(step, modules=[model])
     assert traced == achieved
     assert model.head.weight is model.embedding.weight
+
+
+def test_a_module_two_parents_hold_is_replaced_once():
+    # CoaT's blocks hold their stage's position encodings, which the model
+    # holds too: one module met twice in a walk of the model.
+    shared = torch.nn.Conv1d(32, 32, 3, padding=1, groups=32)
+    model = torch.nn.Sequential(torch.nn.Sequential(shared, torch.nn.GELU()), torch.nn.Sequential(shared))
+    original = shared.weight
+
+    def step():
+        model(torch.randn(4, 32, 64)).sum().backward()
+        model.zero_grad(set_to_none=True)
+
+    with metamem.trace(device="cpu", modules=[model]) as t:
+        assert model[0][0].weight is model[1][0].weight
+        assert model[0][0].weight.device.type == "cpu" and model[0][0].weight is not original
+        step()
+    assert t.json()["model_states"]["param_bytes"] == (32 * 3 + 32) * 4
+    traced, achieved = trace_and_run(step, modules=[model])
+    assert traced == achieved
+    assert shared.weight is original
 
 
 def test_fake_cuda_looks_like_a_gpu_and_allocates_nothing():
