@@ -22,6 +22,9 @@ ScratchPlanModel cuda_embedding_plan_model(const std::string& qualified_name);
 // Layer norm, group norm and softmax's backward (meta/CudaNormalization.cpp).
 ScratchPlanModel cuda_normalization_plan_model(const std::string& qualified_name);
 
+// Max pooling (meta/CudaPooling.cpp).
+ScratchPlanModel cuda_pooling_plan_model(const std::string& qualified_name);
+
 // Kernels that reduce a temporary of their own: a loss's mean over its
 // elementwise values (meta/CudaReduction.cpp).
 ScratchPlanModel cuda_reduction_plan_model(const std::string& qualified_name);

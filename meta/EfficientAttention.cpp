@@ -131,7 +131,9 @@ ScratchPlan efficient_attention_backward_plan(c10::ArrayRef<c10::IValue> argumen
 
   // delta: 16-bit kernels compute it (but sm70's that keep dk and dv outside
   // their registers); otherwise (grad_out.float() * out.float()).sum(-1)
-  // .transpose(-2, -1).contiguous(), its temporaries freed the last made first.
+  // .transpose(-2, -1).contiguous(), its temporaries freed the last made
+  // first. With one head (PVT v2's first stage) or one query the sum
+  // transposed is contiguous already: it is delta.
   const std::int64_t rows = batch * heads * queries, delta_bytes = 4 * rows;
   std::size_t delta = 0;
   if (half && (in_registers || arch != 70)) {
@@ -141,8 +143,9 @@ ScratchPlan efficient_attention_backward_plan(c10::ArrayRef<c10::IValue> argumen
     const std::optional<std::size_t> grad_float = half ? std::optional(plan.make(widened)) : std::nullopt;
     const std::optional<std::size_t> out_float = half ? std::optional(plan.make(widened)) : std::nullopt;
     const std::size_t product = plan.make(widened), sum = plan.make(delta_bytes);
-    delta = plan.make(delta_bytes);
-    plan.free(sum);
+    const bool transposed_in_place = heads == 1 || queries == 1;
+    delta = transposed_in_place ? sum : plan.make(delta_bytes);
+    if (!transposed_in_place) plan.free(sum);
     plan.free(product);
     for (const auto& piece : {out_float, grad_float})
       if (piece) plan.free(*piece);

@@ -331,6 +331,24 @@ def coat_factor_attention():
         ((keys.transpose(-1, -2) * queries).sum() + positions.sum()).backward()
 
 
+def pooled_queries():
+    # SAM2's Hiera pools its queries: a head split of the fused projection,
+    # viewed channels last with gaps between its pixels.
+    qkv = torch.randn(8, 32, 32, 3, 64, device="cuda", requires_grad=True)
+    q = qkv[:, :, :, 0].permute(0, 3, 1, 2)
+    F.max_pool2d(q, 2).sum().backward()
+
+
+def one_head_attention():
+    # PVT v2's first stage: one head over reduced keys, f32, where the
+    # memory-efficient backward's delta is the sum of its products as it is.
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    q = torch.randn(8, 1, 3136, 64, device="cuda", requires_grad=True)
+    kv = torch.randn(8, 1, 49, 64, device="cuda", requires_grad=True)
+    with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+        F.scaled_dot_product_attention(q, kv, kv).sum().backward()
+
+
 OTHER_KERNEL_CASES = {
     "embedding of expanded ids, forward and backward": freed_step(expanded_ids_embedding),
     "dropout 16 x 128 x 768, f32": freed_step(dropout),
@@ -339,6 +357,8 @@ OTHER_KERNEL_CASES = {
     "GRU, 2 layers of 256, 32 steps of 8, cuDNN off, bf16": recurrent(torch.nn.GRU, torch.bfloat16),
     "CoaT factorized attention, softmax over a transposed view, depthwise convolutions of channel splits":
         freed_step(coat_factor_attention),
+    "max pool over a channels-last view with gaps": freed_step(pooled_queries),
+    "memory-efficient attention with one head, f32": freed_step(one_head_attention),
 }
 
 
