@@ -85,7 +85,11 @@ ScratchPlan convolution_plan(c10::ArrayRef<c10::IValue> arguments) {
   const Kernel kernel = kernel_for(input, weight, arguments[6].toBool(), dilation, arguments[8].toInt());
   ScratchPlan plan;
   if (kernel == Kernel::Other || kernel == Kernel::Depthwise2d) {
+    // `_convolution` passes the kernel its input made contiguous: a copy
+    // before the output (ConvNeXt's and PVT v2's depthwise convolutions of
+    // a permuted view).
     if (!arguments[6].toBool() && input.dim() == 4) plan.make(copy_unless_contiguous(input));
+    plan.before_outputs = plan.steps.size();
     return plan;
   }
   plan.make(copy_unless_contiguous(input));
