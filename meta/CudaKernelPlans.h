@@ -25,6 +25,9 @@ ScratchPlanModel cuda_normalization_plan_model(const std::string& qualified_name
 // Max pooling (meta/CudaPooling.cpp).
 ScratchPlanModel cuda_pooling_plan_model(const std::string& qualified_name);
 
+// Roll (meta/CudaRoll.cpp).
+ScratchPlanModel cuda_roll_plan_model(const std::string& qualified_name);
+
 // Kernels that reduce a temporary of their own: a loss's mean over its
 // elementwise values (meta/CudaReduction.cpp).
 ScratchPlanModel cuda_reduction_plan_model(const std::string& qualified_name);

@@ -349,6 +349,15 @@ def one_head_attention():
         F.scaled_dot_product_attention(q, kv, kv).sum().backward()
 
 
+def shifted_windows():
+    # Swin's cyclic shift: a roll over two dimensions, one at a time; and
+    # over one dimension of a transposed view, read contiguous.
+    x = torch.randn(8, 56, 56, 96, device="cuda", requires_grad=True)
+    y = torch.roll(x, shifts=(-3, -3), dims=(1, 2))
+    z = torch.roll(x.transpose(1, 2), shifts=5, dims=1)
+    (y.sum() + z.sum()).backward()
+
+
 OTHER_KERNEL_CASES = {
     "embedding of expanded ids, forward and backward": freed_step(expanded_ids_embedding),
     "dropout 16 x 128 x 768, f32": freed_step(dropout),
@@ -359,6 +368,7 @@ OTHER_KERNEL_CASES = {
         freed_step(coat_factor_attention),
     "max pool over a channels-last view with gaps": freed_step(pooled_queries),
     "memory-efficient attention with one head, f32": freed_step(one_head_attention),
+    "roll over two dimensions, and over one of a transposed view": freed_step(shifted_windows),
 }
 
 
