@@ -19,6 +19,9 @@ ScratchPlanModel cuda_convolution_plan_model(const std::string& qualified_name);
 // Embedding lookups (meta/CudaEmbedding.cpp).
 ScratchPlanModel cuda_embedding_plan_model(const std::string& qualified_name);
 
+// Matrix products' operand copies (meta/CudaMatmul.cpp).
+ScratchPlanModel cuda_matmul_plan_model(const std::string& qualified_name);
+
 // Layer norm, group norm and softmax's backward (meta/CudaNormalization.cpp).
 ScratchPlanModel cuda_normalization_plan_model(const std::string& qualified_name);
 

@@ -128,31 +128,37 @@ class LaunchShape {
   std::int64_t step_input_ = 1, step_output_ = 1, ctas_per_output_ = 1;
 };
 
-// aten::sum, aten::mean and their dim_IntList overloads: the reduction
-// into the op's result.
+// aten::sum, aten::mean and their dim_IntList overloads (self, dim,
+// keepdim, ...), and aten::linalg_vector_norm (self, ord, dim, keepdim,
+// dtype; ConvNeXt-V2's global response norm over height and width): the
+// reduction into the op's result.
 template <CudaReduction kind>
 ReductionStaging reduction_staging(c10::ArrayRef<c10::IValue> arguments, c10::ArrayRef<c10::IValue> returns) {
+  const std::size_t dim_at = kind == CudaReduction::Norm ? 2 : 1;
   std::optional<at::DimVector> dims;
   bool keepdim = false;
-  if (arguments.size() > 2 && arguments[1].isIntList()) dims = at::DimVector(arguments[1].toDimVector());
-  if (arguments.size() > 2 && arguments[2].isBool()) keepdim = arguments[2].toBool();
+  if (arguments.size() > dim_at + 1 && arguments[dim_at].isIntList())
+    dims = at::DimVector(arguments[dim_at].toDimVector());
+  if (arguments.size() > dim_at + 1 && arguments[dim_at + 1].isBool()) keepdim = arguments[dim_at + 1].toBool();
   return cuda_reduction_staging(kind, arguments[0].toTensor(), returns[0].toTensor(),
                                 dims ? at::OptionalIntArrayRef(*dims) : std::nullopt, keepdim);
 }
 
 }  // namespace
 
-// The iterator torch's sum_out and mean_out build
-// (make_reduction_from_out_ty), over plain meta tensors of the same layout,
-// and the kernel for the input type: 16-bit floats accumulate in float;
-// sum's load 8 of them at once (sum_kernel_cuda), mean's 4.
+// The iterator torch's sum_out, mean_out and linalg_vector_norm_out build
+// (make_reduction), over plain meta tensors of the same layout, and the
+// kernel for the input type: 16-bit floats accumulate in float; sum's load
+// 8 of them at once (sum_kernel_cuda), mean's and the norms' 4.
 ReductionStaging cuda_reduction_staging(CudaReduction kind, const at::Tensor& self, const at::Tensor& result,
                                         at::OptionalIntArrayRef dims, bool keepdim) {
   const bool low_precision = self.scalar_type() == at::kHalf || self.scalar_type() == at::kBFloat16;
   const at::ScalarType in_dtype =
       low_precision && result.scalar_type() == at::kFloat ? self.scalar_type() : result.scalar_type();
-  // Complex halves take a jitted kernel.
+  // Complex halves take a jitted kernel; a complex norm reduces into a real
+  // result through an iterator of its own (not modelled).
   if (self.scalar_type() == at::kComplexHalf || self.numel() == 0) return {};
+  if (kind == CudaReduction::Norm && self.is_complex()) return {};
 
   OutsideMetaMode outside;
   // An input of another dtype is copied into in_dtype first (its layout
@@ -229,6 +235,7 @@ ReductionStagingModel cuda_reduction_staging_model(const std::string& qualified_
     return &reduction_staging<CudaReduction::Sum>;
   if (qualified_name == "aten::mean" || qualified_name == "aten::mean.dim")
     return &reduction_staging<CudaReduction::Mean>;
+  if (qualified_name == "aten::linalg_vector_norm") return &reduction_staging<CudaReduction::Norm>;
   return nullptr;
 }
 

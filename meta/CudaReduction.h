@@ -35,9 +35,11 @@ using ReductionStagingModel = ReductionStaging (*)(c10::ArrayRef<c10::IValue> ar
 // kernel's plan, made and freed in turn, as the reduction's kernel does.
 void add_staging(ScratchPlan& plan, const ReductionStaging& staging);
 
-enum class CudaReduction { Sum, Mean };
+// Norm: linalg_vector_norm's kernels (norm_kernel_cuda), which load as
+// mean's do.
+enum class CudaReduction { Sum, Mean, Norm };
 
-// What a sum or mean of `self` over `dims` into `result` holds on the
+// What a sum, mean or norm of `self` over `dims` into `result` holds on the
 // traced GPU: for kernels that reduce through torch's own functions (layer
 // norm's backward, a loss's mean).
 ReductionStaging cuda_reduction_staging(CudaReduction kind, const at::Tensor& self, const at::Tensor& result,
