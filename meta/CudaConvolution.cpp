@@ -253,10 +253,34 @@ ScratchPlan convolution_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
   return plan;
 }
 
+// aten::im2col(self, kernel_size, dilation, padding, stride), nn.Unfold
+// (VOLO's outlook attention): written into empty_like(input), made first,
+// then the input read contiguous; resizing to more columns than the input
+// holds reallocates, and the first storage goes as the output is made.
+ScratchPlan im2col_plan(c10::ArrayRef<c10::IValue> arguments) {
+  const at::Tensor& input = arguments[0].toTensor();
+  const auto kernel = spatial(arguments[1]), dilation = spatial(arguments[2]);
+  const auto padding = spatial(arguments[3]), stride = spatial(arguments[4]);
+  std::int64_t columns = input.numel() / (input.size(-1) * input.size(-2));  // batch x channels
+  for (int i = 0; i < 2; ++i) {
+    const std::int64_t size = input.size(input.dim() - 2 + i);
+    columns *= kernel[i] * ((size + 2 * padding[i] - (dilation[i] * (kernel[i] - 1) + 1)) / stride[i] + 1);
+  }
+  const std::int64_t item = input.element_size(), input_bytes = input.numel() * item;
+  const bool grows = columns * item > input_bytes;
+  ScratchPlan plan;
+  const std::size_t first = plan.make(grows ? input_bytes : 0);
+  plan.make(copy_unless_contiguous(input));
+  plan.before_outputs = plan.steps.size();
+  plan.free(first);
+  return plan;
+}
+
 }  // namespace
 
 ScratchPlanModel cuda_convolution_plan_model(const std::string& qualified_name) {
   if (qualified_name == "aten::convolution") return &convolution_plan;
+  if (qualified_name == "aten::im2col") return &im2col_plan;
   return qualified_name == "aten::convolution_backward" ? &convolution_backward_plan : nullptr;
 }
 

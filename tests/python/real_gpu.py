@@ -358,6 +358,13 @@ def shifted_windows():
     (y.sum() + z.sum()).backward()
 
 
+def outlook_unfold():
+    # VOLO's outlook attention unfolds its values, a channels-last view,
+    # into 3 x 3 neighbourhoods: im2col grows empty_like(input).
+    v = torch.randn(8, 28, 28, 192, device="cuda", requires_grad=True).permute(0, 3, 1, 2)
+    F.unfold(v, kernel_size=3, padding=1).sum().backward()
+
+
 OTHER_KERNEL_CASES = {
     "embedding of expanded ids, forward and backward": freed_step(expanded_ids_embedding),
     "dropout 16 x 128 x 768, f32": freed_step(dropout),
@@ -369,6 +376,7 @@ OTHER_KERNEL_CASES = {
     "max pool over a channels-last view with gaps": freed_step(pooled_queries),
     "memory-efficient attention with one head, f32": freed_step(one_head_attention),
     "roll over two dimensions, and over one of a transposed view": freed_step(shifted_windows),
+    "unfold of a channels-last view into 3 x 3 neighbourhoods": freed_step(outlook_unfold),
 }
 
 
