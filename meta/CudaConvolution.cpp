@@ -276,11 +276,22 @@ ScratchPlan im2col_plan(c10::ArrayRef<c10::IValue> arguments) {
   return plan;
 }
 
+// aten::col2im(self, output_size, kernel_size, dilation, padding, stride),
+// unfold's backward and nn.Fold: written into empty_like(input) (its
+// output, which shrinking keeps), then the input read contiguous (an
+// expanded gradient is copied).
+ScratchPlan col2im_plan(c10::ArrayRef<c10::IValue> arguments) {
+  ScratchPlan plan;
+  plan.make(copy_unless_contiguous(arguments[0].toTensor()));
+  return plan;
+}
+
 }  // namespace
 
 ScratchPlanModel cuda_convolution_plan_model(const std::string& qualified_name) {
   if (qualified_name == "aten::convolution") return &convolution_plan;
   if (qualified_name == "aten::im2col") return &im2col_plan;
+  if (qualified_name == "aten::col2im") return &col2im_plan;
   return qualified_name == "aten::convolution_backward" ? &convolution_backward_plan : nullptr;
 }
 

@@ -13,7 +13,7 @@ namespace metamem {
 // meta/EfficientAttention.cpp).
 ScratchPlanModel cuda_attention_plan_model(const std::string& qualified_name);
 
-// libtorch's own convolutions and im2col (meta/CudaConvolution.cpp).
+// libtorch's own convolutions, im2col and col2im (meta/CudaConvolution.cpp).
 ScratchPlanModel cuda_convolution_plan_model(const std::string& qualified_name);
 
 // Embedding lookups (meta/CudaEmbedding.cpp).
