@@ -22,7 +22,8 @@ ScratchPlanModel cuda_embedding_plan_model(const std::string& qualified_name);
 // Matrix products' operand copies (meta/CudaMatmul.cpp).
 ScratchPlanModel cuda_matmul_plan_model(const std::string& qualified_name);
 
-// Layer norm, group norm and softmax's backward (meta/CudaNormalization.cpp).
+// Layer norm, group norm, channels-last batch norm and softmax's backward
+// (meta/CudaNormalization.cpp).
 ScratchPlanModel cuda_normalization_plan_model(const std::string& qualified_name);
 
 // Max pooling (meta/CudaPooling.cpp).

@@ -3,6 +3,7 @@
 // Recorded from real torch 2.14.1 on the fake GPU; test_cuda_kernels.py
 // checks traces against it allocation by allocation.
 #include <ATen/ATen.h>
+#include <ATen/AccumulateType.h>
 
 #include <algorithm>
 #include <optional>
@@ -154,6 +155,96 @@ ScratchPlan group_norm_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
   return plan;
 }
 
+// ---- batch norm ----------------------------------------------------------------
+
+// Normalization.cuh's launch shape for the channels-last kernels.
+std::int64_t last_pow2(std::int64_t n) {
+  std::int64_t p = 1;
+  while (p * 2 <= n) p *= 2;
+  return p;
+}
+
+struct ChannelsLastGrid {
+  std::int64_t x, y;
+};
+
+// flexible_launch_configs(reduction, stride, block, grid, coop_flag=true).
+ChannelsLastGrid channels_last_grid(std::int64_t reduction, std::int64_t stride) {
+  constexpr std::int64_t kMaxBlock = 512, kPerThread = 16, kTileW = 32, kMaxHBlock = 128;
+  std::int64_t block_x = std::min(last_pow2(stride), kTileW);
+  const std::int64_t block_y =
+      std::min(last_pow2((reduction + kPerThread - 1) / kPerThread), kMaxBlock / block_x);
+  if (block_x * block_y != kMaxBlock) block_x = std::min(last_pow2(stride), kMaxBlock / block_y);
+  const std::int64_t grid_y =
+      std::min((reduction + block_y * kPerThread - 1) / (block_y * kPerThread), kMaxHBlock);
+  return {(stride + block_x - 1) / block_x, grid_y < 8 ? 1 : grid_y};
+}
+
+bool uses_channels_last_kernels(const at::Tensor& t) {
+  return t.is_contiguous(at::MemoryFormat::ChannelsLast) || t.is_contiguous(at::MemoryFormat::ChannelsLast3d) ||
+         (t.is_contiguous() && t.dim() > 1 && t.stride(1) == 1);
+}
+
+// The staging buffer (`per_channel` accumulators per channel and block row)
+// and semaphores of a channels-last reduction split across blocks.
+void add_channels_last_staging(ScratchPlan& plan, const at::Tensor& input, std::int64_t per_channel,
+                               std::int64_t accumulator) {
+  const std::int64_t channels = input.size(1);
+  const ChannelsLastGrid grid = channels_last_grid(input.numel() / channels, channels);
+  if (grid.y <= 1) return;
+  const std::size_t staging = plan.make(per_channel * channels * grid.y * accumulator);
+  const std::size_t semaphores = plan.make(grid.x * 4);
+  plan.free(semaphores);
+  plan.free(staging);
+}
+
+// aten::native_batch_norm(input, weight, bias, running_mean, running_var,
+// training, momentum, eps): in training over a channels-last input, the
+// statistics' reduction stages four accumulators per channel and block
+// row after the outputs (the mean and inverse deviation).
+ScratchPlan batch_norm_plan(c10::ArrayRef<c10::IValue> arguments) {
+  const at::Tensor& input = arguments[0].toTensor();
+  ScratchPlan plan;
+  if (arguments[5].toBool() && input.numel() > 0 && uses_channels_last_kernels(input))
+    add_channels_last_staging(plan, input, 4, c10::elementSize(at::toAccumulateType(input.scalar_type(), true)));
+  return plan;
+}
+
+// aten::native_batch_norm_backward(grad_out, input, weight, running_mean,
+// running_var, save_mean, save_invstd, train, eps, output_mask). Over a
+// channels-last input (a 2-d [N, C] one too: the heads of IFormer and
+// LeViT), CUDA reduces first, into sum_dy and sum_dy_xmu, then the
+// weight's and bias's gradients (made whether asked for or not), with a
+// staging buffer and semaphores where a channels-last reduction splits
+// across blocks; then the input's gradient elementwise. Other inputs take
+// the fused kernel, which makes only the gradients; statistics of another
+// dtype than the input's are cast first (not modelled).
+ScratchPlan batch_norm_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
+  const at::Tensor &grad_out = arguments[0].toTensor(), &input = arguments[1].toTensor();
+  const auto mask = arguments[9].toBoolList();
+  ScratchPlan plan;
+  if (!defined(arguments[5]) || !arguments[7].toBool() || !uses_channels_last_kernels(input) ||
+      arguments[5].toTensor().scalar_type() != input.scalar_type())
+    return plan;
+  const at::Tensor& mean = arguments[5].toTensor();
+  const std::int64_t channels = input.size(1), statistics = channels * mean.element_size();
+  plan.make(statistics);  // sum_dy
+  plan.make(statistics);  // sum_dy_xmu
+  const std::int64_t parameter = defined(arguments[2]) ? channels * arguments[2].toTensor().element_size() : 0;
+  for (std::size_t r : {1, 2}) {
+    if (mask.get(r)) {
+      plan.output(r);
+    } else {
+      plan.make(parameter);
+    }
+  }
+  // Only the channels-last reduction stages: an output gradient in
+  // another layout (a sum's expanded ones) takes the plain one.
+  if (uses_channels_last_kernels(grad_out)) add_channels_last_staging(plan, input, 2, mean.element_size());
+  if (mask.get(0)) plan.output(0);
+  return plan;
+}
+
 // ---- softmax -----------------------------------------------------------------
 
 // aten::_softmax_backward_data(grad_output, output, dim, input_dtype):
@@ -184,6 +275,8 @@ ScratchPlanModel cuda_normalization_plan_model(const std::string& qualified_name
       {"aten::native_group_norm", &group_norm_plan},
       {"aten::native_group_norm_backward", &group_norm_backward_plan},
       {"aten::_softmax_backward_data", &softmax_backward_plan},
+      {"aten::native_batch_norm", &batch_norm_plan},
+      {"aten::native_batch_norm_backward", &batch_norm_backward_plan},
   };
   const auto it = models.find(qualified_name);
   return it == models.end() ? nullptr : it->second;

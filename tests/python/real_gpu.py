@@ -365,6 +365,19 @@ def outlook_unfold():
     F.unfold(v, kernel_size=3, padding=1).sum().backward()
 
 
+def channels_last_batch_norms():
+    # The channels-last kernels' backward: a head's batch norm over [N, C]
+    # (IFormer's), and a channels-last image, whose reduction stages
+    # across blocks.
+    with torch.backends.cudnn.flags(enabled=False):
+        head = torch.nn.BatchNorm1d(256).cuda()
+        image = torch.nn.BatchNorm2d(64).cuda()
+        x = torch.randn(16, 64, 56, 56, device="cuda").to(memory_format=torch.channels_last).requires_grad_()
+        weights = torch.randn_like(x)  # channels last: the gradient reaching the second batch norm is too
+        loss = head(torch.randn(16, 256, device="cuda", requires_grad=True)).sum() + image(x).sum()
+        (loss + (image(x) * weights).sum()).backward()
+
+
 OTHER_KERNEL_CASES = {
     "embedding of expanded ids, forward and backward": freed_step(expanded_ids_embedding),
     "dropout 16 x 128 x 768, f32": freed_step(dropout),
@@ -377,6 +390,7 @@ OTHER_KERNEL_CASES = {
     "memory-efficient attention with one head, f32": freed_step(one_head_attention),
     "roll over two dimensions, and over one of a transposed view": freed_step(shifted_windows),
     "unfold of a channels-last view into 3 x 3 neighbourhoods": freed_step(outlook_unfold),
+    "batch norm backward over [N, C] and over a channels-last image, cuDNN off": freed_step(channels_last_batch_norms),
 }
 
 
