@@ -261,6 +261,13 @@ ScratchPlan im2col_plan(c10::ArrayRef<c10::IValue> arguments) {
   const at::Tensor& input = arguments[0].toTensor();
   const auto kernel = spatial(arguments[1]), dilation = spatial(arguments[2]);
   const auto padding = spatial(arguments[3]), stride = spatial(arguments[4]);
+  ScratchPlan plan;
+  // Arguments im2col refuses are left to its own checks, which name them.
+  const auto positive = [](at::IntArrayRef values) {
+    return values.size() == 2 && std::all_of(values.begin(), values.end(), [](std::int64_t v) { return v > 0; });
+  };
+  if (input.dim() < 3 || input.numel() == 0 || !positive(kernel) || !positive(dilation) || !positive(stride))
+    return plan;
   std::int64_t columns = input.numel() / (input.size(-1) * input.size(-2));  // batch x channels
   for (int i = 0; i < 2; ++i) {
     const std::int64_t size = input.size(input.dim() - 2 + i);
@@ -268,7 +275,6 @@ ScratchPlan im2col_plan(c10::ArrayRef<c10::IValue> arguments) {
   }
   const std::int64_t item = input.element_size(), input_bytes = input.numel() * item;
   const bool grows = columns * item > input_bytes;
-  ScratchPlan plan;
   const std::size_t first = plan.make(grows ? input_bytes : 0);
   plan.make(copy_unless_contiguous(input));
   plan.before_outputs = plan.steps.size();

@@ -16,7 +16,8 @@ namespace {
 // dimension contiguous and the other's stride at least the leading
 // dimension, goes as it is; anything else is cloned contiguous.
 std::int64_t cublas_copy(const at::Tensor& matrix) {
-  if (matrix.is_non_overlapping_and_dense()) return 0;
+  // A matrix of another rank is left to the product's own check.
+  if (matrix.dim() != 2 || matrix.is_non_overlapping_and_dense()) return 0;
   const auto sizes = matrix.sizes(), strides = matrix.strides();
   if (strides[0] == 1 && strides[1] >= std::max<std::int64_t>(1, sizes[0])) return 0;
   if (strides[1] == 1 && strides[0] >= std::max<std::int64_t>(1, sizes[1])) return 0;

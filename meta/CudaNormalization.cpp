@@ -1,5 +1,6 @@
-// What CUDA's layer norm, group norm and softmax kernels (layer_norm_kernel.cu,
-// group_norm_kernel.cu, SoftMax.cu) hold beside their outputs, in their order.
+// What CUDA's layer norm, group norm, batch norm and softmax kernels
+// (layer_norm_kernel.cu, group_norm_kernel.cu, Normalization.cu, SoftMax.cu)
+// hold beside their outputs, in their order.
 // Recorded from real torch 2.14.1 on the fake GPU; test_cuda_kernels.py
 // checks traces against it allocation by allocation.
 #include <ATen/ATen.h>
@@ -190,6 +191,7 @@ bool uses_channels_last_kernels(const at::Tensor& t) {
 void add_channels_last_staging(ScratchPlan& plan, const at::Tensor& input, std::int64_t per_channel,
                                std::int64_t accumulator) {
   const std::int64_t channels = input.size(1);
+  if (input.numel() == 0) return;
   const ChannelsLastGrid grid = channels_last_grid(input.numel() / channels, channels);
   if (grid.y <= 1) return;
   const std::size_t staging = plan.make(per_channel * channels * grid.y * accumulator);
@@ -205,7 +207,7 @@ void add_channels_last_staging(ScratchPlan& plan, const at::Tensor& input, std::
 ScratchPlan batch_norm_plan(c10::ArrayRef<c10::IValue> arguments) {
   const at::Tensor& input = arguments[0].toTensor();
   ScratchPlan plan;
-  if (arguments[5].toBool() && input.numel() > 0 && uses_channels_last_kernels(input))
+  if (arguments[5].toBool() && input.dim() > 1 && input.numel() > 0 && uses_channels_last_kernels(input))
     add_channels_last_staging(plan, input, 4, c10::elementSize(at::toAccumulateType(input.scalar_type(), true)));
   return plan;
 }
@@ -223,7 +225,7 @@ ScratchPlan batch_norm_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
   const at::Tensor &grad_out = arguments[0].toTensor(), &input = arguments[1].toTensor();
   const auto mask = arguments[9].toBoolList();
   ScratchPlan plan;
-  if (!defined(arguments[5]) || !arguments[7].toBool() || !uses_channels_last_kernels(input) ||
+  if (!defined(arguments[5]) || !arguments[7].toBool() || input.dim() < 2 || !uses_channels_last_kernels(input) ||
       arguments[5].toTensor().scalar_type() != input.scalar_type())
     return plan;
   const at::Tensor& mean = arguments[5].toTensor();

@@ -433,8 +433,30 @@ at::Tensor unfold_output(const at::Tensor& input, std::vector<std::int64_t> size
   return at::empty_like(input, at::MemoryFormat::Contiguous).resize_(size);
 }
 
+// The shape checks of torch's own kernels (im2col_shape_check), in their
+// words: without them a stride of 0 divided by zero.
+void check_unfold(const char* op, at::IntArrayRef kernel, at::IntArrayRef dilation, at::IntArrayRef padding,
+                  at::IntArrayRef stride) {
+  const auto pair = [op](at::IntArrayRef values, const char* name) {
+    TORCH_CHECK(values.size() == 2, op, ": ", name, " must have 2 values, but got ", values.size());
+  };
+  pair(kernel, "kernel_size");
+  pair(dilation, "dilation");
+  pair(padding, "padding");
+  pair(stride, "stride");
+  TORCH_CHECK(kernel[0] > 0 && kernel[1] > 0, "kernel size should be greater than zero, but got ", kernel);
+  TORCH_CHECK(stride[0] > 0 && stride[1] > 0, "stride should be greater than zero, but got ", stride);
+  TORCH_CHECK(dilation[0] > 0 && dilation[1] > 0, "dilation should be greater than zero, but got ", dilation);
+  TORCH_CHECK(padding[0] >= 0 && padding[1] >= 0, "padding should be non-negative, but got ", padding);
+}
+
 at::Tensor im2col(const at::Tensor& input, at::IntArrayRef kernel, at::IntArrayRef dilation, at::IntArrayRef padding,
                   at::IntArrayRef stride) {
+  check_unfold("im2col", kernel, dilation, padding, stride);
+  TORCH_CHECK((input.dim() == 3 || input.dim() == 4) && input.size(-1) > 0 && input.size(-2) > 0 &&
+                  input.size(-3) > 0,
+              "im2col: expected a 3-d or 4-d input of non-zero channels, height and width, but got sizes ",
+              input.sizes());
   const bool batched = input.dim() == 4;
   std::int64_t blocks = 1;
   for (std::size_t i = 0; i < 2; ++i) {
@@ -446,8 +468,12 @@ at::Tensor im2col(const at::Tensor& input, at::IntArrayRef kernel, at::IntArrayR
   return unfold_output(input, size);
 }
 
-at::Tensor col2im(const at::Tensor& input, at::IntArrayRef output_size, at::IntArrayRef kernel, at::IntArrayRef,
-                  at::IntArrayRef, at::IntArrayRef) {
+at::Tensor col2im(const at::Tensor& input, at::IntArrayRef output_size, at::IntArrayRef kernel,
+                  at::IntArrayRef dilation, at::IntArrayRef padding, at::IntArrayRef stride) {
+  check_unfold("col2im", kernel, dilation, padding, stride);
+  TORCH_CHECK(output_size.size() == 2, "col2im: output_size must have 2 values, but got ", output_size.size());
+  TORCH_CHECK(input.dim() == 2 || input.dim() == 3, "col2im: expected a 2-d or 3-d input, but got sizes ",
+              input.sizes());
   const bool batched = input.dim() == 3;
   std::vector<std::int64_t> size{input.size(-2) / (kernel[0] * kernel[1]), output_size[0], output_size[1]};
   if (batched) size.insert(size.begin(), input.size(0));

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 import torchvision
 
 import metamem
@@ -525,6 +526,20 @@ def test_the_html_page_is_the_clis_and_renders_in_a_browser(tmp_path):
     dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
                           (tmp_path / "report.html").as_uri()], capture_output=True, text=True, timeout=120).stdout
     assert '<svg id="timeline"' in dom and 'data-rendered="true"' in dom and "data-errors=" not in dom
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("make, message", [
+    (lambda: F.unfold(torch.randn(2, 3, 8, 8), 3, stride=0), "stride should be greater than zero"),
+    (lambda: F.unfold(torch.randn(2, 3, 8, 8), 0), "kernel size should be greater than zero"),
+    (lambda: F.fold(torch.randn(2, 27, 36), (8, 8), 3, dilation=0), "dilation should be greater than zero"),
+], ids=["unfold_stride_0", "unfold_kernel_0", "fold_dilation_0"])
+def test_unfold_arguments_torch_refuses_are_refused_in_its_words(device, make, message):
+    # The trace's own im2col divided by the stride before any check: a
+    # stride of 0 stopped the process (SIGFPE).
+    with pytest.raises(RuntimeError, match=message):
+        with metamem.trace(device=device):
+            make()
 
 
 def test_unsupported_ops_raise_named_errors_and_the_block_restores_everything():
