@@ -177,6 +177,10 @@ class CachingAllocatorSim final : public AllocationObserver {
   void on_free(std::uint32_t buffer) noexcept override { free(buffer); }
 
   const AllocatorStats& stats() const { return stats_; }
+  // The address of buffer `id`'s block, or kUnallocated where it holds none.
+  std::int64_t address_of(std::uint32_t id) const {
+    return id < address_of_.size() ? address_of_[id] : kUnallocated;
+  }
   std::int64_t allocated_bytes() const { return stats_.allocated_bytes[0].current; }
   std::int64_t reserved_bytes() const { return stats_.reserved_bytes[0].current; }
   std::int64_t peak_allocated_bytes() const { return stats_.allocated_bytes[0].peak; }

@@ -34,6 +34,10 @@ namespace {
 struct BufferTag {
   BufferId id;
   std::size_t bytes;
+  // Where a storage that owns no buffer says it lies (CUDA graph trees'
+  // storages over a graph's pool, and those whose buffer they freed); -1
+  // for none.
+  std::int64_t claimed_address = -1;
 };
 
 struct ModeState {
@@ -877,6 +881,41 @@ void resize_storage(const c10::Storage& storage, std::size_t bytes) {
   // Shared by every MetaTensor on the storage: their sizes stay theirs, as
   // a real tensor's do when its storage is resized under it.
   storage.unsafeGetStorageImpl()->set_nbytes(bytes);
+}
+
+namespace {
+BufferTag* tag_of(const c10::Storage& storage) {
+  return static_cast<BufferTag*>(inner_storage(storage)->data_ptr().get_context());
+}
+}  // namespace
+
+BufferId buffer_of(const c10::Storage& storage) {
+  const BufferTag* tag = tag_of(storage);
+  return tag == nullptr ? 0 : tag->id;
+}
+
+std::optional<std::int64_t> claimed_address(const c10::Storage& storage) {
+  const BufferTag* tag = tag_of(storage);
+  if (tag == nullptr || tag->claimed_address < 0) return std::nullopt;
+  return tag->claimed_address;
+}
+
+void free_buffer_now(const c10::Storage& storage, std::int64_t address) {
+  BufferTag* tag = tag_of(storage);
+  if (tag == nullptr || tag->id == 0) return;
+  const BufferId id = tag->id;
+  tag->id = 0;
+  tag->claimed_address = address;
+  if (auto* observer = g_mode.observer.load(std::memory_order_acquire)) observer->on_free(id);
+  forget_values(id);
+}
+
+at::Tensor storage_at(std::int64_t address, std::size_t bytes) {
+  at::Tensor inner = at::empty({static_cast<std::int64_t>(bytes)}, at::TensorOptions(c10::kMeta).dtype(at::kByte));
+  c10::StorageImpl* impl = inner.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+  impl->set_data_ptr_noswap(c10::DataPtr(nullptr, new BufferTag{0, bytes, address}, &release_tag,
+                                         c10::Device(c10::kMeta)));
+  return make_meta_tensor(std::move(inner), g_mode.device);
 }
 
 BufferId buffer_of(const at::Tensor& t) {

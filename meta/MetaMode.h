@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -182,6 +183,21 @@ c10::Device fake_device();
 
 // The buffer behind a MetaTensor (shared by its views), or 0 if it has none.
 BufferId buffer_of(const at::Tensor& t);
+// The same of a MetaTensor's storage. Precondition: is_meta_storage(storage).
+BufferId buffer_of(const c10::Storage& storage);
+
+// CUDA graph trees (torch.compile's mode="reduce-overhead") keep a graph's
+// outputs as storages at addresses of its pool whose blocks the allocator
+// may hold or not: a storage freed while Python still holds it, and one
+// made at an address without allocating. Preconditions: is_meta_storage.
+// The address a storage that owns no buffer says it lies at, if any.
+std::optional<std::int64_t> claimed_address(const c10::Storage& storage);
+// Frees the storage's buffer now, as its deleter would, and leaves it
+// owning none at `address` (the block's): trees' _free_And_Remove_DeleterFn.
+void free_buffer_now(const c10::Storage& storage, std::int64_t address);
+// A byte MetaTensor of `bytes` on the trace's device whose storage lies at
+// `address` and owns no buffer: trees' _construct_storage_from_data_pointer.
+at::Tensor storage_at(std::int64_t address, std::size_t bytes);
 
 // Resizes the storage behind `t` to `bytes`, as FSDP frees (resize to 0) and
 // re-allocates a parameter's storage while views of it stay saved: on a

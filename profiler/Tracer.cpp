@@ -108,8 +108,10 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
 
   void on_workspace(std::size_t bytes, std::thread::id handle_thread) override {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!workspaces_.emplace(handle_thread, stream_).second) return;
-    record_alloc(new_buffer_id(), bytes);
+    const auto key = std::make_pair(handle_thread, stream_);
+    if (workspaces_.count(key) != 0) return;
+    const BufferId id = workspaces_[key] = new_buffer_id();
+    record_alloc(id, bytes);
     trace_.buffers.back().category = Category::Workspace;
   }
 
@@ -165,6 +167,17 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
   void empty_cache() {
     std::lock_guard<std::mutex> lock(mutex_);
     trace_.empty_caches.push_back(trace_.events.size());
+  }
+
+  std::optional<std::uint32_t> buffer_index(BufferId id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return index_of(id);
+  }
+
+  void clear_cublas_workspaces() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& [handle, id] : workspaces_) record_free(id);
+    workspaces_.clear();
   }
 
   void begin_allocate_to_pool(int pool, std::optional<int> stream) {
@@ -440,7 +453,7 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
   std::int64_t live_ = 0;
   int stream_ = 0;  // the current CUDA stream
   PoolRoutes routes_;  // the private pools requests are routed to
-  std::set<std::pair<std::thread::id, int>> workspaces_;  // (handle's thread, stream): cuBLAS made one
+  std::map<std::pair<std::thread::id, int>, BufferId> workspaces_;  // (handle's thread, stream): cuBLAS's
   AllocationObserver* observer_ = nullptr;
   BufferId first_id_ = 0;  // buffer ids of one trace are consecutive
   std::size_t events_at_last_op_ = 0;
@@ -476,6 +489,8 @@ void Tracer::set_stream(int stream) {
 }
 
 void Tracer::empty_cache() { recorder_->empty_cache(); }
+void Tracer::clear_cublas_workspaces() { recorder_->clear_cublas_workspaces(); }
+std::optional<std::uint32_t> Tracer::buffer_index(BufferId id) const { return recorder_->buffer_index(id); }
 
 void Tracer::begin_allocate_to_pool(int pool, std::optional<int> stream) {
   if (stream) check_stream(*stream);

@@ -56,6 +56,13 @@ class Tracer {
   void set_stream(int stream);
   // torch.cuda.empty_cache() is called here (Trace::empty_caches).
   void empty_cache();
+  // torch._C._cuda_clearCublasWorkspaces(): every cuBLAS workspace is freed
+  // and the next product on each handle and stream makes one again (CUDA
+  // graph trees clear them around each warm-up and capture).
+  void clear_cublas_workspaces();
+  // The trace's index of traced buffer `id` (meta's BufferId; observers are
+  // told indices), if this trace made it.
+  std::optional<std::uint32_t> buffer_index(std::uint64_t id) const;
   // From here, requests on `stream` (where none is given, the calling
   // thread's requests, as torch.cuda.use_mem_pool routes them) are served
   // by private pool `pool` (1 to 65535), as a CUDA graph's capture routes

@@ -368,6 +368,7 @@ class Session {
   void set_stream(int stream) {
     tracer_->set_stream(stream);
   }
+  void clear_cublas_workspaces() { tracer_->clear_cublas_workspaces(); }
   // A CUDA graph's capture: requests on `stream` (where None, the calling
   // thread's) go to private pool `pool` until end_pool.
   void begin_pool(int pool, std::optional<int> stream) {
@@ -375,6 +376,27 @@ class Session {
   }
   void end_pool(int pool) {
     tracer_->end_allocate_to_pool(pool);
+  }
+  // Where a traced storage lies on the traced GPU: its block's address in
+  // the simulated allocator (from a base where a GPU's addresses are: 0 is
+  // no address), or the address a storage owning no block claims; None
+  // for a storage that has neither (empty, or of another trace).
+  std::optional<std::int64_t> storage_address(const c10::Storage& storage) const {
+    if (auto claimed = metamem::claimed_address(storage)) return *claimed;
+    const auto index = tracer_->buffer_index(metamem::buffer_of(storage));
+    if (!index) return std::nullopt;
+    const std::int64_t address = allocator_.sim.address_of(*index);
+    if (address == CachingAllocatorSim::kUnallocated) return std::nullopt;
+    return kGpuAddressBase + address;
+  }
+  static constexpr std::int64_t kGpuAddressBase = std::int64_t{0x7f} << 40;
+  // The addresses of private pool `pool`'s allocated blocks
+  // (torch._C._cuda_checkPoolLiveAllocations compares them).
+  std::vector<std::int64_t> pool_allocations(int pool) const {
+    std::vector<std::int64_t> addresses;
+    for (const auto& [address, block] : allocator_.sim.blocks())
+      if (block.pool == pool && block.allocated) addresses.push_back(kGpuAddressBase + address);
+    return addresses;
   }
 
   void push_scope(const std::string& path) { scopes_.emplace_back(std::make_unique<ScopePath>(path)); }
@@ -618,6 +640,10 @@ PYBIND11_MODULE(_metamem, m) {
       .def("set_stream", &Session::set_stream)
       .def("begin_pool", &Session::begin_pool, py::arg("pool"), py::arg("stream"))
       .def("end_pool", &Session::end_pool, py::arg("pool"))
+      .def("pool_allocations", &Session::pool_allocations, py::arg("pool"))
+      .def("storage_address", [](const Session& session, py::handle storage) {
+        return session.storage_address(THPStorage_Unpack(storage.ptr()));
+      }, py::arg("storage"))
       .def("forward", &Session::forward)
       .def("backward", &Session::backward)
       .def("backward_done", &Session::backward_done)
@@ -632,6 +658,7 @@ PYBIND11_MODULE(_metamem, m) {
       .def("reset_peak_memory_stats", &Session::reset_peak_memory_stats)
       .def("reset_accumulated_memory_stats", &Session::reset_accumulated_memory_stats)
       .def("empty_cache", &Session::empty_cache)
+      .def("clear_cublas_workspaces", &Session::clear_cublas_workspaces)
       .def("finish", &Session::finish);
   py::class_<ThreadState>(m, "ThreadState", "The calling thread's dispatch keys and autograd modes, now.")
       .def(py::init<>())
@@ -658,6 +685,15 @@ PYBIND11_MODULE(_metamem, m) {
   m.def("resize_traced_storage", [](py::handle storage, std::size_t bytes) {
     metamem::resize_storage(THPStorage_Unpack(storage.ptr()), bytes);
   });
+  // CUDA graph trees' storages (metamem._cuda_graph_trees).
+  m.def("traced_storage_owns_buffer", [](py::handle storage) {
+    return metamem::buffer_of(THPStorage_Unpack(storage.ptr())) != 0;
+  });
+  m.def("free_traced_storage_now", [](py::handle storage, std::int64_t address) {
+    metamem::free_buffer_now(THPStorage_Unpack(storage.ptr()), address);
+  });
+  m.def("traced_storage_at", &metamem::storage_at, py::arg("address"), py::arg("bytes"),
+        "A byte tensor on the trace's device whose storage lies at `address` and owns no block.");
   m.def("achieved_cpu", &achieved_cpu, py::arg("step"));
   m.def("cpu_allocations", &cpu_allocations, py::arg("step"));
 }

@@ -532,13 +532,17 @@ def _values_shown(placeholder):
         patches.restore()
 
 
-def _patch_traced_storages(patches):
+def _patch_traced_storages(patches, session):
     """A traced tensor's untyped_storage() as FSDP2 uses a real one: resize_(0)
     frees its buffer and resize_(n) makes one of n bytes (views of it stay
-    saved), and data_ptr() tells storages apart (a number no two live
-    storages share, not an address: nothing can be read there)."""
-    storage = torch.UntypedStorage
-    resize, data_ptr = storage.resize_, storage.data_ptr
+    saved). data_ptr() of a traced storage or tensor on fake cuda (`session`
+    given) is its address on the traced GPU, as the simulated allocator
+    placed its block: CUDA graph trees and make_graphed_callables compare
+    them. On a fake cpu a storage's tells storages apart (a number no two
+    live storages share) and a tensor's is refused. Nothing can be read at
+    either."""
+    storage, tensor = torch.UntypedStorage, torch.Tensor
+    resize, data_ptr, tensor_data_ptr = storage.resize_, storage.data_ptr, tensor.data_ptr
 
     def traced_resize(self, size):
         if not _metamem.is_traced_storage(self):
@@ -546,11 +550,21 @@ def _patch_traced_storages(patches):
         _metamem.resize_traced_storage(self, size)
         return self
 
+    def address(self):
+        found = session.storage_address(self) if session is not None else None
+        return self._cdata if found is None else found
+
     def traced_data_ptr(self):
-        return self._cdata if _metamem.is_traced_storage(self) else data_ptr(self)
+        return address(self) if _metamem.is_traced_storage(self) else data_ptr(self)
+
+    def traced_tensor_data_ptr(self):
+        if session is None or not _metamem.is_traced(self):
+            return tensor_data_ptr(self)
+        return address(self.untyped_storage()) + self.storage_offset() * self.element_size()
 
     patches.set(storage, "resize_", traced_resize)
     patches.set(storage, "data_ptr", traced_data_ptr)
+    patches.set(tensor, "data_ptr", traced_tensor_data_ptr)
 
 
 def _patch_deepcopy(patches):
@@ -694,7 +708,7 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
                 stack.enter_context(_values_shown(placeholder=values == "placeholder"))
                 patches = Patches()
                 stack.callback(patches.restore)
-                _patch_traced_storages(patches)
+                _patch_traced_storages(patches, session if device == "cuda" else None)
                 _patch_deepcopy(patches)
                 _patch_truncated_normal(patches)
                 _patch_fake_tensor_mode(patches)

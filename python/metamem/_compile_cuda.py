@@ -152,20 +152,9 @@ def _in_the_trace(function, owner):
     return _instead_on(owner, function, traced)
 
 
-def _refusing_what_a_trace_cannot_follow(compile_fx):
-    """Inductor's entry, refusing CUDA graphs, which a trace cannot follow
-    yet, by name, before they reach for a GPU."""
-    def checked(model, example_inputs, *args, config_patches=None, **kwargs):
-        from torch._inductor import config
-
-        with config.patch(config_patches or {}):
-            cuda_graphs = config.triton.cudagraphs
-        if cuda_graphs:
-            raise UnsupportedCompileError(
-                "metamem: torch.compile with CUDA graphs (mode=\"reduce-overhead\" or \"max-autotune\") cannot be "
-                "traced on fake cuda yet; the default mode and \"max-autotune-no-cudagraphs\" can (docs/compile.md)")
-        return compile_fx(model, example_inputs, *args, config_patches=config_patches, **kwargs)
-    return checked
+def cannot_follow(what):
+    """The error for `what`, compiled code that a trace cannot follow yet."""
+    return UnsupportedCompileError(f"metamem: {what} cannot be traced on fake cuda yet (docs/compile.md)")
 
 
 class _UnbuiltConfig:
@@ -251,7 +240,7 @@ def install(patches, cuda, owner):
     # and constant propagation): on the CPU, as above.
     unset_fake = proxy_tensor.unset_fake_temporarily
     patches.set(proxy_tensor, "unset_fake_temporarily", lambda: _both(unset_fake(), _values_on_cpu(owner)))
-    patches.set(compile_fx, "compile_fx", _refusing_what_a_trace_cannot_follow(compile_fx.compile_fx))
+    cuda.graph_trees.use(patches)
     patches.set(pad_mm, "_should_pad", _in_the_trace(pad_mm._should_pad, owner))
     for name in ("set_cached_should_pad", "set_cached_base_mm_benchmark_time"):
         patches.set(pad_mm, name, lambda *args: None)

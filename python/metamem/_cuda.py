@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from . import _metamem
+from . import _compile_cuda, _cuda_graph_trees, _metamem
 
 _MISSING = object()
 
@@ -307,6 +307,8 @@ class FakeCudaRuntime:
         self.patches = Patches()
         # Kernel choices (SDPA's backend) follow the GPU's compute capability.
         self.kernels_for = _metamem.TracedGpu(gpu["key"])
+        # torch.compile's CUDA graph trees, the trace's own.
+        self.graph_trees = _cuda_graph_trees.TracedTrees()
 
     def free_bytes(self):
         """cudaMemGetInfo's free: the GPU's memory less the CUDA context
@@ -376,6 +378,7 @@ class FakeCudaRuntime:
             set_(torch.cuda.memory, "_cuda_beginAllocateCurrentThreadToPool", captures.begin_thread_routing)
             set_(torch.cuda.memory, "_cuda_endAllocateToPool", captures.end_routing)
             set_(torch.cuda.memory, "_cuda_releasePool", lambda device, handle: _check_device(device))
+            _cuda_graph_trees.install(set_, session, captures, _compile_cuda.cannot_follow)
             # The default generator, one for every index (torch.manual_seed seeds them;
             # checkpoint saves its state).
             set_(cuda, "default_generators", (Generator(),) * self.devices)
@@ -415,7 +418,10 @@ class FakeCudaRuntime:
 
     def __exit__(self, *exc):
         self.kernels_for.__exit__(*exc)
-        self.patches.restore()
+        try:
+            self.graph_trees.shut_down()
+        finally:
+            self.patches.restore()
 
 
 class _RnnsWithoutCudnn:

@@ -5,9 +5,11 @@ against real torch on the fake GPU (max allocated and max reserved of both
 steps). Each side compiles from a cold Inductor cache of its own.
 
     METAMEM_ORACLE=build/oracle PYTHONPATH=build/python:tests/python .venv/bin/python \\
-        tests/python/compile_sweep.py ["Llama,BERT"] [--markdown] [--check]
+        tests/python/compile_sweep.py ["Llama,BERT"] [--markdown] [--check] [--mode reduce-overhead]
 
---check exits 1 unless every model is exact on both devices. Without
+--check exits 1 unless every model is exact on both devices. --mode compiles
+with torch.compile's mode, on fake cuda only, four steps (CUDA graph trees:
+warm-up, recording, two replays). Without
 METAMEM_ORACLE (or where it holds no fake CUDA libraries) the fake-cuda
 column is the trace alone.
 """
@@ -53,8 +55,8 @@ backward = runtime_wrappers._AutogradBackwardCompiler
 backward.get_or_compile = collecting(backward.get_or_compile)
 sys.path.insert(0, {HERE!r})
 from compiled_models import two_adamw_steps
-name, compile = json.loads(sys.argv[3])
-print(json.dumps(two_adamw_steps(name, "cuda", compile)[1]()), flush=True)
+name, compile, mode, steps = json.loads(sys.argv[3])
+print(json.dumps(two_adamw_steps(name, "cuda", compile, mode, steps)[1]()), flush=True)
 """
 
 
@@ -84,11 +86,12 @@ def on_cpu(name, compile):
     return max(t.step_peaks), real, trace_seconds, real_seconds
 
 
-def on_cuda(name, compile, oracle):
+def on_cuda(name, compile, oracle, mode=None):
     """(traced, real or None, trace seconds, real seconds): each step's
     [max allocated, max reserved]."""
     cold_cache()
-    model, run = two_adamw_steps(name, "cuda", compile)
+    steps = 2 if mode is None else 4
+    model, run = two_adamw_steps(name, "cuda", compile, mode, steps)
     with metamem.trace(device="cuda", gpu=GPU, modules=[model]):
         traced, trace_seconds = timed(run)
     if not oracle:
@@ -96,7 +99,7 @@ def on_cuda(name, compile, oracle):
     from real_torch_on_fake_gpu import PROLOGUE, measure
 
     cold_cache()
-    real, real_seconds = timed(lambda: measure(oracle, native.gpu(GPU), PROLOGUE + CHILD, json.dumps([name, compile])))
+    real, real_seconds = timed(lambda: measure(oracle, native.gpu(GPU), PROLOGUE + CHILD, json.dumps([name, compile, mode, steps])))
     return traced, real, trace_seconds, real_seconds
 
 
@@ -115,8 +118,15 @@ def steps(peaks):
     return "; ".join(f"{a / 2**20:.2f} / {r / 2**20:.0f}" for a, r in peaks)
 
 
-def sweep_one(name, oracle):
+def sweep_one(name, oracle, mode=None):
     row = {"name": name}
+    if mode is not None:
+        try:
+            traced, real, trace_s, real_s = on_cuda(name, True, oracle, mode)
+            row[f"cuda {mode}"] = (steps(traced), compared(traced, real), f"{trace_s:.1f} / {real_s:.1f} s")
+        except Exception as error:
+            row[f"cuda {mode}"] = ("-", why(error), "")
+        return row
     for compile in (False, True):
         kind = "compiled" if compile else "eager"
         try:
@@ -140,6 +150,7 @@ def main():
     parser.add_argument("models", nargs="?", default=",".join(MODELS), help="model names, comma-separated")
     parser.add_argument("--markdown", action="store_true", help="print Markdown tables")
     parser.add_argument("--check", action="store_true", help="exit 1 unless every model is exact")
+    parser.add_argument("--mode", help="torch.compile's mode (fake cuda only, four steps)")
     args = parser.parse_args()
     oracle = os.environ.get("METAMEM_ORACLE", "")
     if oracle and not os.path.exists(os.path.join(oracle, "libmetamem_fake_cuda_preload.so")):
@@ -149,10 +160,16 @@ def main():
         parser.error(f"no model {', '.join(sorted(unknown))}; the models: {', '.join(MODELS)}")
     rows, start = [], time.perf_counter()
     for name in args.models.split(","):
-        row = sweep_one(name, oracle)
+        row = sweep_one(name, oracle, args.mode)
         rows.append(row)
         print(json.dumps(row), file=sys.stderr if args.markdown else sys.stdout, flush=True)
-    if args.markdown:
+    if args.markdown and args.mode:
+        print(f"| model | fake cuda ({GPU}), mode={args.mode!r}, MiB allocated / reserved per step | "
+              "vs real on the fake GPU | trace / real |")
+        print("| --- | --- | --- | --- |")
+        for row in rows:
+            print(f"| {row['name']} | {' | '.join(row[f'cuda {args.mode}'])} |")
+    elif args.markdown:
         print("| model | CPU eager peak | CPU compiled peak | vs real | trace / real | "
               f"fake cuda ({GPU}) eager, MiB allocated / reserved per step | compiled | vs real on the fake GPU | "
               "trace / real |")

@@ -121,19 +121,20 @@ MODELS = {
 NOT_ON_CPU = {"torchtitan Llama 3 debugmodel_flex_attn": "FlexAttention has no backward on the CPU (torch)"}
 
 
-def compiled(model, how):
+def compiled(model, how, mode=None):
     if how == "each block":
         blocks = model.layers
         for name, block in list(blocks.named_children()):
-            blocks.register_module(name, torch.compile(block, fullgraph=True))
+            blocks.register_module(name, torch.compile(block, fullgraph=True, mode=mode))
         return model
-    return torch.compile(model)
+    return torch.compile(model, mode=mode)
 
 
-def two_adamw_steps(name, device="cpu", compile=True):
+def two_adamw_steps(name, device="cpu", compile=True, mode=None, steps=2):
     """(model, run): the model built on the CPU, and a function that moves
-    it to `device`, compiles it (unless `compile` is false) and runs two
-    AdamW steps. On cuda run() returns each step's max allocated and max
+    it to `device`, compiles it (unless `compile` is false; with torch.compile's
+    `mode`) and runs `steps` AdamW steps, two by default (CUDA graph trees
+    warm up, record, then replay: four show each). On cuda run() returns each step's max allocated and max
     reserved; attention takes the kernel the GPU takes but cuDNN's, and
     convolutions torch's native kernels, cuDNN off (the fake GPU cannot run
     cuDNN, docs/cuda-paths.md)."""
@@ -146,10 +147,10 @@ def two_adamw_steps(name, device="cpu", compile=True):
 
         torch.manual_seed(0)
         model.to(device).train()
-        forward = compiled(model, how) if compile else model
+        forward = compiled(model, how, mode) if compile else model
         optimizer = torch.optim.AdamW(model.parameters())
         peaks = []
-        for _ in range(2):
+        for _ in range(steps):
             if device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             with (sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])

@@ -266,11 +266,24 @@ def test_a_traced_tensor_has_a_storage_shared_by_its_views_and_no_data():
         assert storage.nbytes() == 128 and storage.device == x.device
         assert x[1:].untyped_storage()._cdata == storage._cdata
         assert torch.ones(4, 8, device="cuda").untyped_storage()._cdata != storage._cdata
-        with pytest.raises(RuntimeError, match="a traced tensor has no data"):
-            x.data_ptr()
     with metamem.trace(device="cpu"):
         with pytest.raises(RuntimeError, match="a traced tensor has no data"):
             torch.ones(3).numpy()
+        with pytest.raises(RuntimeError, match="a traced tensor has no data"):
+            torch.ones(3).data_ptr()
+
+
+def test_a_traced_tensor_on_fake_cuda_lies_where_the_allocator_put_it():
+    # data_ptr() is the block's address in the simulated caching allocator:
+    # 512-byte blocks, split from one 2 MiB segment, the freed block reused.
+    with metamem.trace(device="cuda"):
+        x = torch.ones(4, 8, device="cuda")
+        y = torch.ones(100, device="cuda")
+        assert y.data_ptr() == x.data_ptr() + 512 and x.data_ptr() % (2 << 20) == 0
+        assert x[1:].data_ptr() == x.data_ptr() + 32 == x[1:].untyped_storage().data_ptr() + 32
+        first = x.data_ptr()
+        del x
+        assert torch.ones(8, device="cuda").data_ptr() == first
     assert torch.ones(3).numpy().sum() == 3
 
 
