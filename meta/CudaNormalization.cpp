@@ -42,8 +42,8 @@ std::int64_t element_size(const at::Tensor& tensor) { return static_cast<std::in
 std::int64_t split_row_blocks(std::int64_t rows, std::int64_t columns) {
   constexpr std::int64_t kBlockWidth = 32, kRowsPerBlock = 32, kMaxGrid = 64 * 1024 / 2;
   if (rows <= 64 * 1024 || columns / kBlockWidth >= traced_gpu().multi_processor_count / 2) return 0;
-  const std::int64_t blocks_x = (columns + kBlockWidth - 1) / kBlockWidth;
-  return std::min(kMaxGrid / blocks_x, (rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  const std::int64_t blocks_x = div_up(columns, kBlockWidth);
+  return std::min(kMaxGrid / blocks_x, div_up(rows, kRowsPerBlock));
 }
 
 // Then .sum(0) of that buffer: a new gradient (which replaces the output,
@@ -159,12 +159,6 @@ ScratchPlan group_norm_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
 // ---- batch norm ----------------------------------------------------------------
 
 // Normalization.cuh's launch shape for the channels-last kernels.
-std::int64_t last_pow2(std::int64_t n) {
-  std::int64_t p = 1;
-  while (p * 2 <= n) p *= 2;
-  return p;
-}
-
 struct ChannelsLastGrid {
   std::int64_t x, y;
 };
@@ -174,11 +168,11 @@ ChannelsLastGrid channels_last_grid(std::int64_t reduction, std::int64_t stride)
   constexpr std::int64_t kMaxBlock = 512, kPerThread = 16, kTileW = 32, kMaxHBlock = 128;
   std::int64_t block_x = std::min(last_pow2(stride), kTileW);
   const std::int64_t block_y =
-      std::min(last_pow2((reduction + kPerThread - 1) / kPerThread), kMaxBlock / block_x);
+      std::min(last_pow2(div_up(reduction, kPerThread)), kMaxBlock / block_x);
   if (block_x * block_y != kMaxBlock) block_x = std::min(last_pow2(stride), kMaxBlock / block_y);
   const std::int64_t grid_y =
-      std::min((reduction + block_y * kPerThread - 1) / (block_y * kPerThread), kMaxHBlock);
-  return {(stride + block_x - 1) / block_x, grid_y < 8 ? 1 : grid_y};
+      std::min(div_up(reduction, block_y * kPerThread), kMaxHBlock);
+  return {div_up(stride, block_x), grid_y < 8 ? 1 : grid_y};
 }
 
 bool uses_channels_last_kernels(const at::Tensor& t) {

@@ -14,19 +14,16 @@
 #include "meta/MetaMode.h"
 
 namespace metamem {
-namespace {
 
 std::int64_t div_up(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
-// The largest power of two not above n (at least 1).
-int last_pow2(int n) {
-  n |= n >> 1;
-  n |= n >> 2;
-  n |= n >> 4;
-  n |= n >> 8;
-  n |= n >> 16;
-  return std::max(1, n - (n >> 1));
+std::int64_t last_pow2(std::int64_t n) {
+  std::int64_t p = 1;
+  while (p * 2 <= n) p *= 2;
+  return p;
 }
+
+namespace {
 
 constexpr int kWarpSize = 32;
 
@@ -92,8 +89,8 @@ class LaunchShape {
 
  private:
   void set_block_dimension(std::int64_t dim0, std::int64_t dim1, int max_threads) {
-    const int dim0_pow2 = dim0 < max_threads ? last_pow2(static_cast<int>(dim0)) : max_threads;
-    const int dim1_pow2 = dim1 < max_threads ? last_pow2(static_cast<int>(dim1)) : max_threads;
+    const int dim0_pow2 = dim0 < max_threads ? static_cast<int>(last_pow2(dim0)) : max_threads;
+    const int dim1_pow2 = dim1 < max_threads ? static_cast<int>(last_pow2(dim1)) : max_threads;
     block_width_ = std::min(dim0_pow2, kWarpSize);
     block_height_ = std::min(dim1_pow2, max_threads / block_width_);
     block_width_ = std::min(dim0_pow2, max_threads / block_height_);

@@ -45,6 +45,11 @@ enum class CudaReduction { Sum, Mean, Norm };
 ReductionStaging cuda_reduction_staging(CudaReduction kind, const at::Tensor& self, const at::Tensor& result,
                                         at::OptionalIntArrayRef dims, bool keepdim);
 
+// Launch arithmetic the CUDA kernels share: a / b rounded up, and the
+// largest power of two not above n (at least 1).
+std::int64_t div_up(std::int64_t a, std::int64_t b);
+std::int64_t last_pow2(std::int64_t n);
+
 // The model of op `qualified_name` ("aten::sum.dim_IntList") for the traced
 // GPU (meta/CudaAttention.h's traced_gpu()), or nullptr.
 ReductionStagingModel cuda_reduction_staging_model(const std::string& qualified_name);

@@ -111,6 +111,13 @@ ScratchPlan efficient_attention_backward_plan(c10::ArrayRef<c10::IValue> argumen
   if (!grad_out.transpose(1, 2).is_contiguous()) plan.make(static_cast<std::int64_t>(grad_out.nbytes()));
   plan.before_outputs = plan.steps.size();
 
+  // With fewer key and value heads than query heads (grouped-query
+  // attention), key and value are expanded to the query's heads after the
+  // outputs are made, and held to the op's end (measured: real torch on
+  // the fake GPU).
+  for (const at::Tensor* kv : {&k, &v})
+    if (kv->size(1) != heads) plan.make(kv->numel() / kv->size(1) * heads * kv->element_size());
+
   const GpuTraits gpu = traced_gpu();
   const int cc = gpu.major * 10 + gpu.minor;
   const auto [kernels, arch] = kernels_for(half, cc == 121 ? 120 : cc);

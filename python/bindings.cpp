@@ -685,6 +685,8 @@ PYBIND11_MODULE(_metamem, m) {
   m.def("resize_traced_storage", [](py::handle storage, std::size_t bytes) {
     metamem::resize_storage(THPStorage_Unpack(storage.ptr()), bytes);
   });
+  m.def("set_graph_capture", &metamem::set_graph_capture, py::arg("underway"),
+        "Whether the trace is capturing a CUDA graph now (kernels that ask CUDA's capture status).");
   // CUDA graph trees' storages (metamem._cuda_graph_trees).
   m.def("traced_storage_owns_buffer", [](py::handle storage) {
     return metamem::buffer_of(THPStorage_Unpack(storage.ptr())) != 0;

@@ -233,10 +233,12 @@ class _Captures:
                 stream = captures.current_stream()
                 captures.session.begin_pool(captures.number(self._pool), stream)
                 captures.capturing = stream
+                _metamem.set_graph_capture(True)
 
             def capture_end(self):
                 captures.session.end_pool(captures.number(self._pool))
                 captures.capturing = None
+                _metamem.set_graph_capture(False)
 
             def instantiate(self):
                 pass
@@ -418,6 +420,7 @@ class FakeCudaRuntime:
 
     def __exit__(self, *exc):
         self.kernels_for.__exit__(*exc)
+        _metamem.set_graph_capture(False)  # a capture the block left underway
         try:
             self.graph_trees.shut_down()
         finally:

@@ -8,11 +8,12 @@ frees come in its hash map's order), and the first difference is printed
 with the real run's Python frames and the trace's ops.
 
     PYTHONPATH=build/python .venv/bin/python tests/python/allocation_order.py build/oracle \\
-        "timm ViT-Ti/16 at 64 px" [--eager | --precision "bf16 autocast"] [--gpu H100-80GB] [--context 8]
+        "timm ViT-Ti/16 at 64 px" [--eager | --precision "bf16 autocast" | --mode reduce-overhead] \\
+        [--gpu H100-80GB] [--context 8]
 
 The model is one of compiled_models.py's, built and stepped as
-compile_sweep.py does; with --precision, one of fake_gpu_sweep.py's, eager,
-as that sweep steps it. Found this way: FlashAttention's backward
+compile_sweep.py does (with --mode, four steps compiled in that mode); with
+--precision, one of fake_gpu_sweep.py's, eager, as that sweep steps it. Found this way: FlashAttention's backward
 temporaries, made one by one (docs/compile.md); group norm's, layer norm's,
 a reduced loss's and the native convolutions' (docs/accuracy.md).
 """
@@ -30,6 +31,12 @@ from compile_sweep import CHILD as COMPILE_CHILD, cold_cache
 from compiled_models import two_adamw_steps
 from real_torch_on_fake_gpu import PROLOGUE, measure
 
+# Where a real compile makes the few bytes it allocates on the GPU (the
+# pattern matcher's example tensors, make_fx's constants; docs/compile.md).
+COMPILING = {"pattern_matcher.py", "fuse_attention.py", "joint_graph.py", "fake_tensor.py", "proxy_tensor.py",
+             "constant_folding.py"}
+
+
 def recording(child):
     """A sweep's child, its allocations recorded, the history written to
     the file named by METAMEM_HISTORY."""
@@ -41,18 +48,29 @@ pickle.dump(torch.cuda.memory._snapshot()["device_traces"][0], open(os.environ["
 """
 
 
-def real_events(oracle, gpu, name, how):
+def compiled_steps(mode):
+    """compile_sweep.py's steps: two, or four in torch.compile's `mode`."""
+    return 2 if mode is None else 4
+
+
+def real_events(oracle, gpu, name, how, mode=None):
     """[(kind, bytes, where)] of the real run: kind "alloc" or "free".
-    `how`: compiled (True or False), or fake_gpu_sweep's precision."""
-    child = fake_gpu_sweep.CHILD if isinstance(how, str) else COMPILE_CHILD
+    `how`: compiled (True or False, in `mode`), or fake_gpu_sweep's precision."""
+    if isinstance(how, str):
+        child, arguments = fake_gpu_sweep.CHILD, [name, how]
+    else:
+        child, arguments = COMPILE_CHILD, [name, how, mode, compiled_steps(mode)]
     with tempfile.TemporaryDirectory() as folder:
         os.environ["METAMEM_HISTORY"] = history = os.path.join(folder, "history.pickle")
         cold_cache()
-        measure(oracle, native.gpu(gpu), recording(child), json.dumps([name, how]))
+        measure(oracle, native.gpu(gpu), recording(child), json.dumps(arguments))
         entries = pickle.load(open(history, "rb"))
     live, events = {}, []
     for entry in entries:
-        where = " < ".join(f"{os.path.basename(f['filename'])}:{f['line']} {f['name']}" for f in entry["frames"][:4])
+        files = [os.path.basename(f["filename"]) for f in entry.get("frames", [])]
+        if COMPILING.intersection(files):
+            continue  # a compile's own example tensors, which a trace makes outside it
+        where = " < ".join(f"{os.path.basename(f['filename'])}:{f['line']} {f['name']}" for f in entry.get("frames", [])[:4])
         if entry["action"] == "alloc":
             live[entry["addr"]] = entry["size"]
             events.append(("alloc", entry["size"], where or "(autograd's thread)"))
@@ -61,12 +79,14 @@ def real_events(oracle, gpu, name, how):
     return events
 
 
-def traced_events(gpu, name, how):
+def traced_events(gpu, name, how, mode=None):
     """The same for the trace: requested bytes from its allocator events,
     each allocation's op and module from its snapshot."""
     cold_cache()
-    steps = fake_gpu_sweep.two_steps if isinstance(how, str) else lambda name, how: two_adamw_steps(name, "cuda", how)
-    model, run = steps(name, how)
+    if isinstance(how, str):
+        model, run = fake_gpu_sweep.two_steps(name, how)
+    else:
+        model, run = two_adamw_steps(name, "cuda", how, mode, compiled_steps(mode))
     with metamem.trace(device="cuda", gpu=gpu, modules=[model]) as t:
         run()
     with tempfile.TemporaryDirectory() as folder:
@@ -121,12 +141,13 @@ def main():
     parser.add_argument("--eager", action="store_true", help="the eager step (default: compiled)")
     parser.add_argument("--precision", choices=fake_gpu_sweep.PRECISIONS,
                         help="a model of fake_gpu_sweep.py, eager, in this precision")
+    parser.add_argument("--mode", help="torch.compile's mode for the compiled step (four steps)")
     parser.add_argument("--gpu", default="H100-80GB")
     parser.add_argument("--context", type=int, default=8, help="events shown before and after")
     args = parser.parse_args()
     how = args.precision or not args.eager
-    real = real_events(args.oracle, args.gpu, args.model, how)
-    traced = traced_events(args.gpu, args.model, how)
+    real = real_events(args.oracle, args.gpu, args.model, how, args.mode)
+    traced = traced_events(args.gpu, args.model, how, args.mode)
     print(f"{len(real)} real events, {len(traced)} traced")
     found = first_difference(real, traced)
     if found is None:

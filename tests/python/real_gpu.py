@@ -54,20 +54,23 @@ def attention(backend=None, dtype=torch.bfloat16, causal=True, mask=False, heads
 
 
 def efficient(dtype=torch.bfloat16, head_dim=128, seq=2048, batch=2, heads=16, causal=True, bias_grad=False,
-              dropout=0.0):
+              dropout=0.0, heads_kv=None):
     """The memory-efficient kernel forced, a step for the forward and one for
     the backward from a random gradient: what its backward allocates beside
     the gradients (the fp32 dq accumulator, dk and dv accumulators per key
-    split, delta) depends on the kernel cutlassB picks for the dtype and head
+    split, delta; key and value expanded where they have fewer heads,
+    `heads_kv`) depends on the kernel cutlassB picks for the dtype and head
     size, and on the sequence, batch and heads."""
     def run(step_end):
         from torch.nn.attention import SDPBackend, sdpa_kernel
-        q, k, v = (torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=dtype, requires_grad=True)
-                   for _ in range(3))
+        q = torch.randn(batch, heads, seq, head_dim, device="cuda", dtype=dtype, requires_grad=True)
+        k, v = (torch.randn(batch, heads_kv or heads, seq, head_dim, device="cuda", dtype=dtype, requires_grad=True)
+                for _ in range(2))
         bias = (torch.randn(batch, heads, seq, seq, device="cuda", dtype=dtype, requires_grad=True)
                 if bias_grad else None)
         with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal, dropout_p=dropout)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=causal, dropout_p=dropout,
+                                                 enable_gqa=heads_kv is not None)
             gradient = torch.randn_like(out)
             step_end()
             out.backward(gradient)
@@ -86,6 +89,7 @@ EFFICIENT_CASES = {
                                                                             bias_grad=True),
     "efficient bfloat16 head_dim 128 seq 2048, dropout": efficient(dropout=0.1),
     "efficient float32 head_dim 128 seq 2048, dropout": efficient(torch.float32, dropout=0.1),
+    "efficient float32 head_dim 64 seq 1000, 4 key and value heads": efficient(torch.float32, 64, 1000, heads_kv=4),
     **{f"efficient {str(dtype)[6:]} head_dim {head_dim} seq {seq}, batch 1 x {heads} heads":
        efficient(dtype, head_dim, seq, 1, heads)
        for dtype in (torch.bfloat16, torch.float32) for head_dim in (64, 256) for seq in (128, 4096)

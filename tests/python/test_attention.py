@@ -130,6 +130,7 @@ def test_a_gpu_that_runs_no_enabled_backend_is_a_named_error():
     ("H100-80GB", "efficient bfloat16 head_dim 256 seq 4096, batch 1 x 4 heads"),  # key splits capped by 200 / heads
     ("A100-80GB", "efficient float32 head_dim 64 seq 1000, bias with gradient"),
     ("H100-80GB", "efficient bfloat16 head_dim 128 seq 2048, dropout"),  # seed and offset on the host
+    ("H100-80GB", "efficient float32 head_dim 64 seq 1000, 4 key and value heads"),  # key and value expanded
 ])
 def test_memory_efficient_backward_holds_delta_and_its_kernels_workspace_as_real_torch(gpu, case):
     # The kernel's fp32 workspace (a dq tile per query block, dk and dv per
