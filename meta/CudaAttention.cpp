@@ -13,12 +13,12 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cstdint>
 #include <tuple>
 #include <vector>
 #include <utility>
 
+#include "meta/CudaGraphCapture.h"
 #include "meta/EfficientAttention.h"
 #include "meta/FlashAttention.h"
 #include "meta/OwnKernel.h"
@@ -279,8 +279,6 @@ Gradients flash_backward(const Tensor&, const Tensor& q, const Tensor& k, const 
   return {at::empty_like(q), at::empty_like(k), at::empty_like(v)};
 }
 
-std::atomic<bool> g_graph_capture{false};
-
 // The memory-efficient kernel writes (batch, seq, heads, head_dim) and pads
 // its log-sum-exp rows to 32. Its Philox seed and offset come first: on
 // the device without dropout, or with it while a CUDA graph is captured;
@@ -289,7 +287,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> efficient_forward(const Tensor& q, co
                                                              const std::optional<Tensor>&, bool compute_log_sumexp,
                                                              double dropout_p, bool, std::optional<double>) {
   const std::int64_t b = q.size(0), h = q.size(1), s_q = q.size(2);
-  const bool on_host = dropout_p > 0.0 && !g_graph_capture.load(std::memory_order_relaxed);
+  const bool on_host = dropout_p > 0.0 && !graph_capture_underway();
   const at::TensorOptions rng = on_host ? at::TensorOptions(at::kCPU).dtype(at::kLong) : q.options().dtype(at::kLong);
   Tensor seed = at::zeros({}, rng), offset = at::zeros({}, rng);
   Tensor out = at::empty({b, s_q, h, v.size(3)}, q.options()).transpose(1, 2);
@@ -333,8 +331,6 @@ Gradients cudnn_backward(const Tensor&, const Tensor& q, const Tensor& k, const 
 }  // namespace
 
 GpuTraits traced_gpu() { return g_traced_gpu; }
-
-void set_graph_capture(bool underway) { g_graph_capture.store(underway, std::memory_order_relaxed); }
 
 TracedGpuScope::TracedGpuScope(GpuTraits gpu) : previous_(g_traced_gpu) { g_traced_gpu = gpu; }
 

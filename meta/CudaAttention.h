@@ -35,12 +35,6 @@ class TracedGpuScope {
   GpuTraits previous_;
 };
 
-// Whether the trace is capturing a CUDA graph now (torch.cuda.graph, the
-// recording of torch.compile's CUDA graph trees): kernels that ask CUDA's
-// capture status take their capture path. The memory-efficient kernel
-// then keeps its Philox seed and offset on the device instead of the host.
-void set_graph_capture(bool underway);
-
 // Puts metamem's choice of SDPA backend in torch's CUDA slot and returns
 // what was there (libtorch_cuda's, or nothing where only libtorch's CPU
 // library is loaded). With it, SDPA on fake cuda tensors picks the kernel

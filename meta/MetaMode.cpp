@@ -22,6 +22,7 @@
 #include "meta/CudaAttention.h"
 #include "meta/CudaKernelPlans.h"
 #include "meta/CudaReduction.h"
+#include "meta/CudaGraphCapture.h"
 #include "meta/KnownValues.h"
 #include "meta/MetaKernels.h"
 #include "meta/MetaTensor.h"
@@ -84,7 +85,7 @@ void hold_no_memory(const at::Tensor& inner) {
 // storage that grew (resize_ of an out= argument) is reported as a new buffer.
 // An empty storage holds no buffer: allocators hand out nothing for zero
 // bytes (a released ZeRO-3 parameter keeps one).
-BufferId track_storage(c10::StorageImpl* impl) {
+BufferId track_storage(c10::StorageImpl* impl, bool on_default_stream = false) {
   if (impl == nullptr) return 0;
   auto* tag = static_cast<BufferTag*>(impl->data_ptr().get_context());
   if (tag != nullptr && tag->bytes == impl->nbytes()) return tag->id;
@@ -94,8 +95,13 @@ BufferId track_storage(c10::StorageImpl* impl) {
   }
 
   auto fresh = std::make_unique<BufferTag>(BufferTag{g_next_buffer.fetch_add(1), impl->nbytes()});
-  if (auto* observer = g_mode.observer.load(std::memory_order_acquire))
-    observer->on_alloc(fresh->id, fresh->bytes);  // may throw (a tracer told to stop)
+  if (auto* observer = g_mode.observer.load(std::memory_order_acquire)) {
+    // may throw (a tracer told to stop)
+    if (on_default_stream)
+      observer->on_alloc_on_default_stream(fresh->id, fresh->bytes);
+    else
+      observer->on_alloc(fresh->id, fresh->bytes);
+  }
   const BufferId id = fresh->id;
   // Swapping in the new DataPtr releases the old tag: alloc-then-free, as a
   // real reallocation does.
@@ -528,6 +534,8 @@ void meta_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   unwrap_arguments(schema, *stack, inputs);
   auto* observer = g_mode.observer.load(std::memory_order_acquire);
   KernelScratch scratch(op, original_args, observer);
+  const bool first_draw = first_draw_of_capture(op, original_args);
+  if (first_draw && draws_before_outputs(op)) make_draw_state();
   call_on_meta(op, *stack);
   if (&op.operator_name() == g_zero_tensor) hold_no_memory(stack->back().toTensor());
   const std::size_t n_returns = schema.returns().size();
@@ -536,6 +544,7 @@ void meta_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const std::size_t r = order != nullptr ? (*order)[i] : i;
     if (!scratch.places_output(r)) wrap_return(schema, *stack, original_args, r, outputs);
   }
+  if (first_draw && !draws_before_outputs(op)) make_draw_state();
   const c10::ArrayRef<c10::IValue> returns(stack->data() + stack->size() - n_returns, n_returns);
   // A kernel's cuBLAS call comes after its temporaries are made (a
   // convolution's columns) and before they are freed, unless its plan
@@ -908,6 +917,12 @@ void free_buffer_now(const c10::Storage& storage, std::int64_t address) {
   tag->claimed_address = address;
   if (auto* observer = g_mode.observer.load(std::memory_order_acquire)) observer->on_free(id);
   forget_values(id);
+}
+
+at::Tensor traced_empty_on_default_stream(at::IntArrayRef sizes, at::ScalarType dtype) {
+  at::Tensor inner = at::empty(sizes, at::TensorOptions(c10::kMeta).dtype(dtype));
+  track_storage(inner.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl(), /*on_default_stream=*/true);
+  return make_meta_tensor(std::move(inner), g_mode.device);
 }
 
 at::Tensor storage_at(std::int64_t address, std::size_t bytes) {

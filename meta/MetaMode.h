@@ -40,6 +40,10 @@ class MetaObserver {
  public:
   virtual ~MetaObserver() = default;
   virtual void on_alloc(BufferId id, std::size_t bytes) = 0;
+  // An allocation on the default stream, whatever stream is current (CUDA's
+  // generator makes a captured graph's seed and offset there, outside the
+  // capture's pool).
+  virtual void on_alloc_on_default_stream(BufferId id, std::size_t bytes) { on_alloc(id, bytes); }
   virtual void on_free(BufferId id) = 0;
   // A library call that needs the workspace its library makes at the first
   // call of a handle on a stream and keeps (cuBLAS's on a fake CUDA device):
@@ -195,6 +199,10 @@ std::optional<std::int64_t> claimed_address(const c10::Storage& storage);
 // Frees the storage's buffer now, as its deleter would, and leaves it
 // owning none at `address` (the block's): trees' _free_And_Remove_DeleterFn.
 void free_buffer_now(const c10::Storage& storage, std::int64_t address);
+// A MetaTensor on the trace's device whose buffer is allocated now on the
+// default stream, which no capture's routing takes (MetaObserver::
+// on_alloc_on_default_stream).
+at::Tensor traced_empty_on_default_stream(at::IntArrayRef sizes, at::ScalarType dtype);
 // A byte MetaTensor of `bytes` on the trace's device whose storage lies at
 // `address` and owns no buffer: trees' _construct_storage_from_data_pointer.
 at::Tensor storage_at(std::int64_t address, std::size_t bytes);

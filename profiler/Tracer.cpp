@@ -1,5 +1,6 @@
 #include "profiler/Tracer.h"
 
+#include <c10/util/ScopeExit.h>
 #include <ATen/SequenceNumber.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -104,6 +105,13 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
   void on_free(BufferId id) override {
     std::lock_guard<std::mutex> lock(mutex_);
     record_free(id);
+  }
+
+  void on_alloc_on_default_stream(BufferId id, std::size_t bytes) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const int stream = std::exchange(stream_, 0);
+    const auto restore = c10::make_scope_exit([&] { stream_ = stream; });
+    record_alloc(id, bytes);
   }
 
   void on_workspace(std::size_t bytes, std::thread::id handle_thread) override {

@@ -31,6 +31,7 @@
 #include "estimator/Units.h"
 #include "meta/CublasWorkspace.h"
 #include "meta/CudaAttention.h"
+#include "meta/CudaGraphCapture.h"
 #include "meta/KnownValues.h"
 #include "meta/MetaMode.h"
 #include "meta/MetaTensor.h"
@@ -685,8 +686,11 @@ PYBIND11_MODULE(_metamem, m) {
   m.def("resize_traced_storage", [](py::handle storage, std::size_t bytes) {
     metamem::resize_storage(THPStorage_Unpack(storage.ptr()), bytes);
   });
-  m.def("set_graph_capture", &metamem::set_graph_capture, py::arg("underway"),
-        "Whether the trace is capturing a CUDA graph now (kernels that ask CUDA's capture status).");
+  // A CUDA graph's capture (metamem._cuda._Captures): kernels that ask
+  // CUDA's capture status take their capture path.
+  m.def("begin_graph_capture", &metamem::begin_graph_capture);
+  m.def("end_graph_capture", &metamem::end_graph_capture,
+        "Ends a capture; returns what the graph keeps for its life (CUDA's generator's seed and offset).");
   // CUDA graph trees' storages (metamem._cuda_graph_trees).
   m.def("traced_storage_owns_buffer", [](py::handle storage) {
     return metamem::buffer_of(THPStorage_Unpack(storage.ptr())) != 0;

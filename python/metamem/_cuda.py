@@ -225,6 +225,7 @@ class _Captures:
 
             def __init__(self, keep_graph=False):
                 self._pool = None
+                self._kept = []
 
             def capture_begin(self, pool=None, capture_error_mode="global", check_input_liveness=False):
                 if captures.capturing is not None:
@@ -233,12 +234,13 @@ class _Captures:
                 stream = captures.current_stream()
                 captures.session.begin_pool(captures.number(self._pool), stream)
                 captures.capturing = stream
-                _metamem.set_graph_capture(True)
+                _metamem.begin_graph_capture()
 
             def capture_end(self):
                 captures.session.end_pool(captures.number(self._pool))
                 captures.capturing = None
-                _metamem.set_graph_capture(False)
+                # CUDA's generator keeps a seed and offset for the graph, where it drew.
+                self._kept = _metamem.end_graph_capture()
 
             def instantiate(self):
                 pass
@@ -247,7 +249,7 @@ class _Captures:
                 pass
 
             def reset(self):
-                pass  # its pool's release: the trace's pools are kept to its end (docs/compile.md)
+                self._kept = []  # its pool's release: the trace's pools are kept to its end (docs/compile.md)
 
             def pool(self):
                 return torch.cuda._POOL_HANDLE(self._pool)
@@ -420,7 +422,7 @@ class FakeCudaRuntime:
 
     def __exit__(self, *exc):
         self.kernels_for.__exit__(*exc)
-        _metamem.set_graph_capture(False)  # a capture the block left underway
+        _metamem.end_graph_capture()  # a capture the block left underway
         try:
             self.graph_trees.shut_down()
         finally:
