@@ -26,20 +26,14 @@ def install(set_, session, captures, refused):
     `refused(what)` is the error for what a trace cannot follow."""
     C = torch._C
 
-    def storage(cdata):
-        """The storage a tree names by its address in memory (its _cdata)."""
-        return torch.UntypedStorage._new_with_weak_ptr(cdata)
-
-    def traced(cdata):
-        return _metamem.is_traced_storage(storage(cdata))
-
     def for_traced(name, instead):
         """C.name, with `instead` where its first argument (a storage's
-        _cdata) is a traced storage."""
+        _cdata, as trees name storages) is a traced storage."""
         original = getattr(C, name)
 
         def chosen(cdata, *args):
-            return instead(storage(cdata), *args) if traced(cdata) else original(cdata, *args)
+            storage = torch.UntypedStorage._new_with_weak_ptr(cdata)
+            return instead(storage, *args) if _metamem.is_traced_storage(storage) else original(cdata, *args)
         set_(C, name, chosen)
 
     # The pool: a warm-up routes the thread's requests to it; the trace's
