@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from . import _compile_cuda, _cuda_graph_trees, _metamem
+from . import _cuda_graph_trees, _metamem
 
 _MISSING = object()
 
@@ -379,10 +379,13 @@ class FakeCudaRuntime:
             mem_pool = captures.mem_pool_class()
             set_(cuda, "MemPool", mem_pool)
             set_(torch.cuda.memory, "MemPool", mem_pool)
-            set_(torch.cuda.memory, "_cuda_beginAllocateCurrentThreadToPool", captures.begin_thread_routing)
-            set_(torch.cuda.memory, "_cuda_endAllocateToPool", captures.end_routing)
-            set_(torch.cuda.memory, "_cuda_releasePool", lambda device, handle: _check_device(device))
-            _cuda_graph_trees.install(set_, session, captures, _compile_cuda.cannot_follow)
+            # A pool's routing of the thread's requests: use_mem_pool's (torch.cuda.memory
+            # imported the names) and CUDA graph trees' warm-ups (through torch._C).
+            for module in (torch.cuda.memory, C):
+                set_(module, "_cuda_beginAllocateCurrentThreadToPool", captures.begin_thread_routing)
+                set_(module, "_cuda_endAllocateToPool", captures.end_routing)
+                set_(module, "_cuda_releasePool", lambda device, handle: _check_device(device))
+            _cuda_graph_trees.install(set_, session, captures)
             # The default generator, one for every index (torch.manual_seed seeds them;
             # checkpoint saves its state).
             set_(cuda, "default_generators", (Generator(),) * self.devices)

@@ -18,12 +18,13 @@ and the trace refuses it by name (docs/compile.md)."""
 import torch
 
 from . import _metamem
+from ._compile_cuda import cannot_follow
 
 
-def install(set_, session, captures, refused):
+def install(set_, session, captures):
     """Patches, with `set_` (metamem._cuda.Patches.set), for the trace of
     `session` whose CUDA graphs are `captures` (metamem._cuda._Captures).
-    `refused(what)` is the error for what a trace cannot follow."""
+    The pool's routing of a warm-up is metamem._cuda's, as use_mem_pool's."""
     C = torch._C
 
     def for_traced(name, instead):
@@ -36,11 +37,6 @@ def install(set_, session, captures, refused):
             return instead(storage, *args) if _metamem.is_traced_storage(storage) else original(cdata, *args)
         set_(C, name, chosen)
 
-    # The pool: a warm-up routes the thread's requests to it; the trace's
-    # pools are kept to its end, as after any capture.
-    set_(C, "_cuda_beginAllocateCurrentThreadToPool", captures.begin_thread_routing)
-    set_(C, "_cuda_endAllocateToPool", captures.end_routing)
-    set_(C, "_cuda_releasePool", lambda device, handle: None)
     # cuBLAS's workspaces are freed around each warm-up and recording, so
     # that the next product makes its own in the pool.
     set_(C, "_cuda_clearCublasWorkspaces", session.clear_cublas_workspaces)
@@ -82,7 +78,7 @@ def install(set_, session, captures, refused):
     # switches paths puts it back.
     set_(C, "_cuda_getCheckpointState", lambda device, pool: ("metamem: not kept", pool))
     for name in ("_cuda_setCheckpointPoolState", "_cuda_cudaCachingAllocator_raw_delete"):
-        set_(C, name, _refusing(refused, "a CUDA graph tree that switches paths"))
+        set_(C, name, _refusing("a CUDA graph tree that switches paths"))
     # Inductor's checks (triton.slow_path_cudagraph_asserts, on by default):
     # the pool's allocated blocks are the live outputs it knows of.
     set_(C, "_cuda_checkPoolLiveAllocations", lambda device, handle, expected: (
@@ -128,7 +124,7 @@ class TracedTrees:
             torch._C._set_cached_tensors_enabled(self.cached_tensors_before)
 
 
-def _refusing(refused, what):
+def _refusing(what):
     def refuse(*args, **kwargs):
-        raise refused(what)
+        raise cannot_follow(what)
     return refuse
