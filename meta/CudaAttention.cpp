@@ -73,14 +73,14 @@ bool dense_and_4d(const sdp::sdp_params& p) {
 bool can_use_flash(const sdp::sdp_params& p, GpuTraits gpu) {
   if (!sdp::check_runtime_disabled_flash(p, false) || !dense_and_4d(p) || !sdp::check_for_attn_mask(p, false))
     return false;
-  const std::int64_t d = p.query.size(3);
-  if (p.key.size(3) != d || p.value.size(3) != d || d > 256) return false;
+  const c10::SymInt d = p.query.sym_size(3);
+  if (p.key.sym_size(3) != d || p.value.sym_size(3) != d || d > 256) return false;
   if (!within(gpu, {8, 0}, {12, 1})) return false;
   // Backward fails on sm86-89 and sm120-121 for some head sizes.
   if (sdp::input_requires_grad(p) && (within(gpu, {8, 6}, {8, 9}) || within(gpu, {12, 0}, {12, 1})) &&
       !(d <= 192 || (p.dropout == 0.0 && d > 224)))
     return false;
-  if (p.is_causal && p.query.size(2) != p.key.size(2)) return false;
+  if (p.is_causal && p.query.sym_size(2) != p.key.sym_size(2)) return false;
   return low_precision_dtypes(p, gpu) &&
          sdp::check_batch_size_and_num_heads_dense<true, true, true>(p, false) &&
          sdp::check_last_dim_stride_equals_1_dense<true>(p, false);
@@ -90,11 +90,11 @@ bool can_use_mem_efficient(const sdp::sdp_params& p, GpuTraits gpu) {
   if (!sdp::check_runtime_disabled_mem_efficient(p, false) || !within(gpu, {5, 0}, {12, 1}) || !dense_and_4d(p))
     return false;
   const std::int64_t alignment = gemm_alignment(p, gpu);
-  const std::int64_t d = p.query.size(3), d_v = p.value.size(3);
-  if (p.key.size(3) != d || d % alignment != 0 || d_v % alignment != 0) return false;
+  const c10::SymInt d = p.query.sym_size(3), d_v = p.value.sym_size(3);
+  if (p.key.sym_size(3) != d || d % alignment != 0 || d_v % alignment != 0) return false;
   if (gpu.major >= 8)
     for (const at::Tensor* t : {&p.query, &p.key, &p.value})
-      if (t->numel() != 0 && t->storage_offset() % alignment != 0) return false;
+      if (t->sym_numel() != 0 && t->sym_storage_offset() % alignment != 0) return false;
   if (!sdp::check_last_dim_stride_equals_1_dense<false>(p, false) ||
       !sdp::check_batch_size_and_num_heads_dense<true, true, true>(p, false))
     return false;
@@ -111,9 +111,9 @@ bool cudnn_takes_d256(GpuTraits gpu) {
 
 bool cudnn_shapes(const sdp::sdp_params& p, GpuTraits gpu) {
   constexpr std::int64_t kMaxDim = 65535;
-  if (p.query.size(0) > kMaxDim || p.query.size(1) > kMaxDim) return false;
-  const std::int64_t s_q = p.query.size(2), s_k = p.key.size(2);
-  const std::int64_t d_qk = p.query.size(3), d_v = p.value.size(3);
+  if (p.query.sym_size(0) > kMaxDim || p.query.sym_size(1) > kMaxDim) return false;
+  const c10::SymInt s_q = p.query.sym_size(2), s_k = p.key.sym_size(2);
+  const c10::SymInt d_qk = p.query.sym_size(3), d_v = p.value.sym_size(3);
   std::int64_t limit = 128;
   if (cudnn_takes_d256(gpu))
     limit = 256;
