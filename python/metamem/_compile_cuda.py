@@ -21,7 +21,7 @@ for the traced GPU, and no kernel is built:
   kernels against their parts; a real run counts those tensors. Every
   benchmark times 1 ms, on the fake GPU as in the trace, so nothing is
   padded and the first choice is taken. No decision is written to
-  Inductor's caches.
+  Inductor's caches; pad_mm's are kept for the trace's later compiles.
 - Triton kernels (the wrapper's, and max-autotune's templates) are loaded
   from their source but not compiled to cubins: each configuration gets a
   launcher that launches nothing. A kernel with several configurations
@@ -242,8 +242,16 @@ def install(patches, cuda, owner):
     patches.set(proxy_tensor, "unset_fake_temporarily", lambda: _both(unset_fake(), _values_on_cpu(owner)))
     cuda.graph_trees.use(patches)
     patches.set(pad_mm, "_should_pad", _in_the_trace(pad_mm._should_pad, owner))
-    for name in ("set_cached_should_pad", "set_cached_base_mm_benchmark_time"):
-        patches.set(pad_mm, name, lambda *args: None)
+    # pad_mm's decisions are the trace's, kept for its later compiles as a
+    # real run keeps them in Inductor's cache and reads them back (an
+    # evaluation's graph does not benchmark its matmuls again), and not
+    # written there.
+    decided = {}
+    for get, set_ in (("get_cached_should_pad", "set_cached_should_pad"),
+                      ("get_cached_base_mm_benchmark_time", "set_cached_base_mm_benchmark_time")):
+        cached = getattr(pad_mm, get)
+        patches.set(pad_mm, get, lambda key, cached=cached: decided[key] if key in decided else cached(key))
+        patches.set(pad_mm, set_, decided.__setitem__)
     # A cached size would be the last GPU's.
     patches.set(benchmarker, "L2_cache_size", gpu["L2_cache_size"])
     # Every Triton kernel, the wrapper's and max-autotune's templates: each
