@@ -23,8 +23,10 @@ std::vector<AllocatorEvent> allocator_events(const Trace& trace) {
   // The trace's events as an observer sees them.
   struct Recorder final : AllocationObserver {
     std::vector<AllocatorEvent>& events;
+    std::unordered_set<std::uint32_t> restored;  // holders a pool restore gave blocks, whose allocations follow
     explicit Recorder(std::vector<AllocatorEvent>& to) : events(to) {}
     void on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t, int stream, int pool) override {
+      if (restored.erase(buffer) != 0) return;
       // A private pool's request: routed there for it alone.
       if (pool != 0) events.push_back({AllocatorEvent::Kind::PoolBegin, 0, 0, stream, pool});
       events.push_back({AllocatorEvent::Kind::Alloc, buffer, bytes, stream});
@@ -34,18 +36,27 @@ std::vector<AllocatorEvent> allocator_events(const Trace& trace) {
       events.push_back({AllocatorEvent::Kind::RecordStream, buffer, 0, stream});
     }
     void on_free(std::uint32_t buffer) noexcept override { events.push_back({AllocatorEvent::Kind::Free, buffer}); }
+    void on_allocator_call(const AllocatorCall& call) override {
+      AllocatorEvent& event = events.emplace_back();
+      switch (call.kind) {
+        case AllocatorCall::Kind::EmptyCache: event.kind = AllocatorEvent::Kind::EmptyCache; break;
+        case AllocatorCall::Kind::PoolCheckpoint:
+          event.kind = AllocatorEvent::Kind::PoolCheckpoint;
+          event.pool = call.pool;
+          break;
+        case AllocatorCall::Kind::PoolRestore:
+          event.kind = AllocatorEvent::Kind::PoolRestore;
+          event.id = call.checkpoint;
+          event.held_by = call.held_by;
+          event.buffers = call.buffers;
+          restored.insert(call.buffers.begin(), call.buffers.end());
+          break;
+      }
+    }
   } recorder(events);
-  auto empty_cache = trace.empty_caches.begin();
-  auto empty_caches_at = [&](std::size_t e) {
-    for (; empty_cache != trace.empty_caches.end() && *empty_cache == e; ++empty_cache)
-      events.push_back({AllocatorEvent::Kind::EmptyCache});
-  };
-  for (std::size_t e = 0; e < trace.events.size(); ++e) {
+  trace.replay(recorder, [&](std::size_t e) {
     if (e == measured) events.push_back({AllocatorEvent::Kind::ResetPeaks});
-    empty_caches_at(e);
-    trace.tell(trace.events[e], recorder);
-  }
-  empty_caches_at(trace.events.size());
+  });
   if (measured >= trace.events.size()) events.push_back({AllocatorEvent::Kind::ResetPeaks});
   return events;
 }
@@ -72,6 +83,12 @@ void write_allocator_events(std::ostream& out, const std::vector<AllocatorEvent>
         break;
       case AllocatorEvent::Kind::PoolEnd: out << "pool_end " << event.pool << "\n"; break;
       case AllocatorEvent::Kind::PoolRelease: out << "pool_release " << event.pool << "\n"; break;
+      case AllocatorEvent::Kind::PoolCheckpoint: out << "pool_checkpoint " << event.pool << "\n"; break;
+      case AllocatorEvent::Kind::PoolRestore:
+        out << "pool_restore " << event.id;
+        for (std::size_t i = 0; i < event.buffers.size(); ++i) out << " " << event.held_by[i] << ":" << event.buffers[i];
+        out << "\n";
+        break;
     }
   }
 }
@@ -82,6 +99,7 @@ std::vector<AllocatorEvent> read_allocator_events(std::istream& in, const std::s
   // Private pools: their uses, and those routed to now.
   std::unordered_map<int, int> pool_uses;
   std::unordered_set<int> routed;
+  std::uint32_t checkpoints = 0;
   std::string line;
   std::size_t number = 0;
   auto error = [&](const std::string& what) {
@@ -147,6 +165,33 @@ std::vector<AllocatorEvent> read_allocator_events(std::istream& in, const std::s
         if (routed.contains(event.pool)) throw error("requests are routed to " + pool + ": end that first");
         --uses->second;
       }
+    } else if (kind == "pool_checkpoint") {
+      event.kind = AllocatorEvent::Kind::PoolCheckpoint;
+      if (!(fields >> event.pool) || event.pool < 1) throw error("'pool_checkpoint' needs a pool number (1, 2, ...)");
+      const auto uses = pool_uses.find(event.pool);
+      if (uses == pool_uses.end() || uses->second == 0)
+        throw error("pool " + std::to_string(event.pool) + " has no use: c10 checkpoints only a pool in use");
+      ++checkpoints;
+    } else if (kind == "pool_restore") {
+      event.kind = AllocatorEvent::Kind::PoolRestore;
+      if (!(fields >> event.id) || event.id >= checkpoints)
+        throw error("'pool_restore' needs the number of a checkpoint taken before");
+      // Allocations the restore frees without giving their blocks back
+      // are not known here: a later free of one frees nothing.
+      for (std::string pair; fields >> pair;) {
+        const std::size_t colon = pair.find(':');
+        std::size_t held_end = 0, id_end = 0;
+        try {
+          if (colon == std::string::npos) throw std::invalid_argument(pair);
+          event.held_by.push_back(static_cast<std::uint32_t>(std::stoul(pair.substr(0, colon), &held_end)));
+          event.buffers.push_back(static_cast<std::uint32_t>(std::stoul(pair.substr(colon + 1), &id_end)));
+        } catch (const std::logic_error&) {
+          throw error("'pool_restore' takes pairs HELD:ID, got '" + pair + "'");
+        }
+        if (held_end != colon || id_end != pair.size() - colon - 1)
+          throw error("'pool_restore' takes pairs HELD:ID, got '" + pair + "'");
+        live.insert(event.buffers.back());
+      }
     } else {
       throw error("unknown event '" + kind + "'");
     }
@@ -171,6 +216,18 @@ void apply(CachingAllocatorSim& sim, const AllocatorEvent& event) {
       break;
     case AllocatorEvent::Kind::PoolEnd: sim.end_allocate_to_pool(event.pool); break;
     case AllocatorEvent::Kind::PoolRelease: sim.release_pool(event.pool); break;
+    case AllocatorEvent::Kind::PoolCheckpoint:
+    case AllocatorEvent::Kind::PoolRestore: {
+      AllocatorCall call;
+      call.kind = event.kind == AllocatorEvent::Kind::PoolCheckpoint ? AllocatorCall::Kind::PoolCheckpoint
+                                                                      : AllocatorCall::Kind::PoolRestore;
+      call.pool = event.pool;
+      call.checkpoint = event.id;
+      call.held_by = event.held_by;
+      call.buffers = event.buffers;
+      sim.on_allocator_call(call);
+      break;
+    }
   }
 }
 

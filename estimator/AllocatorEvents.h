@@ -17,6 +17,16 @@
 //                             destroyed; not while routed to); with none
 //                             left, empty_cache frees its cached segments,
 //                             and POOL is not used again
+//   pool_checkpoint POOL      a CUDA graph tree keeps the pool's layout
+//                             (c10's getCheckpointState); checkpoints are
+//                             numbered 0, 1, ... in order
+//   pool_restore N HELD:ID ...
+//                             the tree returns the pool to checkpoint N
+//                             (c10's setCheckpointPoolState): every block
+//                             the pool holds is freed, and the block the
+//                             allocation named HELD held at the checkpoint
+//                             is held by the one named ID, one pair for
+//                             each block it had allocated
 #pragma once
 
 #include <cstdint>
@@ -31,17 +41,20 @@ namespace metamem {
 class CachingAllocatorSim;
 
 struct AllocatorEvent {
-  enum class Kind : std::uint8_t { Alloc, Free, RecordStream, ResetPeaks, EmptyCache, PoolBegin, PoolEnd, PoolRelease };
+  enum class Kind : std::uint8_t {
+    Alloc, Free, RecordStream, ResetPeaks, EmptyCache, PoolBegin, PoolEnd, PoolRelease, PoolCheckpoint, PoolRestore
+  };
   static constexpr int kEveryStream = -1;  // PoolBegin without a stream
   Kind kind = Kind::Alloc;
-  std::uint32_t id = 0;    // Alloc, Free, RecordStream
+  std::uint32_t id = 0;    // Alloc, Free, RecordStream; PoolRestore: the checkpoint
   std::int64_t bytes = 0;  // Alloc
   int stream = 0;          // Alloc, RecordStream, PoolBegin
-  int pool = 0;            // PoolBegin, PoolEnd, PoolRelease
+  int pool = 0;            // PoolBegin, PoolEnd, PoolRelease, PoolCheckpoint
+  std::vector<std::uint32_t> held_by{}, buffers{};  // PoolRestore, as AllocatorCall's
 };
 
 
-// The trace's allocations and frees in order, with its empty_cache calls
+// The trace's allocations and frees in order, with its allocator calls
 // and a reset of the peaks where its last (measured) step begins: the
 // peaks at the end are that step's, as the estimate reports them.
 std::vector<AllocatorEvent> allocator_events(const Trace& trace);

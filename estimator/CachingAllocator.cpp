@@ -383,7 +383,7 @@ void CachingAllocatorSim::malloc(std::uint32_t id, std::int64_t bytes, int strea
 }
 
 void CachingAllocatorSim::malloc_in_pool(std::uint32_t id, std::int64_t bytes, int stream, int pool) {
-  if (bytes <= 0) return;
+  if (bytes <= 0 || address_of(id) != kUnallocated) return;  // nothing, or a block a pool restore gave it
   if (pool != 0 && !pool_uses_.contains(pool)) pool_uses_[pool] = 1;
   process_events();
   const std::int64_t rounded = round_size(bytes);
@@ -409,16 +409,21 @@ void CachingAllocatorSim::malloc_in_pool(std::uint32_t id, std::int64_t bytes, i
     }
   }
   const std::int64_t address = *found;
-  Block& block = blocks_[address];
+  take_block(address, rounded, bytes, should_split(blocks_.at(address), rounded));
+  bind(id, address);
+}
+
+void CachingAllocatorSim::take_block(std::int64_t address, std::int64_t rounded, std::int64_t requested, bool split) {
+  Block& block = blocks_.at(address);
+  const bool small_pool = block.small_pool;
   const bool already_split = is_split(block);
   const std::int64_t remaining = block.size - rounded;
   // Splitting leaves a free remainder; otherwise the whole block is handed
   // out and counts as allocated.
-  const bool split = should_split(block, rounded);
   if (split) {
     block.size = rounded;
-    Block& rest = blocks_[address + rounded] = {.segment = block.segment, .size = remaining, .pool = pool,
-                                                .allocated = false, .small_pool = small_pool, .stream = stream};
+    Block& rest = blocks_[address + rounded] = {.segment = block.segment, .size = remaining, .pool = block.pool,
+                                                .allocated = false, .small_pool = small_pool, .stream = block.stream};
     insert_free(address + rounded, rest);
   }
   // A free block of a split segment is an inactive split block (c10's
@@ -436,24 +441,31 @@ void CachingAllocatorSim::malloc_in_pool(std::uint32_t id, std::int64_t bytes, i
     }
   }
   block.allocated = true;
-  block.requested = bytes;
+  block.requested = requested;
   add(stats_.allocation, small_pool, 1);
   add(stats_.allocated_bytes, small_pool, block.size);
   add(stats_.active, small_pool, 1);
   add(stats_.active_bytes, small_pool, block.size);
-  add(stats_.requested_bytes, small_pool, bytes);
+  add(stats_.requested_bytes, small_pool, requested);
   if (block.size >= config_.max_split_size) stats_.oversize_allocations.increase(1);
+  notify("alloc", address, block.size);
+}
+
+void CachingAllocatorSim::bind(std::uint32_t id, std::int64_t address) {
   if (id >= address_of_.size())
     address_of_.resize(std::max<std::size_t>(id + 1, 2 * address_of_.size()), kUnallocated);
   address_of_[id] = address;
-  notify("alloc", address, block.size);
 }
 
 void CachingAllocatorSim::free(std::uint32_t id) {
   if (id >= address_of_.size() || address_of_[id] == kUnallocated) return;
   const std::int64_t address = address_of_[id];
   address_of_[id] = kUnallocated;
-  auto it = blocks_.find(address);
+  free_allocation(blocks_.find(address));
+}
+
+void CachingAllocatorSim::free_allocation(Blocks::iterator it) {
+  const std::int64_t address = it->first;
   Block& block = it->second;
   const bool small_pool = block.small_pool;
   const std::int64_t size = block.size;
@@ -577,6 +589,98 @@ void CachingAllocatorSim::begin_allocate_to_pool(int pool, std::optional<int> st
   ++pool_uses_[pool];
 }
 
+void CachingAllocatorSim::on_allocator_call(const AllocatorCall& call) {
+  switch (call.kind) {
+    case AllocatorCall::Kind::EmptyCache: empty_cache(); break;
+    case AllocatorCall::Kind::PoolCheckpoint: checkpoints_.push_back(checkpoint_pool(call.pool)); break;
+    case AllocatorCall::Kind::PoolRestore:
+      restore_pool(checkpoints_.at(call.checkpoint), call.held_by, call.buffers);
+      break;
+  }
+}
+
+std::vector<CachingAllocatorSim::PoolBlock> CachingAllocatorSim::PoolCheckpoint::allocated_blocks() const {
+  std::vector<PoolBlock> allocated;
+  for (const auto& segment : segments)
+    for (const PoolBlock& block : segment)
+      if (block.allocated) allocated.push_back(block);
+  return allocated;
+}
+
+CachingAllocatorSim::PoolCheckpoint CachingAllocatorSim::checkpoint_pool(int pool) const {
+  PoolCheckpoint checkpoint{pool, {}};
+  const std::map<std::int64_t, std::uint32_t> held = allocations_in_pool(pool);
+  auto add_segment = [&](std::int64_t base) {
+    auto& blocks = checkpoint.segments.emplace_back();
+    const auto end = blocks_.lower_bound(base + segments_.at(base).size);
+    for (auto it = blocks_.find(base); it != end; ++it) {
+      const Block& block = it->second;
+      if (block.awaiting_streams)
+        throw std::invalid_argument("cannot checkpoint private pool " + std::to_string(pool) +
+                                    ": a block freed while other streams use it has not gone back yet");
+      blocks.push_back(
+          {it->first, block.size, block.allocated, block.stream, block.allocated ? held.at(it->first) : 0});
+    }
+  };
+  for (const auto& [base, segment] : segments_)
+    if (segment.pool == pool && blocks_.at(base).allocated) add_segment(base);
+  // The order c10 cannot tell: the one whose restore peaks highest, the
+  // segment with the most free bytes last.
+  auto free_bytes = [](const std::vector<PoolBlock>& segment) {
+    std::int64_t bytes = 0;
+    for (const PoolBlock& block : segment) bytes += block.allocated ? 0 : block.size;
+    return bytes;
+  };
+  std::stable_sort(checkpoint.segments.begin(), checkpoint.segments.end(),
+                   [&](const auto& a, const auto& b) { return free_bytes(a) < free_bytes(b); });
+  for (const FreeBlocks* free : {&free_small_, &free_large_})
+    for (const FreeBlock& block : *free)
+      if (block.pool == pool && segments_.contains(block.address)) add_segment(block.address);
+  return checkpoint;
+}
+
+std::map<std::int64_t, std::uint32_t> CachingAllocatorSim::allocations_in_pool(int pool) const {
+  std::map<std::int64_t, std::uint32_t> held;
+  for (std::uint32_t id = 0; id < address_of_.size(); ++id)
+    if (address_of_[id] != kUnallocated && blocks_.at(address_of_[id]).pool == pool) held[address_of_[id]] = id;
+  return held;
+}
+
+void CachingAllocatorSim::restore_pool(const PoolCheckpoint& checkpoint, const std::vector<std::uint32_t>& held_by,
+                                       const std::vector<std::uint32_t>& buffers) {
+  const int pool = checkpoint.pool;
+  auto refuse = [&](const std::string& why) {
+    throw std::invalid_argument("cannot return private pool " + std::to_string(pool) + " to its checkpoint: " + why +
+                                " (a trace replays only under the allocator settings it was traced with)");
+  };
+  if (config_.expandable_segments) refuse("expandable segments are not simulated there");
+  std::map<std::uint32_t, std::uint32_t> holder;  // by the buffer that held the block at the checkpoint
+  for (std::size_t i = 0; i < held_by.size() && i < buffers.size(); ++i) holder[held_by[i]] = buffers[i];
+  for (const PoolBlock& block : checkpoint.allocated_blocks())
+    if (!holder.contains(block.buffer))
+      refuse("no buffer holds the block of buffer " + std::to_string(block.buffer) + " again");
+  for (const auto& [address, id] : allocations_in_pool(pool)) {
+    address_of_[id] = kUnallocated;
+    free_allocation(blocks_.find(address));
+  }
+  for (const auto& segment : checkpoint.segments) {
+    for (const PoolBlock& state : segment) {
+      const auto it = blocks_.find(state.address);
+      if (it == blocks_.end() || it->second.allocated || it->second.pool != pool || it->second.size < state.size)
+        refuse("it holds no free block of " + std::to_string(state.size) + " bytes at " +
+               std::to_string(state.address));
+      erase_free(it->first, it->second);
+      take_block(state.address, state.size, state.size, it->second.size > state.size);
+    }
+    for (const PoolBlock& state : segment) {
+      if (state.allocated)
+        bind(holder.at(state.buffer), state.address);
+      else
+        free_allocation(blocks_.find(state.address));
+    }
+  }
+}
+
 void CachingAllocatorSim::end_allocate_to_pool(int pool) { routes_.end(pool); }
 
 void CachingAllocatorSim::release_pool(int pool) {
@@ -587,20 +691,6 @@ void CachingAllocatorSim::release_pool(int pool) {
   if (routes_.routes(pool))
     throw std::invalid_argument("requests are routed to pool " + std::to_string(pool) + ": end that first");
   if (--uses->second == 0) released_pools_.insert(pool);
-}
-
-void replay_trace(const Trace& trace, CachingAllocatorSim& sim,
-                  const std::function<void(std::size_t)>& before) {
-  auto empty_cache = trace.empty_caches.begin();
-  auto empty_caches_at = [&](std::size_t e) {
-    for (; empty_cache != trace.empty_caches.end() && *empty_cache == e; ++empty_cache) sim.empty_cache();
-  };
-  for (std::size_t e = 0; e < trace.events.size(); ++e) {
-    if (before) before(e);
-    empty_caches_at(e);
-    trace.tell(trace.events[e], sim);
-  }
-  empty_caches_at(trace.events.size());
 }
 
 }  // namespace metamem

@@ -170,11 +170,55 @@ class CachingAllocatorSim final : public AllocationObserver {
   // routed to.
   void release_pool(int pool);
 
+  // CUDA graph trees return a private pool to the layout it had after an
+  // earlier recording, to record another path of the tree from there.
+  // A block of a checkpoint: its address, size, whether it was allocated
+  // (and to which buffer), and its stream.
+  struct PoolBlock {
+    std::int64_t address, size;
+    bool allocated;
+    int stream;
+    std::uint32_t buffer = 0;
+  };
+  // c10's PrivatePoolState: the pool's segments, each as its blocks in
+  // address order. c10 lists first the segments whose first block is
+  // allocated, in the order of a hash set of its Block objects' host
+  // addresses, which no simulation can know and which sets how high
+  // allocated_bytes peaks while a restore lays them out: here in the order
+  // that peaks highest (fewest free bytes first), so that the simulated
+  // peak bounds the real one. Then those whose first block is free, small
+  // pool first, as its free lists order them.
+  struct PoolCheckpoint {
+    int pool = 0;
+    std::vector<std::vector<PoolBlock>> segments;
+    // The blocks it has allocated, in its order.
+    std::vector<PoolBlock> allocated_blocks() const;
+  };
+  // c10's getCheckpointState. Throws std::invalid_argument for a block
+  // freed while other streams use it (c10: "Events should have
+  // synchronized when checkpointing block").
+  PoolCheckpoint checkpoint_pool(int pool) const;
+  // c10's setCheckpointPoolState: every block the pool holds is freed, then
+  // each checkpointed segment is laid out again, all its blocks allocated
+  // (allocated_bytes peaks there) and those free in the checkpoint freed.
+  // The block buffer held_by[i] held at the checkpoint is then held by
+  // buffers[i], and a malloc of it does not allocate again. Throws
+  // std::invalid_argument where the pool does not hold the checkpoint's
+  // segments (an allocator of other settings than the trace's) or a block
+  // has no new holder.
+  void restore_pool(const PoolCheckpoint& checkpoint, const std::vector<std::uint32_t>& held_by,
+                    const std::vector<std::uint32_t>& buffers);
+  // The buffers pool `pool` holds now, by address.
+  std::map<std::int64_t, std::uint32_t> allocations_in_pool(int pool) const;
+  // Checkpoints as a trace numbers them (AllocatorCall::PoolCheckpoint).
+  const PoolCheckpoint& checkpoint(std::uint32_t number) const { return checkpoints_.at(number); }
+
   void on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t, int stream, int pool) override {
     malloc_in_pool(buffer, bytes, stream, pool);
   }
   void on_record_stream(std::uint32_t buffer, int stream) override { record_stream(buffer, stream); }
   void on_free(std::uint32_t buffer) noexcept override { free(buffer); }
+  void on_allocator_call(const AllocatorCall& call) override;
 
   const AllocatorStats& stats() const { return stats_; }
   // The address of buffer `id`'s block, or kUnallocated where it holds none.
@@ -290,6 +334,14 @@ class CachingAllocatorSim final : public AllocationObserver {
   void release_blocks(int pool);
   void garbage_collect_cached_blocks();
   void release_block(std::int64_t address);
+  // c10's alloc_found_block: free block `address` (out of the free lists)
+  // handed out for `rounded` bytes, `requested` asked for; `split` leaves
+  // the rest a free block.
+  void take_block(std::int64_t address, std::int64_t rounded, std::int64_t requested, bool split);
+  // c10's free(Block*): an allocated block is freed, once the other
+  // streams that used it are done.
+  void free_allocation(Blocks::iterator it);
+  void bind(std::uint32_t id, std::int64_t address);
   // c10's free_block: a block no stream uses any more goes back to its
   // pool, merged with its free neighbours.
   void free_block(Blocks::iterator it);
@@ -313,6 +365,7 @@ class CachingAllocatorSim final : public AllocationObserver {
   std::vector<std::int64_t> awaiting_streams_;  // freed blocks that other streams used
   std::array<std::int64_t, 2> get_free_block_calls_{};  // per pool (large, small): the blocks' gc clock
   std::vector<std::int64_t> address_of_;  // by id; kUnallocated where it holds no block
+  std::vector<PoolCheckpoint> checkpoints_;  // as the trace numbers them
   AllocatorConfig config_;
   std::int64_t device_memory_;
   std::optional<std::int64_t> allowed_maximum_;  // per_process_memory_fraction of device_memory_
@@ -338,17 +391,12 @@ class ReservedBytesLimit final : public AllocationObserver {
   }
   void on_record_stream(std::uint32_t buffer, int stream) override { sim_.record_stream(buffer, stream); }
   void on_free(std::uint32_t buffer) noexcept override { sim_.free(buffer); }
+  void on_allocator_call(const AllocatorCall& call) override { sim_.on_allocator_call(call); }
   // The most the trace's allocator reserved (its measured step's peak too).
   std::int64_t reserved_bytes() const { return sim_.peak_reserved_bytes(); }
 
  private:
   CachingAllocatorSim sim_;
 };
-
-// Feeds the trace's allocs and frees to `sim` in order, and empties its
-// cache where the traced code called torch.cuda.empty_cache(); `before`
-// sees each event's index first (ops included).
-void replay_trace(const Trace& trace, CachingAllocatorSim& sim,
-                  const std::function<void(std::size_t event)>& before = {});
 
 }  // namespace metamem

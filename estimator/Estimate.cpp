@@ -27,7 +27,7 @@ AllocatorPeaks simulate_allocator(const Trace& trace, const AllocatorSetup& allo
   CachingAllocatorSim sim(allocator);
   const std::size_t begin = trace.measured().begin, end = trace.events.size();
   if (reserved_after) reserved_after->assign(end, 0);
-  replay_trace(trace, sim, [&](std::size_t e) {  // before event e
+  trace.replay(sim, [&](std::size_t e) {  // before event e
     if (e == begin) sim.reset_peaks();
     if (reserved_after && e > 0) (*reserved_after)[e - 1] = sim.reserved_bytes();
   });

@@ -37,7 +37,7 @@ std::string memory_snapshot_pickle(const Trace& trace, const AllocatorSetup& all
   std::int64_t now = 0;
   std::int32_t op = -1;
   sim.set_listener([&](const CachingAllocatorSim::Action& a) { entries.push_back({a, now, op}); });
-  replay_trace(trace, sim, [&](std::size_t e) {
+  trace.replay(sim, [&](std::size_t e) {
     now = static_cast<std::int64_t>(e);
     const Event& event = trace.events[e];
     op = event.kind == EventKind::Op ? -1 : trace.buffers[event.index].producer_op;

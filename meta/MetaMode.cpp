@@ -39,6 +39,9 @@ struct BufferTag {
   // storages over a graph's pool, and those whose buffer they freed); -1
   // for none.
   std::int64_t claimed_address = -1;
+  // What reading its address raises, once CUDA graph trees freed the block
+  // under it (torch's data_ptr access error); none where null.
+  std::shared_ptr<const std::string> access_error{};
 };
 
 struct ModeState {
@@ -917,6 +920,23 @@ void free_buffer_now(const c10::Storage& storage, std::int64_t address) {
   tag->claimed_address = address;
   if (auto* observer = g_mode.observer.load(std::memory_order_acquire)) observer->on_free(id);
   forget_values(id);
+}
+
+void set_access_error(const c10::Storage& storage, std::string message) {
+  if (BufferTag* tag = tag_of(storage)) tag->access_error = std::make_shared<const std::string>(std::move(message));
+}
+
+std::optional<std::string> access_error(const c10::Storage& storage) {
+  const BufferTag* tag = tag_of(storage);
+  if (tag == nullptr || tag->access_error == nullptr) return std::nullopt;
+  return *tag->access_error;
+}
+
+void hold_buffer(const c10::Storage& storage, BufferId id) {
+  BufferTag* tag = tag_of(storage);
+  TORCH_CHECK(tag != nullptr && tag->id == 0, "metamem: a storage that owns a buffer cannot hold another");
+  tag->id = id;
+  tag->claimed_address = -1;
 }
 
 at::Tensor traced_empty_on_default_stream(at::IntArrayRef sizes, at::ScalarType dtype) {

@@ -199,6 +199,14 @@ std::optional<std::int64_t> claimed_address(const c10::Storage& storage);
 // Frees the storage's buffer now, as its deleter would, and leaves it
 // owning none at `address` (the block's): trees' _free_And_Remove_DeleterFn.
 void free_buffer_now(const c10::Storage& storage, std::int64_t address);
+// What reading the storage's address raises (torch's data_ptr access
+// error: trees' _set_storage_data_ptr_access_error_msg), if anything.
+void set_access_error(const c10::Storage& storage, std::string message);
+std::optional<std::string> access_error(const c10::Storage& storage);
+// A storage that owns no buffer comes to own buffer `id`, which the tracer
+// recorded for it (a block a pool's restore gives back: trees'
+// _cuda_setCheckpointPoolState). Throws for a storage that owns one.
+void hold_buffer(const c10::Storage& storage, BufferId id);
 // A MetaTensor on the trace's device whose buffer is allocated now on the
 // default stream, which no capture's routing takes (MetaObserver::
 // on_alloc_on_default_stream).

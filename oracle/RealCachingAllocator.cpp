@@ -92,6 +92,33 @@ void RealCachingAllocator::apply(const AllocatorEvent& event) {
       c10_allocator::releasePool(0, pool_id(event.pool));
       --pool_uses_[event.pool];
       break;
+    case AllocatorEvent::Kind::PoolCheckpoint: {
+      Checkpoint& checkpoint = checkpoints_.emplace_back();
+      checkpoint.state = c10_allocator::getCheckpointState(0, pool_id(event.pool));
+      for (std::uint32_t id = 0; id < allocations_.size(); ++id)
+        if (allocations_[id]) checkpoint.held_by[allocations_[id].get()] = id;
+      break;
+    }
+    case AllocatorEvent::Kind::PoolRestore: {
+      const Checkpoint& checkpoint = checkpoints_.at(event.id);
+      c10_allocator::CheckpointDelta delta = c10_allocator::setCheckpointPoolState(0, checkpoint.state);
+      // c10 freed these blocks: their allocations no longer own them (as
+      // torch's binding takes the deleters off stale storages).
+      for (void* freed : delta.ptrs_freed)
+        for (c10::DataPtr& allocation : allocations_)
+          if (allocation && allocation.get() == freed) {
+            allocation.release_context();
+            allocation = c10::DataPtr();
+          }
+      std::map<std::uint32_t, std::uint32_t> holder;
+      for (std::size_t i = 0; i < event.buffers.size(); ++i) holder[event.held_by[i]] = event.buffers[i];
+      for (c10::DataPtr& block : delta.dataptrs_allocd) {
+        const std::uint32_t id = holder.at(checkpoint.held_by.at(block.get()));
+        if (id >= allocations_.size()) allocations_.resize(std::max<std::size_t>(id + 1, 2 * allocations_.size()));
+        allocations_[id] = std::move(block);
+      }
+      break;
+    }
   }
 }
 
@@ -124,6 +151,7 @@ void RealCachingAllocator::reset() {
     for (; uses > 0; --uses) c10_allocator::releasePool(0, pool_id(pool));
   routed_.clear();
   pool_uses_.clear();
+  checkpoints_.clear();
   pool_generation_ += 1 << 20;
   for (c10::DataPtr& allocation : allocations_) allocation.clear();
   c10_allocator::emptyCache();

@@ -5,10 +5,12 @@
 #pragma once
 
 #include <c10/core/Allocator.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -51,6 +53,13 @@ class RealCachingAllocator {
   // left, ended and released by reset().
   std::vector<int> routed_;
   std::map<int, int> pool_uses_;
+  // Pools' checkpoints by number, each with the allocation that held each
+  // block then, by address.
+  struct Checkpoint {
+    std::shared_ptr<c10::cuda::CUDACachingAllocator::AllocatorState> state;
+    std::map<const void*, std::uint32_t> held_by;
+  };
+  std::vector<Checkpoint> checkpoints_;
   c10::CaptureId_t pool_generation_ = 0;
 };
 

@@ -2,9 +2,11 @@
 // that stop a trace whose step cannot fit.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace metamem {
 
@@ -13,6 +15,29 @@ namespace metamem {
 class MemoryExceeded : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+// What the traced code asked of the CUDA caching allocator itself, besides
+// allocations and frees, before event `event` of its trace.
+struct AllocatorCall {
+  enum class Kind : std::uint8_t {
+    EmptyCache,      // torch.cuda.empty_cache(): cached segments go back to the GPU
+    // A CUDA graph tree keeps private pool `pool`'s layout after a recording
+    // (c10's getCheckpointState). Checkpoints are numbered from 0 in order:
+    // each allocator that replays the trace keeps its own.
+    PoolCheckpoint,
+    // The tree returns that pool to checkpoint `checkpoint` (c10's
+    // setCheckpointPoolState): every block it holds is freed, and the block
+    // buffer held_by[i] held at the checkpoint is held by buffers[i] from
+    // here on. A buffer among them that the trace allocates after this call
+    // holds its block from here, without allocating.
+    PoolRestore,
+  };
+  Kind kind = Kind::EmptyCache;
+  std::size_t event = 0;  // the first event after it (the trace's length: after the last)
+  int pool = 0;
+  std::uint32_t checkpoint = 0;
+  std::vector<std::uint32_t> held_by, buffers;
 };
 
 // Sees every allocation and free a tracer records, in order, by the
@@ -29,6 +54,7 @@ class AllocationObserver {
   virtual void on_free(std::uint32_t buffer) noexcept = 0;
   // Tensor.record_stream(): the buffer is used on `stream` too.
   virtual void on_record_stream(std::uint32_t buffer, int stream) {}
+  virtual void on_allocator_call(const AllocatorCall& call) {}
 };
 
 // Throws MemoryExceeded once the live bytes pass `limit`.

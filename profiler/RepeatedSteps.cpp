@@ -44,6 +44,8 @@ MadeOnce made_once(const Trace& trace) {
     once.ops[static_cast<std::size_t>(trace.buffers[i].producer_op)] = true;
   }
   for (const Region& r : trace.regions) once.repeatable &= r.begin >= begin || r.end <= begin;
+  // A CUDA graph tree's checkpoints are of its own steps, not a repeatable one.
+  for (const AllocatorCall& call : trace.allocator_calls) once.repeatable &= call.kind == AllocatorCall::Kind::EmptyCache;
   return once;
 }
 
@@ -116,7 +118,11 @@ void append_step(const Trace& first, const MadeOnce& once, std::int64_t node_shi
   copy_marks(first.forward_begins, trace.forward_begins);
   copy_marks(first.backward_begins, trace.backward_begins);
   copy_marks(first.backward_ends, trace.backward_ends);
-  copy_marks(first.empty_caches, trace.empty_caches);
+  for (AllocatorCall call : first.allocator_calls) {
+    if (call.event < begin) continue;
+    call.event = moved(call.event);
+    trace.allocator_calls.push_back(call);
+  }
 }
 
 }  // namespace

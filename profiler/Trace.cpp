@@ -85,6 +85,19 @@ void Trace::tell(const Event& event, AllocationObserver& observer) const {
   }
 }
 
+void Trace::replay(AllocationObserver& observer, const std::function<void(std::size_t)>& before) const {
+  auto call = allocator_calls.begin();
+  auto calls_before = [&](std::size_t e) {
+    for (; call != allocator_calls.end() && call->event == e; ++call) observer.on_allocator_call(*call);
+  };
+  for (std::size_t e = 0; e < events.size(); ++e) {
+    if (before) before(e);
+    calls_before(e);
+    tell(events[e], observer);
+  }
+  calls_before(events.size());
+}
+
 void Trace::recount_live_bytes() {
   std::int64_t live = 0;
   std::size_t opened = 0;  // steps begun so far

@@ -4,6 +4,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -151,10 +152,8 @@ struct Trace {
   std::vector<std::size_t> backward_ends;    // first event after each backward pass
   std::vector<Region> regions;              // in the order they began
   std::vector<RefusedAllocation> refused;   // out-of-memory errors the code caught
-  // torch.cuda.empty_cache() calls, each as the index of the event after
-  // it (events.size(): after the last), in order: the caching allocator's
-  // cached segments go back to the GPU there.
-  std::vector<std::size_t> empty_caches;
+  // What the code asked of the caching allocator itself, in order.
+  std::vector<AllocatorCall> allocator_calls;
   std::int64_t parameter_bytes = 0;  // the model's parameters
   std::int64_t parameter_count = 0;
 
@@ -173,6 +172,9 @@ struct Trace {
   // Tells `observer` what the event did to memory, as the tracer told it:
   // an allocation on its stream; a free, after the streams it was used on.
   void tell(const Event& event, AllocationObserver& observer) const;
+  // Tells `observer` every event in order, and the allocator calls between
+  // them; `before` sees each event's index first (ops included).
+  void replay(AllocationObserver& observer, const std::function<void(std::size_t event)>& before = {}) const;
 };
 
 }  // namespace metamem

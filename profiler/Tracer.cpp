@@ -57,6 +57,8 @@ namespace detail {
 // allocator, leaving out those made inside meta calls (see in_meta_call).
 class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
  public:
+  using RestoredBlock = Tracer::RestoredBlock;
+
   explicit TraceRecorder(c10::Device device) : listens_(device.is_cpu()) {
     trace_.scopes.push_back("");
     scope_stack_.push_back(0);
@@ -123,7 +125,8 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
     trace_.buffers.back().category = Category::Workspace;
   }
 
-  void record_alloc(BufferId id, std::size_t bytes) {
+  // `pool`: the private pool that serves it, where it is not the routing's.
+  void record_alloc(BufferId id, std::size_t bytes, std::optional<int> pool = std::nullopt) {
     if (trace_.buffers.empty()) first_id_ = id;
     Buffer buffer;
     buffer.bytes = static_cast<std::int64_t>(bytes);
@@ -131,7 +134,7 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
     buffer.category = phase_ == Phase::Setup ? Category::Input : Category::Temporary;
     buffer.alloc_event = trace_.events.size();
     buffer.stream = static_cast<std::uint8_t>(stream_);
-    buffer.pool = static_cast<std::uint16_t>(routes_.pool_for(stream_, std::this_thread::get_id()));
+    buffer.pool = static_cast<std::uint16_t>(pool.value_or(routes_.pool_for(stream_, std::this_thread::get_id())));
     trace_.buffers.push_back(buffer);
     const auto index = static_cast<std::uint32_t>(trace_.buffers.size() - 1);
     // No device holds 2^63 bytes: such a request fails as an allocation
@@ -174,7 +177,59 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
 
   void empty_cache() {
     std::lock_guard<std::mutex> lock(mutex_);
-    trace_.empty_caches.push_back(trace_.events.size());
+    AllocatorCall call;
+    call.event = trace_.events.size();
+    tell(call);
+  }
+
+  std::uint32_t checkpoint_pool(int pool) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    AllocatorCall call;
+    call.kind = AllocatorCall::Kind::PoolCheckpoint;
+    call.event = trace_.events.size();
+    call.pool = pool;
+    tell(call);
+    return pool_checkpoints_++;
+  }
+
+  std::vector<BufferId> restore_pool(std::uint32_t checkpoint, int pool, const std::vector<RestoredBlock>& blocks) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (checkpoint >= pool_checkpoints_)
+      throw std::invalid_argument("no pool checkpoint " + std::to_string(checkpoint) + " was taken");
+    AllocatorCall call;
+    call.kind = AllocatorCall::Kind::PoolRestore;
+    call.event = trace_.events.size();
+    call.pool = pool;
+    call.checkpoint = checkpoint;
+    // The new buffers take the next indices; the observer hears of the
+    // restore, which places them, before their allocations.
+    std::vector<BufferId> made;
+    for (const RestoredBlock& block : blocks) {
+      call.held_by.push_back(block.held_by);
+      if (block.kept) {
+        call.buffers.push_back(*block.kept);
+        continue;
+      }
+      call.buffers.push_back(static_cast<std::uint32_t>(trace_.buffers.size() + made.size()));
+      made.push_back(new_buffer_id());
+    }
+    tell(call);
+    auto id = made.begin();
+    for (const RestoredBlock& block : blocks) {
+      if (block.kept) continue;
+      const int stream = std::exchange(stream_, block.stream);
+      const auto restore = c10::make_scope_exit([&] { stream_ = stream; });
+      record_alloc(*id, static_cast<std::size_t>(block.bytes), pool);
+      TORCH_INTERNAL_ASSERT(index_of(*id) == call.buffers[static_cast<std::size_t>(&block - blocks.data())],
+                            "buffer ids of a pool restore are not consecutive");
+      ++id;
+    }
+    return made;
+  }
+
+  void tell(const AllocatorCall& call) {
+    trace_.allocator_calls.push_back(call);
+    if (observer_) observer_->on_allocator_call(trace_.allocator_calls.back());
   }
 
   std::optional<std::uint32_t> buffer_index(BufferId id) {
@@ -451,6 +506,7 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
 
   std::mutex mutex_;
   Trace trace_;
+  std::uint32_t pool_checkpoints_ = 0;  // taken so far
   Phase phase_ = Phase::Setup;
   int recomputing_ = 0;                    // open Recompute regions
   std::size_t optimizer_first_buffer_ = 0;  // first buffer made by the current optimizer step
@@ -497,6 +553,11 @@ void Tracer::set_stream(int stream) {
 }
 
 void Tracer::empty_cache() { recorder_->empty_cache(); }
+std::uint32_t Tracer::checkpoint_pool(int pool) { return recorder_->checkpoint_pool(pool); }
+std::vector<std::uint64_t> Tracer::restore_pool(std::uint32_t checkpoint, int pool,
+                                                const std::vector<RestoredBlock>& blocks) {
+  return recorder_->restore_pool(checkpoint, pool, blocks);
+}
 void Tracer::clear_cublas_workspaces() { recorder_->clear_cublas_workspaces(); }
 std::optional<std::uint32_t> Tracer::buffer_index(BufferId id) const { return recorder_->buffer_index(id); }
 

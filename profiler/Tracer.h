@@ -54,8 +54,27 @@ class Tracer {
   // below kMaxStreams, else std::invalid_argument), as torch.cuda.set_stream()
   // makes it current. Tensor.record_stream() is recorded as it runs.
   void set_stream(int stream);
-  // torch.cuda.empty_cache() is called here (Trace::empty_caches).
+  // torch.cuda.empty_cache() is called here (Trace::allocator_calls, as
+  // the two below).
   void empty_cache();
+  // A CUDA graph tree keeps private pool `pool`'s layout (c10's
+  // getCheckpointState); returns the checkpoint's number.
+  std::uint32_t checkpoint_pool(int pool);
+  // A block that returning a pool to a checkpoint hands out, which buffer
+  // `held_by` (an index) held at the checkpoint: held by buffer `kept`,
+  // which holds it now, or by a new buffer of `bytes` on `stream`.
+  struct RestoredBlock {
+    std::uint32_t held_by = 0;
+    std::optional<std::uint32_t> kept;
+    std::int64_t bytes = 0;
+    int stream = 0;
+  };
+  // The tree returns the pool to checkpoint `checkpoint` (c10's
+  // setCheckpointPoolState), whose allocated blocks are `blocks`. Returns
+  // the ids (meta's BufferId) of the new buffers, in order, for storages to
+  // hold. std::invalid_argument where the observer's allocator cannot
+  // (another layout, no such checkpoint).
+  std::vector<std::uint64_t> restore_pool(std::uint32_t checkpoint, int pool, const std::vector<RestoredBlock>& blocks);
   // torch._C._cuda_clearCublasWorkspaces(): every cuBLAS workspace is freed
   // and the next product on each handle and stream makes one again (CUDA
   // graph trees clear them around each warm-up and capture).

@@ -280,6 +280,7 @@ class TorchCudaAllocator final : public AllocationObserver {
   }
   void on_free(std::uint32_t buffer) noexcept override { sim.free(buffer); }
   void on_record_stream(std::uint32_t buffer, int stream) override { sim.record_stream(buffer, stream); }
+  void on_allocator_call(const AllocatorCall& call) override { sim.on_allocator_call(call); }
 
   CachingAllocatorSim sim;
 };
@@ -362,9 +363,9 @@ class Session {
   }
   void reset_peak_memory_stats() { allocator_.sim.reset_peaks(); }
   void reset_accumulated_memory_stats() { allocator_.sim.reset_accumulated(); }
+  // In the trace, whose report replays it, and so in the allocator observing it.
   void empty_cache() {
-    allocator_.sim.empty_cache();
-    if (tracer_) tracer_->empty_cache();  // in the trace too: its report replays it
+    if (tracer_) tracer_->empty_cache();
   }
   void set_stream(int stream) {
     tracer_->set_stream(stream);
@@ -395,9 +396,61 @@ class Session {
   // (torch._C._cuda_checkPoolLiveAllocations compares them).
   std::vector<std::int64_t> pool_allocations(int pool) const {
     std::vector<std::int64_t> addresses;
-    for (const auto& [address, block] : allocator_.sim.blocks())
-      if (block.pool == pool && block.allocated) addresses.push_back(kGpuAddressBase + address);
+    for (const auto& [address, buffer] : allocator_.sim.allocations_in_pool(pool))
+      addresses.push_back(kGpuAddressBase + address);
     return addresses;
+  }
+
+  // CUDA graph trees (metamem._cuda_graph_trees) keep private pool
+  // `pool`'s layout after each recording: the checkpoint's number.
+  std::uint32_t checkpoint_pool(int pool) { return tracer_->checkpoint_pool(pool); }
+  // The tree returns the pool to checkpoint `number`. The blocks the pool
+  // holds now at the same places keep their buffers; storages `live`, which
+  // own no block, hold the blocks at their addresses again; each other
+  // block the checkpoint has allocated is held by a byte tensor, returned
+  // by address, until the tree frees it (raw_delete).
+  py::dict restore_pool(std::uint32_t number, const py::list& live) {
+    const CachingAllocatorSim::PoolCheckpoint& checkpoint = allocator_.sim.checkpoint(number);
+    const std::vector<CachingAllocatorSim::PoolBlock> allocated = checkpoint.allocated_blocks();
+    const std::map<std::int64_t, std::uint32_t> held = allocator_.sim.allocations_in_pool(checkpoint.pool);
+    std::map<std::int64_t, c10::Storage> owners;  // by simulated address
+    for (py::handle storage : live) {
+      const c10::Storage& s = THPStorage_Unpack(storage.ptr());
+      if (auto address = metamem::claimed_address(s)) owners.emplace(*address - kGpuAddressBase, s);
+    }
+    std::vector<Tracer::RestoredBlock> blocks;
+    std::size_t kept = 0;
+    for (const auto& block : allocated) {
+      const auto same = held.find(block.address);
+      if (same != held.end() && allocator_.sim.blocks().at(block.address).size == block.size) {
+        blocks.push_back({block.buffer, same->second});
+        ++kept;
+        continue;
+      }
+      const auto owner = owners.find(block.address);
+      const auto bytes = owner != owners.end() ? static_cast<std::int64_t>(owner->second.nbytes()) : block.size;
+      blocks.push_back({block.buffer, std::nullopt, bytes, block.stream});
+    }
+    // c10 frees them (they are stale: the trees pass none).
+    if (kept != held.size())
+      throw std::invalid_argument("metamem: a CUDA graph tree returned private pool " +
+                                  std::to_string(checkpoint.pool) +
+                                  " to a checkpoint without blocks it holds now, which the trace cannot follow");
+    const std::vector<std::uint64_t> made = tracer_->restore_pool(number, checkpoint.pool, blocks);
+    py::dict unowned;
+    auto id = made.begin();
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      if (blocks[i].kept) continue;
+      const std::int64_t address = allocated[i].address;
+      if (const auto owner = owners.find(address); owner != owners.end()) {
+        metamem::hold_buffer(owner->second, *id++);
+        continue;
+      }
+      at::Tensor holder = metamem::storage_at(kGpuAddressBase + address, static_cast<std::size_t>(blocks[i].bytes));
+      metamem::hold_buffer(holder.storage(), *id++);
+      unowned[py::int_(kGpuAddressBase + address)] = py::cast(holder);
+    }
+    return unowned;
   }
 
   void push_scope(const std::string& path) { scopes_.emplace_back(std::make_unique<ScopePath>(path)); }
@@ -642,6 +695,8 @@ PYBIND11_MODULE(_metamem, m) {
       .def("begin_pool", &Session::begin_pool, py::arg("pool"), py::arg("stream"))
       .def("end_pool", &Session::end_pool, py::arg("pool"))
       .def("pool_allocations", &Session::pool_allocations, py::arg("pool"))
+      .def("checkpoint_pool", &Session::checkpoint_pool, py::arg("pool"))
+      .def("restore_pool", &Session::restore_pool, py::arg("checkpoint"), py::arg("live"))
       .def("storage_address", [](const Session& session, py::handle storage) {
         return session.storage_address(THPStorage_Unpack(storage.ptr()));
       }, py::arg("storage"))
@@ -698,6 +753,11 @@ PYBIND11_MODULE(_metamem, m) {
   m.def("free_traced_storage_now", [](py::handle storage, std::int64_t address) {
     metamem::free_buffer_now(THPStorage_Unpack(storage.ptr()), address);
   });
+  m.def("set_traced_storage_access_error", [](py::handle storage, std::string message) {
+    metamem::set_access_error(THPStorage_Unpack(storage.ptr()), std::move(message));
+  });
+  m.def("traced_storage_access_error",
+        [](py::handle storage) { return metamem::access_error(THPStorage_Unpack(storage.ptr())); });
   m.def("traced_storage_at", &metamem::storage_at, py::arg("address"), py::arg("bytes"),
         "A byte tensor on the trace's device whose storage lies at `address` and owns no block.");
   m.def("achieved_cpu", &achieved_cpu, py::arg("step"));

@@ -412,6 +412,60 @@ TEST(CachingAllocator, RefusesPoolMisuse) {
   EXPECT_THROW(sim.begin_allocate_to_pool(1), std::invalid_argument);  // released: a new pool needs a new number
 }
 
+// A CUDA graph tree returns its pool to the layout it had after a recording
+// (c10's setCheckpointPoolState): what the pool holds is freed, each
+// checkpointed segment is allocated whole and then freed where the
+// checkpoint had free blocks, and the checkpoint's allocated blocks go to
+// new holders. Segments whose first block is allocated are laid out in the
+// order that peaks highest, fewest free bytes first.
+TEST(CachingAllocator, PoolsReturnToCheckpoints) {
+  CachingAllocatorSim sim;
+  sim.begin_allocate_to_pool(1);
+  sim.malloc(5, 12 * MiB);  // a 12 MiB segment at 0, all allocated
+  sim.malloc(1, 3 * MiB);   // a 20 MiB segment at 14 MiB: 3 allocated, 17 free
+  AllocatorCall checkpoint;
+  checkpoint.kind = AllocatorCall::Kind::PoolCheckpoint;
+  checkpoint.pool = 1;
+  sim.on_allocator_call(checkpoint);
+  ASSERT_EQ(sim.checkpoint(0).segments.size(), 2u);
+  EXPECT_EQ(sim.checkpoint(0).segments[0].front().address, 0);  // no free bytes: first
+  sim.free(1);
+  sim.malloc(3, 8 * MiB);  // split off the 20 MiB segment's start
+  EXPECT_EQ(sim.allocated_bytes(), 20 * MiB);
+  sim.reset_peaks();
+
+  AllocatorCall restore;
+  restore.kind = AllocatorCall::Kind::PoolRestore;
+  restore.held_by = {1, 5};
+  restore.buffers = {7, 6};
+  sim.on_allocator_call(restore);
+  // Freed to nothing; the 12 MiB segment allocated, then the 20 MiB one
+  // whole (32 MiB), its 17 free MiB freed again.
+  EXPECT_EQ(sim.peak_allocated_bytes(), 32 * MiB);
+  EXPECT_EQ(sim.allocated_bytes(), 15 * MiB);
+  EXPECT_EQ(sim.reserved_bytes(), 32 * MiB);
+  EXPECT_EQ(sim.address_of(6), 0);
+  EXPECT_EQ(sim.address_of(7), 14 * MiB);
+  EXPECT_EQ(sim.address_of(3), CachingAllocatorSim::kUnallocated);
+  EXPECT_EQ(sim.blocks().at(14 * MiB + 3 * MiB).size, 17 * MiB);
+  EXPECT_FALSE(sim.blocks().at(14 * MiB + 3 * MiB).allocated);
+  sim.malloc(7, 3 * MiB);  // a restored block's holder: allocated already
+  EXPECT_EQ(sim.allocated_bytes(), 15 * MiB);
+  sim.free(7);
+  sim.free(6);
+  EXPECT_EQ(sim.allocated_bytes(), 0);
+
+  // Every block the checkpoint had allocated needs a holder.
+  restore.held_by = {5};
+  restore.buffers = {8};
+  EXPECT_THROW(sim.on_allocator_call(restore), std::invalid_argument);
+  CachingAllocatorSim expandable(parse_allocator_config("expandable_segments:True"));
+  expandable.begin_allocate_to_pool(1);
+  expandable.on_allocator_call(checkpoint);
+  restore.held_by = restore.buffers = {};
+  EXPECT_THROW(expandable.on_allocator_call(restore), std::invalid_argument);
+}
+
 TEST(AllocatorEvents, WrittenListsReadBack) {
   const std::vector<AllocatorEvent> events = {{AllocatorEvent::Kind::Alloc, 0, 4096},
                                               {AllocatorEvent::Kind::Alloc, 1, 512, 3},
@@ -424,7 +478,11 @@ TEST(AllocatorEvents, WrittenListsReadBack) {
                                               {AllocatorEvent::Kind::PoolEnd, 0, 0, 0, 7},
                                               {AllocatorEvent::Kind::PoolRelease, 0, 0, 0, 7},
                                               {AllocatorEvent::Kind::Free, 0},
-                                              {AllocatorEvent::Kind::EmptyCache}};
+                                              {AllocatorEvent::Kind::EmptyCache},
+                                              {AllocatorEvent::Kind::PoolBegin, 0, 0, AllocatorEvent::kEveryStream, 8},
+                                              {AllocatorEvent::Kind::Alloc, 2, 4096},
+                                              {AllocatorEvent::Kind::PoolCheckpoint, 0, 0, 0, 8},
+                                              {AllocatorEvent::Kind::PoolRestore, 0, 0, 0, 0, {2}, {3}}};
   std::stringstream text;
   write_allocator_events(text, events);
   const std::vector<AllocatorEvent> read = read_allocator_events(text, "list");
@@ -435,6 +493,8 @@ TEST(AllocatorEvents, WrittenListsReadBack) {
     EXPECT_EQ(read[i].bytes, events[i].bytes);
     EXPECT_EQ(read[i].stream, events[i].stream);
     EXPECT_EQ(read[i].pool, events[i].pool);
+    EXPECT_EQ(read[i].held_by, events[i].held_by);
+    EXPECT_EQ(read[i].buffers, events[i].buffers);
   }
 }
 
@@ -468,6 +528,14 @@ TEST(AllocatorEvents, BadListsNameTheLine) {
   EXPECT_EQ(error_of(header + "pool_release 1\n"), "f.txt:2: pool 1 has no use to release");
   EXPECT_EQ(error_of(header + "pool_begin 1\npool_release 1\n"),
             "f.txt:3: requests are routed to pool 1: end that first");
+  EXPECT_EQ(error_of(header + "pool_checkpoint 1\n"),
+            "f.txt:2: pool 1 has no use: c10 checkpoints only a pool in use");
+  EXPECT_EQ(error_of(header + "pool_restore 0 1:2\n"),
+            "f.txt:2: 'pool_restore' needs the number of a checkpoint taken before");
+  EXPECT_EQ(error_of(header + "pool_begin 1\npool_checkpoint 1\npool_restore 0 1-2\n"),
+            "f.txt:4: 'pool_restore' takes pairs HELD:ID, got '1-2'");
+  EXPECT_EQ(error_of(header + "pool_begin 1\npool_checkpoint 1\npool_restore 0 1:x\n"),
+            "f.txt:4: 'pool_restore' takes pairs HELD:ID, got '1:x'");
   EXPECT_EQ(error_of(header + "pool_begin 1\npool_end 1\npool_release 1\npool_begin 1\n"),
             "f.txt:5: pool 1 was released; a new pool needs a new number");
 }

@@ -551,6 +551,9 @@ def _patch_traced_storages(patches, session):
         return self
 
     def address(self):
+        error = _metamem.traced_storage_access_error(self)
+        if error is not None:  # a CUDA graph tree freed it (metamem._cuda_graph_trees)
+            raise RuntimeError(error)
         found = session.storage_address(self) if session is not None else None
         return self._cdata if found is None else found
 

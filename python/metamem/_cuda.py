@@ -385,7 +385,7 @@ class FakeCudaRuntime:
                 set_(module, "_cuda_beginAllocateCurrentThreadToPool", captures.begin_thread_routing)
                 set_(module, "_cuda_endAllocateToPool", captures.end_routing)
                 set_(module, "_cuda_releasePool", lambda device, handle: _check_device(device))
-            _cuda_graph_trees.install(set_, session, captures)
+            self.graph_trees.install(set_, session, captures)
             # The default generator, one for every index (torch.manual_seed seeds them;
             # checkpoint saves its state).
             set_(cuda, "default_generators", (Generator(),) * self.devices)

@@ -11,9 +11,10 @@ Python may still hold them. What they ask of c10 is answered here for
 traced storages, from the simulated allocator (metamem._metamem): every
 other storage gets torch's own function.
 
-A tree that switches paths restores the allocator's state of the pool from
-a checkpoint (_cuda_setCheckpointPoolState); a training loop never does,
-and the trace refuses it by name (docs/compile.md)."""
+A tree that switches paths (an evaluation after training steps, a batch of
+another shape) returns the pool to the layout it had after an earlier
+recording (_cuda_setCheckpointPoolState), as the trace's allocator does
+with its own checkpoints (docs/compile.md)."""
 
 import torch
 
@@ -21,10 +22,20 @@ from . import _metamem
 from ._compile_cuda import cannot_follow
 
 
-def install(set_, session, captures):
+class _Checkpoint:
+    """A pool's layout as the trace's allocator keeps it, by number: what
+    _cuda_getCheckpointState gives the tree to hand back."""
+
+    def __init__(self, number):
+        self.number = number
+
+
+def _install(set_, session, captures, unowned):
     """Patches, with `set_` (metamem._cuda.Patches.set), for the trace of
     `session` whose CUDA graphs are `captures` (metamem._cuda._Captures).
-    The pool's routing of a warm-up is metamem._cuda's, as use_mem_pool's."""
+    The pool's routing of a warm-up is metamem._cuda's, as use_mem_pool's.
+    `unowned` holds, by address, the blocks a restore gave back that no
+    storage owns, until the tree frees them."""
     C = torch._C
 
     def for_traced(name, instead):
@@ -59,8 +70,9 @@ def install(set_, session, captures):
     set_(C, "_construct_CUDA_Tensor_From_Storage_And_Metadata", tensor_from)
     for_traced("_free_And_Remove_DeleterFn", lambda s: _metamem.free_traced_storage_now(s, s.data_ptr()))
     for_traced("_has_Standard_Deleter", _metamem.traced_storage_owns_buffer)
-    # Messages for reading a freed output's data: a traced one has none to read.
-    for_traced("_set_storage_data_ptr_access_error_msg", lambda s, message: None)
+    # Reading a freed output's address raises the trees' message, as in
+    # torch; reading its data is left to ops, which a trace runs.
+    for_traced("_set_storage_data_ptr_access_error_msg", _metamem.set_traced_storage_access_error)
     original_access_message = C._set_storage_access_error_msg
 
     def access_message(tensor, message):
@@ -74,11 +86,28 @@ def install(set_, session, captures):
             return original_equal(tensors, data_ptrs, indices)
         return all(tensors[i].data_ptr() == data_ptrs[i] for i in indices)
     set_(C, "_tensors_data_ptrs_at_indices_equal", data_ptrs_equal)
-    # A recording keeps the pool's state (a token here); only a tree that
-    # switches paths puts it back.
-    set_(C, "_cuda_getCheckpointState", lambda device, pool: ("metamem: not kept", pool))
-    for name in ("_cuda_setCheckpointPoolState", "_cuda_cudaCachingAllocator_raw_delete"):
-        set_(C, name, _refusing("a CUDA graph tree that switches paths"))
+    # A recording keeps the pool's layout; a tree that switches paths puts
+    # it back, and frees the outputs that died since (raw_delete).
+    set_(C, "_cuda_getCheckpointState",
+         lambda device, handle: _Checkpoint(session.checkpoint_pool(captures.number(handle))))
+    original_restore = C._cuda_setCheckpointPoolState
+
+    def restore(device, state, stale_storages, live_storages):
+        if not isinstance(state, _Checkpoint):
+            return original_restore(device, state, stale_storages, live_storages)
+        if stale_storages:  # Inductor's trees pass none
+            raise cannot_follow("a return to a pool's checkpoint that frees stale storages")
+        live = [torch.UntypedStorage._new_with_weak_ptr(cdata) for cdata in live_storages]
+        unowned.update(session.restore_pool(state.number, live))
+    set_(C, "_cuda_setCheckpointPoolState", restore)
+    original_delete = C._cuda_cudaCachingAllocator_raw_delete
+
+    def raw_delete(ptr):
+        if ptr in unowned:
+            del unowned[ptr]  # the byte tensor that held the block frees it
+        else:
+            original_delete(ptr)
+    set_(C, "_cuda_cudaCachingAllocator_raw_delete", raw_delete)
     # Inductor's checks (triton.slow_path_cudagraph_asserts, on by default):
     # the pool's allocated blocks are the live outputs it knows of.
     set_(C, "_cuda_checkPoolLiveAllocations", lambda device, handle, expected: (
@@ -95,6 +124,11 @@ class TracedTrees:
     def __init__(self):
         self.containers = {}
         self.cached_tensors_before = None  # whether a real tree had enabled them; None until used
+        self.unowned = {}  # blocks a restore gave back that no storage owns, by address
+
+    def install(self, set_, session, captures):
+        """The trace's answers for c10 (_install)."""
+        _install(set_, session, captures, self.unowned)
 
     def use(self, patches):
         """Patches for a trace that compiles (metamem._compile_cuda.install)."""
@@ -120,11 +154,7 @@ class TracedTrees:
             if container.tree_manager is not None:
                 container.tree_manager.shutdown()
         self.containers.clear()
+        self.unowned.clear()
         if self.cached_tensors_before is not None:
             torch._C._set_cached_tensors_enabled(self.cached_tensors_before)
 
-
-def _refusing(what):
-    def refuse(*args, **kwargs):
-        raise cannot_follow(what)
-    return refuse

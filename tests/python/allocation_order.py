@@ -9,7 +9,7 @@ with the real run's Python frames and the trace's ops.
 
     PYTHONPATH=build/python .venv/bin/python tests/python/allocation_order.py build/oracle \\
         "timm ViT-Ti/16 at 64 px" [--eager | --precision "bf16 autocast" | --mode reduce-overhead] \\
-        [--gpu H100-80GB] [--context 8]
+        [--evaluate] [--gpu H100-80GB] [--context 8]
 
 The model is one of compiled_models.py's, built and stepped as
 compile_sweep.py does (with --mode, four steps compiled in that mode); with
@@ -48,18 +48,19 @@ pickle.dump(torch.cuda.memory._snapshot()["device_traces"][0], open(os.environ["
 """
 
 
-def compiled_steps(mode):
-    """compile_sweep.py's steps: two, or four in torch.compile's `mode`."""
-    return 2 if mode is None else 4
+def compiled_steps(mode, evaluate=False):
+    """compile_sweep.py's steps: two, or four in torch.compile's `mode`
+    (five with an evaluation fourth), and those that evaluate."""
+    return (2 if mode is None else 5 if evaluate else 4), [3] if evaluate else []
 
 
-def real_events(oracle, gpu, name, how, mode=None):
+def real_events(oracle, gpu, name, how, mode=None, evaluate=False):
     """[(kind, bytes, where)] of the real run: kind "alloc" or "free".
     `how`: compiled (True or False, in `mode`), or fake_gpu_sweep's precision."""
     if isinstance(how, str):
         child, arguments = fake_gpu_sweep.CHILD, [name, how]
     else:
-        child, arguments = COMPILE_CHILD, [name, how, mode, compiled_steps(mode)]
+        child, arguments = COMPILE_CHILD, [name, how, mode, *compiled_steps(mode, evaluate)]
     with tempfile.TemporaryDirectory() as folder:
         os.environ["METAMEM_HISTORY"] = history = os.path.join(folder, "history.pickle")
         cold_cache()
@@ -79,14 +80,14 @@ def real_events(oracle, gpu, name, how, mode=None):
     return events
 
 
-def traced_events(gpu, name, how, mode=None):
+def traced_events(gpu, name, how, mode=None, evaluate=False):
     """The same for the trace: requested bytes from its allocator events,
     each allocation's op and module from its snapshot."""
     cold_cache()
     if isinstance(how, str):
         model, run = fake_gpu_sweep.two_steps(name, how)
     else:
-        model, run = two_adamw_steps(name, "cuda", how, mode, compiled_steps(mode))
+        model, run = two_adamw_steps(name, "cuda", how, mode, *compiled_steps(mode, evaluate))
     with metamem.trace(device="cuda", gpu=gpu, modules=[model]) as t:
         run()
     with tempfile.TemporaryDirectory() as folder:
@@ -103,6 +104,10 @@ def traced_events(gpu, name, how, mode=None):
             events.append(("alloc", sizes[words[1]], where[words[1]]))
         elif words[:1] == ["free"]:
             events.append(("free", sizes[words[1]], where[words[1]]))
+        elif words[:1] == ["pool_restore"]:  # its blocks go to new holders, whose allocations the list leaves out
+            for held, new in (pair.split(":") for pair in words[2:]):
+                sizes[new], where[new] = sizes[held], "a pool's restore"
+            events.append(("restore", 0, f"checkpoint {words[1]}"))
     return events
 
 
@@ -142,12 +147,13 @@ def main():
     parser.add_argument("--precision", choices=fake_gpu_sweep.PRECISIONS,
                         help="a model of fake_gpu_sweep.py, eager, in this precision")
     parser.add_argument("--mode", help="torch.compile's mode for the compiled step (four steps)")
+    parser.add_argument("--evaluate", action="store_true", help="with --mode: five steps, the fourth an evaluation")
     parser.add_argument("--gpu", default="H100-80GB")
     parser.add_argument("--context", type=int, default=8, help="events shown before and after")
     args = parser.parse_args()
     how = args.precision or not args.eager
-    real = real_events(args.oracle, args.gpu, args.model, how, args.mode)
-    traced = traced_events(args.gpu, args.model, how, args.mode)
+    real = real_events(args.oracle, args.gpu, args.model, how, args.mode, args.evaluate)
+    traced = traced_events(args.gpu, args.model, how, args.mode, args.evaluate)
     print(f"{len(real)} real events, {len(traced)} traced")
     found = first_difference(real, traced)
     if found is None:

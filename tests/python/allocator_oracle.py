@@ -7,8 +7,9 @@ lists, and has metamem-allocator-oracle replay each through the wheel's
 libc10_cuda.so on the fake CUDA runtime and through the simulator, for
 every PYTORCH_ALLOC_CONF below, and the zoo's lists again spread over
 streams with record_stream (as FSDP's and NCCL's streams use memory), and
-seeded random lists that route requests to CUDA graphs' private pools:
-every statistic of
+seeded random lists that route requests to CUDA graphs' private pools
+and return pools to checkpoints (where a restore peaks, the simulator's
+peak must bound c10's; docs/allocator-oracle.md): every statistic of
 torch.cuda.memory_stats() must agree after every event, out-of-memory
 errors included (an 80 GiB H100 holds neither Llama-7B's nor Mixtral's
 float32 AdamW step).
@@ -168,6 +169,78 @@ def pool_events(folder, lists=12, events=600):
     return files
 
 
+def checkpoint_events(folder, lists=8, events=600):
+    """Seeded random lists in which CUDA graph trees return private pools
+    to checkpoints taken earlier (pool_checkpoint, pool_restore), between
+    requests routed to the pools and elsewhere on three streams: each
+    restore frees what the pool holds and gives every block the checkpoint
+    had allocated to a new allocation. Without record_stream: c10
+    checkpoints no block that waits for another stream."""
+    import random
+    files = []
+    for seed in range(lists):
+        rng = random.Random(1000 + seed)
+        lines, live, next_id = [], {}, 0  # live: allocation -> its pool (0: the device's own)
+        uses, routes, checkpoints, next_pool = {}, [], [], 1  # routes: (pool, stream or None) in order
+
+        def pool_of(stream):
+            return next((pool for pool, on in reversed(routes) if on in (None, stream)), 0)
+        while len(lines) < events:
+            choice = rng.random()
+            in_use = [p for p, n in uses.items() if n > 0]
+            if choice < 0.45 or not live:
+                size = rng.choice([rng.randint(1, 1 << 20), rng.randint(1 << 20, 10 << 20),
+                                   rng.randint(10 << 20, 120 << 20)])
+                stream = rng.choice([0, 0, 1, 2])
+                lines.append(f"alloc {next_id} {size} {stream}")
+                live[next_id] = pool_of(stream)
+                next_id += 1
+            elif choice < 0.8:
+                id_ = rng.choice(list(live))
+                del live[id_]
+                lines.append(f"free {id_}")
+            elif choice < 0.86:
+                routed = [p for p, _ in routes]
+                free = [p for p in in_use if p not in routed]
+                if free and rng.random() < 0.7:
+                    pool = rng.choice(free)
+                else:
+                    pool, next_pool = next_pool, next_pool + 1
+                on = None if rng.random() < 0.5 else rng.choice([0, 1, 2])
+                routes.append((pool, on))
+                uses[pool] = uses.get(pool, 0) + 1
+                lines.append(f"pool_begin {pool}" + ("" if on is None else f" {on}"))
+            elif choice < 0.9 and routes:
+                pool, _ = routes.pop(rng.randrange(len(routes)))
+                lines.append(f"pool_end {pool}")
+            elif choice < 0.94 and in_use:
+                pool = rng.choice(in_use)
+                checkpoints.append((pool, sorted(i for i, p in live.items() if p == pool)))
+                lines.append(f"pool_checkpoint {pool}")
+            elif choice < 0.98:
+                usable = [n for n, (pool, _) in enumerate(checkpoints) if uses[pool] > 0]
+                if usable:
+                    number = rng.choice(usable)
+                    pool, held = checkpoints[number]
+                    for id_ in [i for i, p in live.items() if p == pool]:
+                        del live[id_]
+                    pairs = []
+                    for id_ in held:
+                        pairs.append(f"{id_}:{next_id}")
+                        live[next_id] = pool
+                        next_id += 1
+                    lines.append(" ".join([f"pool_restore {number}"] + pairs))
+            elif choice < 0.99:
+                lines.append("empty_cache")
+            else:
+                lines.append("reset_peaks")
+        path = os.path.join(folder, f"checkpoints-{seed}.txt")
+        with open(path, "w") as out:
+            out.write("metamem allocator events 1\n" + "\n".join(lines) + "\n")
+        files.append(path)
+    return files
+
+
 def without_releases(path):
     """The list with its pools never released. With expandable segments,
     c10 counts a private pool's segments by the pages it maps and unmaps,
@@ -215,8 +288,14 @@ def main():
                   hf_events([m for m in args.hf.split(",") if m], folder))
         pools = pool_events(folder)
         kept = [without_releases(path) for path in pools]
+        checkpoints = checkpoint_events(folder)
         for conf in CONFIGS:
             files = traced + (kept if "expandable_segments:True" in conf else pools)
+            # The simulator returns no pool to a checkpoint with expandable
+            # segments; with a memory fraction, c10 may free a checkpoint's
+            # segment to make room, and the restore fails on both sides.
+            if "expandable_segments:True" not in conf and "per_process_memory_fraction" not in conf:
+                files += checkpoints
             run = subprocess.run([args.oracle, "--alloc-conf", conf, *files], capture_output=True, text=True)
             lines = run.stdout.splitlines()
             agreed = [LINE.match(line) for line in lines]

@@ -5,11 +5,12 @@ against real torch on the fake GPU (max allocated and max reserved of both
 steps). Each side compiles from a cold Inductor cache of its own.
 
     METAMEM_ORACLE=build/oracle PYTHONPATH=build/python:tests/python .venv/bin/python \\
-        tests/python/compile_sweep.py ["Llama,BERT"] [--markdown] [--check] [--mode reduce-overhead]
+        tests/python/compile_sweep.py ["Llama,BERT"] [--markdown] [--check] [--mode reduce-overhead [--evaluate]]
 
 --check exits 1 unless every model is exact on both devices. --mode compiles
 with torch.compile's mode, on fake cuda only, four steps (CUDA graph trees:
-warm-up, recording, two replays). Without
+warm-up, recording, two replays); with --evaluate, five, the fourth an
+evaluation under torch.no_grad() (a tree that switches paths). Without
 METAMEM_ORACLE (or where it holds no fake CUDA libraries) the fake-cuda
 column is the trace alone.
 """
@@ -55,8 +56,8 @@ backward = runtime_wrappers._AutogradBackwardCompiler
 backward.get_or_compile = collecting(backward.get_or_compile)
 sys.path.insert(0, {HERE!r})
 from compiled_models import two_adamw_steps
-name, compile, mode, steps = json.loads(sys.argv[3])
-print(json.dumps(two_adamw_steps(name, "cuda", compile, mode, steps)[1]()), flush=True)
+name, compile, mode, steps, evaluate_at = json.loads(sys.argv[3])
+print(json.dumps(two_adamw_steps(name, "cuda", compile, mode, steps, evaluate_at)[1]()), flush=True)
 """
 
 
@@ -86,12 +87,13 @@ def on_cpu(name, compile):
     return max(t.step_peaks), real, trace_seconds, real_seconds
 
 
-def on_cuda(name, compile, oracle, mode=None):
+def on_cuda(name, compile, oracle, mode=None, evaluate=False):
     """(traced, real or None, trace seconds, real seconds): each step's
     [max allocated, max reserved]."""
     cold_cache()
-    steps = 2 if mode is None else 4
-    model, run = two_adamw_steps(name, "cuda", compile, mode, steps)
+    steps = 2 if mode is None else 5 if evaluate else 4
+    evaluate_at = [3] if evaluate else []
+    model, run = two_adamw_steps(name, "cuda", compile, mode, steps, evaluate_at)
     with metamem.trace(device="cuda", gpu=GPU, modules=[model]):
         traced, trace_seconds = timed(run)
     if not oracle:
@@ -99,7 +101,7 @@ def on_cuda(name, compile, oracle, mode=None):
     from real_torch_on_fake_gpu import PROLOGUE, measure
 
     cold_cache()
-    real, real_seconds = timed(lambda: measure(oracle, native.gpu(GPU), PROLOGUE + CHILD, json.dumps([name, compile, mode, steps])))
+    real, real_seconds = timed(lambda: measure(oracle, native.gpu(GPU), PROLOGUE + CHILD, json.dumps([name, compile, mode, steps, evaluate_at])))
     return traced, real, trace_seconds, real_seconds
 
 
@@ -118,11 +120,11 @@ def steps(peaks):
     return "; ".join(f"{a / 2**20:.2f} / {r / 2**20:.0f}" for a, r in peaks)
 
 
-def sweep_one(name, oracle, mode=None):
+def sweep_one(name, oracle, mode=None, evaluate=False):
     row = {"name": name}
     if mode is not None:
         try:
-            traced, real, trace_s, real_s = on_cuda(name, True, oracle, mode)
+            traced, real, trace_s, real_s = on_cuda(name, True, oracle, mode, evaluate)
             row[f"cuda {mode}"] = (steps(traced), compared(traced, real), f"{trace_s:.1f} / {real_s:.1f} s")
         except Exception as error:
             row[f"cuda {mode}"] = ("-", why(error), "")
@@ -151,16 +153,20 @@ def main():
     parser.add_argument("--markdown", action="store_true", help="print Markdown tables")
     parser.add_argument("--check", action="store_true", help="exit 1 unless every model is exact")
     parser.add_argument("--mode", help="torch.compile's mode (fake cuda only, four steps)")
+    parser.add_argument("--evaluate", action="store_true",
+                        help="with --mode: five steps, the fourth an evaluation under torch.no_grad()")
     args = parser.parse_args()
     oracle = os.environ.get("METAMEM_ORACLE", "")
     if oracle and not os.path.exists(os.path.join(oracle, "libmetamem_fake_cuda_preload.so")):
         oracle = ""
+    if args.evaluate and not args.mode:
+        parser.error("--evaluate takes --mode: only CUDA graph trees switch paths")
     unknown = set(args.models.split(",")) - set(MODELS)
     if unknown:
         parser.error(f"no model {', '.join(sorted(unknown))}; the models: {', '.join(MODELS)}")
     rows, start = [], time.perf_counter()
     for name in args.models.split(","):
-        row = sweep_one(name, oracle, args.mode)
+        row = sweep_one(name, oracle, args.mode, args.evaluate)
         rows.append(row)
         print(json.dumps(row), file=sys.stderr if args.markdown else sys.stdout, flush=True)
     if args.markdown and args.mode:

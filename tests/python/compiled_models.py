@@ -130,11 +130,13 @@ def compiled(model, how, mode=None):
     return torch.compile(model, mode=mode)
 
 
-def two_adamw_steps(name, device="cpu", compile=True, mode=None, steps=2):
+def two_adamw_steps(name, device="cpu", compile=True, mode=None, steps=2, evaluate_at=()):
     """(model, run): the model built on the CPU, and a function that moves
     it to `device`, compiles it (unless `compile` is false; with torch.compile's
     `mode`) and runs `steps` AdamW steps, two by default (CUDA graph trees
-    warm up, record, then replay: four show each). On cuda run() returns each step's max allocated and max
+    warm up, record, then replay: four show each); the steps numbered in
+    `evaluate_at` compute the loss in eval mode under torch.no_grad()
+    instead. On cuda run() returns each step's max allocated and max
     reserved; attention takes the kernel the GPU takes but cuDNN's, and
     convolutions torch's native kernels, cuDNN off (the fake GPU cannot run
     cuDNN, docs/cuda-paths.md)."""
@@ -150,15 +152,21 @@ def two_adamw_steps(name, device="cpu", compile=True, mode=None, steps=2):
         forward = compiled(model, how, mode) if compile else model
         optimizer = torch.optim.AdamW(model.parameters())
         peaks = []
-        for _ in range(steps):
+        for step in range(steps):
             if device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
+            evaluating = step in evaluate_at
+            model.train(not evaluating)
             with (sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
                   if device == "cuda" else contextlib.nullcontext(),
-                  torch.backends.cudnn.flags(enabled=False)):
-                loss_of(forward, device).backward()
-            optimizer.step()
-            optimizer.zero_grad()
+                  torch.backends.cudnn.flags(enabled=False),
+                  torch.no_grad() if evaluating else contextlib.nullcontext()):
+                loss = loss_of(forward, device)
+                if not evaluating:
+                    loss.backward()
+            if not evaluating:
+                optimizer.step()
+                optimizer.zero_grad()
             if device == "cuda":
                 peaks.append([torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()])
         return peaks or None

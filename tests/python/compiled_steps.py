@@ -59,12 +59,15 @@ def compiled(model, how):
     return model, loss
 
 
-def two_adamw_steps(how, batches=(BATCH, BATCH), compile_step=False, device="cpu", bf16=False, seq=SEQ):
+def two_adamw_steps(how, batches=(BATCH, BATCH), compile_step=False, device="cpu", bf16=False, seq=SEQ,
+                    evaluate_at=()):
     """The whole run: the model built, compiled and stepped; the same for
     the trace and the real run. On cuda, run() returns each step's max
     allocated and max reserved. There attention takes the math kernel in
     f32 (the fake GPU cannot run the memory-efficient one,
-    docs/attention.md) and flash attention under bf16 autocast."""
+    docs/attention.md) and flash attention under bf16 autocast. The steps
+    numbered in `evaluate_at` evaluate their batch instead, in eval mode
+    under torch.no_grad()."""
     def run():
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -74,17 +77,21 @@ def two_adamw_steps(how, batches=(BATCH, BATCH), compile_step=False, device="cpu
         forward, loss_fn = compiled(model, how)
         optimizer_step = torch.compile(optimizer.step) if compile_step else optimizer.step
         peaks = []
-        for batch in batches:
+        for step, batch in enumerate(batches):
             if device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             ids = torch.randint(0, VOCAB, (batch, seq), device=device)
             kernel = SDPBackend.FLASH_ATTENTION if bf16 else SDPBackend.MATH
+            evaluating = step in evaluate_at
+            model.train(not evaluating)
             with (torch.autocast(device, torch.bfloat16, enabled=bf16),
-                  sdpa_kernel(kernel) if device == "cuda" else contextlib.nullcontext()):
+                  sdpa_kernel(kernel) if device == "cuda" else contextlib.nullcontext(),
+                  torch.no_grad() if evaluating else contextlib.nullcontext()):
                 loss = loss_fn(forward(ids).flatten(0, 1), ids.flatten())
-            loss.backward()
-            optimizer_step()
-            optimizer.zero_grad()
+            if not evaluating:
+                loss.backward()
+                optimizer_step()
+                optimizer.zero_grad()
             if device == "cuda":
                 peaks.append([torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()])
         return peaks or None

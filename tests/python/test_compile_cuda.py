@@ -8,6 +8,7 @@ first call: the first step holds the autotuner's benchmarking buffers."""
 
 import json
 import os
+import subprocess
 
 import pytest
 import torch
@@ -122,25 +123,52 @@ def test_cuda_graph_trees_are_exact_against_real_torch_on_the_fake_gpu(how, cach
     assert len({reserved for _, reserved in peaks}) == 1 and peaks[2] == peaks[3] and peaks[1] > peaks[2]
 
 
-def test_a_cuda_graph_tree_that_switches_paths_is_named(caches):
-    # Another shape records a second graph beside the first; going back to
-    # the first path restores the pool from its checkpoint, which a trace
-    # cannot follow yet.
-    cold(caches[0])
-    model = torch.nn.Linear(8, 8)
-    with pytest.raises(metamem.UnsupportedCompileError, match="switches paths"):
-        with metamem.trace(device="cuda", gpu=GPU):
-            compiled = torch.compile(model.cuda(), mode="reduce-overhead")
-            for batch in [2, 2, 2, 4, 4, 4, 2]:
-                compiled(torch.randn(batch, 8, device="cuda")).sum().backward()
-    assert torch.randn(3).shape == (3,)  # the process goes on
+# A tree switches paths where a step records a graph beside the path it
+# replays: an evaluation after training steps, a batch of another shape
+# (recompiled with a dynamic batch, recorded once per size). It returns the
+# pool to the layout it had after the recording it branches from
+# (_cuda_setCheckpointPoolState), every block of the checkpointed segments
+# allocated for a moment, and frees the outputs that died since.
+@pytest.mark.parametrize("steps", [
+    {"batches": [32, 32, 32, 32, 32, 32], "evaluate_at": [3]},
+    {"batches": [32, 32, 32, 16, 16, 16, 32, 16, 32, 32], "evaluate_at": [8]},
+], ids=["an evaluation", "batches of two sizes"])
+def test_a_cuda_graph_tree_that_switches_paths_is_exact(steps, caches, monkeypatch):
+    from torch._inductor import cudagraph_trees
+
+    restores = []
+    restore = cudagraph_trees.CUDAGraphTreeManager.apply_checkpoint_execution_state_in_allocator
+    monkeypatch.setattr(cudagraph_trees.CUDAGraphTreeManager, "apply_checkpoint_execution_state_in_allocator",
+                        lambda tree: (restores.append(tree), restore(tree))[1])
+    t, peaks = traced(caches[0], how="mode=reduce-overhead", **steps)
+    assert len(restores) == (1 if len(steps["batches"]) == 6 else 3)
+    assert peaks == on_fake_gpu(caches[1], how="mode=reduce-overhead", **steps)
+    # PyTorch's own allocator, given the trace's requests, checkpoints and
+    # restores, agrees with the simulator after every one.
+    events = caches[0] / "allocator-events.txt"
+    t.save_allocator_events(str(events))
+    replay = subprocess.run([os.path.join(ORACLE, "metamem-allocator-oracle"), str(events)], capture_output=True,
+                            text=True)
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    assert "equal after every one" in replay.stdout
     # The trace's trees were its own and are gone: none is left for a real
     # GPU's compiled code, and c10's cached tensors are off again.
-    from torch._inductor import cudagraph_trees
 
     assert not cudagraph_trees.get_obj(cudagraph_trees.local, "tree_manager_containers")
     with pytest.raises(RuntimeError, match="cached_tensorimpls_enabled"):
         torch._C._add_cached_tensor(torch.ones(1))
+
+
+def test_reading_an_overwritten_output_raises_as_in_torch(caches):
+    # Blocks compiled one by one and evaluated after training steps: the
+    # tree reads the address of a block's output that it had freed, which
+    # raises torch's error, in a trace as in torch.
+    steps = {"batches": [32] * 5, "evaluate_at": [3]}
+    overwritten = "accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run"
+    with pytest.raises(RuntimeError, match=overwritten):
+        traced(caches[0], how="each block, mode=reduce-overhead", **steps)
+    with pytest.raises(RuntimeError, match=overwritten):
+        on_fake_gpu(caches[1], how="each block, mode=reduce-overhead", **steps)
 
 
 # A stream captures on the fake GPU as on a GPU: the caching allocator
