@@ -112,82 +112,29 @@ def python_stream_events(folder):
     return [path]
 
 
-def pool_events(folder, lists=12, events=600):
+def pool_events(folder, lists=12, events=600, checkpoints=False):
     """Seeded random lists that route requests to CUDA graphs' private
     pools: every request or one stream's, pools used by several routings,
-    released while their blocks are live, empty_cache before and after;
-    with allocations and frees on three streams (record_stream included)."""
+    empty_cache before and after; with allocations and frees on three
+    streams, record_stream included, and pools released while their blocks
+    are live. With `checkpoints`, CUDA graph trees' checkpoints of pools in
+    use and returns to them instead of those two: each return frees what
+    the pool holds and gives every block the checkpoint had allocated to a
+    new allocation (c10 checkpoints no block that waits for another stream,
+    and returns only a pool in use)."""
     import random
     files = []
     for seed in range(lists):
-        rng = random.Random(seed)
-        lines, live, next_id = [], {}, 0
-        uses, routed, retired, next_pool = {}, [], set(), 1
-        while len(lines) < events:
-            choice = rng.random()
-            if choice < 0.45 or not live:
-                size = rng.choice([rng.randint(1, 1 << 20), rng.randint(1 << 20, 10 << 20),
-                                   rng.randint(10 << 20, 120 << 20)])
-                stream = rng.choice([0, 0, 1, 2])
-                lines.append(f"alloc {next_id} {size} {stream}")
-                live[next_id] = stream
-                next_id += 1
-            elif choice < 0.8:
-                id_ = rng.choice(list(live))
-                del live[id_]
-                lines.append(f"free {id_}")
-            elif choice < 0.84:
-                id_ = rng.choice(list(live))
-                lines.append(f"record_stream {id_} {rng.choice([0, 1, 2])}")
-            elif choice < 0.89:
-                free = [p for p, n in uses.items() if n > 0 and p not in routed]
-                if free and rng.random() < 0.5:
-                    pool = rng.choice(free)
-                else:
-                    pool, next_pool = next_pool, next_pool + 1
-                routed.append(pool)
-                uses[pool] = uses.get(pool, 0) + 1
-                lines.append(f"pool_begin {pool}" + ("" if rng.random() < 0.5 else f" {rng.choice([0, 1, 2])}"))
-            elif choice < 0.93 and routed:
-                pool = rng.choice(routed)
-                routed.remove(pool)
-                lines.append(f"pool_end {pool}")
-            elif choice < 0.96:
-                held = [p for p, n in uses.items() if n > 0 and p not in routed]
-                if held:
-                    pool = rng.choice(held)
-                    uses[pool] -= 1
-                    lines.append(f"pool_release {pool}")
-            elif choice < 0.99:
-                lines.append("empty_cache")
-            else:
-                lines.append("reset_peaks")
-        path = os.path.join(folder, f"pools-{seed}.txt")
-        with open(path, "w") as out:
-            out.write("metamem allocator events 1\n" + "\n".join(lines) + "\n")
-        files.append(path)
-    return files
-
-
-def checkpoint_events(folder, lists=8, events=600):
-    """Seeded random lists in which CUDA graph trees return private pools
-    to checkpoints taken earlier (pool_checkpoint, pool_restore), between
-    requests routed to the pools and elsewhere on three streams: each
-    restore frees what the pool holds and gives every block the checkpoint
-    had allocated to a new allocation. Without record_stream: c10
-    checkpoints no block that waits for another stream."""
-    import random
-    files = []
-    for seed in range(lists):
-        rng = random.Random(1000 + seed)
+        rng = random.Random(1000 + seed if checkpoints else seed)
         lines, live, next_id = [], {}, 0  # live: allocation -> its pool (0: the device's own)
-        uses, routes, checkpoints, next_pool = {}, [], [], 1  # routes: (pool, stream or None) in order
+        uses, routes, taken, next_pool = {}, [], [], 1  # routes: (pool, stream or None) in order
 
-        def pool_of(stream):
+        def pool_of(stream):  # the latest routing that takes the stream's requests
             return next((pool for pool, on in reversed(routes) if on in (None, stream)), 0)
         while len(lines) < events:
             choice = rng.random()
-            in_use = [p for p, n in uses.items() if n > 0]
+            routed = [pool for pool, _ in routes]
+            idle = [p for p, n in uses.items() if n > 0 and p not in routed]
             if choice < 0.45 or not live:
                 size = rng.choice([rng.randint(1, 1 << 20), rng.randint(1 << 20, 10 << 20),
                                    rng.randint(10 << 20, 120 << 20)])
@@ -199,29 +146,38 @@ def checkpoint_events(folder, lists=8, events=600):
                 id_ = rng.choice(list(live))
                 del live[id_]
                 lines.append(f"free {id_}")
-            elif choice < 0.86:
-                routed = [p for p, _ in routes]
-                free = [p for p in in_use if p not in routed]
-                if free and rng.random() < 0.7:
-                    pool = rng.choice(free)
+            elif choice < 0.84 and not checkpoints:
+                id_ = rng.choice(list(live))
+                lines.append(f"record_stream {id_} {rng.choice([0, 1, 2])}")
+            elif choice < 0.84:
+                in_use = [p for p, n in uses.items() if n > 0]
+                if in_use:
+                    pool = rng.choice(in_use)
+                    taken.append((pool, sorted(i for i, p in live.items() if p == pool)))
+                    lines.append(f"pool_checkpoint {pool}")
+            elif choice < 0.89:
+                if idle and rng.random() < 0.5:
+                    pool = rng.choice(idle)
                 else:
                     pool, next_pool = next_pool, next_pool + 1
                 on = None if rng.random() < 0.5 else rng.choice([0, 1, 2])
                 routes.append((pool, on))
                 uses[pool] = uses.get(pool, 0) + 1
                 lines.append(f"pool_begin {pool}" + ("" if on is None else f" {on}"))
-            elif choice < 0.9 and routes:
-                pool, _ = routes.pop(rng.randrange(len(routes)))
+            elif choice < 0.93 and routes:
+                pool = rng.choice(routed)
+                del routes[routed.index(pool)]
                 lines.append(f"pool_end {pool}")
-            elif choice < 0.94 and in_use:
-                pool = rng.choice(in_use)
-                checkpoints.append((pool, sorted(i for i, p in live.items() if p == pool)))
-                lines.append(f"pool_checkpoint {pool}")
-            elif choice < 0.98:
-                usable = [n for n, (pool, _) in enumerate(checkpoints) if uses[pool] > 0]
+            elif choice < 0.96 and not checkpoints:
+                if idle:
+                    pool = rng.choice(idle)
+                    uses[pool] -= 1
+                    lines.append(f"pool_release {pool}")
+            elif choice < 0.96:
+                usable = [n for n, (pool, _) in enumerate(taken) if uses[pool] > 0]
                 if usable:
                     number = rng.choice(usable)
-                    pool, held = checkpoints[number]
+                    pool, held = taken[number]
                     for id_ in [i for i, p in live.items() if p == pool]:
                         del live[id_]
                     pairs = []
@@ -234,7 +190,7 @@ def checkpoint_events(folder, lists=8, events=600):
                 lines.append("empty_cache")
             else:
                 lines.append("reset_peaks")
-        path = os.path.join(folder, f"checkpoints-{seed}.txt")
+        path = os.path.join(folder, f"{'checkpoints' if checkpoints else 'pools'}-{seed}.txt")
         with open(path, "w") as out:
             out.write("metamem allocator events 1\n" + "\n".join(lines) + "\n")
         files.append(path)
@@ -288,7 +244,7 @@ def main():
                   hf_events([m for m in args.hf.split(",") if m], folder))
         pools = pool_events(folder)
         kept = [without_releases(path) for path in pools]
-        checkpoints = checkpoint_events(folder)
+        checkpoints = pool_events(folder, lists=8, checkpoints=True)
         for conf in CONFIGS:
             files = traced + (kept if "expandable_segments:True" in conf else pools)
             # The simulator returns no pool to a checkpoint with expandable
