@@ -5,6 +5,7 @@
 #include <c10/core/AutogradState.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <atomic>
 #include <cstring>
 #include <exception>
 
@@ -163,6 +164,8 @@ const FakeCudaGuard* fake_guard() {
   return guard;
 }
 
+std::atomic<bool> g_traced_multithreading{true};
+
 auto& cuda_guard_slot() {
   return c10::impl::device_guard_impl_registry[static_cast<std::size_t>(c10::DeviceType::CUDA)];
 }
@@ -174,6 +177,7 @@ FakeCudaScope::FakeCudaScope()
       previous_hooks_table_(install_fake_cuda_hooks()),
       previous_multithreading_(c10::AutogradState::get_tls_state().get_multithreading_enabled()),
       previous_sdpa_choice_(install_sdpa_choice()) {
+  g_traced_multithreading = previous_multithreading_;
   c10::AutogradState::get_tls_state().set_multithreading_enabled(false);
 }
 
@@ -183,5 +187,8 @@ FakeCudaScope::~FakeCudaScope() {
   exchange_cuda_hooks_table(previous_hooks_table_);
   cuda_guard_slot().store(previous_guard_);
 }
+
+bool traced_autograd_multithreading() { return g_traced_multithreading; }
+void set_traced_autograd_multithreading(bool enabled) { g_traced_multithreading = enabled; }
 
 }  // namespace metamem

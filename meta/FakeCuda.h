@@ -17,6 +17,11 @@ namespace metamem {
 // engine runs backward on the calling thread instead of a device thread (its
 // device threads are counted once, at the first backward of the process).
 // Both are put back as they were when it ends.
+//
+// The traced code's own setting (torch.autograd.set_multithreading_enabled,
+// which torchtitan turns off) is kept apart, starting as the thread's: where
+// it is on, a GPU's backward runs on the device thread, with a cuBLAS handle
+// of its own, and where it is off on the calling thread, with that thread's.
 class FakeCudaScope {
  public:
   FakeCudaScope();
@@ -30,5 +35,10 @@ class FakeCudaScope {
   bool previous_multithreading_;
   void* previous_sdpa_choice_;
 };
+
+// The traced code's autograd multithreading setting while a FakeCudaScope
+// lives (the thread's own outside one).
+bool traced_autograd_multithreading();
+void set_traced_autograd_multithreading(bool enabled);
 
 }  // namespace metamem

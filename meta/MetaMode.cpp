@@ -255,9 +255,10 @@ void report_cublas_workspace(const c10::OperatorHandle& op, c10::ArrayRef<c10::I
     bytes = cublas_workspace_bytes(gpu.major, gpu.minor);
     g_mode.cublas_workspace_bytes.store(bytes, std::memory_order_relaxed);
   }
-  const bool in_backward = torch::autograd::get_current_graph_task_id() != -1;
+  const bool on_device_thread =
+      torch::autograd::get_current_graph_task_id() != -1 && traced_autograd_multithreading();
   observer->on_workspace(static_cast<std::size_t>(bytes),
-                         in_backward ? std::thread::id() : std::this_thread::get_id());
+                         on_device_thread ? std::thread::id() : std::this_thread::get_id());
 }
 
 // cuBLASLt's float8 products run from compute capability 8.9 (Ada, Hopper

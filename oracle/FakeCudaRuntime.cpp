@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <algorithm>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -78,6 +79,16 @@ class FakeGpu {
   void give_back(std::uintptr_t address, std::size_t bytes) {
     given_back_.emplace((bytes + kPage - 1) / kPage * kPage, address);
   }
+  bool on_device(const void* pointer) const {
+    const auto address = reinterpret_cast<std::uintptr_t>(pointer);
+    return address >= begin_ && address < end_;
+  }
+  std::map<std::uintptr_t, std::size_t> pinned;  // cudaHostAlloc'd: address -> bytes
+  bool is_pinned(const void* pointer) const {
+    const auto address = reinterpret_cast<std::uintptr_t>(pointer);
+    auto after = pinned.upper_bound(address);
+    return after != pinned.begin() && address < std::prev(after)->first + std::prev(after)->second;
+  }
 
  private:
   FakeGpu() {
@@ -88,10 +99,10 @@ class FakeGpu {
       std::fprintf(stderr, "fake CUDA runtime: cannot reserve %zu bytes of address space\n", range);
       std::abort();
     }
-    next_ = (reinterpret_cast<std::uintptr_t>(base) + kPage - 1) / kPage * kPage;
+    begin_ = next_ = (reinterpret_cast<std::uintptr_t>(base) + kPage - 1) / kPage * kPage;
     end_ = reinterpret_cast<std::uintptr_t>(base) + range;
   }
-  std::uintptr_t next_ = 0, end_ = 0;
+  std::uintptr_t begin_ = 0, next_ = 0, end_ = 0;
   std::multimap<std::size_t, std::uintptr_t> given_back_;  // by size
 };
 
@@ -497,11 +508,40 @@ cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
 // Pinned host memory (an .item() stages its value there) is host memory.
 cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int) {
   *ptr = std::calloc(size == 0 ? 1 : size, 1);
-  return *ptr ? cudaSuccess : fail(cudaErrorMemoryAllocation);
+  if (!*ptr) return fail(cudaErrorMemoryAllocation);
+  FakeGpu& gpu = FakeGpu::get();
+  std::lock_guard<std::mutex> lock(gpu.mutex);
+  gpu.pinned.emplace(reinterpret_cast<std::uintptr_t>(*ptr), size);
+  return cudaSuccess;
 }
 cudaError_t cudaMallocHost(void** ptr, size_t size) { return cudaHostAlloc(ptr, size, 0); }
 cudaError_t cudaFreeHost(void* ptr) {
+  {
+    FakeGpu& gpu = FakeGpu::get();
+    std::lock_guard<std::mutex> lock(gpu.mutex);
+    gpu.pinned.erase(reinterpret_cast<std::uintptr_t>(ptr));
+  }
   std::free(ptr);
+  return cudaSuccess;
+}
+// Asked of a host tensor copied to the device (is_pinned): device memory is
+// the fake device's address range, pinned memory what cudaHostAlloc gave
+// (any address inside it), the rest ordinary host memory, which CUDA
+// answers as unregistered.
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* pointer) {
+  FakeGpu& gpu = FakeGpu::get();
+  std::lock_guard<std::mutex> lock(gpu.mutex);
+  *attributes = {};
+  if (gpu.on_device(pointer)) {
+    attributes->type = cudaMemoryTypeDevice;
+    attributes->devicePointer = const_cast<void*>(pointer);
+  } else if (gpu.is_pinned(pointer)) {
+    attributes->type = cudaMemoryTypeHost;
+    attributes->hostPointer = attributes->devicePointer = const_cast<void*>(pointer);
+  } else {
+    attributes->type = cudaMemoryTypeUnregistered;
+    attributes->device = -2;  // cudaInvalidDeviceId
+  }
   return cudaSuccess;
 }
 cudaError_t cudaHostRegister(void*, size_t, unsigned int) { return cudaSuccess; }

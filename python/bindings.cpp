@@ -32,6 +32,7 @@
 #include "meta/CublasWorkspace.h"
 #include "meta/CudaAttention.h"
 #include "meta/CudaGraphCapture.h"
+#include "meta/FakeCuda.h"
 #include "meta/KnownValues.h"
 #include "meta/MetaMode.h"
 #include "meta/MetaTensor.h"
@@ -753,6 +754,9 @@ PYBIND11_MODULE(_metamem, m) {
   m.def("free_traced_storage_now", [](py::handle storage, std::int64_t address) {
     metamem::free_buffer_now(THPStorage_Unpack(storage.ptr()), address);
   });
+  m.def("traced_autograd_multithreading", &metamem::traced_autograd_multithreading,
+        "The traced code's torch.autograd.set_multithreading_enabled setting (fake cuda).");
+  m.def("set_traced_autograd_multithreading", &metamem::set_traced_autograd_multithreading, py::arg("enabled"));
   m.def("set_traced_storage_access_error", [](py::handle storage, std::string message) {
     metamem::set_access_error(THPStorage_Unpack(storage.ptr()), std::move(message));
   });

@@ -632,6 +632,28 @@ def _patch_fake_tensor_mode(patches):
     patches.set(FakeTensorMode, "__torch_dispatch__", outside)
 
 
+def _patch_autograd_multithreading(patches):
+    """torch.autograd.set_multithreading_enabled on the trace's thread sets
+    the traced code's own setting: the trace runs backward on this thread
+    whatever it is, and the setting decides whose cuBLAS handle backward's
+    products take, the device thread's or this thread's (torchtitan turns it
+    off: one workspace instead of two). Other threads keep their own."""
+    owner = threading.get_ident()
+    is_enabled, set_enabled = torch._C._is_multithreading_enabled, torch._C._set_multithreading_enabled
+
+    def traced_is_enabled():
+        return _metamem.traced_autograd_multithreading() if threading.get_ident() == owner else is_enabled()
+
+    def traced_set_enabled(enabled):
+        if threading.get_ident() != owner:
+            return set_enabled(enabled)
+        _metamem.set_traced_autograd_multithreading(bool(enabled))
+
+    patches.set(torch._C, "_is_multithreading_enabled", traced_is_enabled)
+    patches.set(torch._C, "_set_multithreading_enabled", traced_set_enabled)
+    patches.set(torch.autograd, "is_multithreading_enabled", traced_is_enabled)
+
+
 def _patch_data_loader_workers(patches):
     """A DataLoader's workers are processes, each with its own copy of the
     dataset: traced tensors there have no trace, and a batch in shared
@@ -716,6 +738,8 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
                 _patch_truncated_normal(patches)
                 _patch_fake_tensor_mode(patches)
                 _patch_data_loader_workers(patches)
+                if device == "cuda":
+                    _patch_autograd_multithreading(patches)
                 groups = None
                 if world_size is not None:
                     groups = stack.enter_context(_distributed.ranks(device, world_size, rank, nproc_per_node))

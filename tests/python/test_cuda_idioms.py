@@ -5,6 +5,7 @@ against the real CPU run."""
 
 import os
 import subprocess
+import textwrap
 
 import pytest
 import torch
@@ -131,6 +132,37 @@ def test_each_stream_gets_its_own_cublas_workspace():
             a @ a
         assert torch.cuda.memory_allocated() - before == 32 * MiB
         assert [s["stream"] for s in torch.cuda.memory_snapshot() if s["total_size"] == 32 * MiB] == [0, 1]
+
+
+# Backward's products take autograd's device thread's cuBLAS handle, and so
+# a workspace of its own, unless the code turned autograd's multithreading
+# off (torchtitan does): then the calling thread's.
+BACKWARD_WORKSPACES = """
+def backward_workspaces(multithreading):
+    with torch.autograd.set_multithreading_enabled(multithreading):
+        assert torch.autograd.is_multithreading_enabled() == multithreading
+        linear = torch.nn.Linear(256, 256).cuda()
+        linear(torch.randn(64, 256, device="cuda", requires_grad=True)).sum().backward()
+    return [s["total_size"] for s in torch.cuda.memory_snapshot()].count(32 * 1024 * 1024)
+"""
+
+
+@pytest.mark.parametrize("multithreading", [True, False])
+def test_backward_takes_the_cublas_handle_of_the_thread_it_runs_on(multithreading):
+    exec(BACKWARD_WORKSPACES, globals())
+    before = torch.autograd.is_multithreading_enabled()
+    with metamem.trace(device="cuda", gpu="H100-80GB"):
+        workspaces = backward_workspaces(multithreading)  # noqa: F821 (defined by the exec above)
+        torch.autograd.set_multithreading_enabled(not before)  # the traced code's own setting
+    assert workspaces == (2 if multithreading else 1)
+    assert torch.autograd.is_multithreading_enabled() == before  # put back as it was
+    oracle = os.environ.get("METAMEM_ORACLE", "")
+    if os.path.exists(os.path.join(oracle, "libmetamem_fake_cuda_preload.so")):
+        import metamem._metamem as native
+        from real_torch_on_fake_gpu import PROLOGUE, measure
+
+        assert measure(oracle, native.gpu("H100-80GB"), PROLOGUE + "import torch\n" + BACKWARD_WORKSPACES
+                       + f"print(json.dumps(backward_workspaces({multithreading})))\n") == workspaces
 
 
 def test_memory_statistics_follow_the_simulated_caching_allocator():
@@ -451,6 +483,26 @@ def test_pinned_host_memory_is_not_the_gpus():
             step(pin)
         peaks.append(t.peak_bytes)
     assert peaks[0] == peaks[1] > 0
+
+
+def test_the_fake_gpu_tells_pinned_memory_from_host_and_device_memory():
+    # A host tensor copied to the device asks whether it is pinned
+    # (cudaPointerGetAttributes); torchtitan's batches are.
+    oracle = os.environ.get("METAMEM_ORACLE", "")
+    if not os.path.exists(os.path.join(oracle, "libmetamem_fake_cuda_preload.so")):
+        pytest.skip(f"METAMEM_ORACLE={oracle!r} holds no fake GPU to run real torch on")
+    import metamem._metamem as native
+    from real_torch_on_fake_gpu import PROLOGUE, measure
+
+    program = PROLOGUE + textwrap.dedent("""
+        import torch
+        pinned = torch.empty(8, 64).pin_memory()
+        host = torch.arange(64).expand(8, -1)
+        on_device = host.to("cuda", non_blocking=True)
+        print(json.dumps([pinned.is_pinned(), pinned[4:].is_pinned(), host.is_pinned(), on_device.stride(0),
+                          torch.cuda.memory_allocated()]))
+    """)
+    assert measure(oracle, native.gpu("H100-80GB"), program) == [True, True, False, 64, 4096]
 
 
 def test_reading_a_value_is_a_named_error_unless_placeholders_are_asked():
