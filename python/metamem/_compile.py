@@ -242,7 +242,7 @@ class CompiledCode(CompilingAside):
         # gone or not its own. Each rank's graphs are its own, as in its
         # own process: dropped from Dynamo's cache when the trace ends, and
         # not taken from AOTAutograd's.
-        self.guards = [] if ranks else None
+        self.guards = [] if ranks else None  # (the code compiled, its guards)
         self.wrappers = set()  # id() of the globals of the wrapper modules made traceable
         self.loaded = []  # the wrapper modules loaded during the block
         self.owner = threading.get_ident()
@@ -261,11 +261,35 @@ class CompiledCode(CompilingAside):
         if self.installed and self.cuda is not None:
             _compile_cuda.uninstall()
         self._drop_loaded()
-        for guards in self.guards or ():
-            guards.invalidate("the trace's process groups")  # "... got deallocated": Dynamo's words
+        self._drop_rank_graphs()
         if self.warning_filter in warnings.filters:
             warnings.filters.remove(self.warning_filter)
             warnings._filters_mutated()
+
+    def _drop_rank_graphs(self):
+        """The graphs compiled for this rank's process groups leave Dynamo's
+        cache. An entry it only invalidates still counts towards its
+        recompile limit: a search that traces many ranks or batches in one
+        process would reach it (torchtitan's compiled FlexAttention and
+        block mask, recompiled in each trace) and run those functions eagerly
+        from then on. A function whose every entry is the trace's is reset,
+        and what Dynamo learnt of its sizes forgotten: the next trace, of
+        another batch, compiles it static, as its own process would."""
+        from torch._dynamo import pgo
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list, reset_code
+        from torch._dynamo.guards import DeletedGuardManagerWrapper
+
+        for _, guards in self.guards or ():
+            guards.invalidate("the trace's process groups")  # "... got deallocated": Dynamo's words
+        reset = set()
+        for code in {code for code, _ in self.guards or ()}:
+            if all(isinstance(entry.guard_manager, DeletedGuardManagerWrapper)
+                   for entry in _debug_get_cache_entry_list(code)):
+                reset_code(code)
+                reset.add((code.co_filename, code.co_firstlineno, code.co_name))
+        for code_id in [code_id for code_id in pgo._CODE_STATE or ()
+                        if (code_id.filename, code_id.firstlineno, code_id.name) in reset]:
+            del pgo._CODE_STATE[code_id]
 
     def _patch(self):
         super()._patch()
@@ -373,7 +397,7 @@ class CompiledCode(CompilingAside):
             with _metamem.InsideTrace():
                 guards = check_function_manager(*args, **kwargs)
             if self.guards is not None:
-                self.guards.append(guards)
+                self.guards.append((args[0] if args else kwargs["f_code"], guards))
             return guards
         return built
 

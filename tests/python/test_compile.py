@@ -142,6 +142,30 @@ def test_a_function_compiled_in_each_of_two_traces_is_traced_in_both():
     assert peaks[0] == peaks[1] == metamem.achieved_cpu(step)
 
 
+def test_a_ranks_graphs_leave_dynamos_cache_with_what_it_learnt_of_sizes():
+    # A rank's graphs name its process groups, so they end with its trace.
+    # Left in Dynamo's cache, invalidated, they counted towards its
+    # recompile limit: a layout search of many traces in one process ran
+    # the function eagerly after eight (torchtitan's compiled FlexAttention
+    # and block mask). And each trace compiles static, as a process of its
+    # own would, not dynamic for having met other batch sizes before.
+    from torch._dynamo import pgo
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    def loss(x):
+        return (x * 2).sin().sum()
+
+    compiled = torch.compile(loss)
+    peaks = []
+    for batch in range(1, torch._dynamo.config.recompile_limit + 3):
+        with metamem.trace(device="cpu", world_size=2) as t:
+            compiled(torch.randn(batch, 64, requires_grad=True)).backward()
+        assert _debug_get_cache_entry_list(loss.__code__) == []
+        assert not [code for code in pgo._CODE_STATE or () if code.name == "loss"
+                    and code.firstlineno == loss.__code__.co_firstlineno]
+        peaks.append(t.peak_bytes)
+    assert peaks[-1] == peaks[-2] + 2 * 64 * 4  # one row more: 256 B for the input, 256 B for its gradient
+
 def test_compiled_code_outside_the_block_is_untouched():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU())
