@@ -64,6 +64,7 @@ requires = importlib.metadata.requires("metamem")
 plain = [r for r in requires if "extra ==" not in r]
 extra = sorted(r.split(";")[0].split("==")[0] for r in requires if r.endswith("extra == \"models\""))
 assert plain == wanted, f"metamem requires {plain}, built against {wanted}"
-assert extra == ["diffusers", "timm", "torchtitan", "transformers"], f"the models extra holds {extra}"
+assert extra == ["datasets", "diffusers", "einops", "spmd_types", "tensorboard", "timm", "torch_checkpointing",
+                 "torchdata", "torchtitan", "transformers", "tyro", "wandb"], f"the models extra holds {extra}"
 '
 echo "pip install: the installed metamem command and module answer as the build tree's (peak $installed_peak B)"

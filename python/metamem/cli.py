@@ -129,8 +129,8 @@ def parser():
                    "checkpointing (default the preset's)")
     p.add_argument("--compile", choices=["on", "off"], help="--torchtitan: torch.compile of each block and of the "
                    "loss (default the preset's: on for 405B)")
-    p.add_argument("--float8", choices=["on", "off"], help="--torchtitan: float8 linears, tensorwise, all-gathered "
-                   "in float8 (default the preset's: on for 405B; GPUs of compute capability 8.9 and up)")
+    p.add_argument("--float8", choices=["on", "off"], help="--torchtitan: float8 linears, rowwise, the output "
+                   "layer in bf16 (default the preset's: on for 405B; GPUs of compute capability 8.9 and up)")
     add_trace_flags(p, values="error")
     add_report_flags(p)
     p.add_argument("--achieved", action="store_true", help="profile: also run the step for real (--device cpu)")

@@ -1,10 +1,9 @@
-"""Llama 3 as torchtitan trains it, one rank at a time: torchtitan's own
-model, float8 converter, parallelize function (tensor parallelism,
-activation checkpointing, torch.compile of each block, FSDP2 with bf16
-compute), loss (compiled with the blocks), optimizer and gradient clipping,
-set up and stepped as its Trainer does, with torchtitan's presets for 8B,
-70B and 405B as it ships them (405B compiled, with float8), inside
-trace(world_size=N, rank=r).
+"""Llama 3 as torchtitan 0.3 trains it, one rank at a time: torchtitan's own
+Trainer, built from its config registry's presets for 8B, 70B and 405B as
+it ships them (FlexAttention, the chunked loss, the forward and backward
+captured in a CUDA graph, spmd_types' tensor parallelism, FSDP2 with bf16
+compute; 405B compiled, with rowwise float8 and async tensor parallelism),
+stepped as its training loop steps it, inside trace(world_size=N, rank=r).
 
     import metamem.torchtitan as titan
     t = titan.trace("8B", world_size=8)           # rank 0 of torchtitan's 8B preset
@@ -12,13 +11,17 @@ trace(world_size=N, rank=r).
     titan.largest_batch("70B", world_size=64)      # local batch on 80 GiB H100s
     titan.trace("405B", compile=False, float8=False)   # 405B eager, in bf16
 
+The tokenizer and the data loader are stand-ins: batches of random tokens,
+one document to a sequence, shaped as torchtitan's text loader shapes them
+(they change no memory on the GPU beyond the batch itself); validation,
+metrics files and checkpoints are off (none runs in the steps traced).
 torchtitan is an optional dependency (`pip install .[models]`).
 """
 
-import copy
+import contextlib
 import dataclasses
-import os
-import unittest.mock
+import functools
+import gc
 
 import torch
 
@@ -26,30 +29,32 @@ from . import gpu_memory
 from . import largest_batch_by_line
 from . import trace as metamem_trace
 
-__all__ = ["PRESETS", "Preset", "job_config", "training_step", "trace", "largest_batch"]
+__all__ = ["PRESETS", "Preset", "trainer_config", "training_step", "trace", "largest_batch"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Preset:
-    """A torchtitan training configuration: its GPUs and what each rank runs."""
+    """A torchtitan training configuration: its GPUs and what each rank runs,
+    as its config registry function `registry` sets it."""
 
     world_size: int
+    registry: str
     local_batch_size: int
     seq_len: int
     tensor_parallel: int
     activation_checkpoint: str  # "none", "selective" (torchtitan's op policy) or "full"
     compile: bool = False  # each block and the loss compiled
-    float8: bool = False  # float8 linears (tensorwise), all-gathered in float8 by FSDP2
+    float8: bool = False  # float8 linears (rowwise), the output layer kept in bf16
     async_tensor_parallel: bool = False  # Inductor's micro-pipelined TP (asks for compile)
 
 
-# torchtitan's train_configs/llama3_{8b,70b,405b}.toml; the debug model is
-# its debug_model.toml with two-way tensor parallelism, for quick checks.
+# torchtitan.models.llama3.config_registry, with the GPUs each job is for
+# (tests/python/test_torchtitan.py checks them against it).
 PRESETS = {
-    "debugmodel": Preset(8, 8, 2048, 2, "selective"),
-    "8B": Preset(8, 1, 8192, 1, "selective"),
-    "70B": Preset(64, 8, 8192, 8, "full"),
-    "405B": Preset(512, 2, 8192, 8, "full", compile=True, float8=True, async_tensor_parallel=True),
+    "debugmodel": Preset(8, "llama3_debugmodel", 8, 2048, 1, "selective"),
+    "8B": Preset(8, "llama3_8b", 1, 8192, 1, "selective"),
+    "70B": Preset(64, "llama3_70b", 8, 8192, 8, "full"),
+    "405B": Preset(512, "llama3_405b", 2, 8192, 8, "full", compile=True, float8=True, async_tensor_parallel=True),
 }
 
 
@@ -60,129 +65,161 @@ def _torchtitan():
         raise ImportError("metamem.torchtitan needs torchtitan: pip install .[models]") from error
 
 
-def job_config(flavor, local_batch_size=None, seq_len=None, tensor_parallel=None, activation_checkpoint=None,
-               compile=None, float8=None):
-    """torchtitan's JobConfig for Llama 3 `flavor` (a key of PRESETS) with its
-    preset, any of whose values the arguments replace."""
+@functools.cache
+def _stand_ins():
+    """The tokenizer and the data loader torchtitan's Trainer builds, in
+    place of its Hugging Face ones (no files, no downloads)."""
+    from torchtitan.components.dataloader import BaseDataLoader
+    from torchtitan.components.tokenizer import BaseTokenizer
+
+    class RandomTokens(BaseDataLoader):
+        """Batches as torchtitan's text loader yields them: inputs, labels
+        and per-document positions, each a contiguous host tensor."""
+
+        @dataclasses.dataclass(kw_only=True, slots=True)
+        class Config(BaseDataLoader.Config):
+            vocab_size: int = 0
+
+        def __init__(self, config, *, local_batch_size, seq_len, **unused):
+            self.vocab_size, self.batch, self.seq = config.vocab_size, local_batch_size, seq_len
+
+        def __iter__(self):
+            while True:
+                inputs = torch.randint(0, self.vocab_size, (self.batch, self.seq))
+                labels = torch.randint(0, self.vocab_size, (self.batch, self.seq))
+                positions = torch.arange(self.seq).repeat(self.batch, 1)
+                yield {"input": inputs, "positions": positions}, labels
+
+        def state_dict(self):
+            return {}
+
+        def load_state_dict(self, state_dict):
+            pass
+
+    class NoTokenizer(BaseTokenizer):
+        @dataclasses.dataclass(kw_only=True, slots=True)
+        class Config(BaseTokenizer.Config):
+            pass
+
+        def __init__(self, config, **unused):
+            super().__init__()
+
+        def encode(self, *args, **kwargs):
+            raise NotImplementedError("metamem's torchtitan runs on random tokens")
+
+        decode = encode
+
+        def get_vocab_size(self):
+            return 0
+
+    return RandomTokens, NoTokenizer
+
+
+def trainer_config(flavor, local_batch_size=None, seq_len=None, tensor_parallel=None, activation_checkpoint=None,
+                   compile=None, float8=None, cuda_graphs=None):
+    """torchtitan's Trainer.Config for Llama 3 `flavor` (a key of PRESETS)
+    as its config registry ships it, any of whose values the arguments
+    replace, with random tokens for data. Call it inside a trace on fake
+    cuda: torchtitan's float8 converter asks the GPU whether it runs float8
+    (and, as torchtitan builds it, turns Inductor's emulate_precision_casts
+    on for the process)."""
     _torchtitan()
-    from torchtitan.config import JobConfig
+    from torchtitan.components.quantization import Float8LinearConverter
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+    from torchtitan.models.llama3 import config_registry, model_registry
 
     if flavor not in PRESETS:
         raise ValueError(f"unknown flavor {flavor!r}: one of {', '.join(PRESETS)}")
+    if activation_checkpoint not in (None, "none", "selective", "full"):
+        raise ValueError(f"activation_checkpoint {activation_checkpoint!r}: none, selective or full")
     preset = PRESETS[flavor]
-    config = JobConfig()
-    config.model.name, config.model.flavor = "llama3", flavor
-    config.training.local_batch_size = local_batch_size or preset.local_batch_size
-    config.training.seq_len = seq_len or preset.seq_len
-    config.parallelism.tensor_parallel_degree = tensor_parallel or preset.tensor_parallel
-    config.activation_checkpoint.mode = activation_checkpoint or preset.activation_checkpoint
-    config.activation_checkpoint.selective_ac_option = "op"
-    config.compile.enable = preset.compile if compile is None else compile
-    config.parallelism.enable_async_tensor_parallel = preset.async_tensor_parallel and config.compile.enable
-    if preset.float8 if float8 is None else float8:
-        # The 405B toml names the converter "float8", which torchtitan 0.2.2
-        # no longer registers (its Trainer stops with a KeyError); its float8
-        # docs name it as here. parallelize_llama still looks for "float8" to
-        # split float8 linears with float8 tensor parallelism: under this
-        # name they are split as bf16 ones are, as torchtitan runs them.
-        config.model.converters = ["quantize.linear.float8"]
-        float8_config = config.quantize.linear.float8
-        float8_config.enable_fsdp_float8_all_gather = True
-        float8_config.precompute_float8_dynamic_scale_for_fsdp = True
-        float8_config.filter_fqns = ["output"]
+    config = getattr(config_registry, preset.registry)()
+    if compile is not None:
+        config.compile.enable = compile
+        config.compile.enable_async_tensor_parallel = compile and preset.async_tensor_parallel
+    float8 = preset.float8 if float8 is None else float8
+    if float8 != preset.float8 or (float8 and compile is not None):
+        # The float8 converter is part of the model's config, told whether the
+        # model is compiled: rebuilt as the 405B preset builds it.
+        compiled = config.compile.enable and "model" in config.compile.components
+        converters = [Float8LinearConverter.Config(filter_fqns=["lm_head"], model_compile_enabled=compiled)]
+        config.model_spec = model_registry(flavor, converters=converters if float8 else None)
+    training, parallelism = config.training, config.parallelism
+    training.local_batch_size = local_batch_size or training.local_batch_size
+    training.seq_len = seq_len or training.seq_len
+    parallelism.tensor_parallel_degree = tensor_parallel or parallelism.tensor_parallel_degree
+    if activation_checkpoint is not None:
+        config.activation_checkpoint = {"none": None, "selective": SelectiveAC.Config(),
+                                        "full": FullAC.Config()}[activation_checkpoint]
+    if cuda_graphs is not None:
+        training.disable_cuda_graphs = not cuda_graphs
+    random_tokens, no_tokenizer = _stand_ins()
+    config.tokenizer = no_tokenizer.Config()
+    config.dataloader = random_tokens.Config(vocab_size=config.model_spec.model.vocab_size)
+    config.validator.enable = False
+    config.metrics.enable_tensorboard = config.metrics.enable_wandb = False
     return config
 
 
-def training_step(config, steps=2, device="cuda"):
-    """A function that runs `steps` of torchtitan's training step for
-    `config` on this rank, from process group to optimizer, as its Trainer
-    sets up and steps: model built on the meta device, converted (float8),
-    parallelized (compiled), materialized on the rank's GPU and initialized;
-    each step forward and loss (loss parallel under tensor parallelism),
-    backward, gradient clipping, AdamW, float8 scales. Tokens are random:
-    the data loader and tokenizer change no memory on the GPU. On the CPU
-    (`device="cpu"`, gloo) for real runs to check traces against.
-    Inductor's settings that torchtitan changes are put back after."""
-    _torchtitan()
+@contextlib.contextmanager
+def _settings_kept():
+    """What torchtitan's Trainer sets for the process (Inductor's, Dynamo's
+    and AOTAutograd's settings, the garbage collector, which it turns off
+    to collect by itself) put back after it."""
+    import torch._dynamo.config
+    import torch._functorch.config
     import torch._inductor.config
-    import torch.distributed as dist
-    from torch.distributed.fsdp import FSDPModule
-    import torchtitan.components.quantization.float8  # noqa: F401  (registers the float8 converter)
-    from torchtitan.config import TORCH_DTYPE_MAP
-    from torchtitan.distributed import ParallelDims, parallel_dims
-    from torchtitan.distributed import utils as dist_utils
-    from torchtitan.protocols.model_converter import build_model_converters
-    from torchtitan.protocols.train_spec import get_train_spec
-    from torchtitan.tools import utils
 
-    inductor = torch._inductor.config
-    set_by_torchtitan = {"_micro_pipeline_tp": inductor._micro_pipeline_tp,
-                         "emulate_precision_casts": inductor.emulate_precision_casts}
+    modules = (torch._inductor.config, torch._dynamo.config, torch._functorch.config)
+    saved = [module.get_config_copy() for module in modules]
+    collecting = gc.isenabled()
+    try:
+        yield
+    finally:
+        for module, settings in zip(modules, saved):
+            now = module.get_config_copy()
+            module.load_config({key: value for key, value in settings.items() if now[key] != value})
+        if collecting:
+            gc.enable()
 
-    @inductor.patch(set_by_torchtitan)
-    @unittest.mock.patch.object(parallel_dims, "device_type", device)  # its meshes' device, "cuda" without a GPU
+
+def training_step(flavor, steps=2, **overrides):
+    """A function that builds torchtitan's Trainer for `flavor` on this rank
+    (trainer_config(flavor, **overrides)) and runs `steps` of its training
+    step as its training loop does: model built on the meta device,
+    converted (float8), parallelized (compiled), materialized on the rank's
+    GPU and initialized; each step forward and loss, backward (both
+    captured in a CUDA graph from the second step, and replayed after),
+    gradient clipping, AdamW, the learning-rate schedule."""
+    _torchtitan()
+    from torchtitan.trainer import Trainer
+
     def step():
-        if not dist.is_initialized():  # a real gloo run's process made its group
-            dist.init_process_group("nccl" if device == "cuda" else "gloo")
-        rank_device = torch.device(device)
-        if device == "cuda":
-            rank_device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-            torch.cuda.set_device(rank_device)
-        parallelism = config.parallelism
-        dims = ParallelDims(dp_shard=parallelism.data_parallel_shard_degree,
-                            dp_replicate=parallelism.data_parallel_replicate_degree,
-                            cp=parallelism.context_parallel_degree, tp=parallelism.tensor_parallel_degree,
-                            pp=parallelism.pipeline_parallel_degree, ep=parallelism.expert_parallel_degree,
-                            etp=parallelism.expert_tensor_parallel_degree, world_size=dist.get_world_size())
-        spec = get_train_spec(config.model.name)
-        model_args = copy.deepcopy(spec.model_args[config.model.flavor])  # the Trainer changes torchtitan's own
-        model_args.update_from_config(config)
-        with torch.device("meta"), utils.set_default_dtype(TORCH_DTYPE_MAP[config.training.dtype]):
-            model = spec.model_cls(model_args)
-        converters = build_model_converters(config, dims)
-        converters.convert(model)
-        loss_fn = spec.build_loss_fn(config, parallel_dims=dims)
-        model = spec.parallelize_fn(model, dims, config)
-        if device == "cpu":  # gloo has no premultiplied sum: FSDP2 sums, then divides in place
-            for module in model.modules():
-                if isinstance(module, FSDPModule):
-                    module.set_force_sum_reduction_for_comms(True)
-        model.to_empty(device=device)
-        with torch.no_grad():
-            model.init_weights(buffer_device=None)
-        model.train()
-        optimizers = spec.build_optimizers_fn([model], config.optimizer, dims)
-        optimizers.register_step_post_hook(lambda *args, **kwargs: converters.post_optimizer_hook([model]))
-        train_context = dist_utils.get_train_context(dims.tp_enabled and not parallelism.disable_loss_parallel)
-        amp = dist_utils.maybe_enable_amp(dims, config.training.mixed_precision_param, device)
-        batch, seq = config.training.local_batch_size, config.training.seq_len
-        for _ in range(steps):
-            optimizers.zero_grad()
-            tokens = torch.randint(0, model_args.vocab_size, (batch, seq + 1))
-            inputs, labels = tokens[:, :-1].to(rank_device), tokens[:, 1:].to(rank_device)
-            # The Trainer sums valid tokens over the data-parallel ranks.
-            valid_tokens = torch.tensor(batch * seq * dims.dp_shard, dtype=torch.float, device=rank_device)
-            with train_context():
-                with amp:
-                    pred = model(inputs)
-                    loss = loss_fn(pred, labels) / valid_tokens
-                del pred
-                loss.backward()
-            dist_utils.clip_grad_norm_(list(model.parameters()), config.training.max_norm, foreach=True,
-                                       pp_mesh=dims.get_optional_mesh("pp"), ep_enabled=dims.ep_enabled)
-            optimizers.step()
+        with _settings_kept():
+            config = trainer_config(flavor, **overrides)
+            # torchtitan's init_distributed turns autograd's multithreading
+            # off before it makes the process group; a trace's group is made
+            # already, which it takes instead, skipping both.
+            torch.autograd.set_multithreading_enabled(False)
+            trainer = Trainer(config)
+            batches = trainer.batch_generator(trainer.dataloader)
+            for _ in range(steps):
+                trainer.step += 1
+                trainer.gc_handler.run(trainer.step)
+                trainer.train_step(batches)
+            trainer.close()
 
     return step
 
 
 def trace(flavor, world_size=None, rank=0, gpu="H100-80GB", steps=2, **overrides):
     """Rank `rank` of torchtitan's `flavor` preset on `world_size` GPUs (the
-    preset's by default) traced on fake cuda; `overrides` go to job_config().
-    Initialization's truncated normals branch on values: they read zeros."""
-    config = job_config(flavor, **overrides)
+    preset's by default) traced on fake cuda; `overrides` go to
+    trainer_config(). Values the step reads (the loss it logs) are
+    placeholders; initialization's truncated normals read zeros."""
     world_size = world_size or PRESETS[flavor].world_size
     with metamem_trace(device="cuda", gpu=gpu, world_size=world_size, rank=rank, values="placeholder") as t:
-        training_step(config, steps)()
+        training_step(flavor, steps, **overrides)()
     return t
 
 

@@ -1,7 +1,7 @@
-"""Eleven models' training steps, eager or compiled (issue 46's table): the
+"""Ten models' training steps, eager or compiled (issue 46's table): the
 test LM and the same with a graph break, transformers' Llama, Mistral,
 GPT-2 and BERT, timm's ViT and ConvNeXt, diffusers' UNet and torchtitan's
-Llama 3 debug model, with SDPA and with FlexAttention. Each is built on the CPU before its step (so that
+Llama 3 debug model, with FlexAttention. Each is built on the CPU before its step (so that
 initializers that read random values run for real) and the step moves it
 to the device, compiles it as its users do and runs two AdamW steps. It
 imports only torch and the models' libraries: real torch on the fake GPU
@@ -71,27 +71,23 @@ def unet():
     return model, loss
 
 
-class _EndOfText:
-    """The one thing torchtitan's document masks ask of a tokenizer."""
-    eos_id = 1
+def torchtitan_debug_model():
+    from torchtitan.models.llama3 import model_registry
 
-
-def torchtitan_debug_model(flavor="debugmodel"):
-    from torchtitan.models.llama3 import Transformer, llama3_args
-
-    args = llama3_args[flavor]
-    model = Transformer(args)
+    config = model_registry("debugmodel").model  # FlexAttention, Llama 3's only attention since torchtitan 0.3
+    model = config.build()
     with torch.no_grad():  # as torchtitan's trainer initializes
-        model.init_weights()
+        model.init_weights(buffer_device=None)
 
     def loss(model, device):
         batch, seq = SIZES[device]
-        tokens = torch.randint(0, args.vocab_size, (batch, seq + 1), device=device)
-        inputs = tokens[:, :-1]
-        # FlexAttention: a block mask for each batch's documents, made as
-        # torchtitan's trainer makes it, by a compiled create_block_mask
-        masks = model.get_attention_masks(inputs, _EndOfText) if args.attn_type == "flex" else None
-        return F.cross_entropy(model(inputs, attention_masks=masks).flatten(0, 1), tokens[:, 1:].flatten())
+        tokens = torch.randint(0, config.vocab_size, (batch, seq + 1), device=device)
+        # One document to a sequence, its block mask made as torchtitan's
+        # trainer makes it, by a compiled create_block_mask.
+        positions = torch.arange(seq, device=device).repeat(batch, 1)
+        masks = model.get_attention_masks(positions=positions)
+        logits = model(tokens[:, :-1], positions=positions, attention_masks=masks)
+        return F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
     return model, loss
 
 
@@ -111,14 +107,12 @@ MODELS = {
     "timm ViT-Ti/16 at 64 px": (lambda: timm_classifier("vit_tiny_patch16_224"), "torch.compile"),
     "timm ConvNeXt-Atto at 64 px": (lambda: timm_classifier("convnext_atto"), "torch.compile"),
     "diffusers UNet2DConditionModel": (unet, "torch.compile"),
-    # torchtitan compiles each block, fullgraph (apply_compile).
+    # torchtitan compiles each block, fullgraph (apply_compile), and its
+    # FlexAttention with max-autotune even when the blocks are not.
     "torchtitan Llama 3 debugmodel": (torchtitan_debug_model, "each block"),
-    # Its FlexAttention, compiled by torchtitan with max-autotune even when
-    # the blocks are not.
-    "torchtitan Llama 3 debugmodel_flex_attn": (lambda: torchtitan_debug_model("debugmodel_flex_attn"), "each block"),
 }
 # name: why it cannot train on the CPU
-NOT_ON_CPU = {"torchtitan Llama 3 debugmodel_flex_attn": "FlexAttention has no backward on the CPU (torch)"}
+NOT_ON_CPU = {"torchtitan Llama 3 debugmodel": "FlexAttention has no backward on the CPU (torch)"}
 
 
 def compiled(model, how, mode=None):

@@ -102,37 +102,13 @@ def hf_llama(world, ranks_per_node=None, tensor_parallel=1):
     hf.training_step(cfg, batch=2, seq=32, device="cpu", sharding=sharding)()
 
 
-def torchtitan(world, compile=False):
-    """torchtitan's debug model as metamem.torchtitan trains it, on the CPU:
-    tensor parallel over two ranks, FSDP2 over the rest, no activation
-    checkpointing (compiling changes what backward keeps: 10 MB less at
-    this size), each block and the loss compiled or not."""
-    import metamem.torchtitan as titan
-
-    if compile:
-        # A process running the step again makes new process groups, and
-        # the graphs compiled for it would call the old ones: each run
-        # compiles afresh, as a process of its own does.
-        torch._dynamo.reset()
-    config = titan.job_config("debugmodel", local_batch_size=2, seq_len=256, activation_checkpoint="none",
-                              compile=compile)
-    # AOTAutograd's cache on disk, shared by the ranks' processes, would give
-    # ranks 2 and 3 the compiled loss of ranks 0 and 1: its key does not name
-    # process groups, and that graph all-reduces over theirs ("Could not
-    # resolve the process group registered under the name 11"). A trace of
-    # one rank does not take from it either.
-    with torch._functorch.config.patch(enable_autograd_cache=False):
-        titan.training_step(config, device="cpu")()
-
-
 STEPS = {"fsdp2": fsdp2, "fsdp2_keep_unsharded": lambda world: fsdp2(world, reshard_after_forward=False),
          "tensor_parallel": tensor_parallel, "sequence_parallel": sequence_parallel,
          "pipeline_gpipe": pipeline,
          "pipeline_1f1b": lambda world: pipeline(world, "1F1B"),
          "hf_llama": hf_llama, "hf_llama_hybrid": lambda world: hf_llama(world, ranks_per_node=2),
          "hf_llama_tp": lambda world: hf_llama(world, tensor_parallel=2),
-         "hf_llama_tp_alone": lambda world: hf_llama(world, tensor_parallel=world),
-         "torchtitan": torchtitan, "torchtitan_compiled": lambda world: torchtitan(world, compile=True)}
+         "hf_llama_tp_alone": lambda world: hf_llama(world, tensor_parallel=world)}
 
 
 def _gloo_rank(rank, world, store, name, repeats, results):

@@ -154,7 +154,7 @@ def transformers_architecture(model_type, seq=64):
 
 MODELS = {
     **{name: build for name, (build, _) in compiled_models.MODELS.items()
-       if name != "torchtitan Llama 3 debugmodel_flex_attn"},  # FlexAttention needs the compiler
+       if name != "torchtitan Llama 3 debugmodel"},  # its FlexAttention needs the compiler
     "torchvision ResNet-18": torchvision_classifier("resnet18"),
     "torchvision RegNet-Y 400MF": torchvision_classifier("regnet_y_400mf"),
     "torchvision MobileNet V3": torchvision_classifier("mobilenet_v3_small"),
@@ -178,16 +178,11 @@ def two_steps(name, precision):
     inside would stand on the GPU from its construction), and a function
     that moves it to cuda and runs two AdamW steps, returning each step's
     [max allocated, max reserved]."""
-    from torch.nn.attention import SDPBackend
-
     torch.manual_seed(0)
     model, loss_of = MODELS[name]()
-    for module in model.modules():  # torchtitan's attention picks its own kernels: cuDNN's first
-        if hasattr(module, "sdpa_backends"):
-            module.sdpa_backends = [b for b in module.sdpa_backends if b != SDPBackend.CUDNN_ATTENTION]
 
     def run():
-        from torch.nn.attention import sdpa_kernel
+        from torch.nn.attention import SDPBackend, sdpa_kernel
 
         torch.manual_seed(0)
         with torch.backends.cudnn.flags(enabled=False):  # an RNN flattens its weights for cuDNN as it moves
