@@ -10,6 +10,8 @@ to read it and how to write it back; ProcessState reads them all as the
 block begins and writes back those that differ as it ends.
 """
 
+import copy
+import gc
 import sys
 from typing import Any, Callable, NamedTuple
 
@@ -110,6 +112,41 @@ def _set_process_group(initialized):
         torch.distributed.destroy_process_group()
 
 
+def _compiler_config(module_name):
+    """A torch config module's settings (Inductor's, Dynamo's, ...) as the
+    values set over their defaults, read from each entry's override and not
+    through the module, which would warn of deprecated names and copy
+    defaults in. A module not yet imported has none set: one the block
+    imports and changes goes back to its defaults. Lists and dicts are copied,
+    as code changes them in place (config.foo.append)."""
+    from torch.utils._config_module import _UNSET_SENTINEL
+
+    def overrides():
+        module = sys.modules.get(module_name)
+        if module is None:
+            return {}
+        set_ = ((name, entry.user_override.get()) for name, entry in module._config.items() if entry.alias is None)
+        return {name: copy.copy(value) for name, value in set_ if value is not _UNSET_SENTINEL}
+
+    def set_overrides(saved):
+        module = sys.modules[module_name]
+        for name, entry in module._config.items():
+            value = saved.get(name, _UNSET_SENTINEL)
+            if entry.alias is None and not _same(entry.user_override.get(), value):
+                entry.user_override.set(value)
+                module._mark_get_dict_dirty(name)
+        module._hash_dirty_var.set(True)
+
+    return Setting(f"{module_name} settings", overrides, set_overrides)
+
+
+def _garbage_collector(enabled):
+    if enabled:
+        gc.enable()
+    else:
+        gc.disable()
+
+
 def _print_options():
     return dict(vars(torch._tensor_str.PRINT_OPTS))
 
@@ -173,6 +210,13 @@ SETTINGS = [
     Setting("torch.cuda's queued lazy calls", lambda: list(torch.cuda._queued_calls),
             lambda calls: torch.cuda._queued_calls.__setitem__(slice(None), calls)),
     Setting("default process group", _process_group, _set_process_group),
+    # torch.compile's settings: torchtitan's Trainer and float8 converter,
+    # for instance, set Inductor's and Dynamo's for the process.
+    _compiler_config("torch._dynamo.config"),
+    _compiler_config("torch._inductor.config"),
+    _compiler_config("torch._functorch.config"),
+    _compiler_config("torch.fx.experimental._config"),
+    Setting("garbage collector", gc.isenabled, _garbage_collector),
     _attribute(sys, "excepthook", "sys.excepthook"),
     Setting("dispatch keys and autograd modes (grad, inference, forward AD)", _metamem.ThreadState,
             lambda state: state.restore()),

@@ -18,10 +18,8 @@ metrics files and checkpoints are off (none runs in the steps traced).
 torchtitan is an optional dependency (`pip install .[models]`).
 """
 
-import contextlib
 import dataclasses
 import functools
-import gc
 
 import torch
 
@@ -161,28 +159,6 @@ def trainer_config(flavor, local_batch_size=None, seq_len=None, tensor_parallel=
     return config
 
 
-@contextlib.contextmanager
-def _settings_kept():
-    """What torchtitan's Trainer sets for the process (Inductor's, Dynamo's
-    and AOTAutograd's settings, the garbage collector, which it turns off
-    to collect by itself) put back after it."""
-    import torch._dynamo.config
-    import torch._functorch.config
-    import torch._inductor.config
-
-    modules = (torch._inductor.config, torch._dynamo.config, torch._functorch.config)
-    saved = [module.get_config_copy() for module in modules]
-    collecting = gc.isenabled()
-    try:
-        yield
-    finally:
-        for module, settings in zip(modules, saved):
-            now = module.get_config_copy()
-            module.load_config({key: value for key, value in settings.items() if now[key] != value})
-        if collecting:
-            gc.enable()
-
-
 def training_step(flavor, steps=2, **overrides):
     """A function that builds torchtitan's Trainer for `flavor` on this rank
     (trainer_config(flavor, **overrides)) and runs `steps` of its training
@@ -195,19 +171,18 @@ def training_step(flavor, steps=2, **overrides):
     from torchtitan.trainer import Trainer
 
     def step():
-        with _settings_kept():
-            config = trainer_config(flavor, **overrides)
-            # torchtitan's init_distributed turns autograd's multithreading
-            # off before it makes the process group; a trace's group is made
-            # already, which it takes instead, skipping both.
-            torch.autograd.set_multithreading_enabled(False)
-            trainer = Trainer(config)
-            batches = trainer.batch_generator(trainer.dataloader)
-            for _ in range(steps):
-                trainer.step += 1
-                trainer.gc_handler.run(trainer.step)
-                trainer.train_step(batches)
-            trainer.close()
+        config = trainer_config(flavor, **overrides)
+        # torchtitan's init_distributed turns autograd's multithreading off
+        # before it makes the process group; a trace's group is made
+        # already, which it takes instead, skipping both.
+        torch.autograd.set_multithreading_enabled(False)
+        trainer = Trainer(config)
+        batches = trainer.batch_generator(trainer.dataloader)
+        for _ in range(steps):
+            trainer.step += 1
+            trainer.gc_handler.run(trainer.step)
+            trainer.train_step(batches)
+        trainer.close()
 
     return step
 

@@ -2,6 +2,7 @@
 traced objects after the block, a caught OOM, the first distributed trace,
 and the command line's errors (issue 45)."""
 
+import gc
 import json
 import os
 import re
@@ -11,6 +12,8 @@ import threading
 
 import pytest
 import torch
+import torch._dynamo.config
+import torch._inductor.config
 
 import metamem
 from metamem import _process
@@ -67,12 +70,35 @@ CHANGES = {
     "function modes": (lambda: torch.device("cpu").__enter__(), torch._C._len_torch_function_stack),
     "cpu rng": (lambda: torch.manual_seed(1234), lambda: torch.random.get_rng_state().tolist()),
     "excepthook": (lambda: setattr(sys, "excepthook", print), lambda: sys.excepthook),
+    "inductor config": (lambda: setattr(torch._inductor.config, "emulate_precision_casts", True),
+                        lambda: torch._inductor.config.emulate_precision_casts),
+    "dynamo config": (lambda: setattr(torch._dynamo.config, "recompile_limit", 1),
+                      lambda: torch._dynamo.config.recompile_limit),
+    "a config list changed in place": (lambda: torch._dynamo.config.reorderable_logging_functions.add(print),
+                                       lambda: set(torch._dynamo.config.reorderable_logging_functions)),
+    "garbage collector": (gc.disable, gc.isenabled),
 }
 
 
 def test_every_setting_reads_and_writes_back_what_it_read():
     for setting in _process.SETTINGS:
         setting.set(setting.get())  # raises where a setting cannot take its own value
+
+
+def test_compile_settings_first_imported_in_a_block_go_back_to_their_defaults():
+    script = """
+import sys, warnings
+import metamem, torch
+assert "torch._inductor.config" not in sys.modules
+warnings.simplefilter("error")  # restoring reads no deprecated setting
+with metamem.trace(device="cuda"):
+    import torch._inductor.config as inductor
+    inductor.emulate_precision_casts = True
+    inductor.triton.cudagraphs = True
+assert inductor._is_default("emulate_precision_casts") and inductor._is_default("triton.cudagraphs")
+"""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
 
 
 def test_an_error_inside_an_op_leaves_no_dispatch_keys_behind():

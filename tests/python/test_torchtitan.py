@@ -1,10 +1,12 @@
 """torchtitan's Llama 3 training, traced per rank (metamem.torchtitan)."""
 
+import gc
 import json
 import os
 
 import pytest
 import torch
+import torch._inductor.config as inductor
 
 import metamem
 import metamem.torchtitan as titan
@@ -17,12 +19,10 @@ def test_presets_are_torchtitans_config_registry(flavor):
     from torchtitan.components.quantization.float8 import Float8Linear
     from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 
-    import torch._inductor.config as inductor
-
     preset = titan.PRESETS[flavor]
     # torchtitan's float8 converter asks the GPU, and turns Inductor's
-    # emulate_precision_casts on for the process as it is built.
-    with metamem.trace(device="cuda"), inductor.patch(emulate_precision_casts=inductor.emulate_precision_casts):
+    # emulate_precision_casts on for the process (the trace puts it back).
+    with metamem.trace(device="cuda"):
         config = titan.trainer_config(flavor)
     modes = {SelectiveAC.Config: "selective", FullAC.Config: "full", type(None): "none"}
     assert (config.training.local_batch_size, config.training.seq_len, config.parallelism.tensor_parallel_degree,
@@ -57,10 +57,6 @@ def test_a_preset_compiled_with_float8_is_traced_as_torchtitan_runs_it():
     # and the loss compiled. The config is torchtitan's, and so is every
     # step that follows from it; what torchtitan sets for the process is put
     # back after.
-    import gc
-
-    import torch._inductor.config as inductor
-
     settings = inductor.get_config_copy()
     peaks = {run: max(titan.trace("debugmodel", local_batch_size=2, seq_len=256, activation_checkpoint="none",
                                   compile=run[0], float8=run[1]).step_peaks)
