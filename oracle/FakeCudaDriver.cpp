@@ -4,9 +4,15 @@
 // and launch compiled kernels through them. There is one context, the
 // fake runtime's device (its attributes come from there), modules load and
 // kernels launch without running; what compiles or links code at run time
-// (NVRTC's jit) answers CUDA_ERROR_NOT_SUPPORTED.
+// (NVRTC's jit) answers CUDA_ERROR_NOT_SUPPORTED. Libraries that link the
+// runtime statically (cuDNN) run their runtime on this driver: memory,
+// streams, events and graph capture are the fake runtime's, called here.
 #include <cuda.h>
+#include <cuda_runtime_api.h>
 
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "oracle/FakeCudaRuntime.h"
@@ -17,7 +23,20 @@ extern "C" __attribute__((weak)) CUresult metamem_fake_cuda_device_attribute(int
 extern "C" __attribute__((weak)) void metamem_fake_cuda_launched(CUstream);
 
 namespace {
-int token;  // what contexts, modules and functions point to
+int token;  // what contexts, modules, libraries, kernels and functions point to
+
+// The fake runtime's answer as the driver's.
+CUresult from_runtime(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess: return CUDA_SUCCESS;
+    case cudaErrorMemoryAllocation: return CUDA_ERROR_OUT_OF_MEMORY;
+    case cudaErrorInvalidValue: return CUDA_ERROR_INVALID_VALUE;
+    case cudaErrorStreamCaptureUnsupported: return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    case cudaErrorStreamCaptureInvalidated: return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    case cudaErrorIllegalState: return CUDA_ERROR_ILLEGAL_STATE;
+    default: return CUDA_ERROR_NOT_SUPPORTED;
+  }
+}
 
 // A launch on a stream that captures a graph is one of its nodes.
 CUresult launched(CUstream stream) {
@@ -107,16 +126,16 @@ CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, CUfunction, in
   *blocks = 1;
   return CUDA_SUCCESS;
 }
+// Every block may have the opt-in shared memory of an SM.
+CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t* bytes, CUfunction, int, int) {
+  int optin = 0;
+  const CUresult result = cuDeviceGetAttribute(&optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, 0);
+  *bytes = optin;
+  return result;
+}
 CUresult cuOccupancyMaxActiveClusters(int* clusters, CUfunction, const CUlaunchConfig*) {
   *clusters = 1;
   return CUDA_SUCCESS;
-}
-// NVRTC opens this driver when it compiles (torch's jiterated ops: exp2,
-// ...) and asks it for an export table, which it then uses without
-// checking that the lookup found one: none, said as an error.
-CUresult cuGetExportTable(const void** table, const CUuuid*) {
-  *table = nullptr;
-  return CUDA_ERROR_NOT_SUPPORTED;
 }
 CUresult cuLinkCreate_v2(unsigned int, CUjit_option*, void**, CUlinkState*) { return CUDA_ERROR_NOT_SUPPORTED; }
 CUresult cuLinkAddData_v2(CUlinkState, CUjitInputType, void*, size_t, const char*, unsigned int, CUjit_option*,
@@ -124,6 +143,19 @@ CUresult cuLinkAddData_v2(CUlinkState, CUjitInputType, void*, size_t, const char
   return CUDA_ERROR_NOT_SUPPORTED;
 }
 CUresult cuLinkComplete(CUlinkState, void**, size_t*) { return CUDA_ERROR_NOT_SUPPORTED; }
+CUresult cuLinkDestroy(CUlinkState) { return CUDA_SUCCESS; }
+CUresult cuLibraryLoadFromFile(CUlibrary* library, const char*, CUjit_option*, void**, unsigned int, CUlibraryOption*,
+                               void**, unsigned int) {
+  return cuLibraryLoadData(library, nullptr, nullptr, nullptr, 0, nullptr, nullptr, 0);
+}
+CUresult cuOccupancyMaxPotentialClusterSize(int* size, CUfunction, const CUlaunchConfig*) {
+  *size = 1;
+  return CUDA_SUCCESS;
+}
+CUresult cuGetErrorName(CUresult, const char** name) {
+  *name = "CUDA_ERROR (metamem's fake CUDA driver)";
+  return CUDA_SUCCESS;
+}
 // Triton's launcher asks each pointer argument's device address: the
 // fake runtime's addresses are the device's.
 CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr pointer) {
@@ -131,16 +163,335 @@ CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdevi
   *static_cast<CUdeviceptr*>(data) = pointer;
   return CUDA_SUCCESS;
 }
-CUresult cuTensorMapEncodeTiled(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+// Hopper's kernels (cuDNN's, Triton's) read global memory through tensor
+// maps that the host encodes before each launch: encoded, as nothing reads them.
+CUresult cuTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill) {
-  return CUDA_ERROR_NOT_SUPPORTED;
+  std::memset(map, 0, sizeof *map);
+  return CUDA_SUCCESS;
 }
-CUresult cuTensorMapEncodeIm2col(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+CUresult cuTensorMapEncodeIm2col(CUtensorMap* map, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                  const cuuint64_t*, const int*, const int*, cuuint32_t, cuuint32_t,
                                  const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
                                  CUtensorMapL2promotion, CUtensorMapFloatOOBfill) {
-  return CUDA_ERROR_NOT_SUPPORTED;
+  std::memset(map, 0, sizeof *map);
+  return CUDA_SUCCESS;
+}
+CUresult cuTensorMapReplaceAddress(CUtensorMap*, void*) { return CUDA_SUCCESS; }
+
+// ---- what a statically linked runtime starts and runs with
+
+CUresult cuDeviceGetName(char* name, int length, CUdevice device) {
+  cudaDeviceProp prop;
+  if (const cudaError_t error = cudaGetDeviceProperties(&prop, device); error != cudaSuccess)
+    return CUDA_ERROR_INVALID_DEVICE;
+  std::snprintf(name, length, "%s", prop.name);
+  return CUDA_SUCCESS;
+}
+CUresult cuDeviceTotalMem(size_t* bytes, CUdevice device) {
+  cudaDeviceProp prop;
+  if (const cudaError_t error = cudaGetDeviceProperties(&prop, device); error != cudaSuccess)
+    return CUDA_ERROR_INVALID_DEVICE;
+  *bytes = prop.totalGlobalMem;
+  return CUDA_SUCCESS;
+}
+CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice) {
+  std::memset(uuid->bytes, 0x6d, sizeof uuid->bytes);
+  return CUDA_SUCCESS;
+}
+CUresult cuDeviceGetLuid(char* luid, unsigned int* node_mask, CUdevice) {
+  std::memset(luid, 0, 8);
+  *node_mask = 1;
+  return CUDA_SUCCESS;
+}
+CUresult cuDeviceGetPCIBusId(char* id, int length, CUdevice) {
+  std::snprintf(id, length, "0000:00:00.0");
+  return CUDA_SUCCESS;
+}
+CUresult cuDeviceCanAccessPeer(int* can, CUdevice, CUdevice) {
+  *can = 0;
+  return CUDA_SUCCESS;
+}
+CUresult cuDevicePrimaryCtxRelease(CUdevice) { return CUDA_SUCCESS; }
+CUresult cuDevicePrimaryCtxSetFlags(CUdevice, unsigned int) { return CUDA_SUCCESS; }
+CUresult cuDevicePrimaryCtxReset(CUdevice) { return CUDA_SUCCESS; }
+CUresult cuCtxPushCurrent(CUcontext) { return CUDA_SUCCESS; }
+CUresult cuCtxPopCurrent(CUcontext* context) {
+  if (context) cuCtxGetCurrent(context);
+  return CUDA_SUCCESS;
+}
+CUresult cuCtxGetFlags(unsigned int* flags) {
+  *flags = 0;
+  return CUDA_SUCCESS;
+}
+CUresult cuCtxGetApiVersion(CUcontext, unsigned int* version) {
+  *version = 3020;  // what every context since CUDA 3.2 reports
+  return CUDA_SUCCESS;
+}
+CUresult cuCtxGetId(CUcontext, unsigned long long* id) {
+  *id = 1;
+  return CUDA_SUCCESS;
+}
+CUresult cuCtxGetStreamPriorityRange(int* least, int* greatest) {
+  return from_runtime(cudaDeviceGetStreamPriorityRange(least, greatest));
+}
+CUresult cuCtxGetCacheConfig(CUfunc_cache* config) {
+  *config = CU_FUNC_CACHE_PREFER_NONE;
+  return CUDA_SUCCESS;
+}
+CUresult cuCtxSetCacheConfig(CUfunc_cache) { return CUDA_SUCCESS; }
+CUresult cuCtxSynchronize() { return from_runtime(cudaDeviceSynchronize()); }
+
+// Memory: the fake runtime's device, so that what a library allocates by
+// itself is used memory as on a GPU (outside torch's allocator).
+CUresult cuMemAlloc(CUdeviceptr* pointer, size_t bytes) {
+  return from_runtime(cudaMalloc(reinterpret_cast<void**>(pointer), bytes));
+}
+CUresult cuMemFree(CUdeviceptr pointer) { return from_runtime(cudaFree(reinterpret_cast<void*>(pointer))); }
+CUresult cuMemGetInfo(size_t* free, size_t* total) { return from_runtime(cudaMemGetInfo(free, total)); }
+CUresult cuMemAllocHost(void** pointer, size_t bytes) { return from_runtime(cudaMallocHost(pointer, bytes)); }
+CUresult cuMemHostAlloc(void** pointer, size_t bytes, unsigned int flags) {
+  return from_runtime(cudaHostAlloc(pointer, bytes, flags));
+}
+CUresult cuMemFreeHost(void* pointer) { return from_runtime(cudaFreeHost(pointer)); }
+CUresult cuMemsetD8Async(CUdeviceptr pointer, unsigned char value, size_t count, CUstream stream) {
+  return from_runtime(cudaMemsetAsync(reinterpret_cast<void*>(pointer), value, count, stream));
+}
+CUresult cuMemsetD32Async(CUdeviceptr pointer, unsigned int, size_t count, CUstream stream) {
+  return from_runtime(cudaMemsetAsync(reinterpret_cast<void*>(pointer), 0, 4 * count, stream));
+}
+CUresult cuMemsetD8(CUdeviceptr pointer, unsigned char value, size_t count) {
+  return cuMemsetD8Async(pointer, value, count, nullptr);
+}
+CUresult cuMemsetD32(CUdeviceptr pointer, unsigned int value, size_t count) {
+  return cuMemsetD32Async(pointer, value, count, nullptr);
+}
+CUresult cuMemcpyAsync(CUdeviceptr to, CUdeviceptr from, size_t bytes, CUstream stream) {
+  return from_runtime(cudaMemcpyAsync(reinterpret_cast<void*>(to), reinterpret_cast<void*>(from), bytes,
+                                      cudaMemcpyDefault, stream));
+}
+CUresult cuMemcpyHtoDAsync(CUdeviceptr to, const void* from, size_t bytes, CUstream stream) {
+  return from_runtime(cudaMemcpyAsync(reinterpret_cast<void*>(to), from, bytes, cudaMemcpyHostToDevice, stream));
+}
+CUresult cuMemcpyDtoHAsync(void* to, CUdeviceptr from, size_t bytes, CUstream stream) {
+  return from_runtime(cudaMemcpyAsync(to, reinterpret_cast<void*>(from), bytes, cudaMemcpyDeviceToHost, stream));
+}
+CUresult cuMemcpyDtoDAsync(CUdeviceptr to, CUdeviceptr from, size_t bytes, CUstream stream) {
+  return cuMemcpyAsync(to, from, bytes, stream);
+}
+CUresult cuMemcpyHtoD(CUdeviceptr to, const void* from, size_t bytes) {
+  return cuMemcpyHtoDAsync(to, from, bytes, nullptr);
+}
+CUresult cuMemcpyDtoH(void* to, CUdeviceptr from, size_t bytes) { return cuMemcpyDtoHAsync(to, from, bytes, nullptr); }
+
+// Streams, events and capture: the fake runtime's (a CUstream is a
+// cudaStream_t), so that a library's kernels join the graph torch captures.
+CUresult cuStreamCreate(CUstream* stream, unsigned int flags) {
+  return from_runtime(cudaStreamCreateWithFlags(stream, flags));
+}
+CUresult cuStreamCreateWithPriority(CUstream* stream, unsigned int flags, int priority) {
+  return from_runtime(cudaStreamCreateWithPriority(stream, flags, priority));
+}
+CUresult cuStreamDestroy(CUstream stream) { return from_runtime(cudaStreamDestroy(stream)); }
+CUresult cuStreamSynchronize(CUstream stream) { return from_runtime(cudaStreamSynchronize(stream)); }
+CUresult cuStreamQuery(CUstream stream) { return from_runtime(cudaStreamQuery(stream)); }
+CUresult cuStreamGetCtx(CUstream, CUcontext* context) { return cuCtxGetCurrent(context); }
+CUresult cuStreamGetFlags(CUstream, unsigned int* flags) {
+  *flags = 0;
+  return CUDA_SUCCESS;
+}
+CUresult cuStreamGetPriority(CUstream stream, int* priority) {
+  return from_runtime(cudaStreamGetPriority(stream, priority));
+}
+CUresult cuStreamGetId(CUstream stream, unsigned long long* id) {
+  *id = reinterpret_cast<std::uintptr_t>(stream);
+  return CUDA_SUCCESS;
+}
+CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int flags) {
+  return from_runtime(cudaStreamWaitEvent(stream, event, flags));
+}
+CUresult cuStreamGetCaptureInfo(CUstream stream, CUstreamCaptureStatus* status, cuuint64_t* id, CUgraph* graph,
+                                const CUgraphNode** dependencies, const CUgraphEdgeData** edges, size_t* count) {
+  cudaStreamCaptureStatus captured;
+  unsigned long long captured_id = 0;
+  const cudaError_t error = cudaStreamGetCaptureInfo(stream, &captured, &captured_id, nullptr, nullptr, nullptr, nullptr);
+  *status = static_cast<CUstreamCaptureStatus>(captured);
+  if (id) *id = captured_id;
+  if (graph) *graph = nullptr;
+  if (dependencies) *dependencies = nullptr;
+  if (edges) *edges = nullptr;
+  if (count) *count = 0;
+  return from_runtime(error);
+}
+CUresult cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus* status) {
+  return cuStreamGetCaptureInfo(stream, status, nullptr, nullptr, nullptr, nullptr, nullptr);
+}
+CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
+  return from_runtime(cudaThreadExchangeStreamCaptureMode(reinterpret_cast<cudaStreamCaptureMode*>(mode)));
+}
+CUresult cuEventCreate(CUevent* event, unsigned int flags) { return from_runtime(cudaEventCreateWithFlags(event, flags)); }
+CUresult cuEventDestroy(CUevent event) { return from_runtime(cudaEventDestroy(event)); }
+CUresult cuEventRecord(CUevent event, CUstream stream) { return from_runtime(cudaEventRecord(event, stream)); }
+CUresult cuEventRecordWithFlags(CUevent event, CUstream stream, unsigned int flags) {
+  return from_runtime(cudaEventRecordWithFlags(event, stream, flags));
+}
+CUresult cuEventQuery(CUevent event) { return from_runtime(cudaEventQuery(event)); }
+CUresult cuEventSynchronize(CUevent event) { return from_runtime(cudaEventSynchronize(event)); }
+CUresult cuEventElapsedTime(float* ms, CUevent start, CUevent end) {
+  return from_runtime(cudaEventElapsedTime(ms, start, end));
+}
+
+// Libraries and kernels (CUDA 12's loading API, which the runtime loads
+// fat binaries with): loaded, found and launched as modules are.
+CUresult cuLibraryLoadData(CUlibrary* library, const void*, CUjit_option*, void**, unsigned int,
+                           CUlibraryOption*, void**, unsigned int) {
+  *library = reinterpret_cast<CUlibrary>(&token);
+  return CUDA_SUCCESS;
+}
+CUresult cuLibraryUnload(CUlibrary) { return CUDA_SUCCESS; }
+CUresult cuLibraryGetKernel(CUkernel* kernel, CUlibrary, const char*) {
+  *kernel = reinterpret_cast<CUkernel>(&token);
+  return CUDA_SUCCESS;
+}
+CUresult cuLibraryGetModule(CUmodule* module, CUlibrary) { return cuModuleLoadData(module, nullptr); }
+CUresult cuKernelGetFunction(CUfunction* function, CUkernel) { return cuModuleGetFunction(function, nullptr, nullptr); }
+CUresult cuKernelGetAttribute(int* value, CUfunction_attribute attribute, CUkernel, CUdevice) {
+  return cuFuncGetAttribute(value, attribute, nullptr);
+}
+CUresult cuKernelSetAttribute(CUfunction_attribute, int, CUkernel, CUdevice) { return CUDA_SUCCESS; }
+CUresult cuKernelSetCacheConfig(CUkernel, CUfunc_cache, CUdevice) { return CUDA_SUCCESS; }
+CUresult cuFuncGetModule(CUmodule* module, CUfunction) { return cuModuleLoadData(module, nullptr); }
+CUresult cuFuncLoad(CUfunction) { return CUDA_SUCCESS; }
+CUresult cuFuncIsLoaded(CUfunctionLoadingState* state, CUfunction) {
+  *state = CU_FUNCTION_LOADING_STATE_LOADED;
+  return CUDA_SUCCESS;
+}
+CUresult cuModuleGetLoadingMode(CUmoduleLoadingMode* mode) {
+  *mode = CU_MODULE_LAZY_LOADING;
+  return CUDA_SUCCESS;
+}
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* blocks, CUfunction function, int threads,
+                                                              size_t shared, unsigned int) {
+  return cuOccupancyMaxActiveBlocksPerMultiprocessor(blocks, function, threads, shared);
+}
+
+}  // extern "C"
+
+// cuDNN's run-time compiled engines look these up by their first names,
+// which cuda.h's macros turn into their newest, of the same signatures.
+#define METAMEM_FIRST_NAME(name, newest) \
+  extern "C" __attribute__((alias(#newest))) decltype(newest) name##_first_name __asm__(#name);
+METAMEM_FIRST_NAME(cuCtxPopCurrent, cuCtxPopCurrent_v2)
+METAMEM_FIRST_NAME(cuCtxPushCurrent, cuCtxPushCurrent_v2)
+METAMEM_FIRST_NAME(cuLinkCreate, cuLinkCreate_v2)
+METAMEM_FIRST_NAME(cuLinkAddData, cuLinkAddData_v2)
+#undef METAMEM_FIRST_NAME
+
+// ---- entry points by name and version
+
+namespace {
+
+CUresult get_proc_address(const char* symbol, void** function, int version, cuuint64_t flags) {
+  return cuGetProcAddress(symbol, function, version, flags, nullptr);
+}
+CUresult capture_info(CUstream stream, CUstreamCaptureStatus* status, cuuint64_t* id) {
+  return cuStreamGetCaptureInfo(stream, status, id, nullptr, nullptr, nullptr, nullptr);
+}
+CUresult capture_info_without_edges(CUstream stream, CUstreamCaptureStatus* status, cuuint64_t* id, CUgraph* graph,
+                                    const CUgraphNode** dependencies, size_t* count) {
+  return cuStreamGetCaptureInfo(stream, status, id, graph, dependencies, nullptr, count);
+}
+CUresult context_device(CUdevice* device, CUcontext) { return cuCtxGetDevice(device); }
+CUresult context_synchronize(CUcontext) { return cuCtxSynchronize(); }
+CUresult stream_context(CUstream stream, CUcontext* context, CUgreenCtx* green) {
+  if (green) *green = nullptr;
+  return cuStreamGetCtx(stream, context);
+}
+
+struct EntryPoint {
+  const char* name;
+  int since;  // the CUDA version whose signature it has
+  void* function;
+};
+// A runtime asks for each function by its base name and the CUDA version
+// whose signature it calls with: the newest one here no newer than that.
+// cuda.h's macros turn each function named into its newest version with the
+// signature of its first (cuMemAlloc: cuMemAlloc_v2); where a version
+// changed the signature, each is listed with the version it came in.
+#define METAMEM_ENTRY(name) {#name, 0, reinterpret_cast<void*>(&name)}
+#define METAMEM_VERSION(name, since, function) {#name, since, reinterpret_cast<void*>(&function)}
+const EntryPoint kEntryPoints[] = {
+    METAMEM_VERSION(cuGetProcAddress, 11030, get_proc_address), METAMEM_VERSION(cuGetProcAddress, 12000, cuGetProcAddress),
+    METAMEM_VERSION(cuStreamGetCaptureInfo, 10010, capture_info),
+    METAMEM_VERSION(cuStreamGetCaptureInfo, 11030, capture_info_without_edges),
+    METAMEM_VERSION(cuStreamGetCaptureInfo, 12030, cuStreamGetCaptureInfo),
+    METAMEM_VERSION(cuCtxGetDevice, 2000, cuCtxGetDevice), METAMEM_VERSION(cuCtxGetDevice, 13000, context_device),
+    METAMEM_VERSION(cuCtxSynchronize, 2000, cuCtxSynchronize),
+    METAMEM_VERSION(cuCtxSynchronize, 13000, context_synchronize),
+    METAMEM_VERSION(cuStreamGetCtx, 9020, cuStreamGetCtx), METAMEM_VERSION(cuStreamGetCtx, 12050, stream_context),
+    METAMEM_ENTRY(cuInit), METAMEM_ENTRY(cuDriverGetVersion), METAMEM_ENTRY(cuGetExportTable),
+    METAMEM_ENTRY(cuGetErrorString), METAMEM_ENTRY(cuDeviceGet), METAMEM_ENTRY(cuDeviceGetCount),
+    METAMEM_ENTRY(cuDeviceGetAttribute), METAMEM_ENTRY(cuDeviceGetName), METAMEM_ENTRY(cuDeviceTotalMem),
+    METAMEM_ENTRY(cuDeviceGetUuid), METAMEM_ENTRY(cuDeviceGetLuid), METAMEM_ENTRY(cuDeviceGetPCIBusId),
+    METAMEM_ENTRY(cuDeviceCanAccessPeer), METAMEM_ENTRY(cuDevicePrimaryCtxRetain),
+    METAMEM_ENTRY(cuDevicePrimaryCtxRelease), METAMEM_ENTRY(cuDevicePrimaryCtxGetState),
+    METAMEM_ENTRY(cuDevicePrimaryCtxSetFlags), METAMEM_ENTRY(cuDevicePrimaryCtxReset),
+    METAMEM_ENTRY(cuCtxGetCurrent), METAMEM_ENTRY(cuCtxSetCurrent), METAMEM_ENTRY(cuCtxPushCurrent),
+    METAMEM_ENTRY(cuCtxPopCurrent), METAMEM_ENTRY(cuCtxGetFlags), METAMEM_ENTRY(cuCtxGetApiVersion),
+    METAMEM_ENTRY(cuCtxGetId), METAMEM_ENTRY(cuCtxGetStreamPriorityRange), METAMEM_ENTRY(cuCtxGetCacheConfig),
+    METAMEM_ENTRY(cuCtxSetCacheConfig), METAMEM_ENTRY(cuCtxGetLimit), METAMEM_ENTRY(cuCtxSetLimit),
+    METAMEM_ENTRY(cuMemAlloc), METAMEM_ENTRY(cuMemFree), METAMEM_ENTRY(cuMemGetInfo), METAMEM_ENTRY(cuMemAllocHost),
+    METAMEM_ENTRY(cuMemHostAlloc), METAMEM_ENTRY(cuMemFreeHost), METAMEM_ENTRY(cuMemsetD8),
+    METAMEM_ENTRY(cuMemsetD32), METAMEM_ENTRY(cuMemsetD8Async), METAMEM_ENTRY(cuMemsetD32Async),
+    METAMEM_ENTRY(cuMemcpyAsync), METAMEM_ENTRY(cuMemcpyHtoD), METAMEM_ENTRY(cuMemcpyDtoH),
+    METAMEM_ENTRY(cuMemcpyHtoDAsync), METAMEM_ENTRY(cuMemcpyDtoHAsync), METAMEM_ENTRY(cuMemcpyDtoDAsync),
+    METAMEM_ENTRY(cuPointerGetAttribute), METAMEM_ENTRY(cuStreamCreate), METAMEM_ENTRY(cuStreamCreateWithPriority),
+    METAMEM_ENTRY(cuStreamDestroy), METAMEM_ENTRY(cuStreamSynchronize), METAMEM_ENTRY(cuStreamQuery),
+    METAMEM_ENTRY(cuStreamGetFlags), METAMEM_ENTRY(cuStreamGetPriority), METAMEM_ENTRY(cuStreamGetId),
+    METAMEM_ENTRY(cuStreamWaitEvent), METAMEM_ENTRY(cuStreamIsCapturing),
+    METAMEM_ENTRY(cuThreadExchangeStreamCaptureMode), METAMEM_ENTRY(cuEventCreate), METAMEM_ENTRY(cuEventDestroy),
+    METAMEM_ENTRY(cuEventRecord), METAMEM_ENTRY(cuEventRecordWithFlags), METAMEM_ENTRY(cuEventQuery),
+    METAMEM_ENTRY(cuEventSynchronize), METAMEM_ENTRY(cuEventElapsedTime), METAMEM_ENTRY(cuModuleLoad),
+    METAMEM_ENTRY(cuModuleLoadData), METAMEM_ENTRY(cuModuleLoadDataEx), METAMEM_ENTRY(cuModuleUnload),
+    METAMEM_ENTRY(cuModuleGetFunction), METAMEM_ENTRY(cuModuleGetLoadingMode), METAMEM_ENTRY(cuLibraryLoadData),
+    METAMEM_ENTRY(cuLibraryUnload), METAMEM_ENTRY(cuLibraryGetKernel), METAMEM_ENTRY(cuLibraryGetModule),
+    METAMEM_ENTRY(cuKernelGetFunction), METAMEM_ENTRY(cuKernelGetAttribute), METAMEM_ENTRY(cuKernelSetAttribute),
+    METAMEM_ENTRY(cuKernelSetCacheConfig), METAMEM_ENTRY(cuFuncGetAttribute), METAMEM_ENTRY(cuFuncSetAttribute),
+    METAMEM_ENTRY(cuFuncSetCacheConfig), METAMEM_ENTRY(cuFuncGetModule), METAMEM_ENTRY(cuFuncLoad),
+    METAMEM_ENTRY(cuFuncIsLoaded), METAMEM_ENTRY(cuLaunchKernel), METAMEM_ENTRY(cuLaunchKernelEx),
+    METAMEM_ENTRY(cuLaunchCooperativeKernel), METAMEM_ENTRY(cuOccupancyMaxActiveBlocksPerMultiprocessor),
+    METAMEM_ENTRY(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags), METAMEM_ENTRY(cuOccupancyMaxActiveClusters),
+    METAMEM_ENTRY(cuOccupancyAvailableDynamicSMemPerBlock), METAMEM_ENTRY(cuTensorMapEncodeTiled),
+    METAMEM_ENTRY(cuTensorMapEncodeIm2col), METAMEM_ENTRY(cuTensorMapReplaceAddress),
+};
+#undef METAMEM_VERSION
+#undef METAMEM_ENTRY
+
+}  // namespace
+
+extern "C" {
+
+// Libraries that link the runtime statically open this driver and ask it
+// for each entry point. One not here is not found, which the runtime
+// accepts as an older driver's gap until it is called;
+// METAMEM_FAKE_DRIVER_LOG=1 names each.
+CUresult cuGetProcAddress(const char* symbol, void** function, int version, cuuint64_t,
+                          CUdriverProcAddressQueryResult* status) {
+  const EntryPoint* found = nullptr;
+  bool named = false;
+  for (const EntryPoint& entry : kEntryPoints) {
+    if (std::strcmp(entry.name, symbol) != 0) continue;
+    named = true;
+    if (entry.since <= version && (!found || entry.since > found->since)) found = &entry;
+  }
+  *function = found ? found->function : nullptr;
+  if (status)
+    *status = found ? CU_GET_PROC_ADDRESS_SUCCESS
+                    : named ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  if (!found && std::getenv("METAMEM_FAKE_DRIVER_LOG"))
+    std::fprintf(stderr, "fake driver: no %s (CUDA %d)\n", symbol, version);
+  return found ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
 
 }  // extern "C"
