@@ -38,6 +38,11 @@ constexpr long kCudnnVersion = 92400;
 // and sm10x depend on it.
 constexpr bool kCudnnFrontendTakesD256 = true;
 
+// What cuDNN attention's execution plans take of their workspace beyond
+// the buffers of the operation, forward and backward: 256 bytes on every
+// shape measured (a real H200 with cuDNN 9.19, the fake GPU with 9.24).
+constexpr std::int64_t kCudnnPlanBytes = 256;
+
 bool at_least(GpuTraits gpu, int major, int minor) {
   return gpu.major > major || (gpu.major == major && gpu.minor >= minor);
 }
@@ -212,23 +217,32 @@ ScratchPlan flash_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
   return plan;
 }
 
-// cuDNN's SDPA backward (cudnn-frontend's CompositeSDPABackwardNode): in its
-// workspace an fp32 softmax sum per query row and an fp32 dq accumulator,
-// with grouped heads dk and dv per query head; before it, PyTorch copies the
-// output's gradient into the output's layout where the two differ.
-std::int64_t cudnn_backward_bytes(c10::ArrayRef<c10::IValue> arguments, c10::ArrayRef<c10::IValue>) {
+// cuDNN's SDPA backward, after the gradients: PyTorch's copy of the
+// output's gradient into the output's layout where the two differ, then
+// the execution plan's workspace (cudnn-frontend's
+// CompositeSDPABackwardNode): an fp32 softmax sum per query row and an fp32
+// dq accumulator, with grouped heads dk and dv per query head, and 256
+// bytes of the plan's own, as in the forward (measured: real torch with
+// cuDNN 9 on the fake GPU, and a real H200).
+ScratchPlan cudnn_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
   const at::Tensor& grad_out = arguments[0].toTensor();
   const at::Tensor& q = arguments[1].toTensor();
   const at::Tensor& k = arguments[2].toTensor();
   const at::Tensor& v = arguments[3].toTensor();
   const at::Tensor& out = arguments[4].toTensor();
   const std::int64_t b = q.size(0), h_q = q.size(1), s_q = q.size(2), s_kv = k.size(2);
-  std::int64_t bytes = b * h_q * s_q * 4 + b * h_q * s_q * q.size(3) * 4;
-  if (k.size(1) != h_q) bytes += b * h_q * s_kv * k.size(3) * k.element_size();
-  if (v.size(1) != h_q) bytes += b * h_q * s_kv * v.size(3) * v.element_size();
-  if (grad_out.strides() != out.strides()) bytes += static_cast<std::int64_t>(grad_out.nbytes());
-  return bytes;
+  std::int64_t workspace = b * h_q * s_q * 4 + b * h_q * s_q * q.size(3) * 4 + kCudnnPlanBytes;
+  if (k.size(1) != h_q) workspace += b * h_q * s_kv * k.size(3) * k.element_size();
+  if (v.size(1) != h_q) workspace += b * h_q * s_kv * v.size(3) * v.element_size();
+  ScratchPlan plan;
+  for (std::size_t gradient = 0; gradient < 3; ++gradient) plan.output(gradient);
+  if (grad_out.strides() != out.strides()) plan.make(static_cast<std::int64_t>(grad_out.nbytes()));
+  plan.free(plan.make(workspace));
+  return plan;
 }
+
+// cuDNN's forward: after its outputs, the execution plan's workspace.
+std::int64_t cudnn_forward_bytes(c10::ArrayRef<c10::IValue>, c10::ArrayRef<c10::IValue>) { return kCudnnPlanBytes; }
 
 // FlashAttention's forward with dropout: after its outputs, a 16-byte
 // temporary beside the RNG state it keeps (measured: real torch on the fake
@@ -312,7 +326,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> efficient_backward(const Tensor&, con
   return {gradient(q), gradient(k), gradient(v), grad_bias};
 }
 
-// cuDNN's output in q's order of dimensions and its fp32 softmax statistics.
+// cuDNN's output in q's order of dimensions, its fp32 softmax statistics
+// and its Philox seed and offset on the device (made first: MetaMode's
+// allocation orders).
 FusedOutputs cudnn_forward(const Tensor& q, const Tensor& k, const Tensor& v, const std::optional<Tensor>&,
                            bool compute_log_sumexp, double, bool, bool, std::optional<double>) {
   const std::int64_t b = q.size(0), h = q.size(1), s_q = q.size(2);
@@ -354,12 +370,14 @@ std::vector<OwnKernelEntry> cuda_attention_kernels() {
 ScratchModel cuda_scratch_model(const std::string& qualified_name) {
   if (qualified_name == "aten::_scaled_dot_product_efficient_attention") return &efficient_attention_forward_bytes;
   if (qualified_name == "aten::_scaled_dot_product_flash_attention") return &flash_forward_bytes;
-  return qualified_name == "aten::_scaled_dot_product_cudnn_attention_backward" ? &cudnn_backward_bytes : nullptr;
+  if (qualified_name == "aten::_scaled_dot_product_cudnn_attention") return &cudnn_forward_bytes;
+  return nullptr;
 }
 
 ScratchPlanModel cuda_attention_plan_model(const std::string& qualified_name) {
   if (qualified_name == "aten::_scaled_dot_product_efficient_attention_backward")
     return &efficient_attention_backward_plan;
+  if (qualified_name == "aten::_scaled_dot_product_cudnn_attention_backward") return &cudnn_backward_plan;
   return qualified_name == "aten::_scaled_dot_product_flash_attention_backward" ? &flash_backward_plan : nullptr;
 }
 

@@ -128,8 +128,8 @@ std::unordered_map<const c10::OperatorName*, ReductionStagingModel> g_cuda_stagi
 std::unordered_map<const c10::OperatorName*, CublasCall> g_cublas_ops;
 
 // Ops whose kernels make their returns in another order than they return
-// them, with that order: the memory-efficient attention's Philox seed and
-// offset come before its output, dropout's mask before its output.
+// them, with that order: the memory-efficient and cuDNN attentions' Philox
+// seed and offset come before their output, dropout's mask before its output.
 std::unordered_map<const c10::OperatorName*, c10::SmallVector<std::size_t, 8>> g_allocation_orders;
 
 // metamem's own meta kernels by op, likewise.
@@ -684,6 +684,10 @@ void register_meta_kernel() {
     if (qualified == "aten::_efficientzerotensor") g_zero_tensor = &op->operator_name();
     if (qualified == "aten::_scaled_dot_product_efficient_attention")
       g_allocation_orders.emplace(&op->operator_name(), c10::SmallVector<std::size_t, 8>{2, 3, 0, 1});
+    // cuDNN attention's likewise (its returns: output, log-sum-exp, four
+    // sequence bounds, seed, offset, debug mask).
+    if (qualified == "aten::_scaled_dot_product_cudnn_attention")
+      g_allocation_orders.emplace(&op->operator_name(), c10::SmallVector<std::size_t, 8>{6, 7, 0, 1, 2, 3, 4, 5, 8});
     if (qualified == "aten::native_dropout")
       g_allocation_orders.emplace(&op->operator_name(), c10::SmallVector<std::size_t, 8>{1, 0});
     // CUDA's fused LSTM and GRU cells make their workspace (the gates

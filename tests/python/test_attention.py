@@ -94,9 +94,30 @@ def test_flash_reads_transformers_layout_without_copies_and_expands_grouped_head
 
 def test_cudnn_holds_its_softmax_sum_and_dq_accumulator_in_backward():
     _, forward, backward = attention_step("H100-80GB", torch.bfloat16)
-    assert forward == 2 * ELEMENTS + 4 * B * H * S + 512 + 512
-    workspace = 4 * B * H * S + 4 * ELEMENTS  # cudnn-frontend's softmax sum and fp32 dq accumulator
-    assert backward == forward + 3 * 2 * ELEMENTS + workspace
+    assert forward == 2 * ELEMENTS + 4 * B * H * S + 512 + 512  # output, statistics, seed, offset
+    # cudnn-frontend's softmax sum and fp32 dq accumulator, and the plan's 256 bytes
+    workspace = 4 * B * H * S + 4 * ELEMENTS + 256
+    assert backward == forward + 3 * 2 * ELEMENTS + blocks(workspace)
+
+
+@pytest.mark.parametrize("gpu", ["H100-80GB", "H200"])
+@pytest.mark.parametrize("case", ["sdpa bf16 causal (default)", "sdpa bf16 causal, forward only",
+                                  "sdpa bf16 grouped heads 16/4 (default)", "sdpa bf16 head_dim 64 (default)",
+                                  "sdpa bf16 float mask (default)"])
+def test_cudnn_attention_is_traced_as_real_torch_runs_cudnn_on_the_fake_gpu(gpu, case):
+    # cuDNN 9 runs on the fake GPU, its heuristics and execution plans its
+    # own: the seed and offset before the output, a 256-byte workspace of the
+    # forward's plan, the output gradient's copy apart from the backward's
+    # workspace. The trace was 512 B under before.
+    oracle = os.environ.get("METAMEM_ORACLE", "")
+    if not os.path.exists(os.path.join(oracle, "libmetamem_fake_cuda_preload.so")):
+        pytest.skip(f"METAMEM_ORACLE={oracle!r} holds no fake GPU to run real torch on")
+    import metamem._metamem as native
+    import real_gpu
+    real = real_gpu.on_fake_gpu(oracle, native.gpu(gpu), case)
+    traced = real_gpu.traced(gpu, case)
+    assert "error" not in real and "error" not in traced, (real, traced)
+    assert [[traced["allocated"], traced["reserved"]]] == real["steps"]
 
 
 def test_softmax_backward_holds_the_product_of_gradient_and_output_as_the_math_path_runs_it():
