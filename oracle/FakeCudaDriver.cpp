@@ -43,6 +43,16 @@ CUresult launched(CUstream stream) {
   if (metamem_fake_cuda_launched) metamem_fake_cuda_launched(stream);
   return CUDA_SUCCESS;
 }
+// A module's __device__ variables: the runtime copies to them (constant
+// tables) and from them. Every one is the same megabyte, which no kernel
+// reads; a copy to the device writes nothing, one from it zeros.
+CUresult global_variable(CUdeviceptr* pointer, size_t* bytes) {
+  static unsigned char variables[1 << 20];
+  if (pointer) *pointer = reinterpret_cast<CUdeviceptr>(variables);
+  if (bytes) *bytes = sizeof variables;
+  return CUDA_SUCCESS;
+}
+
 }  // namespace
 
 extern "C" {
@@ -79,8 +89,11 @@ CUresult cuCtxGetLimit(size_t* value, CUlimit) {
   return CUDA_SUCCESS;
 }
 CUresult cuCtxSetLimit(CUlimit, size_t) { return CUDA_SUCCESS; }
+// The one context maps host memory (the runtime refuses mapped host
+// allocations in a context without the flag: cuDNN's RNNs make one).
+constexpr unsigned int kContextFlags = CU_CTX_MAP_HOST;
 CUresult cuDevicePrimaryCtxGetState(CUdevice, unsigned int* flags, int* active) {
-  *flags = 0;
+  *flags = kContextFlags;
   *active = 1;
   return CUDA_SUCCESS;
 }
@@ -222,7 +235,7 @@ CUresult cuCtxPopCurrent(CUcontext* context) {
   return CUDA_SUCCESS;
 }
 CUresult cuCtxGetFlags(unsigned int* flags) {
-  *flags = 0;
+  *flags = kContextFlags;
   return CUDA_SUCCESS;
 }
 CUresult cuCtxGetApiVersion(CUcontext, unsigned int* version) {
@@ -255,6 +268,20 @@ CUresult cuMemHostAlloc(void** pointer, size_t bytes, unsigned int flags) {
   return from_runtime(cudaHostAlloc(pointer, bytes, flags));
 }
 CUresult cuMemFreeHost(void* pointer) { return from_runtime(cudaFreeHost(pointer)); }
+// Mapped host memory (cuDNN's RNNs keep a status word there): under unified
+// addressing its device address is its host address.
+CUresult cuMemHostGetDevicePointer(CUdeviceptr* device, void* host, unsigned int) {
+  *device = reinterpret_cast<CUdeviceptr>(host);
+  return CUDA_SUCCESS;
+}
+CUresult cuMemHostGetFlags(unsigned int* flags, void*) {
+  *flags = CU_MEMHOSTALLOC_DEVICEMAP;
+  return CUDA_SUCCESS;
+}
+CUresult cuMemHostRegister(void* pointer, size_t bytes, unsigned int flags) {
+  return from_runtime(cudaHostRegister(pointer, bytes, flags));
+}
+CUresult cuMemHostUnregister(void* pointer) { return from_runtime(cudaHostUnregister(pointer)); }
 CUresult cuMemsetD8Async(CUdeviceptr pointer, unsigned char value, size_t count, CUstream stream) {
   return from_runtime(cudaMemsetAsync(reinterpret_cast<void*>(pointer), value, count, stream));
 }
@@ -284,6 +311,7 @@ CUresult cuMemcpyHtoD(CUdeviceptr to, const void* from, size_t bytes) {
   return cuMemcpyHtoDAsync(to, from, bytes, nullptr);
 }
 CUresult cuMemcpyDtoH(void* to, CUdeviceptr from, size_t bytes) { return cuMemcpyDtoHAsync(to, from, bytes, nullptr); }
+
 
 // Streams, events and capture: the fake runtime's (a CUstream is a
 // cudaStream_t), so that a library's kernels join the graph torch captures.
@@ -355,6 +383,12 @@ CUresult cuLibraryGetKernel(CUkernel* kernel, CUlibrary, const char*) {
   return CUDA_SUCCESS;
 }
 CUresult cuLibraryGetModule(CUmodule* module, CUlibrary) { return cuModuleLoadData(module, nullptr); }
+CUresult cuLibraryGetGlobal(CUdeviceptr* pointer, size_t* bytes, CUlibrary, const char*) {
+  return global_variable(pointer, bytes);
+}
+CUresult cuModuleGetGlobal(CUdeviceptr* pointer, size_t* bytes, CUmodule, const char*) {
+  return global_variable(pointer, bytes);
+}
 CUresult cuKernelGetFunction(CUfunction* function, CUkernel) { return cuModuleGetFunction(function, nullptr, nullptr); }
 CUresult cuKernelGetAttribute(int* value, CUfunction_attribute attribute, CUkernel, CUdevice) {
   return cuFuncGetAttribute(value, attribute, nullptr);
@@ -442,7 +476,8 @@ const EntryPoint kEntryPoints[] = {
     METAMEM_ENTRY(cuCtxGetId), METAMEM_ENTRY(cuCtxGetStreamPriorityRange), METAMEM_ENTRY(cuCtxGetCacheConfig),
     METAMEM_ENTRY(cuCtxSetCacheConfig), METAMEM_ENTRY(cuCtxGetLimit), METAMEM_ENTRY(cuCtxSetLimit),
     METAMEM_ENTRY(cuMemAlloc), METAMEM_ENTRY(cuMemFree), METAMEM_ENTRY(cuMemGetInfo), METAMEM_ENTRY(cuMemAllocHost),
-    METAMEM_ENTRY(cuMemHostAlloc), METAMEM_ENTRY(cuMemFreeHost), METAMEM_ENTRY(cuMemsetD8),
+    METAMEM_ENTRY(cuMemHostAlloc), METAMEM_ENTRY(cuMemFreeHost), METAMEM_ENTRY(cuMemHostGetDevicePointer),
+    METAMEM_ENTRY(cuMemHostGetFlags), METAMEM_ENTRY(cuMemHostRegister), METAMEM_ENTRY(cuMemHostUnregister), METAMEM_ENTRY(cuMemsetD8),
     METAMEM_ENTRY(cuMemsetD32), METAMEM_ENTRY(cuMemsetD8Async), METAMEM_ENTRY(cuMemsetD32Async),
     METAMEM_ENTRY(cuMemcpyAsync), METAMEM_ENTRY(cuMemcpyHtoD), METAMEM_ENTRY(cuMemcpyDtoH),
     METAMEM_ENTRY(cuMemcpyHtoDAsync), METAMEM_ENTRY(cuMemcpyDtoHAsync), METAMEM_ENTRY(cuMemcpyDtoDAsync),
@@ -456,6 +491,7 @@ const EntryPoint kEntryPoints[] = {
     METAMEM_ENTRY(cuModuleLoadData), METAMEM_ENTRY(cuModuleLoadDataEx), METAMEM_ENTRY(cuModuleUnload),
     METAMEM_ENTRY(cuModuleGetFunction), METAMEM_ENTRY(cuModuleGetLoadingMode), METAMEM_ENTRY(cuLibraryLoadData),
     METAMEM_ENTRY(cuLibraryUnload), METAMEM_ENTRY(cuLibraryGetKernel), METAMEM_ENTRY(cuLibraryGetModule),
+    METAMEM_ENTRY(cuLibraryGetGlobal), METAMEM_ENTRY(cuModuleGetGlobal),
     METAMEM_ENTRY(cuKernelGetFunction), METAMEM_ENTRY(cuKernelGetAttribute), METAMEM_ENTRY(cuKernelSetAttribute),
     METAMEM_ENTRY(cuKernelSetCacheConfig), METAMEM_ENTRY(cuFuncGetAttribute), METAMEM_ENTRY(cuFuncSetAttribute),
     METAMEM_ENTRY(cuFuncSetCacheConfig), METAMEM_ENTRY(cuFuncGetModule), METAMEM_ENTRY(cuFuncLoad),

@@ -8,7 +8,7 @@ frees come in its hash map's order), and the first difference is printed
 with the real run's Python frames and the trace's ops.
 
     PYTHONPATH=build/python .venv/bin/python tests/python/allocation_order.py build/oracle \\
-        "timm ViT-Ti/16 at 64 px" [--eager | --precision "bf16 autocast" | --mode reduce-overhead] \\
+        "timm ViT-Ti/16 at 64 px" [--eager | --precision "bf16 autocast" [--cudnn] | --mode reduce-overhead] \\
         [--evaluate] [--gpu H100-80GB] [--context 8]
 
 The model is one of compiled_models.py's, built and stepped as
@@ -54,11 +54,11 @@ def compiled_steps(mode, evaluate=False):
     return (2 if mode is None else 5 if evaluate else 4), [3] if evaluate else []
 
 
-def real_events(oracle, gpu, name, how, mode=None, evaluate=False):
+def real_events(oracle, gpu, name, how, mode=None, evaluate=False, cudnn=False):
     """[(kind, bytes, where)] of the real run: kind "alloc" or "free".
     `how`: compiled (True or False, in `mode`), or fake_gpu_sweep's precision."""
     if isinstance(how, str):
-        child, arguments = fake_gpu_sweep.CHILD, [name, how]
+        child, arguments = fake_gpu_sweep.CHILD, [name, how, cudnn]
     else:
         child, arguments = COMPILE_CHILD, [name, how, mode, *compiled_steps(mode, evaluate)]
     with tempfile.TemporaryDirectory() as folder:
@@ -80,12 +80,12 @@ def real_events(oracle, gpu, name, how, mode=None, evaluate=False):
     return events
 
 
-def traced_events(gpu, name, how, mode=None, evaluate=False):
+def traced_events(gpu, name, how, mode=None, evaluate=False, cudnn=False):
     """The same for the trace: requested bytes from its allocator events,
     each allocation's op and module from its snapshot."""
     cold_cache()
     if isinstance(how, str):
-        model, run = fake_gpu_sweep.two_steps(name, how)
+        model, run = fake_gpu_sweep.two_steps(name, how, cudnn)
     else:
         model, run = two_adamw_steps(name, "cuda", how, mode, *compiled_steps(mode, evaluate))
     with metamem.trace(device="cuda", gpu=gpu, modules=[model]) as t:
@@ -148,12 +148,13 @@ def main():
                         help="a model of fake_gpu_sweep.py, eager, in this precision")
     parser.add_argument("--mode", help="torch.compile's mode for the compiled step (four steps)")
     parser.add_argument("--evaluate", action="store_true", help="with --mode: five steps, the fourth an evaluation")
+    parser.add_argument("--cudnn", action="store_true", help="with --precision: cuDNN on, as fake_gpu_sweep.py --cudnn")
     parser.add_argument("--gpu", default="H100-80GB")
     parser.add_argument("--context", type=int, default=8, help="events shown before and after")
     args = parser.parse_args()
     how = args.precision or not args.eager
-    real = real_events(args.oracle, args.gpu, args.model, how, args.mode, args.evaluate)
-    traced = traced_events(args.gpu, args.model, how, args.mode, args.evaluate)
+    real = real_events(args.oracle, args.gpu, args.model, how, args.mode, args.evaluate, args.cudnn)
+    traced = traced_events(args.gpu, args.model, how, args.mode, args.evaluate, args.cudnn)
     print(f"{len(real)} real events, {len(traced)} traced")
     found = first_difference(real, traced)
     if found is None:

@@ -6,16 +6,20 @@ steps. The models are ones no one here tuned to: compiled_models.py's
 mixer with a custom autograd.Function, the 40 architectures of
 hf_sweep.py at its reduced size and the 171 timm models of timm_sweep.py
 ("timm NAME"); f32 and bf16 autocast. Convolutions
-and attention take what the fake GPU runs (cuDNN off, attention's other
-kernels), as compiled_models.py says.
+and attention take cuDNN off and attention's other kernels, as
+compiled_models.py says, or with --cudnn torch's defaults: cuDNN on, cuDNN
+attention first on an H100, which the fake GPU runs since 2026-11-29 (a
+trace still takes torch's own convolutions).
 
     METAMEM_ORACLE=build/oracle PYTHONPATH=build/python:tests/python .venv/bin/python \\
-        tests/python/fake_gpu_sweep.py [--models "BERT,RegNet-Y 400MF"] [--gpus H100-80GB,T4] [--markdown] [--check]
+        tests/python/fake_gpu_sweep.py [--models "BERT,RegNet-Y 400MF"] [--gpus H100-80GB,T4] [--cudnn] [--markdown]
+        [--check]
 
 --check exits 1 unless every run is exact. A run that differs names where:
 tests/python/allocation_order.py finds the first allocation that parts.
 """
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -172,12 +176,13 @@ GPUS = ("H100-80GB", "A100-80GB", "T4")
 PRECISIONS = ("f32", "bf16 autocast")
 
 
-def two_steps(name, precision):
+def two_steps(name, precision, cudnn=False):
     """(model, run): the model built on the CPU, as users load one (a trace
     takes it with modules=[model]: on its one fake device a model built
     inside would stand on the GPU from its construction), and a function
     that moves it to cuda and runs two AdamW steps, returning each step's
-    [max allocated, max reserved]."""
+    [max allocated, max reserved]; cuDNN and its attention off, or on as
+    torch has them."""
     torch.manual_seed(0)
     model, loss_of = MODELS[name]()
 
@@ -191,8 +196,9 @@ def two_steps(name, precision):
         peaks = []
         for _ in range(2):
             torch.cuda.reset_peak_memory_stats()
-            with (sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]),
-                  torch.backends.cudnn.flags(enabled=False)):
+            backends = contextlib.nullcontext() if cudnn else sdpa_kernel(
+                [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+            with backends, torch.backends.cudnn.flags(enabled=cudnn):
                 with torch.autocast("cuda", torch.bfloat16, enabled=precision != "f32"):
                     loss = loss_of(model, "cuda")
                 loss.backward()
@@ -213,7 +219,7 @@ print(json.dumps(two_steps(*json.loads(sys.argv[3]))[1]()), flush=True)
 """
 
 
-def run_one(name, gpu, precision, oracle):
+def run_one(name, gpu, precision, oracle, cudnn=False):
     """{"traced": peaks or error, "real": peaks or error, "seconds": [trace, real]}."""
     import metamem
     import metamem._metamem as native
@@ -225,11 +231,11 @@ def run_one(name, gpu, precision, oracle):
         start = time.perf_counter()
         try:
             if side == "traced":
-                model, run = two_steps(name, precision)
+                model, run = two_steps(name, precision, cudnn)
                 with metamem.trace(device="cuda", gpu=gpu, modules=[model]):
                     row[side] = run()
             else:
-                row[side] = measure(oracle, native.gpu(gpu), PROLOGUE + CHILD, json.dumps([name, precision]))
+                row[side] = measure(oracle, native.gpu(gpu), PROLOGUE + CHILD, json.dumps([name, precision, cudnn]))
         except Exception as error:  # a sweep reports every run
             row[side] = why(error)
         seconds.append(round(time.perf_counter() - start, 1))
@@ -253,6 +259,7 @@ def main():
     parser.add_argument("--models", default=",".join(MODELS), help="model names, comma-separated")
     parser.add_argument("--gpus", default=",".join(GPUS))
     parser.add_argument("--precisions", default=",".join(PRECISIONS))
+    parser.add_argument("--cudnn", action="store_true", help="cuDNN and cuDNN attention on, as torch has them")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
     parser.add_argument("--check", action="store_true", help="exit 1 unless every run is exact")
     args = parser.parse_args()
@@ -267,7 +274,7 @@ def main():
     for name in names:
         for gpu in gpus:
             for precision in precisions:
-                row = {"model": name, "gpu": gpu, "precision": precision, **run_one(name, gpu, precision, oracle)}
+                row = {"model": name, "gpu": gpu, "precision": precision, **run_one(name, gpu, precision, oracle, args.cudnn)}
                 row["verdict"] = verdict(row)
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr if args.markdown else sys.stdout, flush=True)

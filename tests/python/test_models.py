@@ -327,17 +327,20 @@ def test_diffusers_denoisers_are_exact_on_cpu(name, make_step, reduced_config, f
     assert traced == achieved
 
 
-@pytest.mark.parametrize("name,gpu,precision", [
-    ("transformers BERT masked LM (base width)", "A100-80GB", "bf16 autocast"),  # was 1.5 MB under
-    ("torchvision RegNet-Y 400MF", "T4", "f32"),  # grouped convolutions; step 2 was 253,440 B under
-    ("transformers OPT", "T4", "bf16 autocast"),
-    ("mixer with a custom autograd.Function", "T4", "f32"),
-    ("diffusers UNet2DConditionModel", "H100-80GB", "f32"),  # step 2 reserved was 2 MiB over
-    ("transformers siglip (hf_sweep's reduced size)", "H100-80GB", "f32"),  # patches with padding "valid"
-    ("timm coat_lite_tiny", "H100-80GB", "f32"),  # softmax of a transposed view, depthwise convolutions of splits
-    ("timm pvt_v2_b0", "H100-80GB", "f32"),  # one-head attention; which of two equal blocks a convolution frees
+@pytest.mark.parametrize("name,gpu,precision,cudnn", [
+    ("transformers BERT masked LM (base width)", "A100-80GB", "bf16 autocast", False),  # was 1.5 MB under
+    ("torchvision RegNet-Y 400MF", "T4", "f32", False),  # grouped convolutions; step 2 was 253,440 B under
+    ("transformers OPT", "T4", "bf16 autocast", False),
+    ("mixer with a custom autograd.Function", "T4", "f32", False),
+    ("diffusers UNet2DConditionModel", "H100-80GB", "f32", False),  # step 2 reserved was 2 MiB over
+    ("transformers siglip (hf_sweep's reduced size)", "H100-80GB", "f32", False),  # patches with padding "valid"
+    ("timm coat_lite_tiny", "H100-80GB", "f32", False),  # softmax of a transposed view, depthwise convolutions of splits
+    ("timm pvt_v2_b0", "H100-80GB", "f32", False),  # one-head attention; which of two equal blocks a convolution frees
+    # torch's defaults: cuDNN on, cuDNN attention, which the fake GPU runs
+    ("transformers BERT masked LM (base width)", "H100-80GB", "bf16 autocast", True),
+    ("transformers llama (hf_sweep's reduced size)", "H100-80GB", "bf16 autocast", True),
 ])
-def test_eager_steps_are_exact_against_real_torch_on_the_fake_gpu(name, gpu, precision):
+def test_eager_steps_are_exact_against_real_torch_on_the_fake_gpu(name, gpu, precision, cudnn):
     # CI's subset of fake_gpu_sweep.py: max allocated and max reserved of
     # both steps, the trace's against real torch's on the fake GPU.
     import os
@@ -345,5 +348,5 @@ def test_eager_steps_are_exact_against_real_torch_on_the_fake_gpu(name, gpu, pre
     oracle = os.environ.get("METAMEM_ORACLE", "")
     if not os.path.exists(os.path.join(oracle, "libmetamem_fake_cuda_preload.so")):
         pytest.skip(f"METAMEM_ORACLE={oracle!r} holds no fake GPU to run real torch on")
-    row = fake_gpu_sweep.run_one(name, gpu, precision, oracle)
+    row = fake_gpu_sweep.run_one(name, gpu, precision, oracle, cudnn)
     assert fake_gpu_sweep.verdict(row) == "exact", row
