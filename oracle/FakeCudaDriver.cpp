@@ -345,7 +345,8 @@ CUresult cuStreamGetCaptureInfo(CUstream stream, CUstreamCaptureStatus* status, 
                                 const CUgraphNode** dependencies, const CUgraphEdgeData** edges, size_t* count) {
   cudaStreamCaptureStatus captured;
   unsigned long long captured_id = 0;
-  const cudaError_t error = cudaStreamGetCaptureInfo(stream, &captured, &captured_id, nullptr, nullptr, nullptr, nullptr);
+  const cudaError_t error =
+      cudaStreamGetCaptureInfo(stream, &captured, &captured_id, nullptr, nullptr, nullptr, nullptr);
   *status = static_cast<CUstreamCaptureStatus>(captured);
   if (id) *id = captured_id;
   if (graph) *graph = nullptr;
@@ -360,7 +361,9 @@ CUresult cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus* status) {
 CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
   return from_runtime(cudaThreadExchangeStreamCaptureMode(reinterpret_cast<cudaStreamCaptureMode*>(mode)));
 }
-CUresult cuEventCreate(CUevent* event, unsigned int flags) { return from_runtime(cudaEventCreateWithFlags(event, flags)); }
+CUresult cuEventCreate(CUevent* event, unsigned int flags) {
+  return from_runtime(cudaEventCreateWithFlags(event, flags));
+}
 CUresult cuEventDestroy(CUevent event) { return from_runtime(cudaEventDestroy(event)); }
 CUresult cuEventRecord(CUevent event, CUstream stream) { return from_runtime(cudaEventRecord(event, stream)); }
 CUresult cuEventRecordWithFlags(CUevent event, CUstream stream, unsigned int flags) {

@@ -40,7 +40,8 @@ struct EntryPoint {
 #define METAMEM_ENTRY(name) {#name, 0, reinterpret_cast<void*>(&name)}
 #define METAMEM_VERSION(name, since, function) {#name, since, reinterpret_cast<void*>(&function)}
 const EntryPoint kEntryPoints[] = {
-    METAMEM_VERSION(cuGetProcAddress, 11030, get_proc_address), METAMEM_VERSION(cuGetProcAddress, 12000, cuGetProcAddress),
+    METAMEM_VERSION(cuGetProcAddress, 11030, get_proc_address),
+    METAMEM_VERSION(cuGetProcAddress, 12000, cuGetProcAddress),
     METAMEM_VERSION(cuStreamGetCaptureInfo, 10010, capture_info),
     METAMEM_VERSION(cuStreamGetCaptureInfo, 11030, capture_info_without_edges),
     METAMEM_VERSION(cuStreamGetCaptureInfo, 12030, cuStreamGetCaptureInfo),
@@ -61,7 +62,8 @@ const EntryPoint kEntryPoints[] = {
     METAMEM_ENTRY(cuCtxSetCacheConfig), METAMEM_ENTRY(cuCtxGetLimit), METAMEM_ENTRY(cuCtxSetLimit),
     METAMEM_ENTRY(cuMemAlloc), METAMEM_ENTRY(cuMemFree), METAMEM_ENTRY(cuMemGetInfo), METAMEM_ENTRY(cuMemAllocHost),
     METAMEM_ENTRY(cuMemHostAlloc), METAMEM_ENTRY(cuMemFreeHost), METAMEM_ENTRY(cuMemHostGetDevicePointer),
-    METAMEM_ENTRY(cuMemHostGetFlags), METAMEM_ENTRY(cuMemHostRegister), METAMEM_ENTRY(cuMemHostUnregister), METAMEM_ENTRY(cuMemsetD8),
+    METAMEM_ENTRY(cuMemHostGetFlags), METAMEM_ENTRY(cuMemHostRegister), METAMEM_ENTRY(cuMemHostUnregister),
+    METAMEM_ENTRY(cuMemsetD8),
     METAMEM_ENTRY(cuMemsetD32), METAMEM_ENTRY(cuMemsetD8Async), METAMEM_ENTRY(cuMemsetD32Async),
     METAMEM_ENTRY(cuMemcpyAsync), METAMEM_ENTRY(cuMemcpyHtoD), METAMEM_ENTRY(cuMemcpyDtoH),
     METAMEM_ENTRY(cuMemcpyHtoDAsync), METAMEM_ENTRY(cuMemcpyDtoHAsync), METAMEM_ENTRY(cuMemcpyDtoDAsync),

@@ -92,6 +92,20 @@ def test_flash_reads_transformers_layout_without_copies_and_expands_grouped_head
     assert backward == forward + 2 * ELEMENTS + kv_gradients + blocks(scratch)
 
 
+def assert_peaks_as_real_torch(gpu, case):
+    """real_gpu.py's `case` traced for `gpu` holds what real torch on the
+    fake GPU holds: max allocated and max reserved."""
+    oracle = os.environ.get("METAMEM_ORACLE", "")
+    if not os.path.exists(os.path.join(oracle, "libmetamem_fake_cuda_preload.so")):
+        pytest.skip(f"METAMEM_ORACLE={oracle!r} holds no fake GPU to run real torch on")
+    import metamem._metamem as native
+    import real_gpu
+    real = real_gpu.measured_run(real_gpu.on_fake_gpu(oracle, native.gpu(gpu), case))
+    traced = real_gpu.traced(gpu, case)
+    assert "error" not in real and "error" not in traced, (real, traced)
+    assert (traced["allocated"], traced["reserved"]) == (real["allocated"], real["reserved"])
+
+
 def test_cudnn_holds_its_softmax_sum_and_dq_accumulator_in_backward():
     _, forward, backward = attention_step("H100-80GB", torch.bfloat16)
     assert forward == 2 * ELEMENTS + 4 * B * H * S + 512 + 512  # output, statistics, seed, offset
@@ -109,15 +123,7 @@ def test_cudnn_attention_is_traced_as_real_torch_runs_cudnn_on_the_fake_gpu(gpu,
     # own: the seed and offset before the output, a 256-byte workspace of the
     # forward's plan, the output gradient's copy apart from the backward's
     # workspace. The trace was 512 B under before.
-    oracle = os.environ.get("METAMEM_ORACLE", "")
-    if not os.path.exists(os.path.join(oracle, "libmetamem_fake_cuda_preload.so")):
-        pytest.skip(f"METAMEM_ORACLE={oracle!r} holds no fake GPU to run real torch on")
-    import metamem._metamem as native
-    import real_gpu
-    real = real_gpu.on_fake_gpu(oracle, native.gpu(gpu), case)
-    traced = real_gpu.traced(gpu, case)
-    assert "error" not in real and "error" not in traced, (real, traced)
-    assert [[traced["allocated"], traced["reserved"]]] == real["steps"]
+    assert_peaks_as_real_torch(gpu, case)
 
 
 def test_softmax_backward_holds_the_product_of_gradient_and_output_as_the_math_path_runs_it():
@@ -157,15 +163,7 @@ def test_memory_efficient_backward_holds_delta_and_its_kernels_workspace_as_real
     # The kernel's fp32 workspace (a dq tile per query block, dk and dv per
     # key split where it keeps them outside its registers) and delta were
     # missing: 34 MB on a 2 x 16 x 2048 x 128 f32 attention (docs/attention.md).
-    oracle = os.environ.get("METAMEM_ORACLE", "")
-    if not os.path.exists(os.path.join(oracle, "libmetamem_fake_cuda_preload.so")):
-        pytest.skip(f"METAMEM_ORACLE={oracle!r} holds no fake GPU to run real torch on")
-    import metamem._metamem as native
-    import real_gpu
-    real = real_gpu.measured_run(real_gpu.on_fake_gpu(oracle, native.gpu(gpu), case))
-    traced = real_gpu.traced(gpu, case)
-    assert "error" not in real and "error" not in traced, (real, traced)
-    assert (traced["allocated"], traced["reserved"]) == (real["allocated"], real["reserved"])
+    assert_peaks_as_real_torch(gpu, case)
 
 
 class _Attention(torch.nn.Module):
