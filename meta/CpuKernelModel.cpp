@@ -1386,6 +1386,7 @@ ScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::_upsample_nearest_exact2d_backward", &contiguous_first},
       {"aten::_upsample_nearest_exact3d_backward", &contiguous_first},
       {"aten::_ctc_loss_backward", &ctc_loss_backward},
+      {"aten::_ctc_loss_backward.Tensor", &ctc_loss_backward},
       {"aten::_embedding_bag_dense_backward", &embedding_bag_dense_backward},
       {"aten::_embedding_bag_per_sample_weights_backward", &embedding_bag_per_sample_weights_backward},
       {"aten::multilabel_margin_loss_forward", &multilabel_margin_loss},

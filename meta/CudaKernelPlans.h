@@ -13,6 +13,9 @@ namespace metamem {
 // meta/EfficientAttention.cpp).
 ScratchPlanModel cuda_attention_plan_model(const std::string& qualified_name);
 
+// CTC loss: torch's own kernels and cuDNN's (meta/CtcLoss.cpp).
+ScratchPlanModel cuda_ctc_loss_plan_model(const std::string& qualified_name);
+
 // libtorch's own convolutions, im2col and col2im (meta/CudaConvolution.cpp).
 ScratchPlanModel cuda_convolution_plan_model(const std::string& qualified_name);
 

@@ -42,9 +42,10 @@ c10::Storage new_values(const at::Tensor& t) {
   return storage;
 }
 
-// A real CPU tensor over `storage` laid out as the MetaTensor `t`.
+// A real CPU tensor over `storage` laid out as the MetaTensor `t` (or as
+// the meta tensor inside one).
 at::Tensor view_of(const c10::Storage& storage, const at::Tensor& t) {
-  const at::Tensor& inner = inner_tensor(t);
+  const at::Tensor& inner = is_meta_tensor(t) ? inner_tensor(t) : t;
   at::Tensor view = at::empty({0}, at::TensorOptions().dtype(inner.dtype()).device(c10::kCPU));
   view.set_(storage, inner.storage_offset(), inner.sizes(), inner.strides());
   return view;
@@ -336,7 +337,6 @@ void learn_values(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> argu
 }
 
 std::optional<at::Tensor> known_values(const at::Tensor& t) {
-  if (!t.defined() || !is_meta_tensor(t)) return std::nullopt;
   c10::Storage values = values_of(buffer_of(t));
   if (!values) return std::nullopt;
   OutsideMetaMode outside;

@@ -51,7 +51,8 @@ void learn_values(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> argu
 void check_known_indices(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments);
 
 // A MetaTensor's values as a real CPU tensor of its sizes and strides, if
-// the trace knows them.
+// the trace knows them; likewise of the meta tensor inside one, as a
+// kernel receives it.
 std::optional<at::Tensor> known_values(const at::Tensor& t);
 
 // The buffer is freed: its values go with it.

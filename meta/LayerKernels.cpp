@@ -104,40 +104,6 @@ at::Tensor nll_loss2d_backward(const at::Tensor&, const at::Tensor& self, const 
   return contiguous_like(self);
 }
 
-// CTC's forward keeps log-alpha, batch x input length x (2 x longest target
-// + 1); the lengths are lists here (their tensor overload reads them).
-std::tuple<at::Tensor, at::Tensor> ctc_loss(const at::Tensor& log_probs, const at::Tensor&,
-                                            at::IntArrayRef input_lengths, at::IntArrayRef target_lengths,
-                                            std::int64_t, bool) {
-  const std::int64_t batch = log_probs.size(1);
-  std::int64_t longest = 0;
-  for (auto length : target_lengths) longest = std::max(longest, length);
-  TORCH_CHECK(static_cast<std::int64_t>(input_lengths.size()) == batch, "ctc_loss: input_lengths must be of size batch_size");
-  return {at::empty({batch}, log_probs.options()),
-          at::empty({batch, log_probs.size(0), 2 * longest + 1}, log_probs.options())};
-}
-// Whether CUDA's ctc_loss takes cuDNN, by libtorch's rule (cuDNN's CTC
-// wants int32 targets, concatenated, all inputs full length). Its op has no
-// meta kernel: a trace that takes it stops there, naming it.
-bool use_cudnn_ctc_loss(const at::Tensor& log_probs, const at::Tensor& targets, at::IntArrayRef input_lengths,
-                        at::IntArrayRef target_lengths, std::int64_t blank) {
-  bool use = fake_device().is_cuda() && at::globalContext().userEnabledCuDNN() && blank == 0 &&
-             targets.dim() == 1 && log_probs.scalar_type() == at::kFloat && targets.scalar_type() == at::kInt;
-  for (auto length : input_lengths) use = use && length == log_probs.size(0);
-  for (std::size_t b = 0; b < target_lengths.size() && use; ++b)
-    use = target_lengths[b] < 256 && b < input_lengths.size() && target_lengths[b] <= input_lengths[b];
-  return use;
-}
-
-// MIOpen is ROCm's: never on CUDA or CPU.
-bool use_miopen_ctc_loss(const at::Tensor&, const at::Tensor&, at::IntArrayRef, at::IntArrayRef, std::int64_t) {
-  return false;
-}
-
-at::Tensor ctc_loss_backward(const at::Tensor&, const at::Tensor& log_probs, const at::Tensor&, at::IntArrayRef,
-                             at::IntArrayRef, const at::Tensor&, const at::Tensor&, std::int64_t, bool) {
-  return contiguous_like(log_probs);
-}
 
 // ---- padding and pooling ---------------------------------------------------
 
@@ -307,10 +273,6 @@ std::vector<OwnKernelEntry> layer_kernels() {
       own("mse_loss_backward", TORCH_FN(mse_loss_backward)),
       own("binary_cross_entropy_backward", TORCH_FN(binary_cross_entropy_backward)),
       own("nll_loss2d_backward", TORCH_FN(nll_loss2d_backward)),
-      own("_ctc_loss", TORCH_FN(ctc_loss)),
-      own("_ctc_loss_backward", TORCH_FN(ctc_loss_backward)),
-      own("_use_cudnn_ctc_loss", TORCH_FN(use_cudnn_ctc_loss)),
-      own("_use_miopen_ctc_loss", TORCH_FN(use_miopen_ctc_loss)),
       own("reflection_pad2d", TORCH_FN(reflection_pad2d)),
       own("roll", TORCH_FN(roll)),
       own("_adaptive_avg_pool3d", TORCH_FN(adaptive_avg_pool3d)),

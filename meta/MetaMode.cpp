@@ -26,6 +26,7 @@
 #include "meta/KnownValues.h"
 #include "meta/MetaKernels.h"
 #include "meta/MetaTensor.h"
+#include "meta/OwnKernel.h"
 
 namespace metamem {
 namespace {
@@ -656,6 +657,9 @@ void lstm_without_onednn(const c10::OperatorHandle& op, torch::jit::Stack* stack
 void register_meta_kernel() {
   auto& dispatcher = c10::Dispatcher::singleton();
   auto* handles = new std::vector<c10::RegistrationHandleRAII>();
+  // Composites that read values through data_ptr, replaced for MetaTensors.
+  std::unordered_map<std::string, c10::KernelFunction> composites;
+  for (auto& [op, kernel] : ctc_loss_composites()) composites.emplace("aten::" + op, std::move(kernel));
   handles->push_back(dispatcher.registerFallback(
       c10::DispatchKey::PrivateUse1, c10::KernelFunction::makeFromBoxedFunction<&meta_kernel>(),
       "metamem fallback"));
@@ -667,9 +671,9 @@ void register_meta_kernel() {
     if (ScratchModel model = cpu_scratch_model(qualified))
       g_cpu_scratch.emplace(&op->operator_name(), model);
     if (ScratchModel model = cuda_scratch_model(qualified)) g_cuda_scratch.emplace(&op->operator_name(), model);
-    for (auto plans : {&cuda_attention_plan_model, &cuda_convolution_plan_model, &cuda_embedding_plan_model,
-                       &cuda_matmul_plan_model, &cuda_normalization_plan_model, &cuda_pooling_plan_model, &cuda_reduction_plan_model,
-                       &cuda_roll_plan_model})
+    for (auto plans : {&cuda_attention_plan_model, &cuda_convolution_plan_model, &cuda_ctc_loss_plan_model,
+                       &cuda_embedding_plan_model, &cuda_matmul_plan_model, &cuda_normalization_plan_model,
+                       &cuda_pooling_plan_model, &cuda_reduction_plan_model, &cuda_roll_plan_model})
       if (ScratchPlanModel model = plans(qualified)) g_cuda_scratch_plans.emplace(&op->operator_name(), model);
     if (ScratchModel model = cuda_native_scratch_model(qualified)) g_cuda_scratch.emplace(&op->operator_name(), model);
     if (ReductionStagingModel model = cuda_reduction_staging_model(qualified))
@@ -712,6 +716,12 @@ void register_meta_kernel() {
                                                  c10::nullopt, nullptr, "metamem: pinned"));
       continue;
     }
+    if (const auto composite = composites.find(qualified); composite != composites.end()) {
+      for (auto key : {c10::DispatchKey::PrivateUse1, c10::DispatchKey::AutogradPrivateUse1})
+        handles->push_back(dispatcher.registerImpl(name, key, composite->second, c10::nullopt, nullptr,
+                                                   "metamem: a composite as traced"));
+      continue;
+    }
     if (qualified == "aten::lstm.input") {
       handles->push_back(dispatcher.registerImpl(
           name, c10::DispatchKey::AutogradPrivateUse1,
@@ -747,13 +757,18 @@ c10::impl::LocalDispatchKeySet meta_mode_keys() {
 
 }  // namespace
 
+UnsupportedOpError::UnsupportedOpError(const std::string& op, Message message)
+    : c10::NotImplementedError({__func__, __FILE__, static_cast<std::uint32_t>(__LINE__)}, std::move(message.text)),
+      op_(op),
+      reads_value_(message.reads_value) {}
+
 UnsupportedOpError::UnsupportedOpError(const std::string& op, const std::string& schema,
                                        const std::string& why)
-    : c10::NotImplementedError({__func__, __FILE__, static_cast<std::uint32_t>(__LINE__)},
-                               "metamem: no meta kernel for " + op + " (" + schema + "): " + why),
-      op_(op) {}
+    : UnsupportedOpError(op, {"metamem: no meta kernel for " + op + " (" + schema + "): " + why, op == kValueRead}) {}
 
-bool UnsupportedOpError::reads_value() const { return op_ == kValueRead; }
+UnsupportedOpError UnsupportedOpError::values_unknown(const std::string& op, const std::string& why) {
+  return UnsupportedOpError(op, {"metamem: " + op + " reads values the trace does not know: " + why, true});
+}
 
 TraceEndedError::TraceEndedError(const std::string& op)
     : c10::Error({__func__, __FILE__, static_cast<std::uint32_t>(__LINE__)},
@@ -864,6 +879,11 @@ OutsideMetaMode::OutsideMetaMode() : keys_(keys_outside_meta_mode()) {}
 InsideMetaMode::InsideMetaMode() : keys_(meta_mode_keys()) {}
 
 PlaceholderValues::PlaceholderValues() : previous_(g_placeholder_values.exchange(true)) {}
+bool PlaceholderValues::active() { return g_placeholder_values.load(); }
+
+void report_unknown_values(const std::string& op, const std::string& why) {
+  report(UnsupportedOpError::values_unknown(op, why));
+}
 PlaceholderValues::~PlaceholderValues() { g_placeholder_values.store(previous_); }
 
 at::Tensor adopt_meta_tensor(const at::Tensor& meta) {
@@ -959,8 +979,9 @@ at::Tensor storage_at(std::int64_t address, std::size_t bytes) {
 }
 
 BufferId buffer_of(const at::Tensor& t) {
-  if (!is_meta_tensor(t)) return 0;
-  const c10::Storage& storage = inner_tensor(t).unsafeGetTensorImpl()->unsafe_storage();
+  if (!t.defined() || !(is_meta_tensor(t) || t.is_meta())) return 0;
+  const at::Tensor& inner = is_meta_tensor(t) ? inner_tensor(t) : t;
+  const c10::Storage& storage = inner.unsafeGetTensorImpl()->unsafe_storage();
   auto* tag = static_cast<BufferTag*>(storage.data_ptr().get_context());
   return tag == nullptr ? 0 : tag->id;
 }

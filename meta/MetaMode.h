@@ -67,12 +67,22 @@ class MetaObserver {
 class UnsupportedOpError : public c10::NotImplementedError {
  public:
   UnsupportedOpError(const std::string& op, const std::string& schema, const std::string& why);
+  // `op`'s kernel needs values of its arguments that the trace does not
+  // know (lengths that size its outputs): an error of reading values.
+  static UnsupportedOpError values_unknown(const std::string& op, const std::string& why);
   const std::string& op() const { return op_; }
-  // The op is the one that reads a tensor's value (.item(), bool()).
-  bool reads_value() const;
+  // It stops where code reads a tensor's value (.item(), bool()) or a
+  // kernel needs values.
+  bool reads_value() const { return reads_value_; }
 
  private:
+  struct Message {
+    std::string text;
+    bool reads_value;
+  };
+  UnsupportedOpError(const std::string& op, Message message);
   std::string op_;
+  bool reads_value_;
 };
 
 // A traced tensor used after its trace ended (a module moved to the fake
@@ -167,6 +177,9 @@ class InsideMetaCall {
 // the one zero takes.
 class PlaceholderValues {
  public:
+  // Whether one is alive: kernels that need values the trace does not know
+  // take their bounds instead of stopping (ctc_loss's lengths).
+  static bool active();
   PlaceholderValues();
   ~PlaceholderValues();
   PlaceholderValues(const PlaceholderValues&) = delete;
@@ -175,6 +188,10 @@ class PlaceholderValues {
  private:
   bool previous_;
 };
+
+// Stops the trace where `op`'s kernel needs values of its arguments that
+// the trace does not know, saying `why` (a ValueReadError in Python).
+[[noreturn]] void report_unknown_values(const std::string& op, const std::string& why);
 
 // A plain meta tensor made outside the trace as a MetaTensor of the active
 // MetaMode's fake device, its buffer allocated now (once per storage: tied
@@ -185,7 +202,8 @@ at::Tensor adopt_meta_tensor(const at::Tensor& meta);
 // device's own kernels differ (the dtype of norm statistics).
 c10::Device fake_device();
 
-// The buffer behind a MetaTensor (shared by its views), or 0 if it has none.
+// The buffer behind a MetaTensor (shared by its views), or behind the meta
+// tensor inside one as a kernel receives it, or 0 if it has none.
 BufferId buffer_of(const at::Tensor& t);
 // The same of a MetaTensor's storage. Precondition: is_meta_storage(storage).
 BufferId buffer_of(const c10::Storage& storage);

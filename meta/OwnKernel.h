@@ -31,6 +31,13 @@ OwnKernelEntry own(const char* qualified, Fn fn) {
 // losses, padding, pooling, normalization, embedding bags, recurrent cells.
 std::vector<OwnKernelEntry> layer_kernels();
 
+// CTC loss's rule, torch's own kernels and cuDNN's (meta/CtcLoss.cpp).
+std::vector<OwnKernelEntry> ctc_loss_kernels();
+
+// ctc_loss's own composites, which read their lengths through data_ptr,
+// as a trace runs them in autograd's place ("ctc_loss.Tensor", ...).
+std::vector<std::pair<std::string, c10::KernelFunction>> ctc_loss_composites();
+
 // scaled_dot_product_attention's CUDA kernels (meta/CudaAttention.cpp):
 // FlashAttention, memory-efficient and cuDNN attention, forward and backward.
 std::vector<OwnKernelEntry> cuda_attention_kernels();

@@ -438,6 +438,16 @@ std::vector<LayerCase> losses() {
         return at::ctc_loss(log_probs, torch::randint(1, 6, {3, 4}, torch::kLong), {12, 12, 12}, {4, 3, 2},
                             /*blank=*/0, at::Reduction::Sum);
       }),
+      // The mean divides by the target lengths, which libtorch writes into a
+      // tensor through data_ptr; given as tensors, it reads them so.
+      function("ctc_mean", [] {
+        return at::ctc_loss(torch::log_softmax(input({12, 3, 6}), 2), torch::randint(1, 6, {3, 4}, torch::kLong),
+                            {12, 12, 12}, {4, 3, 2});
+      }),
+      function("ctc_mean_lengths_as_tensors", [] {
+        return at::ctc_loss(torch::log_softmax(input({12, 3, 6}), 2), torch::randint(1, 6, {3, 4}, torch::kLong),
+                            torch::full({3}, 12, torch::kInt), torch::arange(4, 1, -1, torch::kInt));
+      }),
       function("margin_ranking", [] {
         return F::margin_ranking_loss(input({8}), input({8}), torch::randn({8}).sign());
       }),
@@ -479,21 +489,23 @@ TEST_P(DataDependentLayer, StopsNamingTheOpThatReadsValues) {
     FAIL() << "traced without an error";
   } catch (const UnsupportedOpError& e) {
     EXPECT_EQ(e.op(), GetParam().op);
+    EXPECT_TRUE(e.reads_value());
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Values, DataDependentLayer,
     ::testing::Values(
-        // The mean CTC loss divides by the target lengths, written into a
-        // tensor on the traced device.
-        DataDependentCase{function("ctc_mean",
+        // CTC's buffers are sized by its target lengths: here counted from
+        // a mask too large for the trace to compute its values.
+        DataDependentCase{function("ctc_lengths_from_a_mask",
                                    [] {
+                                     const auto lengths = (torch::rand({3, 1 << 18}) > 0.5).sum(1).clamp(1, 4);
                                      return at::ctc_loss(torch::log_softmax(input({12, 3, 6}), 2),
-                                                         torch::randint(1, 6, {3, 4}, torch::kLong), {12, 12, 12},
-                                                         {4, 3, 2});
+                                                         torch::randint(1, 6, {3, 4}, torch::kLong),
+                                                         torch::full({3}, 12, torch::kLong), lengths);
                                    }),
-                          "data_ptr"}),
+                          "aten::ctc_loss.Tensor"}),
     [](const ::testing::TestParamInfo<DataDependentCase>& info) { return info.param.layer.name; });
 
 }  // namespace

@@ -54,7 +54,10 @@ class ValueReadError(UnsupportedOpError):
     a trace has shapes, not values. trace(values="placeholder") reads zeros."""
 
     def __str__(self):
-        return super().__str__() + ' metamem.trace(values="placeholder") reads zeros instead.'
+        message = super().__str__()
+        if 'values="placeholder"' in message:  # the kernel's own word on placeholders
+            return message
+        return message + ' metamem.trace(values="placeholder") reads zeros instead.'
 
 
 class TraceEndedError(RuntimeError):

@@ -23,6 +23,7 @@ import concurrent.futures
 import contextlib
 import json
 import os
+import random
 import subprocess
 import sys
 import time
@@ -493,9 +494,47 @@ def lm_tokens(forward):
     return F.cross_entropy(forward(ids).flatten(0, 1), ids.flatten())
 
 
+def ctc(cudnn, lengths, reduction="mean", time=50, batch=16, classes=20, longest=30):
+    """CTC loss of (time, batch, classes) log-probabilities, forward and
+    backward, `batch` targets of distinct lengths up to `longest`. cuDNN's
+    shape (`cudnn`): int32 targets concatenated, on the host where the
+    lengths are lists (libtorch's rule for each overload); else int64
+    targets padded to the longest, for torch's own kernels. `lengths`:
+    "lists", or tensors (int32 for cuDNN, int64 else) on the "device" or
+    the "host" (where the fake GPU, whose copies to the host read zeros,
+    reads them as a GPU does)."""
+    def step():
+        log_probs = torch.randn(time, batch, classes, device="cuda", requires_grad=True).log_softmax(2)
+        target_lengths = list(range(longest - batch + 1, longest + 1))
+        dtype = torch.int32 if cudnn else torch.long
+        if cudnn and lengths == "lists":  # on the host, made from data as a dataset's are
+            labels = random.Random(0)
+            targets = torch.tensor([labels.randrange(1, classes) for _ in range(sum(target_lengths))], dtype=dtype)
+        elif cudnn:
+            targets = torch.randint(1, classes, (sum(target_lengths),), dtype=dtype, device="cuda")
+        else:
+            targets = torch.randint(1, classes, (batch, longest), device="cuda")
+        input_lengths = [time] * batch
+        if lengths != "lists":
+            on = "cuda" if lengths == "device" else "cpu"
+            input_lengths = torch.tensor(input_lengths, dtype=dtype, device=on)
+            target_lengths = torch.tensor(target_lengths, dtype=dtype, device=on)
+        F.ctc_loss(log_probs, targets, input_lengths, target_lengths, reduction=reduction).backward()
+    return freed_step(step)
+
+
+CTC_CASES = {
+    "CTC loss, cuDNN's shape, lengths on the device": ctc(True, "device"),
+    "CTC loss, cuDNN's shape, lengths as lists, summed": ctc(True, "lists", "sum"),
+    "CTC loss, padded int64 targets, lengths on the host": ctc(False, "host"),
+    "CTC loss, padded int64 targets, lengths as lists": ctc(False, "lists"),
+    "CTC loss, padded int64 targets, lengths as lists, summed": ctc(False, "lists", "sum"),
+}
+
+
 # libtorch's own CUDA kernels that allocate inside (test_cuda_kernels.py).
 LIBTORCH_KERNEL_CASES = {**GROUP_NORM_CASES, **LAYER_NORM_CASES, **REDUCTION_CASES, **NATIVE_CONVOLUTION_CASES,
-                         **OTHER_KERNEL_CASES}
+                         **OTHER_KERNEL_CASES, **CTC_CASES}
 
 CASES = {
     "sdpa bf16 causal (default)": attention(),

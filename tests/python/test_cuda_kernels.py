@@ -111,3 +111,29 @@ def test_an_rnn_with_cudnn_on_runs_torchs_own_cells_as_with_cudnn_off(module):
     with_cudnn = events(True)
     assert with_cudnn == events(False) and len(with_cudnn) > 100
     assert torch.backends.cudnn.is_acceptable is acceptable and torch.nn.modules.rnn._VF is torch._VF
+
+
+@pytest.mark.parametrize("gpu", ["H100-80GB", "T4"])
+@pytest.mark.parametrize("case", real_gpu.CTC_CASES)
+def test_ctc_loss_takes_the_kernels_real_torch_takes_and_holds_what_they_hold(gpu, case):
+    # Before: lengths as tensors stopped a trace at _use_cudnn_ctc_loss.Tensor
+    # and lengths as lists with the mean at the tensor libtorch writes their
+    # values into; cuDNN's CTC had no kernel; torch's own kernels lacked the
+    # lengths and offsets they put on the device, and made the likelihoods
+    # before log-alpha.
+    assert_as_real_torch(gpu, case)
+
+
+def test_ctc_loss_with_cudnns_shape_and_lengths_on_the_host_stops_as_real_torch_does():
+    # libtorch's rule reads the lengths wherever they are and picks cuDNN,
+    # whose kernel then finds them on another device than its inputs.
+    import metamem
+    import torch
+    import torch.nn.functional as F
+
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        with metamem.trace(device="cuda", gpu="H100-80GB"):
+            log_probs = torch.randn(50, 16, 20, device="cuda", requires_grad=True).log_softmax(2)
+            targets = torch.randint(1, 20, (16 * 30,), dtype=torch.int32, device="cuda")
+            on_the_host = torch.tensor([50] * 16, dtype=torch.int32), torch.tensor([30] * 16, dtype=torch.int32)
+            F.ctc_loss(log_probs, targets, *on_the_host)

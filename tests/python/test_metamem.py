@@ -706,3 +706,58 @@ def test_the_largest_batch_is_read_off_the_line_of_two_batches_and_verified(rese
         assert (line, asked) == (25, [1, 2, 25, 26])
     bisection_asked = _searched(metamem.largest_batch, reserved_of, budget, most=64)[1]
     assert len(asked) <= len(bisection_asked) + 2
+
+
+def ctc_step(lengths, targets_dtype=torch.long, reduction="mean", zero_infinity=False, device="cpu"):
+    """CTC loss of 50 steps, batch 16, 20 classes, targets padded to 30,
+    forward and backward; `lengths` "lists" or the dtype of length tensors."""
+    def step():
+        log_probs = torch.randn(50, 16, 20, device=device).log_softmax(2).detach().requires_grad_()
+        targets = torch.randint(1, 20, (16, 30), dtype=targets_dtype, device=device)
+        input_lengths, target_lengths = [50] * 16, list(range(15, 31))
+        if lengths != "lists":
+            input_lengths = torch.tensor(input_lengths, dtype=lengths, device=device)
+            target_lengths = torch.tensor(target_lengths, dtype=lengths, device=device)
+        loss = F.ctc_loss(log_probs, targets, input_lengths, target_lengths, reduction=reduction,
+                          zero_infinity=zero_infinity)
+        loss.sum().backward()
+    return step
+
+
+@pytest.mark.parametrize("lengths, targets_dtype, reduction, zero_infinity", [
+    ("lists", torch.long, "mean", False),  # the mean's tensor of lengths: libtorch writes it through data_ptr
+    ("lists", torch.int32, "none", False),
+    (torch.long, torch.long, "mean", False),  # libtorch reads the lengths on the host, through data_ptr
+    (torch.int32, torch.long, "mean", False),  # ... after copying them to int64: two copies held by the call
+    (torch.int32, torch.int32, "sum", True),
+])
+def test_ctc_loss_holds_what_the_cpu_run_holds(lengths, targets_dtype, reduction, zero_infinity):
+    # Before: every ctc_loss stopped a CPU trace, reading or writing a traced
+    # tensor's data. Log-alpha is sized by the longest target (30 here).
+    step = ctc_step(lengths, targets_dtype, reduction, zero_infinity)
+    with metamem.trace(device="cpu") as t:
+        step()
+    assert t.peak_bytes == metamem.achieved_cpu(step)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_ctc_loss_with_lengths_the_trace_does_not_know_stops_or_takes_their_bounds(device):
+    def step(known):
+        log_probs = torch.randn(50, 16, 20, device=device).log_softmax(2).detach().requires_grad_()
+        targets = torch.randint(1, 20, (16, 30), device=device)
+        input_lengths = torch.full((16,), 50, device=device)
+        # Counted from a mask too large for the trace to compute its values.
+        target_lengths = (torch.rand(16, 1 << 14, device=device) > 0.5).sum(1).clamp(1, 30)
+        if known:
+            target_lengths.fill_(30)  # every target as long as the targets are wide
+        F.ctc_loss(log_probs, targets, input_lengths, target_lengths).backward()
+
+    with pytest.raises(metamem.ValueReadError, match="ctc_loss sizes its buffers") as error:
+        with metamem.trace(device=device):
+            step(known=False)
+    assert "reads zeros" not in str(error.value)
+    with metamem.trace(device=device, values="placeholder") as bounded:
+        step(known=False)
+    with metamem.trace(device=device) as longest:
+        step(known=True)
+    assert bounded.peak_bytes == longest.peak_bytes
