@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace metamem {
 
@@ -39,6 +40,12 @@ struct ScratchPlan {
   c10::SmallVector<Step, 8> steps;
   std::size_t before_outputs = 0;
   std::size_t pieces = 0;  // made so far (a grouped convolution's plan makes hundreds)
+  // Recorded from real torch on the fake GPU (set_recorded_plans): its steps
+  // are all the kernel makes, its first cuBLAS call included where it made
+  // one and none where it did not; and each return's strides as the kernel
+  // laid it out (none: as the meta kernel does).
+  bool recorded = false;
+  std::vector<std::vector<std::int64_t>> return_strides;
 
   // The new piece's number.
   std::size_t make(std::int64_t bytes) {

@@ -133,6 +133,10 @@ std::unordered_map<const c10::OperatorName*, CublasCall> g_cublas_ops;
 // seed and offset come before their output, dropout's mask before its output.
 std::unordered_map<const c10::OperatorName*, c10::SmallVector<std::size_t, 8>> g_allocation_orders;
 
+// The ops whose plans a recording gives, and its source (set_recorded_plans).
+std::unordered_map<const c10::OperatorName*, std::string> g_recorded_ops;
+RecordedPlans g_recorded_plans;
+
 // metamem's own meta kernels by op, likewise.
 std::unordered_map<const c10::OperatorName*, const c10::KernelFunction*> g_own_kernels;
 
@@ -147,16 +151,36 @@ class KernelScratch {
   KernelScratch(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments, MetaObserver* observer)
       : observer_(observer) {
     if (observer_ == nullptr || !g_mode.device.is_cuda()) return;
+    if (const auto recorded = g_recorded_ops.find(&op.operator_name()); recorded != g_recorded_ops.end())
+      if (std::optional<ScratchPlan> plan = g_recorded_plans(recorded->second, arguments)) {
+        plan_ = std::move(*plan);
+        return;
+      }
     const auto model = g_cuda_scratch_plans.find(&op.operator_name());
     if (model == g_cuda_scratch_plans.end()) return;
     plan_ = model->second(arguments);
     for (std::size_t i = 0; i < plan_.before_outputs; ++i) take(plan_.steps[i]);
   }
 
+  // A recorded kernel's returns laid out as it laid them out (cuDNN's
+  // convolutions answer channels-last where torch's own do not), before
+  // they are wrapped: the inner tensors on the stack remade.
+  void lay_out_returns(torch::jit::Stack& stack, std::size_t n_returns) const {
+    const std::size_t first = stack.size() - n_returns;
+    for (std::size_t r = 0; r < plan_.return_strides.size() && r < n_returns; ++r) {
+      const auto& strides = plan_.return_strides[r];
+      if (strides.empty() || !stack[first + r].isTensor()) continue;
+      const at::Tensor& made = stack[first + r].toTensor();
+      if (!made.defined() || made.strides() == at::IntArrayRef(strides)) continue;
+      OutsideMetaMode outside;
+      stack[first + r] = at::empty_strided(made.sizes(), strides, made.options());
+    }
+  }
+
   // Whether the plan makes the op's return `r` among its steps.
   bool places_output(std::size_t r) const { return has(ScratchPlan::Step::Kind::Output, r); }
   // Whether the plan says when the kernel first calls cuBLAS.
-  bool places_cublas_call() const { return has(ScratchPlan::Step::Kind::CublasCall, 0); }
+  bool places_cublas_call() const { return plan_.recorded || has(ScratchPlan::Step::Kind::CublasCall, 0); }
 
   // `make_output(r)` makes return r; `call_cublas()` reports the kernel's
   // first cuBLAS call.
@@ -175,6 +199,7 @@ class KernelScratch {
       }
     }
     const auto& models = g_mode.device.is_cpu() ? g_cpu_scratch : g_cuda_scratch;
+    if (plan_.recorded) return;
     if (const auto model = models.find(&op.operator_name()); model != models.end())
       take({ScratchPlan::Step::Kind::Make, model->second(arguments, returns), 0});
   }
@@ -542,6 +567,7 @@ void meta_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const bool first_draw = first_draw_of_capture(op, original_args);
   if (first_draw && draws_before_outputs(op)) make_draw_state();
   call_on_meta(op, *stack);
+  scratch.lay_out_returns(*stack, schema.returns().size());
   if (&op.operator_name() == g_zero_tensor) hold_no_memory(stack->back().toTensor());
   const std::size_t n_returns = schema.returns().size();
   const auto* order = allocation_order(op);
@@ -880,6 +906,18 @@ InsideMetaMode::InsideMetaMode() : keys_(meta_mode_keys()) {}
 
 PlaceholderValues::PlaceholderValues() : previous_(g_placeholder_values.exchange(true)) {}
 bool PlaceholderValues::active() { return g_placeholder_values.load(); }
+
+void set_recorded_plans(const std::vector<std::string>& ops, RecordedPlans source) {
+  g_recorded_ops.clear();
+  g_recorded_plans = std::move(source);
+  for (const std::string& qualified : ops) {
+    const std::size_t dot = qualified.find('.');
+    const c10::OperatorName name{qualified.substr(0, dot),
+                                 dot == std::string::npos ? "" : qualified.substr(dot + 1)};
+    if (const auto op = c10::Dispatcher::singleton().findSchema(name))
+      g_recorded_ops.emplace(&op->operator_name(), qualified);
+  }
+}
 
 void report_unknown_values(const std::string& op, const std::string& why) {
   report(UnsupportedOpError::values_unknown(op, why));

@@ -13,6 +13,7 @@
 #include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
 
+#include "meta/CpuKernelModel.h"
 #include "meta/FakeCuda.h"
 
 #include <cstddef>
@@ -188,6 +189,15 @@ class PlaceholderValues {
  private:
   bool previous_;
 };
+
+// Kernels whose temporaries a recording gives instead of metamem's models,
+// on a fake cuda: for a call of one of `ops` ("aten::convolution"),
+// `source` returns the plan real torch followed for those arguments (the
+// caller's MetaTensors) on the fake GPU (metamem/_fake_gpu.py), or nullopt
+// to keep the models'. No ops stops it. Set while no trace runs.
+using RecordedPlans =
+    std::function<std::optional<ScratchPlan>(const std::string& op, c10::ArrayRef<c10::IValue> arguments)>;
+void set_recorded_plans(const std::vector<std::string>& ops, RecordedPlans source);
 
 // Stops the trace where `op`'s kernel needs values of its arguments that
 // the trace does not know, saying `why` (a ValueReadError in Python).

@@ -8,6 +8,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/Storage.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
@@ -731,6 +732,39 @@ PYBIND11_MODULE(_metamem, m) {
       py::arg("tensor"), "The trace no longer knows the values of the tensor's buffer (another rank wrote them).");
   m.def("known_values", [](const at::Tensor& t) -> std::optional<at::Tensor> { return metamem::known_values(t); },
         py::arg("tensor"), "A traced tensor's values as a real CPU tensor, if the trace knows them; else None.");
+  m.def(
+      "set_recorded_plans",
+      [](const std::vector<std::string>& ops, py::object source) {
+        if (source.is_none()) return metamem::set_recorded_plans({}, nullptr);
+        auto held = std::make_shared<py::object>(std::move(source));
+        metamem::set_recorded_plans(ops, [held](const std::string& op, c10::ArrayRef<c10::IValue> arguments)
+                                             -> std::optional<metamem::ScratchPlan> {
+          py::gil_scoped_acquire gil;
+          py::list python_arguments;
+          for (const c10::IValue& argument : arguments) python_arguments.append(torch::jit::toPyObject(argument));
+          const py::object recorded = (*held)(op, python_arguments);
+          if (recorded.is_none()) return std::nullopt;
+          const auto [steps, strides] = recorded.cast<
+              std::tuple<std::vector<std::tuple<std::string, std::int64_t>>, std::vector<std::vector<std::int64_t>>>>();
+          metamem::ScratchPlan plan;
+          plan.recorded = true;
+          plan.return_strides = strides;
+          for (const auto& step : steps) {
+            const auto& [kind, number] = step;
+            if (kind == "make") plan.make(number);
+            else if (kind == "free") plan.free(static_cast<std::size_t>(number));
+            else if (kind == "output") plan.output(static_cast<std::size_t>(number));
+            else if (kind == "cublas") plan.cublas_call();
+            else throw std::invalid_argument("a recorded plan's step is make, free, output or cublas, not " + kind);
+          }
+          return plan;
+        });
+      },
+      py::arg("ops"), py::arg("source"),
+      "On a fake cuda, the temporaries of `ops` as `source(op, arguments)` gives them: (steps, strides), the "
+      "steps (\"make\", bytes), (\"free\", piece), (\"output\", return) and (\"cublas\", 0) in the kernel's "
+      "order and each return's strides ([] for the meta kernel's) (metamem._fake_gpu), or None for metamem's "
+      "models. source None stops.");
   m.def("run_cpp_meta_kernels_in_traces", &metamem::run_cpp_meta_kernels_in_traces, py::arg("ops"),
         py::arg("cover"));
   // A traced tensor's untyped_storage() stands for its buffer: FSDP2 frees

@@ -25,7 +25,7 @@ import weakref
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import _distributed, _metamem
+from . import _distributed, _fake_gpu, _metamem
 from ._compile import CompiledCode, CompilingAside
 from ._compile_cuda import UnsupportedCompileError
 from ._cuda import FakeCudaRuntime, Patches
@@ -679,7 +679,7 @@ def _patch_data_loader_workers(patches):
 
 @contextlib.contextmanager
 def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf=None, world_size=None, rank=0,
-          nproc_per_node=None):
+          nproc_per_node=None, fake_gpu=None):
     """Traces the block on a fake `device` ("cpu" or "cuda") and yields a
     Trace, readable once the block ends. `modules` built before the block
     run in it on the fake device, their states put back afterwards.
@@ -701,6 +701,13 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
     0, 0.0), so that a loop that logs its loss goes on: what it printed and
     every branch taken on it are zero's, not the run's.
 
+    With `fake_gpu`, the folder of metamem's fake GPU (build/oracle; by
+    default $METAMEM_FAKE_GPU, if set), a fake-cuda trace asks real torch
+    on it, once per distinct call, what convolutions allocate inside, and
+    follows that: cuDNN's engines and workspaces as cuDNN chooses them for
+    the `gpu` under torch.backends.cudnn's flags, where metamem's own
+    models know only torch's own kernels (metamem._fake_gpu).
+
     With `world_size`, the block is rank `rank` of a distributed job:
     torch.distributed's default process group is metamem's (whatever
     backend init_process_group names), torchrun's environment variables
@@ -719,6 +726,8 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
     if values not in ("error", "placeholder"):
         raise ValueError(f"values must be 'error' or 'placeholder', got {values!r}")
     gpu_spec = _metamem.gpu(gpu)  # ValueError for an unknown GPU, before anything changes
+    fake_gpu = os.environ.get("METAMEM_FAKE_GPU") if fake_gpu is None else fake_gpu
+    recordings = _fake_gpu.recordings(fake_gpu, gpu_spec) if fake_gpu and device == "cuda" else None
     if world_size is not None:
         _distributed.check(world_size, rank, nproc_per_node)
     elif nproc_per_node is not None:
@@ -743,6 +752,9 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
                 _patch_data_loader_workers(patches)
                 if device == "cuda":
                     _patch_autograd_multithreading(patches)
+                if recordings is not None:
+                    _metamem.set_recorded_plans(_fake_gpu.RECORDED_OPS, recordings.plan)
+                    stack.callback(_metamem.set_recorded_plans, [], None)
                 groups = None
                 if world_size is not None:
                     groups = stack.enter_context(_distributed.ranks(device, world_size, rank, nproc_per_node))

@@ -80,15 +80,16 @@ def real_events(oracle, gpu, name, how, mode=None, evaluate=False, cudnn=False):
     return events
 
 
-def traced_events(gpu, name, how, mode=None, evaluate=False, cudnn=False):
+def traced_events(gpu, name, how, mode=None, evaluate=False, cudnn=False, oracle=""):
     """The same for the trace: requested bytes from its allocator events,
-    each allocation's op and module from its snapshot."""
+    each allocation's op and module from its snapshot. With cuDNN on, its
+    convolutions are the fake GPU's recordings (fake_gpu_sweep.py --cudnn)."""
     cold_cache()
     if isinstance(how, str):
         model, run = fake_gpu_sweep.two_steps(name, how, cudnn)
     else:
         model, run = two_adamw_steps(name, "cuda", how, mode, *compiled_steps(mode, evaluate))
-    with metamem.trace(device="cuda", gpu=gpu, modules=[model]) as t:
+    with metamem.trace(device="cuda", gpu=gpu, modules=[model], fake_gpu=oracle if cudnn else "") as t:
         run()
     with tempfile.TemporaryDirectory() as folder:
         t.save_allocator_events(os.path.join(folder, "events.txt"))
@@ -154,7 +155,7 @@ def main():
     args = parser.parse_args()
     how = args.precision or not args.eager
     real = real_events(args.oracle, args.gpu, args.model, how, args.mode, args.evaluate, args.cudnn)
-    traced = traced_events(args.gpu, args.model, how, args.mode, args.evaluate, args.cudnn)
+    traced = traced_events(args.gpu, args.model, how, args.mode, args.evaluate, args.cudnn, args.oracle)
     print(f"{len(real)} real events, {len(traced)} traced")
     found = first_difference(real, traced)
     if found is None:

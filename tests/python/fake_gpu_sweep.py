@@ -8,11 +8,14 @@ hf_sweep.py at its reduced size and the 171 timm models of timm_sweep.py
 ("timm NAME"); f32 and bf16 autocast. Convolutions
 and attention take cuDNN off and attention's other kernels, as
 compiled_models.py says, or with --cudnn torch's defaults: cuDNN on, cuDNN
-attention first on an H100, which the fake GPU runs since 2026-11-29 (a
-trace still takes torch's own convolutions).
+attention first on an H100, which the fake GPU runs since 2026-11-29; the
+trace then takes its convolutions from the fake GPU's recordings
+(trace(fake_gpu=...)), cuDNN's engines and workspaces, unless
+--own-convolutions keeps metamem's models of torch's own kernels.
 
     METAMEM_ORACLE=build/oracle PYTHONPATH=build/python:tests/python .venv/bin/python \\
-        tests/python/fake_gpu_sweep.py [--models "BERT,RegNet-Y 400MF"] [--gpus H100-80GB,T4] [--cudnn] [--markdown]
+        tests/python/fake_gpu_sweep.py [--models "BERT,RegNet-Y 400MF"] [--gpus H100-80GB,T4] [--cudnn]
+        [--own-convolutions] [--markdown]
         [--check]
 
 --check exits 1 unless every run is exact. A run that differs names where:
@@ -219,7 +222,7 @@ print(json.dumps(two_steps(*json.loads(sys.argv[3]))[1]()), flush=True)
 """
 
 
-def run_one(name, gpu, precision, oracle, cudnn=False):
+def run_one(name, gpu, precision, oracle, cudnn=False, recorded=True):
     """{"traced": peaks or error, "real": peaks or error, "seconds": [trace, real]}."""
     import metamem
     import metamem._metamem as native
@@ -232,7 +235,8 @@ def run_one(name, gpu, precision, oracle, cudnn=False):
         try:
             if side == "traced":
                 model, run = two_steps(name, precision, cudnn)
-                with metamem.trace(device="cuda", gpu=gpu, modules=[model]):
+                recordings = oracle if cudnn and recorded else ""
+                with metamem.trace(device="cuda", gpu=gpu, modules=[model], fake_gpu=recordings):
                     row[side] = run()
             else:
                 row[side] = measure(oracle, native.gpu(gpu), PROLOGUE + CHILD, json.dumps([name, precision, cudnn]))
@@ -260,6 +264,8 @@ def main():
     parser.add_argument("--gpus", default=",".join(GPUS))
     parser.add_argument("--precisions", default=",".join(PRECISIONS))
     parser.add_argument("--cudnn", action="store_true", help="cuDNN and cuDNN attention on, as torch has them")
+    parser.add_argument("--own-convolutions", action="store_true",
+                        help="with --cudnn, trace convolutions on metamem's models of torch's own kernels")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
     parser.add_argument("--check", action="store_true", help="exit 1 unless every run is exact")
     args = parser.parse_args()
@@ -274,7 +280,8 @@ def main():
     for name in names:
         for gpu in gpus:
             for precision in precisions:
-                row = {"model": name, "gpu": gpu, "precision": precision, **run_one(name, gpu, precision, oracle, args.cudnn)}
+                peaks = run_one(name, gpu, precision, oracle, args.cudnn, not args.own_convolutions)
+                row = {"model": name, "gpu": gpu, "precision": precision, **peaks}
                 row["verdict"] = verdict(row)
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr if args.markdown else sys.stdout, flush=True)

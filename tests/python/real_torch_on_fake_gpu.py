@@ -36,6 +36,10 @@ import subprocess
 import sys
 import textwrap
 
+# A child's start (the fake runtime, argv[1], told the GPU, argv[2], before
+# torch asks it) and its environment, as a trace's recordings start theirs.
+from metamem._fake_gpu import PROLOGUE, command, environment
+
 # Run in the child and, for the steps, under metamem.trace in this process.
 STEPS = textwrap.dedent("""
     import torch
@@ -136,16 +140,6 @@ REDUCTIONS = textwrap.dedent("""
 MODELS = ("mlp", "rms_mlp", "permuted_conv", "gpt2", "resnet18", "mobilenet_v2")
 STEP_GPUS = ("H100-80GB", "A100-80GB", "T4")  # each workspace size and a few architectures
 
-# A child's start: the fake runtime (argv[1]) is told the GPU (argv[2]) before torch asks it.
-PROLOGUE = textwrap.dedent("""
-    import ctypes, json, sys
-    gpu = json.loads(sys.argv[2])
-    ctypes.CDLL(sys.argv[1]).metamem_fake_cuda_set_device(
-        gpu["name"].encode(), ctypes.c_size_t(gpu["total_memory"]), gpu["major"], gpu["minor"],
-        gpu["multi_processor_count"], gpu["L2_cache_size"], gpu["max_threads_per_multi_processor"],
-        gpu["shared_memory_per_block_optin"], gpu["shared_memory_per_multiprocessor"])
-""")
-
 CHILD = PROLOGUE + textwrap.dedent("""
     import threading
     import torch
@@ -191,15 +185,8 @@ LEAVE = "\nimport os as _os, sys as _sys\n_sys.stdout.flush()\n_sys.stderr.flush
 def measure(oracle, gpu, program, *args, torch_site=None):
     """The child's last line, as JSON: `program` run by real torch on the
     fake `gpu`; the torch of the folder `torch_site` where one is given."""
-    program += LEAVE
-    env = dict(os.environ)
-    if torch_site:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, (torch_site, env.get("PYTHONPATH"))))
-    env["LD_PRELOAD"] = " ".join(os.path.join(oracle, lib) for lib in
-                                 ("libmetamem_fake_cuda_preload.so", "libmetamem_fake_cublas.so"))
-    env["LD_LIBRARY_PATH"] = os.path.join(oracle, "driver") + ":" + env.get("LD_LIBRARY_PATH", "")
-    run = subprocess.run([sys.executable, "-c", program, os.path.join(oracle, "libmetamem_fake_cuda_preload.so"),
-                          json.dumps(gpu), *args], env=env, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(command(oracle, gpu, program + LEAVE, *args), env=environment(oracle, torch_site),
+                         capture_output=True, text=True, timeout=600)
     if run.returncode != 0:
         raise RuntimeError(f"{gpu['key']}: the child exited {run.returncode}:\n{run.stderr[-3000:]}")
     return json.loads(run.stdout.splitlines()[-1])

@@ -13,10 +13,11 @@ import pytest
 ORACLE = os.environ.get("METAMEM_ORACLE", "")
 H200 = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "real_gpu_h200_events.json")))
 
-pytestmark = pytest.mark.skipif(not os.path.exists(os.path.join(ORACLE, "libmetamem_fake_cuda_preload.so")),
-                                reason=f"METAMEM_ORACLE={ORACLE!r} holds no fake GPU to run real torch on")
+needs_fake_gpu = pytest.mark.skipif(not os.path.exists(os.path.join(ORACLE, "libmetamem_fake_cuda_preload.so")),
+                                    reason=f"METAMEM_ORACLE={ORACLE!r} holds no fake GPU to run real torch on")
 
 
+@needs_fake_gpu
 @pytest.mark.parametrize("case", [
     "sdpa bf16 causal CUDNN_ATTENTION",  # cuDNN's runtime-compiled engines: NVRTC, then the fake driver loads them
     "sdpa bf16 causal (default)",  # torch picks cuDNN attention on sm90
@@ -38,6 +39,7 @@ def test_the_fake_gpu_runs_cudnn_as_the_h200_did(case):
     assert fake["events"] == recorded["events"]  # allocation by allocation, cuDNN's workspaces among them
 
 
+@needs_fake_gpu
 def test_cudnn_convolutions_run_with_the_workspaces_cudnn_plans():
     # A convolution's forward and both gradients each take a workspace that
     # cuDNN's chosen engine sizes (no formula of the shape: 6,570,000 B for
@@ -55,3 +57,53 @@ def test_cudnn_convolutions_run_with_the_workspaces_cudnn_plans():
     workspaces = [size for (kind, size, _), (next_kind, next_size, _) in zip(fake["events"][0], fake["events"][0][1:])
                   if kind == "alloc" and next_kind == "free" and next_size == size and size > 4096]
     assert len(workspaces) == 3 and workspaces[0] == recorded[3][1] == 6570000
+
+
+def test_a_recording_becomes_the_kernels_steps_in_their_order():
+    # What the fake GPU answers for one call: its allocations and frees (the
+    # allocator's addresses) and its returns' addresses. An address freed and
+    # made again is a new piece; a block kept that no return holds is the
+    # workspace of a first cuBLAS call.
+    from metamem._fake_gpu import plan_of
+
+    recording = {"events": [["alloc", 0x100, 64], ["alloc", 0x200, 4096], ["free_requested", 0x200, 4096],
+                            ["alloc", 0x200, 512], ["alloc", 0x300, 32], ["alloc", 0x400, 1 << 25],
+                            ["free_requested", 0x200, 512], ["free_requested", 0x300, 32], ["alloc", 0x500, 16]],
+                 "returns": [0x500, 0, 0x100], "strides": [[1], [], [1]]}
+    assert plan_of(recording) == ([("output", 2), ("make", 4096), ("free", 0), ("make", 512), ("make", 32),
+                                   ("cublas", 0), ("free", 1), ("free", 2), ("output", 0)], [[1], [], [1]])
+    # A second block kept and held by no return beside cuBLAS's workspace: refused.
+    with pytest.raises(RuntimeError, match="more than a cuBLAS workspace"):
+        plan_of({"events": recording["events"][:6], "returns": [0x100], "strides": [[1]]})
+
+
+def test_a_fake_gpu_must_be_a_folder_of_its_libraries():
+    import metamem
+
+    with pytest.raises(ValueError, match="holds no fake GPU"):
+        with metamem.trace(device="cuda", fake_gpu="/nonexistent"):
+            pass
+
+
+@needs_fake_gpu
+@pytest.mark.parametrize("gpu", ["H100-80GB", "T4"])
+@pytest.mark.parametrize("case", ["conv 3x3, 64 channels, 56², f32", "conv 3x3, 64 channels, 56², bf16",
+                                  "conv 1x1, 256 channels, 56², f32", "resnet18 f32 cuDNN on",
+                                  "resnet18 bf16 autocast cuDNN on", "mobilenet_v2 f32 cuDNN on"])
+def test_a_trace_with_the_fake_gpu_takes_cudnns_convolutions_as_real_torch(gpu, case):
+    # Without it a trace takes torch's own convolution kernels (their
+    # columns), where real torch with cuDNN on takes cuDNN's engines and
+    # their workspaces: resnet18 f32 is 6,255,104 B under real torch's max
+    # allocated on the H100 (13,627,392 B on the T4), one 3x3 convolution
+    # 61,046,272 B over. With it, each distinct convolution is asked of real
+    # torch on the fake GPU once, and the trace follows its recording.
+    import metamem
+    import metamem._metamem as native
+    import real_gpu
+
+    real = real_gpu.measured_run(real_gpu.on_fake_gpu(ORACLE, native.gpu(gpu), case))
+    assert "error" not in real, real["error"]
+    with metamem.trace(device="cuda", gpu=gpu, fake_gpu=ORACLE) as t:
+        real_gpu.CASES[case](lambda: None)
+    allocated = json.loads(t.to_json())["predicted"]["allocator_allocated_peak_bytes"]
+    assert (allocated, t.reserved_peak_bytes) == (real["allocated"], real["reserved"])
