@@ -100,9 +100,12 @@ std::int64_t accumulator_size(const at::Tensor& input) {
 }
 
 // aten::native_group_norm(input, weight, bias, N, C, HxW, group, eps).
-// 16-bit inputs: the statistics in fp32 first, copied into the outputs
-// last. With an affine transform over more than one element per channel:
-// its per (sample, channel) scale and shift.
+// After the outputs (contiguous), an input that is not contiguous (a cuDNN
+// convolution's channels-last output) copied contiguous, freed last. 16-bit
+// inputs: the statistics in fp32 first, copied into the outputs last. With
+// an affine transform over more than one element per channel: its per
+// (sample, channel) scale and shift. (Recorded from real torch 2.14.1 on
+// the fake GPU.)
 ScratchPlan group_norm_plan(c10::ArrayRef<c10::IValue> arguments) {
   const at::Tensor& input = arguments[0].toTensor();
   const bool affine = defined(arguments[1]) || defined(arguments[2]);
@@ -110,6 +113,7 @@ ScratchPlan group_norm_plan(c10::ArrayRef<c10::IValue> arguments) {
   const std::int64_t per_channel = arguments[5].toInt(), groups = arguments[6].toInt();
   const std::int64_t acc = accumulator_size(input);
   ScratchPlan plan;
+  plan.make(copy_unless_contiguous(input));
   if (sixteen_bit(input)) {
     plan.make(samples * groups * 4);
     plan.make(samples * groups * 4);
@@ -128,7 +132,9 @@ ScratchPlan group_norm_plan(c10::ArrayRef<c10::IValue> arguments) {
 // channel) sums of the gradient and of its product with the input, then
 // for the input's gradient three coefficients (torch's c2 and c3 per
 // (sample, group), and with a weight c1, rstd times the weight per
-// (sample, channel)), freed before the sums.
+// (sample, channel)), freed before the sums. Before the gradients, the
+// output's gradient and the input each copied contiguous where they are
+// not, freed last.
 ScratchPlan group_norm_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
   const at::Tensor& input = arguments[1].toTensor();
   const bool weight = defined(arguments[4]);
@@ -137,6 +143,9 @@ ScratchPlan group_norm_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
   const bool input_gradient = arguments[9].toBoolList().get(0);
   const std::int64_t acc = accumulator_size(input);
   ScratchPlan plan;
+  plan.make(copy_unless_contiguous(arguments[0].toTensor()));
+  plan.make(copy_unless_contiguous(input));
+  plan.before_outputs = plan.steps.size();
   if (per_channel == 1) {
     if (input_gradient) {
       plan.make(samples * groups * acc);

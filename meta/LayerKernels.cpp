@@ -123,15 +123,17 @@ at::Tensor adaptive_avg_pool3d(const at::Tensor& self, at::IntArrayRef output_si
 
 // ---- normalization ---------------------------------------------------------
 
-// The output in the input's layout; per (sample, group) statistics in the
-// parameters' dtype where they are fp32 beside a low-precision input.
+// The output in the input's layout on CPU, contiguous on CUDA; per
+// (sample, group) statistics in the parameters' dtype where they are fp32
+// beside a low-precision input.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> native_group_norm(const at::Tensor& input,
                                                                  const c10::optional<at::Tensor>& weight,
                                                                  const c10::optional<at::Tensor>&, c10::SymInt batch,
                                                                  c10::SymInt, c10::SymInt, std::int64_t group, double) {
   const auto dtype = weight && weight->defined() ? weight->scalar_type() : input.scalar_type();
   const auto statistics = input.options().dtype(dtype);
-  return {at::empty_like(input, input.suggest_memory_format()), at::empty({batch.expect_int(), group}, statistics),
+  const auto format = models_cpu() ? input.suggest_memory_format() : at::MemoryFormat::Contiguous;
+  return {at::empty_like(input, format), at::empty({batch.expect_int(), group}, statistics),
           at::empty({batch.expect_int(), group}, statistics)};
 }
 

@@ -194,7 +194,8 @@ class PlaceholderValues {
 // on a fake cuda: for a call of one of `ops` ("aten::convolution"),
 // `source` returns the plan real torch followed for those arguments (the
 // caller's MetaTensors) on the fake GPU (metamem/_fake_gpu.py), or nullopt
-// to keep the models'. No ops stops it. Set while no trace runs.
+// to keep the models'. No ops stops it. It serves every trace of the
+// process while set; a trace sets it as it starts and stops it as it ends.
 using RecordedPlans =
     std::function<std::optional<ScratchPlan>(const std::string& op, c10::ArrayRef<c10::IValue> arguments)>;
 void set_recorded_plans(const std::vector<std::string>& ops, RecordedPlans source);

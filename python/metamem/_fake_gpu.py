@@ -69,8 +69,9 @@ def command(folder, gpu, program, *args):
 # Serves one request a line: an op and its arguments (tensors as sizes,
 # strides and dtype), run on the fake GPU with no cuBLAS workspace kept (so
 # that a first cuBLAS call shows the workspace it makes); answers the
-# allocations and frees inside and the addresses of the op's returns. (On
-# a stream of its own, cuDNN's convolutions stop the fake GPU: SIGSEGV.)
+# allocations and frees inside and the addresses of the op's returns, or
+# the error real torch raised. (On a stream of its own, cuDNN's
+# convolutions stop the fake GPU: SIGSEGV.)
 _SERVER = PROLOGUE + textwrap.dedent("""
     import torch
 
@@ -89,7 +90,12 @@ _SERVER = PROLOGUE + textwrap.dedent("""
         arguments = [made(argument) for argument in request["arguments"]]
         torch._C._cuda_clearCublasWorkspaces()
         torch.cuda.memory._record_memory_history(max_entries=1 << 16)
-        out = op(*arguments)
+        try:
+            out = op(*arguments)
+        except Exception as error:  # the call's own error, as the traced code meets it
+            torch.cuda.memory._record_memory_history(enabled=None)
+            print("@@" + json.dumps({"error": str(error).strip().splitlines()[0]}), flush=True)
+            continue
         events = torch.cuda.memory._snapshot()["device_traces"][0]
         torch.cuda.memory._record_memory_history(enabled=None)
         returns = out if isinstance(out, (tuple, list)) else (out,)
@@ -117,6 +123,8 @@ def plan_of(recording):
     freed, and ("cublas", 0) where a workspace was made and kept that no
     return holds: cuBLAS's, at the kernel's first call of it on a stream;
     and each return's strides."""
+    if "error" in recording:  # real torch's, raised where the traced code calls it
+        raise RuntimeError(recording["error"])
     events = recording["events"]
     returns = {address: r for r, address in enumerate(recording["returns"]) if address}
     freed = set()
@@ -160,8 +168,8 @@ class KernelRecordings:
         key = json.dumps(request, sort_keys=True)
         with self._lock:
             if key not in self._plans:
-                self._plans[key] = plan_of(self._ask(key))
-            return self._plans[key]
+                self._plans[key] = self._ask(key)
+        return plan_of(self._plans[key])
 
     def _ask(self, line):
         if self._child is None or self._child.poll() is not None:

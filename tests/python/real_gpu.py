@@ -194,12 +194,15 @@ def batch_norm(dtype=torch.float32):
     return run
 
 
-def group_norm(dtype=torch.float32, affine=True, size=32, input_grad=True):
+def group_norm(dtype=torch.float32, affine=True, size=32, input_grad=True, channels_last=False):
     """GroupNorm over 320 channels in 32 groups at batch 8 (a diffusion UNet's
     norm), forward and backward; all freed as the step ends, so that a
-    trace's allocations and frees are the whole run's."""
+    trace's allocations and frees are the whole run's. The input
+    channels-last where asked (a cuDNN convolution's output)."""
     def step():
         x = torch.randn(8, 320, size, size, device="cuda", dtype=dtype, requires_grad=input_grad)
+        if channels_last:
+            x = x.to(memory_format=torch.channels_last)
         norm = torch.nn.GroupNorm(32, 320, affine=affine).cuda().to(dtype)
         y = norm(x)
         if y.requires_grad:
@@ -439,6 +442,9 @@ GROUP_NORM_CASES = {
     "group norm 320 channels, 8 x 1², f16, no affine": group_norm(torch.float16, affine=False, size=1),
     "group norm 320 channels, 8 x 32², bf16, input without gradient": group_norm(torch.bfloat16, input_grad=False),
     "group norm 320 channels, 8 x 1², f32, input without gradient": group_norm(size=1, input_grad=False),
+    "group norm 320 channels, 8 x 32², f32, channels-last input": group_norm(channels_last=True),
+    "group norm 320 channels, 8 x 32², bf16, channels-last input without gradient":
+        group_norm(torch.bfloat16, input_grad=False, channels_last=True),
 }
 
 

@@ -107,3 +107,17 @@ def test_a_trace_with_the_fake_gpu_takes_cudnns_convolutions_as_real_torch(gpu, 
         real_gpu.CASES[case](lambda: None)
     allocated = json.loads(t.to_json())["predicted"]["allocator_allocated_peak_bytes"]
     assert (allocated, t.reserved_peak_bytes) == (real["allocated"], real["reserved"])
+
+
+@needs_fake_gpu
+def test_a_convolution_real_torch_refuses_on_the_gpu_stops_the_trace_with_its_error():
+    # cuDNN has no bf16 engine for a T4's depthwise convolution: real torch
+    # raises, and so does the trace, at that call.
+    import metamem
+    import torch
+
+    with pytest.raises(RuntimeError, match="unable to find an engine"):
+        with metamem.trace(device="cuda", gpu="T4", fake_gpu=ORACLE):
+            x = torch.randn(32, 40, 16, 16, device="cuda", dtype=torch.bfloat16)
+            conv = torch.nn.Conv2d(40, 40, 7, padding=3, groups=40).cuda().to(torch.bfloat16)
+            conv(x.to(memory_format=torch.channels_last))
