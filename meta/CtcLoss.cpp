@@ -242,33 +242,35 @@ std::tuple<at::Tensor, at::Tensor> cudnn_ctc_loss_tensor(const at::Tensor& log_p
 // torch's own kernels put the input lengths, target lengths and each
 // sample's offset into the targets on the device, int64 each, before their
 // outputs, and free them as they return.
-std::int64_t lengths_on_device(const at::Tensor& log_probs) { return log_probs.size(1) * 8; }
+constexpr std::size_t kLengthsOnDevice = 3;
+std::size_t put_lengths_on_device(ScratchPlan& plan, const at::Tensor& log_probs) {
+  const std::size_t first = plan.pieces;
+  for (std::size_t i = 0; i < kLengthsOnDevice; ++i) plan.make(log_probs.size(1) * 8);
+  return first;
+}
+void free_lengths_on_device(ScratchPlan& plan, std::size_t first) {
+  for (std::size_t piece = first; piece < first + kLengthsOnDevice; ++piece) plan.free(piece);
+}
 
 // The forward: those three, log-alpha, then the likelihoods.
 ScratchPlan ctc_loss_plan(c10::ArrayRef<c10::IValue> arguments) {
-  const std::int64_t bytes = lengths_on_device(arguments[0].toTensor());
   ScratchPlan plan;
-  const std::size_t first = plan.make(bytes);
-  plan.make(bytes);
-  plan.make(bytes);
+  const std::size_t lengths = put_lengths_on_device(plan, arguments[0].toTensor());
   plan.output(1);
   plan.output(0);
-  for (std::size_t piece = first; piece < first + 3; ++piece) plan.free(piece);
+  free_lengths_on_device(plan, lengths);
   return plan;
 }
 
 // The backward: those three, log-beta (log-alpha's size), then the
 // gradient; log-beta freed first.
 ScratchPlan ctc_loss_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
-  const std::int64_t bytes = lengths_on_device(arguments[1].toTensor());
   ScratchPlan plan;
-  const std::size_t first = plan.make(bytes);
-  plan.make(bytes);
-  plan.make(bytes);
+  const std::size_t lengths = put_lengths_on_device(plan, arguments[1].toTensor());
   const std::size_t log_beta = plan.make(static_cast<std::int64_t>(arguments[6].toTensor().nbytes()));
   plan.output(0);
   plan.free(log_beta);
-  for (std::size_t piece = first; piece < first + 3; ++piece) plan.free(piece);
+  free_lengths_on_device(plan, lengths);
   return plan;
 }
 

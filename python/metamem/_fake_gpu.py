@@ -157,8 +157,8 @@ class KernelRecordings:
     in a child kept while this process lives, and its recordings by call."""
 
     def __init__(self, folder, gpu):
-        self.folder, self.gpu = folder, gpu
-        self._plans = {}
+        self.folder, self.gpu = os.path.abspath(folder), gpu  # the child's paths, wherever the step changes to
+        self._recordings = {}
         self._child = None
         self._lock = threading.Lock()  # one request at a time (backward asks from autograd's thread)
 
@@ -167,9 +167,9 @@ class KernelRecordings:
                    "cudnn": {flag: getattr(torch.backends.cudnn, flag) for flag in _CUDNN_FLAGS}}
         key = json.dumps(request, sort_keys=True)
         with self._lock:
-            if key not in self._plans:
-                self._plans[key] = self._ask(key)
-        return plan_of(self._plans[key])
+            if key not in self._recordings:
+                self._recordings[key] = self._ask(key)
+        return plan_of(self._recordings[key])
 
     def _ask(self, line):
         if self._child is None or self._child.poll() is not None:
