@@ -455,17 +455,21 @@ def lstm(step_end):
     step_end()
 
 
-def torchvision_net(name, cudnn=True):
+def torchvision_net(name, cudnn=True, memory_format=torch.contiguous_format):
     def build():
         import torchvision
         torch.backends.cudnn.enabled = cudnn
-        return getattr(torchvision.models, name)(num_classes=10).cuda()
+        return getattr(torchvision.models, name)(num_classes=10).cuda().to(memory_format=memory_format)
     return build
 
 
-def images(forward):
-    x = torch.randn(8, 3, 224, 224, device="cuda")
+def images(forward, memory_format=torch.contiguous_format):
+    x = torch.randn(8, 3, 224, 224, device="cuda").to(memory_format=memory_format)
     return F.cross_entropy(forward(x), torch.zeros(8, dtype=torch.long, device="cuda"))
+
+
+def channels_last_images(forward):
+    return images(forward, torch.channels_last)
 
 
 def transformers_lm(kind, attn):
@@ -569,6 +573,8 @@ CASES = {
     "resnet18 f32 cuDNN off": adamw_steps(torchvision_net("resnet18", cudnn=False), images),
     "resnet18 bf16 autocast cuDNN on": adamw_steps(torchvision_net("resnet18"), images, torch.bfloat16),
     "mobilenet_v2 f32 cuDNN on": adamw_steps(torchvision_net("mobilenet_v2"), images),
+    "resnet18 bf16 autocast channels-last cuDNN on": adamw_steps(
+        torchvision_net("resnet18", memory_format=torch.channels_last), channels_last_images, torch.bfloat16),
     "mobilenet_v2 f32 cuDNN off": adamw_steps(torchvision_net("mobilenet_v2", cudnn=False), images),
     "llama bf16 autocast sdpa": adamw_steps(transformers_lm("llama", "sdpa"), tokens, torch.bfloat16),
     "llama bf16 autocast eager attention": adamw_steps(transformers_lm("llama", "eager"), tokens,
@@ -608,7 +614,8 @@ CASES = {
 # what the kernels the fake GPU cannot run allocate inside, in order.
 EVENT_CASES = {name for name in CASES if name.startswith(("efficient", "sdpa", "conv", "batch norm", "LSTM"))} | \
     set(LIBTORCH_KERNEL_CASES) | {
-    "resnet18 f32 cuDNN on", "resnet18 bf16 autocast cuDNN on", "mobilenet_v2 f32 cuDNN on"}
+    "resnet18 f32 cuDNN on", "resnet18 bf16 autocast cuDNN on", "mobilenet_v2 f32 cuDNN on",
+    "resnet18 bf16 autocast channels-last cuDNN on"}
 
 
 def versions():

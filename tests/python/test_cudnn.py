@@ -89,7 +89,8 @@ def test_a_fake_gpu_must_be_a_folder_of_its_libraries():
 @pytest.mark.parametrize("gpu", ["H100-80GB", "T4"])
 @pytest.mark.parametrize("case", ["conv 3x3, 64 channels, 56², f32", "conv 3x3, 64 channels, 56², bf16",
                                   "conv 1x1, 256 channels, 56², f32", "resnet18 f32 cuDNN on",
-                                  "resnet18 bf16 autocast cuDNN on", "mobilenet_v2 f32 cuDNN on"])
+                                  "resnet18 bf16 autocast cuDNN on", "mobilenet_v2 f32 cuDNN on",
+                                  "resnet18 bf16 autocast channels-last cuDNN on"])
 def test_a_trace_with_the_fake_gpu_takes_cudnns_convolutions_as_real_torch(gpu, case):
     # Without it a trace takes torch's own convolution kernels (their
     # columns), where real torch with cuDNN on takes cuDNN's engines and
