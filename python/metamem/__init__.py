@@ -702,7 +702,7 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
     every branch taken on it are zero's, not the run's.
 
     With `fake_gpu`, the folder of metamem's fake GPU (build/oracle; by
-    default $METAMEM_FAKE_GPU, if set), a fake-cuda trace asks real torch
+    default $METAMEM_FAKE_GPU, if set; "" for none), a fake-cuda trace asks real torch
     on it, once per distinct call, what convolutions allocate inside, and
     follows that: cuDNN's engines and workspaces as cuDNN chooses them for
     the `gpu` under torch.backends.cudnn's flags, where metamem's own

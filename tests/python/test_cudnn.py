@@ -122,3 +122,19 @@ def test_a_convolution_real_torch_refuses_on_the_gpu_stops_the_trace_with_its_er
             x = torch.randn(32, 40, 16, 16, device="cuda", dtype=torch.bfloat16)
             conv = torch.nn.Conv2d(40, 40, 7, padding=3, groups=40).cuda().to(torch.bfloat16)
             conv(x.to(memory_format=torch.channels_last))
+
+
+@needs_fake_gpu
+def test_metamem_fake_gpu_gives_every_trace_the_recordings(monkeypatch):
+    import metamem
+    import torch
+
+    def peak(**fake_gpu):
+        with metamem.trace(device="cuda", gpu="H100-80GB", **fake_gpu) as t:
+            torch.nn.Conv2d(64, 64, 3, padding=1).cuda()(torch.randn(8, 64, 56, 56, device="cuda")).sum().backward()
+        return t.reserved_peak_bytes, json.loads(t.to_json())["predicted"]["allocator_allocated_peak_bytes"]
+
+    recorded, own_kernels = peak(fake_gpu=ORACLE), peak(fake_gpu="")
+    monkeypatch.setenv("METAMEM_FAKE_GPU", ORACLE)
+    assert peak() == recorded != own_kernels
+    assert peak(fake_gpu="") == own_kernels  # an empty folder turns it off
