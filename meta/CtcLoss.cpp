@@ -34,13 +34,7 @@ std::int64_t longest_possible_target(const at::Tensor& targets) {
 // under placeholder values it takes `bound` for each, so that what it
 // sizes by them is the most it can be; otherwise it stops.
 Lengths read_lengths(const at::Tensor& lengths, std::int64_t bound, const std::string& op) {
-  const bool real = !is_meta_tensor(lengths) && !lengths.is_meta();  // a host tensor made outside the trace's ops
-  if (std::optional<at::Tensor> values = real ? std::optional<at::Tensor>(lengths) : known_values(lengths)) {
-    OutsideMetaMode outside;
-    InsideMetaCall inside;  // the read's tensors are not the step's
-    const at::Tensor flat = values->to(at::kLong).contiguous().view(-1);
-    return Lengths(flat.const_data_ptr<std::int64_t>(), flat.const_data_ptr<std::int64_t>() + flat.numel());
-  }
+  if (std::optional<Lengths> values = known_integers(lengths)) return *std::move(values);
   if (!PlaceholderValues::active())
     report_unknown_values(op, "ctc_loss sizes its buffers and chooses cuDNN by its lengths, which a trace knows "
                               "when they are made from Python numbers or host data; with values=\"placeholder\" "
@@ -57,6 +51,14 @@ Lengths target_lengths_of(const at::Tensor& targets, const at::Tensor& lengths, 
 
 // ---- the rule --------------------------------------------------------------
 
+// What both of libtorch's rules ask first: cuDNN on a cuda device, blank 0,
+// f32 log-probs (T, N, C) and concatenated int32 targets.
+bool cudnn_shaped(const at::Tensor& log_probs, const at::Tensor& targets, std::int64_t blank) {
+  return fake_device().is_cuda() && at::globalContext().userEnabledCuDNN() && blank == 0 && log_probs.dim() == 3 &&
+         log_probs.scalar_type() == at::kFloat && targets.dim() == 1 && targets.scalar_type() == at::kInt &&
+         targets.is_contiguous();
+}
+
 // With lengths as lists: cuDNN's shapes and dtypes, the targets on the
 // host, every input full length and every target no longer than 255 nor
 // than its input. A trace's targets are on the host only where they are a
@@ -66,10 +68,7 @@ Lengths target_lengths_of(const at::Tensor& targets, const at::Tensor& lengths, 
 // (docs/cuda-paths.md).
 bool takes_cudnn(const at::Tensor& log_probs, const at::Tensor& targets, at::IntArrayRef input_lengths,
                  at::IntArrayRef target_lengths, std::int64_t blank) {
-  const bool shaped = fake_device().is_cuda() && at::globalContext().userEnabledCuDNN() && blank == 0 &&
-                      targets.dim() == 1 && log_probs.scalar_type() == at::kFloat &&
-                      targets.scalar_type() == at::kInt && targets.is_cpu() && !is_meta_tensor(targets) &&
-                      targets.is_contiguous() && log_probs.dim() == 3;
+  const bool shaped = cudnn_shaped(log_probs, targets, blank) && targets.is_cpu() && !is_meta_tensor(targets);
   const auto full = [&](std::int64_t length) { return length == log_probs.size(0); };
   if (!shaped || !std::all_of(input_lengths.begin(), input_lengths.end(), full)) return false;
   for (std::size_t b = 0; b < target_lengths.size(); ++b)
@@ -93,10 +92,8 @@ bool never_with_tensors(const at::Tensor&, const at::Tensor&, const at::Tensor&,
 // few bytes of comparisons are not traced.
 bool takes_cudnn(const at::Tensor& log_probs, const at::Tensor& targets, const at::Tensor& input_lengths,
                  const at::Tensor& target_lengths, std::int64_t blank) {
-  const bool shaped = fake_device().is_cuda() && at::globalContext().userEnabledCuDNN() && blank == 0 &&
-                      targets.dim() == 1 && log_probs.scalar_type() == at::kFloat &&
-                      targets.scalar_type() == at::kInt && targets.is_contiguous() && log_probs.dim() == 3 &&
-                      input_lengths.scalar_type() == at::kInt && target_lengths.scalar_type() == at::kInt;
+  const bool shaped = cudnn_shaped(log_probs, targets, blank) && input_lengths.scalar_type() == at::kInt &&
+                      target_lengths.scalar_type() == at::kInt;
   if (!shaped || graph_capture_underway()) return shaped;
   const std::string op = "aten::_use_cudnn_ctc_loss.Tensor";
   const Lengths inputs = input_lengths_of(log_probs, input_lengths, op);

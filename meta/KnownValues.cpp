@@ -218,18 +218,12 @@ bool compares_integers(c10::ArrayRef<c10::IValue> arguments) {
   return any;
 }
 
-// The first of `index`'s known values outside [lowest, size), if any. A
-// real CPU index (torch.tensor([...]) beside traced tensors) knows its own.
+// The first of `index`'s known values outside [lowest, size), if any.
 std::optional<std::int64_t> first_outside(const at::Tensor& index, std::int64_t lowest, std::int64_t size) {
-  if (!index.defined() || !is_integer(index) || index.is_meta()) return std::nullopt;
-  const std::optional<at::Tensor> values = is_meta_tensor(index) ? known_values(index) : index;
-  if (!values) return std::nullopt;
-  OutsideMetaMode outside;
-  InsideMetaCall inside;  // the check's tensors are not the step's
-  const at::Tensor flat = values->to(at::kLong).contiguous().view(-1);
-  const std::int64_t* data = flat.const_data_ptr<std::int64_t>();
-  for (std::int64_t i = 0; i < flat.numel(); ++i)
-    if (data[i] < lowest || data[i] >= size) return data[i];
+  if (!index.defined() || !is_integer(index)) return std::nullopt;
+  if (const auto values = known_integers(index))
+    for (const std::int64_t value : *values)
+      if (value < lowest || value >= size) return value;
   return std::nullopt;
 }
 
@@ -341,6 +335,17 @@ std::optional<at::Tensor> known_values(const at::Tensor& t) {
   if (!values) return std::nullopt;
   OutsideMetaMode outside;
   return view_of(values, t);
+}
+
+std::optional<std::vector<std::int64_t>> known_integers(const at::Tensor& t) {
+  const bool traced = is_meta_tensor(t) || t.is_meta();
+  const std::optional<at::Tensor> values = traced ? known_values(t) : t;
+  if (!values) return std::nullopt;
+  OutsideMetaMode outside;
+  InsideMetaCall inside;  // the read's tensors are not the step's
+  const at::Tensor flat = values->to(at::kLong).contiguous().view(-1);
+  const std::int64_t* data = flat.const_data_ptr<std::int64_t>();
+  return std::vector<std::int64_t>(data, data + flat.numel());
 }
 
 void forget_values(BufferId id) {

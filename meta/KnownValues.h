@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "meta/MetaMode.h"
 
@@ -54,6 +55,11 @@ void check_known_indices(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValu
 // the trace knows them; likewise of the meta tensor inside one, as a
 // kernel receives it.
 std::optional<at::Tensor> known_values(const at::Tensor& t);
+
+// The values of an integer tensor a kernel reads on the host (lengths,
+// indices), flattened: a real host tensor's own (torch.tensor([...]) beside
+// traced tensors), or those the trace knows of a traced one.
+std::optional<std::vector<std::int64_t>> known_integers(const at::Tensor& t);
 
 // The buffer is freed: its values go with it.
 void forget_values(BufferId id);
