@@ -415,6 +415,90 @@ CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* blocks, CUfun
   return cuOccupancyMaxActiveBlocksPerMultiprocessor(blocks, function, threads, shared);
 }
 
+// ---- what a library that opens this driver itself finds by name
+
+// cuBLASLt (which cuDNN's RNNs create a handle of) opens libcuda.so.1 with
+// dlopen and looks up some sixty functions with dlsym, by the names the
+// driver exports. It refuses to start when one is missing ("Driver API
+// initialization failed"), and cuDNN then fails in cudnnGetRNNTempSpaceSizes
+// with CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED. So each is here,
+// with the older ABI's names (asm labels: cuda.h maps each plain name to
+// its newest version).
+CUresult cuKernelGetLibrary(CUlibrary* library, CUkernel) {
+  *library = reinterpret_cast<CUlibrary>(&token);
+  return CUDA_SUCCESS;
+}
+CUresult legacy_event_elapsed_time(float* ms, CUevent start, CUevent end) __asm__("cuEventElapsedTime");
+CUresult legacy_event_elapsed_time(float* ms, CUevent start, CUevent end) { return cuEventElapsedTime(ms, start, end); }
+CUresult legacy_primary_context_release(CUdevice device) __asm__("cuDevicePrimaryCtxRelease");
+CUresult legacy_primary_context_release(CUdevice device) { return cuDevicePrimaryCtxRelease(device); }
+CUresult legacy_capture_info(CUstream stream, CUstreamCaptureStatus* status, cuuint64_t* id, CUgraph* graph,
+                             const CUgraphNode** dependencies, size_t* count) __asm__("cuStreamGetCaptureInfo_v2");
+CUresult legacy_capture_info(CUstream stream, CUstreamCaptureStatus* status, cuuint64_t* id, CUgraph* graph,
+                             const CUgraphNode** dependencies, size_t* count) {
+  return cuStreamGetCaptureInfo(stream, status, id, graph, dependencies, nullptr, count);
+}
+CUresult cuStreamBeginCapture(CUstream stream, CUstreamCaptureMode mode) {
+  return from_runtime(cudaStreamBeginCapture(stream, static_cast<cudaStreamCaptureMode>(mode)));
+}
+CUresult cuStreamEndCapture(CUstream stream, CUgraph* graph) {
+  return from_runtime(cudaStreamEndCapture(stream, reinterpret_cast<cudaGraph_t*>(graph)));
+}
+CUresult cuGraphDestroy(CUgraph graph) { return from_runtime(cudaGraphDestroy(reinterpret_cast<cudaGraph_t>(graph))); }
+CUresult cuGraphExecDestroy(CUgraphExec exec) {
+  return from_runtime(cudaGraphExecDestroy(reinterpret_cast<cudaGraphExec_t>(exec)));
+}
+CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
+  return from_runtime(cudaGraphLaunch(reinterpret_cast<cudaGraphExec_t>(exec), stream));
+}
+// The fake runtime's graphs are tokens without nodes: what reads or
+// rewrites nodes is not done.
+CUresult legacy_graph_instantiate(CUgraphExec*, CUgraph, CUgraphNode*, char*, size_t) __asm__("cuGraphInstantiate");
+CUresult legacy_graph_instantiate(CUgraphExec*, CUgraph, CUgraphNode*, char*, size_t) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+CUresult legacy_kernel_node_params(CUgraphNode, CUDA_KERNEL_NODE_PARAMS*) __asm__("cuGraphKernelNodeGetParams");
+CUresult legacy_kernel_node_params(CUgraphNode, CUDA_KERNEL_NODE_PARAMS*) { return CUDA_ERROR_NOT_SUPPORTED; }
+CUresult legacy_set_kernel_node_params(CUgraphExec, CUgraphNode, const CUDA_KERNEL_NODE_PARAMS*) __asm__(
+    "cuGraphExecKernelNodeSetParams");
+CUresult legacy_set_kernel_node_params(CUgraphExec, CUgraphNode, const CUDA_KERNEL_NODE_PARAMS*) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+CUresult cuGraphGetNodes(CUgraph, CUgraphNode*, size_t*) { return CUDA_ERROR_NOT_SUPPORTED; }
+CUresult cuGraphNodeGetType(CUgraphNode, CUgraphNodeType*) { return CUDA_ERROR_NOT_SUPPORTED; }
+// Kernels return at once: a wait on a value is met, a batch of memory
+// operations done.
+CUresult legacy_wait_value(CUstream stream, CUdeviceptr, cuuint32_t, unsigned int) __asm__("cuStreamWaitValue32");
+CUresult legacy_wait_value(CUstream stream, CUdeviceptr, cuuint32_t, unsigned int) { return launched(stream); }
+CUresult legacy_batch_memory_operations(CUstream stream, unsigned int, CUstreamBatchMemOpParams*, unsigned int) __asm__(
+    "cuStreamBatchMemOp");
+CUresult legacy_batch_memory_operations(CUstream stream, unsigned int, CUstreamBatchMemOpParams*, unsigned int) {
+  return launched(stream);
+}
+CUresult legacy_prefetch(CUdeviceptr, size_t, CUdevice, CUstream stream) __asm__("cuMemPrefetchAsync");
+CUresult legacy_prefetch(CUdeviceptr, size_t, CUdevice, CUstream stream) { return launched(stream); }
+CUresult cuMemcpy(CUdeviceptr to, CUdeviceptr from, size_t bytes) {
+  return from_runtime(
+      cudaMemcpy(reinterpret_cast<void*>(to), reinterpret_cast<const void*>(from), bytes, cudaMemcpyDefault));
+}
+// A copy from the device to the host zeros each row, as the runtime's does.
+CUresult cuMemcpy2DAsync(const CUDA_MEMCPY2D* copy, CUstream stream) {
+  if (copy->srcMemoryType == CU_MEMORYTYPE_DEVICE && copy->dstMemoryType == CU_MEMORYTYPE_HOST)
+    for (size_t row = 0; row < copy->Height; ++row)
+      std::memset(static_cast<char*>(copy->dstHost) + (copy->dstY + row) * copy->dstPitch + copy->dstXInBytes, 0,
+                  copy->WidthInBytes);
+  return launched(stream);
+}
+CUresult cuPointerGetAttributes(unsigned int count, CUpointer_attribute* attributes, void** data, CUdeviceptr pointer) {
+  for (unsigned int i = 0; i < count; ++i)
+    if (const CUresult result = cuPointerGetAttribute(data[i], attributes[i], pointer); result != CUDA_SUCCESS)
+      return result;
+  return CUDA_SUCCESS;
+}
+// One device: no peers.
+CUresult cuCtxEnablePeerAccess(CUcontext, unsigned int) { return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED; }
+CUresult cuCtxDisablePeerAccess(CUcontext) { return CUDA_ERROR_PEER_ACCESS_NOT_ENABLED; }
+
 }  // extern "C"
 
 // cuDNN's run-time compiled engines look these up by their first names,

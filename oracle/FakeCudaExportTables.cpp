@@ -84,12 +84,35 @@ const Slot tool_hooks[] = {
     nullptr,
     reinterpret_cast<Slot>(tool_buffer<14>),
 };
-void tool_thread_record(void*) {}
+// Slot 2 answers the calling thread's context. cuBLASLt keys its kernels
+// by it: with no context written, its heuristics find no kernel for any
+// product (cublasLtMatmulAlgoGetHeuristic: CUBLAS_STATUS_NOT_SUPPORTED).
+CUresult tool_thread_context(CUcontext* context) { return cuCtxGetCurrent(context); }
 const Slot tool_thread_storage[] = {
     reinterpret_cast<Slot>(4 * sizeof(Slot)),
     nullptr,
-    reinterpret_cast<Slot>(tool_thread_record),
+    reinterpret_cast<Slot>(tool_thread_context),
     nullptr,
+};
+
+// Contexts' identities: cuBLASLt asks slot 4, which is cuCtxGetId, for the
+// context slot 2 above gave it. The driver's other slots are not known.
+CUresult context_identity_unknown() { return CUDA_ERROR_NOT_SUPPORTED; }
+const Slot context_identity[] = {
+    reinterpret_cast<Slot>(5 * sizeof(Slot)),        reinterpret_cast<Slot>(context_identity_unknown),
+    reinterpret_cast<Slot>(context_identity_unknown), reinterpret_cast<Slot>(context_identity_unknown),
+    reinterpret_cast<Slot>(cuCtxGetId),
+};
+
+// A table cuBLASLt's heuristics ask for half-precision products on sm90
+// and call slot 4 of without checking that it was found. What its slots do
+// is not known: each answers an error, which cuBLASLt takes as its slot's
+// feature missing and goes on.
+CUresult unknown_slot() { return CUDA_ERROR_NOT_SUPPORTED; }
+const Slot unknown_hopper_table[] = {
+    reinterpret_cast<Slot>(8 * sizeof(Slot)), reinterpret_cast<Slot>(unknown_slot), reinterpret_cast<Slot>(unknown_slot),
+    reinterpret_cast<Slot>(unknown_slot),     reinterpret_cast<Slot>(unknown_slot), reinterpret_cast<Slot>(unknown_slot),
+    reinterpret_cast<Slot>(unknown_slot),     reinterpret_cast<Slot>(unknown_slot),
 };
 
 // Values the runtime keeps per context (and key): the fake driver has one
@@ -213,6 +236,10 @@ const Table tables[] = {
      context_checks},
     {{0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2},
      integrity_check_table},
+    {{0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2},
+     context_identity},
+    {{0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45, 0x87, 0x26, 0xc0, 0xf1, 0xe7, 0xdd, 0x8b, 0xca},
+     unknown_hopper_table},
 };
 
 }  // namespace

@@ -458,9 +458,10 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int dev
              : fail(cudaErrorInvalidDevice);
 }
 
+// Either may be null (cuDNN asks for one).
 cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
-  *least = 0;
-  *greatest = -5;
+  if (least) *least = 0;
+  if (greatest) *greatest = -5;
   return cudaSuccess;
 }
 

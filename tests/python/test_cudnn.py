@@ -138,3 +138,63 @@ def test_metamem_fake_gpu_gives_every_trace_the_recordings(monkeypatch):
     monkeypatch.setenv("METAMEM_FAKE_GPU", ORACLE)
     assert peak() == recorded != own_kernels
     assert peak(fake_gpu="") == own_kernels  # an empty folder turns it off
+
+
+# cuDNN's RNNs make a cuBLASLt handle of their own (the wheel's cuBLASLt,
+# which opens the fake driver itself and finds its functions by name) and
+# ask its heuristics for the input products.
+RNN_ON_THE_FAKE_GPU = """
+import torch
+rnn = getattr(torch.nn, sys.argv[3])(64, 128, num_layers=2).cuda().to(getattr(torch, sys.argv[4]))
+x = torch.randn(10, 4, 64, device="cuda", dtype=rnn.weight_ih_l0.dtype, requires_grad=True)
+y = rnn(x)[0]
+y.sum().backward()
+print(json.dumps({"backward": y.grad_fn.name(), "input gradient": list(x.grad.shape),
+                  "max allocated": torch.cuda.max_memory_allocated()}))
+"""
+
+CUBLASLT_HEURISTIC = """
+import ctypes
+import torch
+torch.zeros(1, device="cuda")
+lt = ctypes.CDLL("libcublasLt.so.13")
+handle, description, preference = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+created = lt.cublasLtCreate(ctypes.byref(handle))
+lt.cublasLtMatmulDescCreate(ctypes.byref(description), 68, 0)  # CUBLAS_COMPUTE_32F, CUDA_R_32F
+layouts = [ctypes.c_void_p() for _ in range(3)]
+for layout, (rows, cols) in zip(layouts, ((512, 64), (64, 40), (512, 40))):
+    lt.cublasLtMatrixLayoutCreate(ctypes.byref(layout), 0, ctypes.c_uint64(rows), ctypes.c_uint64(cols),
+                                  ctypes.c_int64(rows))
+lt.cublasLtMatmulPreferenceCreate(ctypes.byref(preference))
+results, found = (ctypes.c_char * (96 * 8))(), ctypes.c_int()
+status = lt.cublasLtMatmulAlgoGetHeuristic(handle, description, layouts[0], layouts[1], layouts[2], layouts[2],
+                                           preference, 8, results, ctypes.byref(found))
+print(json.dumps([created, status, found.value]))
+"""
+
+
+@needs_fake_gpu
+@pytest.mark.parametrize("gpu", ["H100-80GB", "A100-80GB", "T4"])
+def test_cublaslt_finds_algorithms_on_the_fake_gpu(gpu):
+    # Before: its heuristics found none (CUBLAS_STATUS_NOT_SUPPORTED), as the
+    # fake driver's tools table did not give it the thread's context.
+    import metamem._metamem as native
+    from real_torch_on_fake_gpu import PROLOGUE, measure
+
+    created, status, found = measure(ORACLE, native.gpu(gpu), PROLOGUE + CUBLASLT_HEURISTIC)
+    assert (created, status) == (0, 0) and found >= 1
+
+
+@needs_fake_gpu
+@pytest.mark.parametrize("gpu", ["H100-80GB", "T4"])
+@pytest.mark.parametrize("module,dtype", [("LSTM", "float32"), ("GRU", "float16"), ("RNN", "float32")])
+def test_the_fake_gpu_runs_cudnns_rnns(gpu, module, dtype):
+    # Before: cudnnGetRNNTempSpaceSizes failed
+    # (CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED) where cuBLASLt
+    # could not start on the fake driver.
+    import metamem._metamem as native
+    from real_torch_on_fake_gpu import PROLOGUE, measure
+
+    ran = measure(ORACLE, native.gpu(gpu), PROLOGUE + RNN_ON_THE_FAKE_GPU, module, dtype)
+    assert ran["backward"] == "CudnnRnnBackward0" and ran["input gradient"] == [10, 4, 64]
+    assert ran["max allocated"] > 0
