@@ -43,9 +43,9 @@ struct ScratchPlan {
   // Recorded from real torch on the fake GPU (set_recorded_plans): its steps
   // are all the kernel makes, its first cuBLAS call included where it made
   // one and none where it did not; and each return's strides as the kernel
-  // laid it out (none: as the meta kernel does).
+  // laid it out, and its sizes (none: as the meta kernel does them).
   bool recorded = false;
-  std::vector<std::vector<std::int64_t>> return_strides;
+  std::vector<std::vector<std::int64_t>> return_sizes, return_strides;
 
   // The new piece's number.
   std::size_t make(std::int64_t bytes) {

@@ -16,6 +16,7 @@
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include "meta/CpuKernelModel.h"
 #include "meta/CublasWorkspace.h"
@@ -163,19 +164,25 @@ class KernelScratch {
   }
 
   // A recorded kernel's returns laid out as it laid them out (cuDNN's
-  // convolutions answer channels-last where torch's own do not), before
-  // they are wrapped: the inner tensors on the stack remade.
+  // convolutions answer channels-last where torch's own do not) and sized
+  // as it sized them (cuDNN's RNN reserve space), before they are wrapped:
+  // the inner tensors on the stack remade.
   void lay_out_returns(torch::jit::Stack& stack, std::size_t n_returns) const {
     const std::size_t first = stack.size() - n_returns;
     for (std::size_t r = 0; r < plan_.return_strides.size() && r < n_returns; ++r) {
       const auto& strides = plan_.return_strides[r];
       if (strides.empty() || !stack[first + r].isTensor()) continue;
       const at::Tensor& made = stack[first + r].toTensor();
-      if (!made.defined() || made.strides() == at::IntArrayRef(strides)) continue;
+      const at::IntArrayRef sizes = r < plan_.return_sizes.size() && !plan_.return_sizes[r].empty()
+                                        ? at::IntArrayRef(plan_.return_sizes[r])
+                                        : made.sizes();
+      if (!made.defined() || (made.sizes() == sizes && made.strides() == at::IntArrayRef(strides))) continue;
       OutsideMetaMode outside;
-      stack[first + r] = at::empty_strided(made.sizes(), strides, made.options());
+      stack[first + r] = at::empty_strided(sizes, strides, made.options());
     }
   }
+
+  bool recorded() const { return plan_.recorded; }
 
   // Whether the plan makes the op's return `r` among its steps.
   bool places_output(std::size_t r) const { return has(ScratchPlan::Step::Kind::Output, r); }
@@ -440,6 +447,19 @@ template <typename Error>
 
 thread_local int t_meta_calls = 0;
 
+// Whether the kernel running on this thread follows a recording.
+thread_local bool t_recorded_call = false;
+class RecordedCall {
+ public:
+  explicit RecordedCall(bool recorded) : previous_(std::exchange(t_recorded_call, recorded)) {}
+  ~RecordedCall() { t_recorded_call = previous_; }
+  RecordedCall(const RecordedCall&) = delete;
+  RecordedCall& operator=(const RecordedCall&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // The op through which .item(), bool() and a branch read a tensor's value.
 constexpr std::string_view kValueRead = "aten::_local_scalar_dense";
 
@@ -566,7 +586,10 @@ void meta_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   KernelScratch scratch(op, original_args, observer);
   const bool first_draw = first_draw_of_capture(op, original_args);
   if (first_draw && draws_before_outputs(op)) make_draw_state();
-  call_on_meta(op, *stack);
+  {
+    const RecordedCall recorded(scratch.recorded());
+    call_on_meta(op, *stack);
+  }
   scratch.lay_out_returns(*stack, schema.returns().size());
   if (&op.operator_name() == g_zero_tensor) hold_no_memory(stack->back().toTensor());
   const std::size_t n_returns = schema.returns().size();
@@ -906,6 +929,8 @@ InsideMetaMode::InsideMetaMode() : keys_(meta_mode_keys()) {}
 
 PlaceholderValues::PlaceholderValues() : previous_(g_placeholder_values.exchange(true)) {}
 bool PlaceholderValues::active() { return g_placeholder_values.load(); }
+
+bool in_recorded_call() { return t_recorded_call; }
 
 void set_recorded_plans(const std::vector<std::string>& ops, RecordedPlans source) {
   g_recorded_ops.clear();

@@ -200,6 +200,10 @@ using RecordedPlans =
     std::function<std::optional<ScratchPlan>(const std::string& op, c10::ArrayRef<c10::IValue> arguments)>;
 void set_recorded_plans(const std::vector<std::string>& ops, RecordedPlans source);
 
+// Whether the kernel running on this thread follows a recording: cuDNN's
+// RNN kernels size their reserve space from it, and stop without one.
+bool in_recorded_call();
+
 // Stops the trace where `op`'s kernel needs values of its arguments that
 // the trace does not know, saying `why` (a ValueReadError in Python).
 [[noreturn]] void report_unknown_values(const std::string& op, const std::string& why);

@@ -38,6 +38,10 @@ std::vector<OwnKernelEntry> ctc_loss_kernels();
 // as a trace runs them in autograd's place ("ctc_loss.Tensor", ...).
 std::vector<std::pair<std::string, c10::KernelFunction>> ctc_loss_composites();
 
+// cuDNN's RNN forward and backward, whose recordings size what they hold
+// (meta/CudnnRnn.cpp).
+std::vector<OwnKernelEntry> cudnn_rnn_kernels();
+
 // scaled_dot_product_attention's CUDA kernels (meta/CudaAttention.cpp):
 // FlashAttention, memory-efficient and cuDNN attention, forward and backward.
 std::vector<OwnKernelEntry> cuda_attention_kernels();

@@ -744,10 +744,12 @@ PYBIND11_MODULE(_metamem, m) {
           for (const c10::IValue& argument : arguments) python_arguments.append(torch::jit::toPyObject(argument));
           const py::object recorded = (*held)(op, python_arguments);
           if (recorded.is_none()) return std::nullopt;
-          const auto [steps, strides] = recorded.cast<
-              std::tuple<std::vector<std::tuple<std::string, std::int64_t>>, std::vector<std::vector<std::int64_t>>>>();
+          using Shapes = std::vector<std::vector<std::int64_t>>;
+          const auto [steps, sizes, strides] =
+              recorded.cast<std::tuple<std::vector<std::tuple<std::string, std::int64_t>>, Shapes, Shapes>>();
           metamem::ScratchPlan plan;
           plan.recorded = true;
+          plan.return_sizes = sizes;
           plan.return_strides = strides;
           for (const auto& step : steps) {
             const auto& [kind, number] = step;
@@ -761,10 +763,10 @@ PYBIND11_MODULE(_metamem, m) {
         });
       },
       py::arg("ops"), py::arg("source"),
-      "On a fake cuda, the temporaries of `ops` as `source(op, arguments)` gives them: (steps, strides), the "
-      "steps (\"make\", bytes), (\"free\", piece), (\"output\", return) and (\"cublas\", 0) in the kernel's "
-      "order and each return's strides ([] for the meta kernel's) (metamem._fake_gpu), or None for metamem's "
-      "models. source None stops.");
+      "On a fake cuda, the temporaries of `ops` as `source(op, arguments)` gives them: (steps, sizes, strides), "
+      "the steps (\"make\", bytes), (\"free\", piece), (\"output\", return) and (\"cublas\", 0) in the "
+      "kernel's order and each return's sizes and strides ([] for the meta kernel's) (metamem._fake_gpu), or "
+      "None for metamem's models. source None stops.");
   m.def("run_cpp_meta_kernels_in_traces", &metamem::run_cpp_meta_kernels_in_traces, py::arg("ops"),
         py::arg("cover"));
   // A traced tensor's untyped_storage() stands for its buffer: FSDP2 frees

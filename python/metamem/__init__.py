@@ -755,6 +755,7 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
                 if recordings is not None:
                     _metamem.set_recorded_plans(_fake_gpu.RECORDED_OPS, recordings.plan)
                     stack.callback(_metamem.set_recorded_plans, [], None)
+                    runtime.rnns.follow_cudnn(patches)
                 groups = None
                 if world_size is not None:
                     groups = stack.enter_context(_distributed.ranks(device, world_size, rank, nproc_per_node))

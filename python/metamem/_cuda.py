@@ -13,6 +13,7 @@ trace ends.
 
 import os
 import sys
+import threading
 
 import torch
 
@@ -406,13 +407,15 @@ class FakeCudaRuntime:
                                                             "device_traces": [[]], "allocator_settings": {}})
             set_(cuda, "cudart", lambda: _CudaRuntime(self))
             # RNN modules run as a build without cuDNN runs them
-            # (docs/cuda-paths.md): they do not flatten their weights for
-            # cuDNN (which reads their addresses), and their layers take the
-            # native kernels the trace follows.
+            # (docs/cuda-paths.md), unless the trace has the fake GPU's
+            # recordings of cuDNN (_Rnns): they do not flatten their weights
+            # for cuDNN (which reads their addresses), and their layers take
+            # the native kernels the trace follows.
             acceptable = torch.backends.cudnn.is_acceptable
             set_(torch.backends.cudnn, "is_acceptable",
                  lambda tensor: not _metamem.is_traced(tensor) and acceptable(tensor))
-            set_(torch.nn.modules.rnn, "_VF", _RnnsWithoutCudnn(torch.nn.modules.rnn._VF))
+            self.rnns = _Rnns(torch.nn.modules.rnn._VF)
+            set_(torch.nn.modules.rnn, "_VF", self.rnns)
             # GradScaler checks for inf and NaN gradients by reading a value:
             # in a trace it finds none and steps, as a healthy step does.
             scaler = torch.amp.grad_scaler.GradScaler
@@ -432,31 +435,135 @@ class FakeCudaRuntime:
             self.patches.restore()
 
 
-class _RnnsWithoutCudnn:
-    """torch._VF as nn.RNN, nn.LSTM and nn.GRU call it in a fake-cuda trace:
-    a whole RNN (`lstm`, `gru`, `rnn_tanh`, `rnn_relu`) runs with cuDNN off,
-    layer by layer and step by step on torch's own CUDA cells (whose C++
-    would otherwise pick cuDNN, guard the real device and read the weights'
-    addresses); the rest as torch._VF has it."""
+class _Rnns:
+    """torch._VF as nn.RNN, nn.LSTM and nn.GRU call it in a fake-cuda trace.
+    A whole RNN (`lstm`, `gru`, `rnn_tanh`, `rnn_relu`) runs
 
-    _WHOLE_RNNS = ("lstm", "gru", "rnn_tanh", "rnn_relu")
+    - as torch runs it with cuDNN on, where the trace has the fake GPU's
+      recordings of cuDNN (follow_cudnn(): `_cudnn_rnn`, whose workspace
+      and reserve space the recordings give) and torch takes cuDNN: cuDNN
+      on, an f32, f16 or f64 input, not packed, no autocast and no dropout
+      in training (whose cuDNN state torch keeps per process);
+    - otherwise with cuDNN off, layer by layer and step by step on torch's
+      own CUDA cells (whose C++ would otherwise pick cuDNN, guard the real
+      device and read the weights' addresses).
+
+    The rest as torch._VF has it."""
+
+    _MODES = {"rnn_relu": 0, "rnn_tanh": 1, "lstm": 2, "gru": 3}  # cudnnRNNMode_t
 
     def __init__(self, functions):
         self._functions = functions
+        self.cudnn_recorded = False
+
+    def follow_cudnn(self, patches):
+        """From now on RNNs take cuDNN where torch does, and modules
+        flatten their weights for it as they do on a GPU."""
+        patches.set(self, "cudnn_recorded", True)
+        rnn = torch.nn.modules.rnn.RNNBase
+        flatten, init = rnn.flatten_parameters, rnn.__init__
+
+        # A trace builds a module's weights on its device where the code
+        # builds them on the host, to move them later: the weights are
+        # flattened as they move, not as they are built.
+        def built(module, *args, **kwargs):
+            _building.depth = getattr(_building, "depth", 0) + 1
+            try:
+                init(module, *args, **kwargs)
+            finally:
+                _building.depth -= 1
+
+        patches.set(rnn, "__init__", built)
+        patches.set(rnn, "flatten_parameters", lambda module: _flatten_for_cudnn(module) or flatten(module))
 
     def __getattr__(self, name):
         function = getattr(self._functions, name)
-        if name not in self._WHOLE_RNNS:
+        if name not in self._MODES:
             return function
 
-        def native(*args, **kwargs):
+        def run(*args, **kwargs):
+            if self.cudnn_recorded and not kwargs and _takes_cudnn(args):
+                return _cudnn_rnn(self._MODES[name], *args)
             enabled = torch._C._get_cudnn_enabled()
             torch._C._set_cudnn_enabled(False)
             try:
                 return function(*args, **kwargs)
             finally:
                 torch._C._set_cudnn_enabled(enabled)
-        return native
+        return run
+
+
+_CUDNN_DTYPES = (torch.float32, torch.float16, torch.float64)  # at::cudnn_is_acceptable's
+_building = threading.local()  # RNN modules being built on this thread
+
+
+def _takes_cudnn(args):
+    # (input, hx, weights, has_biases, num_layers, dropout, train,
+    # bidirectional, batch_first); a packed sequence has its batch sizes
+    # second and its weights fourth.
+    if len(args) != 9 or not isinstance(args[2], (list, tuple)):
+        return False
+    input, dropout, train = args[0], args[5], args[6]
+    return (torch._C._get_cudnn_enabled() and _metamem.is_traced(input) and input.dtype in _CUDNN_DTYPES
+            and input.numel() > 0 and not (dropout > 0 and train) and not torch.is_autocast_enabled("cuda"))
+
+
+def _cudnn_rnn(mode, input, hx, weights, has_biases, num_layers, dropout, train, bidirectional, batch_first):
+    # at::native's _cudnn_impl: the hidden size is the cell state's where a
+    # projection makes the hidden state smaller; the flat weights are passed
+    # where the module's weights are views of them.
+    hx, cx = (hx[0], hx[1]) if mode == 2 else (hx, None)
+    hidden_size, proj_size = hx.size(2), 0
+    if cx is not None and cx.size(2) != hx.size(2):
+        hidden_size, proj_size = cx.size(2), hx.size(2)
+    output, hy, cy, _, _ = torch._cudnn_rnn(
+        input, list(weights), (4 if has_biases else 2) + (proj_size != 0), _flat_weights_of(weights), hx, cx,
+        mode, hidden_size, proj_size, num_layers, batch_first, dropout, train, bidirectional, [], None)
+    return (output, hy, cy) if mode == 2 else (output, hy)
+
+
+def _flat_weights_of(weights):
+    """The buffer the weights are views of, whole, as at::native finds it
+    (try_get_weight_buf), or None: _cudnn_rnn then copies them into a flat
+    buffer of its own, at each call."""
+    storage = weights[0].untyped_storage()
+    if any(w.untyped_storage().data_ptr() != storage.data_ptr() or not w.is_contiguous() for w in weights):
+        return None
+    element = weights[0].element_size()
+    return torch.empty(0, dtype=weights[0].dtype, device=weights[0].device).set_(
+        storage, 0, (storage.nbytes() // element,), (1,))
+
+
+def _flatten_for_cudnn(module):
+    """What flatten_parameters does on a GPU with cuDNN (which the trace
+    cannot ask where the weights are): one buffer of cuDNN's weight space,
+    each weight copied in and made a view of it, its own buffer freed.
+    True where done; None to leave it to torch's (which does nothing for
+    traced weights)."""
+    weights = module._flat_weights
+    if getattr(_building, "depth", 0):
+        return True
+    if (len(weights) != len(module._flat_weights_names) or not weights
+            or not all(isinstance(w, torch.Tensor) and _metamem.is_traced(w) for w in weights)
+            or len({w.dtype for w in weights}) != 1 or weights[0].dtype not in _CUDNN_DTYPES
+            or not torch._C._get_cudnn_enabled()):
+        return None
+    if len({w.data_ptr() for w in weights}) != len(weights):
+        return True  # aliased weights stay as they are, as torch leaves them (flattened ones are flattened again)
+    # cuDNN's weight space holds the biases also where the module has none.
+    gates = {"LSTM": 4, "GRU": 3}.get(module.mode, 1) * module.hidden_size
+    directions = 2 if module.bidirectional else 1
+    biases = 0 if module.bias else 2 * gates * module.num_layers * directions
+    with torch.no_grad():
+        flat = torch.zeros(sum(w.numel() for w in weights) + biases, dtype=weights[0].dtype,
+                           device=weights[0].device)
+        offset = 0
+        for w in weights:
+            view = flat[offset:offset + w.numel()].view_as(w)
+            view.copy_(w)
+            w.data = view
+            offset += w.numel()
+    return True
 
 
 def _placeholder_reads(method):

@@ -40,7 +40,7 @@ PROLOGUE = textwrap.dedent("""
 RUNTIME = "libmetamem_fake_cuda_preload.so"
 
 # The ops a trace with a fake GPU takes from its recordings.
-RECORDED_OPS = ("aten::convolution", "aten::convolution_backward")
+RECORDED_OPS = ("aten::convolution", "aten::convolution_backward", "aten::_cudnn_rnn", "aten::_cudnn_rnn_backward")
 
 # cuDNN's flags that choose its engines.
 _CUDNN_FLAGS = ("enabled", "benchmark", "deterministic", "allow_tf32")
@@ -98,12 +98,19 @@ _SERVER = PROLOGUE + textwrap.dedent("""
             continue
         events = torch.cuda.memory._snapshot()["device_traces"][0]
         torch.cuda.memory._record_memory_history(enabled=None)
-        returns = out if isinstance(out, (tuple, list)) else (out,)
+        returns = out if isinstance(out, tuple) else (out,)
+
+        def address(r):  # a list of returns (cuDNN's RNN weight gradients): each of its buffers
+            if isinstance(r, list):
+                return [address(t) for t in r]
+            return r.untyped_storage().data_ptr() if isinstance(r, torch.Tensor) and r.numel() else 0
+
+        tensors = [r if isinstance(r, torch.Tensor) else None for r in returns]
         answer = {"events": [[e["action"], e["addr"], e["size"]] for e in events
                              if e["action"] in ("alloc", "free_requested")],
-                  "returns": [r.untyped_storage().data_ptr() if isinstance(r, torch.Tensor) and r.numel() else 0
-                              for r in returns],
-                  "strides": [list(r.stride()) if isinstance(r, torch.Tensor) else [] for r in returns]}
+                  "returns": [address(r) for r in returns],
+                  "sizes": [list(t.shape) if t is not None else [] for t in tensors],
+                  "strides": [list(t.stride()) if t is not None else [] for t in tensors]}
         del out, returns, arguments
         print("@@" + json.dumps(answer), flush=True)
 """)
@@ -122,11 +129,15 @@ def plan_of(recording):
     made, ("make", bytes) for each temporary, ("free", piece) as it is
     freed, and ("cublas", 0) where a workspace was made and kept that no
     return holds: cuBLAS's, at the kernel's first call of it on a stream;
-    and each return's strides."""
+    and each return's sizes and strides."""
     if "error" in recording:  # real torch's, raised where the traced code calls it
         raise RuntimeError(recording["error"])
     events = recording["events"]
-    returns = {address: r for r, address in enumerate(recording["returns"]) if address}
+    returns = {}  # a list's buffers are made as one step, where its first is
+    for r, addresses in enumerate(recording["returns"]):
+        for address in addresses if isinstance(addresses, list) else [addresses]:
+            if address:
+                returns[address] = r
     freed = set()
     kept = [False] * len(events)
     for i in reversed(range(len(events))):
@@ -136,12 +147,15 @@ def plan_of(recording):
             freed.discard(address)
         else:
             freed.add(address)
-    steps, pieces, made = [], {}, 0
+    steps, pieces, made, placed = [], {}, 0, set()
     for i, (action, address, size) in enumerate(events):
         if action != "alloc":
             steps.append(("free", pieces.pop(address)))
         elif kept[i] and address in returns:
-            steps.append(("output", returns.pop(address)))
+            r = returns.pop(address)
+            if r not in placed:
+                placed.add(r)
+                steps.append(("output", r))
         elif kept[i]:
             steps.append(("cublas", 0))
         else:
@@ -149,7 +163,7 @@ def plan_of(recording):
             steps.append(("make", size))
     if sum(step[0] == "cublas" for step in steps) > 1:
         raise RuntimeError(f"metamem: the fake GPU's recording keeps more than a cuBLAS workspace: {recording}")
-    return steps, recording["strides"]
+    return steps, recording["sizes"], recording["strides"]
 
 
 class KernelRecordings:

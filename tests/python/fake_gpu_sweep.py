@@ -193,7 +193,7 @@ def two_steps(name, precision, cudnn=False):
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         torch.manual_seed(0)
-        with torch.backends.cudnn.flags(enabled=False):  # an RNN flattens its weights for cuDNN as it moves
+        with torch.backends.cudnn.flags(enabled=cudnn):  # an RNN flattens its weights for cuDNN as it moves
             model.to("cuda").train()
         optimizer = torch.optim.AdamW(model.parameters())
         peaks = []

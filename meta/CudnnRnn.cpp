@@ -1,0 +1,84 @@
+// cuDNN's RNN kernels as a fake-cuda trace runs them where the fake GPU
+// records cuDNN (trace(fake_gpu=...), python/metamem/_cuda.py): the shapes
+// of their returns. What they hold inside (a workspace each) and the size
+// of the forward's reserve space, which cuDNN's engine chooses, come from
+// the recording of the same call (meta/MetaMode.cpp); without one the
+// trace cannot size them and stops.
+#include <ATen/ATen.h>
+
+#include <array>
+#include <tuple>
+#include <vector>
+
+#include "meta/MetaMode.h"
+#include "meta/OwnKernel.h"
+
+namespace metamem {
+namespace {
+
+void check_recorded(const char* op) {
+  TORCH_CHECK_NOT_IMPLEMENTED(in_recorded_call(), op,
+                              " sizes its reserve space and workspaces as cuDNN's engine chooses, which a trace "
+                              "learns from the fake GPU (trace(fake_gpu=...)). It has no recording of this call.");
+}
+
+at::Tensor empty_like_if(bool wanted, const at::Tensor& like) {
+  return wanted && like.defined() ? at::empty_like(like, at::MemoryFormat::Contiguous) : at::Tensor();
+}
+
+// Forward: the output (the input's time and batch, in its order; directions
+// x the hidden or projected size), the last hidden and cell states, the
+// reserve space (its size recorded) and the flat weights: the buffer given,
+// or a copy whose size the recording gives.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> cudnn_rnn(
+    const at::Tensor& input, at::TensorList, int64_t, const std::optional<at::Tensor>& weight_buf,
+    const at::Tensor& hx, const std::optional<at::Tensor>& cx, int64_t, c10::SymInt, c10::SymInt, int64_t,
+    bool, double, bool, bool bidirectional, c10::SymIntArrayRef batch_sizes,
+    const std::optional<at::Tensor>&) {
+  check_recorded("aten::_cudnn_rnn");
+  TORCH_CHECK_NOT_IMPLEMENTED(batch_sizes.empty(), "aten::_cudnn_rnn of a packed sequence is not traced.");
+  std::vector<int64_t> sizes = input.sizes().vec();
+  sizes[2] = hx.size(2) * (bidirectional ? 2 : 1);
+  const at::TensorOptions bytes = input.options().dtype(at::kByte);
+  return {at::empty(sizes, input.options()), at::empty_like(hx, at::MemoryFormat::Contiguous),
+          empty_like_if(true, cx.value_or(at::Tensor())), at::empty({0}, bytes),
+          weight_buf && weight_buf->defined() ? *weight_buf : at::empty({0}, input.options())};
+}
+
+// Backward: the gradients of the input and the initial states (all three
+// where any is asked: libtorch's backward of the input makes them
+// together), and of the weights: views of one buffer of the flat weights'
+// size where cuDNN's layout is the weights' own (weights and biases,
+// weight_stride0 4), else each copied out of it into a buffer of its own
+// (the copy's source is a temporary of the recording).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, std::vector<at::Tensor>> cudnn_rnn_backward(
+    const at::Tensor& input, at::TensorList weight, int64_t weight_stride0, const at::Tensor& weight_buf,
+    const at::Tensor& hx,
+    const std::optional<at::Tensor>& cx, const at::Tensor&, const std::optional<at::Tensor>&,
+    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t, c10::SymInt, c10::SymInt, int64_t,
+    bool, double, bool, bool, c10::SymIntArrayRef, const std::optional<at::Tensor>&, const at::Tensor&,
+    std::array<bool, 4> output_mask) {
+  check_recorded("aten::_cudnn_rnn_backward");
+  std::vector<at::Tensor> weight_grads;
+  if (output_mask[3] && weight_stride0 == 4) {
+    const at::Tensor flat = at::empty_like(weight_buf, at::MemoryFormat::Contiguous).view(-1);
+    int64_t offset = 0;
+    for (const at::Tensor& w : weight) {
+      weight_grads.push_back(flat.narrow(0, offset, w.numel()).view(w.sizes()));
+      offset += w.numel();
+    }
+  } else if (output_mask[3]) {
+    for (const at::Tensor& w : weight) weight_grads.push_back(at::empty_like(w, at::MemoryFormat::Contiguous));
+  }
+  const bool inputs = output_mask[0] || output_mask[1] || output_mask[2];
+  return {empty_like_if(inputs, input), empty_like_if(inputs, hx), empty_like_if(inputs, cx.value_or(at::Tensor())),
+          std::move(weight_grads)};
+}
+
+}  // namespace
+
+std::vector<OwnKernelEntry> cudnn_rnn_kernels() {
+  return {own("_cudnn_rnn", TORCH_FN(cudnn_rnn)), own("_cudnn_rnn_backward", TORCH_FN(cudnn_rnn_backward))};
+}
+
+}  // namespace metamem
