@@ -411,18 +411,23 @@ def _in_apply_order(module):
 
 
 @contextlib.contextmanager
-def _swapped(modules, device):
+def _swapped(modules, device, moved=None):
     """Each module's parameters and buffers replaced by fake-device ones of the
     same shape (no data is copied), the originals put back afterwards. A
     tensor that two modules share (a language model's head tied to its
     embedding) is replaced by one fake tensor: tied weights stay tied. They
     are made in the order `module.to(device)` makes them, which decides
-    where the caching allocator puts them."""
+    where the caching allocator puts them; `moved(sub)` then does what that
+    move does next for the submodule (an RNN flattens its weights for
+    cuDNN). An RNN's list of its weights is put back too."""
     saved = []
     fakes = {}  # id of each tensor replaced: its replacement
     made = set()  # ids of the replacements
     for module in modules:
         for sub in _in_apply_order(module):
+            if isinstance(sub, torch.nn.RNNBase):
+                saved.append((sub.__dict__, "_flat_weights", sub._flat_weights))
+                saved.append((sub.__dict__, "_flat_weight_refs", sub._flat_weight_refs))
             for store in (sub._parameters, sub._buffers):
                 for name, tensor in list(store.items()):
                     # A module that two parents hold (CoaT's position
@@ -438,6 +443,8 @@ def _swapped(modules, device):
                         fakes[id(tensor)] = fake
                         made.add(id(fake))
                     store[name] = fakes[id(tensor)]
+            if moved is not None:
+                moved(sub)
     try:
         yield
     finally:
@@ -763,7 +770,7 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
                     stack.enter_context(_metamem.PlaceholderValues())
                 scopes = stack.enter_context(_ModuleScopes(session))
                 stack.enter_context(CompiledCode(session, scopes, runtime, ranks=world_size is not None))
-                stack.enter_context(_swapped(modules, device))
+                stack.enter_context(_swapped(modules, device, runtime.rnns.moved if runtime else None))
                 for module in modules:
                     scopes.adopt(module)
                 stack.enter_context(_backward_marked(session, scopes))

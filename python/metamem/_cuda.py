@@ -14,6 +14,7 @@ trace ends.
 import os
 import sys
 import threading
+import weakref
 
 import torch
 
@@ -476,6 +477,17 @@ class _Rnns:
         patches.set(rnn, "__init__", built)
         patches.set(rnn, "flatten_parameters", lambda module: _flatten_for_cudnn(module) or flatten(module))
 
+    def moved(self, module):
+        """`module`'s weights were just made on the GPU as module.to() makes
+        them (a trace's modules=[...]): an RNN flattens them, as that move
+        does, and the trace's own move of it, which stands for the same,
+        does not again."""
+        if self.cudnn_recorded and isinstance(module, torch.nn.RNNBase):
+            module._flat_weights = [getattr(module, name, None) for name in module._flat_weights_names]
+            if _flatten_for_cudnn(module):
+                _moved.add(module)
+            module._flat_weight_refs = [weakref.ref(w) if w is not None else None for w in module._flat_weights]
+
     def __getattr__(self, name):
         function = getattr(self._functions, name)
         if name not in self._MODES:
@@ -495,6 +507,7 @@ class _Rnns:
 
 _CUDNN_DTYPES = (torch.float32, torch.float16, torch.float64)  # at::cudnn_is_acceptable's
 _building = threading.local()  # RNN modules being built on this thread
+_moved = weakref.WeakSet()  # RNN modules flattened as a trace's modules=[...] made their weights
 
 
 def _takes_cudnn(args):
@@ -542,6 +555,9 @@ def _flatten_for_cudnn(module):
     traced weights)."""
     weights = module._flat_weights
     if getattr(_building, "depth", 0):
+        return True
+    if module in _moved:
+        _moved.discard(module)
         return True
     if (len(weights) != len(module._flat_weights_names) or not weights
             or not all(isinstance(w, torch.Tensor) and _metamem.is_traced(w) for w in weights)

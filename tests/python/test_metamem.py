@@ -490,6 +490,18 @@ def test_a_module_two_parents_hold_is_replaced_once():
     assert shared.weight is original
 
 
+def test_an_rnn_built_before_the_block_gets_its_own_weights_back():
+    # An RNN keeps a list of its weights beside its parameters, which moving
+    # it inside the block fills with the block's weights.
+    lstm = torch.nn.LSTM(8, 16, num_layers=2)
+    weights = list(lstm._flat_weights)
+    with metamem.trace(device="cuda", modules=[lstm]):
+        lstm.to("cuda")
+        lstm(torch.randn(3, 2, 8, device="cuda"))[0].sum().backward()
+    assert all(now is before for now, before in zip(lstm._flat_weights, weights))
+    assert all(ref() is w for ref, w in zip(lstm._flat_weight_refs, weights))
+
+
 def test_fake_cuda_looks_like_a_gpu_and_allocates_nothing():
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with metamem.trace(device="cuda") as t:
