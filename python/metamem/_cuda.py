@@ -518,7 +518,7 @@ def _takes_cudnn(args):
         return False
     input, dropout, train = args[0], args[5], args[6]
     return (torch._C._get_cudnn_enabled() and _metamem.is_traced(input) and input.dtype in _CUDNN_DTYPES
-            and input.numel() > 0 and not (dropout > 0 and train) and not torch.is_autocast_enabled("cuda"))
+            and input.numel() > 0 and not (dropout > 0 and train))
 
 
 def _cudnn_rnn(mode, input, hx, weights, has_biases, num_layers, dropout, train, bidirectional, batch_first):
@@ -529,10 +529,52 @@ def _cudnn_rnn(mode, input, hx, weights, has_biases, num_layers, dropout, train,
     hidden_size, proj_size = hx.size(2), 0
     if cx is not None and cx.size(2) != hx.size(2):
         hidden_size, proj_size = cx.size(2), hx.size(2)
-    output, hy, cy, _, _ = torch._cudnn_rnn(
-        input, list(weights), (4 if has_biases else 2) + (proj_size != 0), _flat_weights_of(weights), hx, cx,
-        mode, hidden_size, proj_size, num_layers, batch_first, dropout, train, bidirectional, [], None)
+    weight_stride0 = (4 if has_biases else 2) + (proj_size != 0)
+    weights, flat = list(weights), _flat_weights_of(weights)
+    autocast = torch.is_autocast_enabled("cuda")
+    with torch.autocast("cuda", enabled=False):  # its kernel for _cudnn_rnn would ask cuDNN: _cast_to_half's
+        if autocast:
+            space = _weight_space(weights, {2: 4, 3: 3}.get(mode, 1), hidden_size, num_layers, bidirectional,
+                                  has_biases)
+            input, hx, cx, weights, flat = _cast_to_half(input, hx, cx, weights, flat, space)
+        output, hy, cy, _, _ = torch._cudnn_rnn(input, weights, weight_stride0, flat, hx, cx, mode, hidden_size,
+                                                proj_size, num_layers, batch_first, dropout, train, bidirectional,
+                                                [], None)
     return (output, hy, cy) if mode == 2 else (output, hy)
+
+
+def _cast_to_half(input, hx, cx, weights, flat, space):
+    """What autocast does to a cuDNN RNN, whatever its dtype
+    (at::autocast::_cudnn_rnn_cast_reflatten): the weights, unless half
+    already, copied into a new half buffer of cuDNN's weight space (`space`
+    elements), and the input and states cast to half. Doubles stay."""
+    def eligible(t):
+        return t is not None and t.is_floating_point() and t.dtype != torch.float64
+
+    def half(t):
+        return t.half() if eligible(t) else t
+
+    source = flat if flat is not None else weights[0]
+    if eligible(source) and source.dtype != torch.float16:
+        flat = torch.zeros(space, dtype=torch.float16, device=weights[0].device)
+        # Tensors on the buffer's storage, not views of it: each copy is
+        # the weight's own step in autograd, the buffer in none.
+        pieces, offset = [], 0
+        for w in weights:
+            pieces.append(torch.empty(0, dtype=torch.float16, device=w.device).set_(
+                flat.untyped_storage(), offset, w.shape))
+            offset += w.numel()
+        for piece, w in zip(pieces, weights):
+            piece.copy_(w)
+        weights = pieces
+    return half(input), half(hx), half(cx), weights, flat
+
+
+def _weight_space(weights, gates, hidden_size, num_layers, bidirectional, has_biases):
+    """The elements of cuDNN's weight space: the weights, and room for the
+    biases also where the RNN has none."""
+    biases = 0 if has_biases else 2 * gates * hidden_size * num_layers * (2 if bidirectional else 1)
+    return sum(w.numel() for w in weights) + biases
 
 
 def _flat_weights_of(weights):
@@ -566,13 +608,11 @@ def _flatten_for_cudnn(module):
         return None
     if len({w.data_ptr() for w in weights}) != len(weights):
         return True  # aliased weights stay as they are, as torch leaves them (flattened ones are flattened again)
-    # cuDNN's weight space holds the biases also where the module has none.
-    gates = {"LSTM": 4, "GRU": 3}.get(module.mode, 1) * module.hidden_size
-    directions = 2 if module.bidirectional else 1
-    biases = 0 if module.bias else 2 * gates * module.num_layers * directions
+    gates = {"LSTM": 4, "GRU": 3}.get(module.mode, 1)
     with torch.no_grad():
-        flat = torch.zeros(sum(w.numel() for w in weights) + biases, dtype=weights[0].dtype,
-                           device=weights[0].device)
+        flat = torch.zeros(_weight_space(weights, gates, module.hidden_size, module.num_layers,
+                                         module.bidirectional, module.bias),
+                           dtype=weights[0].dtype, device=weights[0].device)
         offset = 0
         for w in weights:
             view = flat[offset:offset + w.numel()].view_as(w)

@@ -7,8 +7,8 @@ allocates, cuDNN's own heuristics choose its engines and size their
 workspaces for the GPU named. A trace given the fake GPU's folder
 (trace(fake_gpu=...)) asks it, once per distinct call, what a kernel whose
 temporaries metamem does not model allocates inside (RECORDED_OPS:
-convolutions, whose cuDNN engines and workspaces only cuDNN knows) and
-follows that recording.
+convolutions and RNNs, whose cuDNN engines, workspaces and reserve spaces
+only cuDNN knows) and follows that recording.
 
 PROLOGUE and environment() start such a child; the tests' measurements of
 real torch on the fake GPU use them too.

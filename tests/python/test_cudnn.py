@@ -207,28 +207,35 @@ RNN_STEP = """
 torch.manual_seed(0)
 rnn = getattr(torch.nn, MODULE)(64, 128, num_layers=2, **OPTIONS).cuda().to(DTYPE)
 x = torch.randn(10, 4, 64, device="cuda", dtype=DTYPE, requires_grad=True)
-rnn(x)[0].sum().backward()
+with torch.autocast("cuda", AUTOCAST or torch.bfloat16, enabled=AUTOCAST is not None):
+    y = rnn(x)[0]
+y.float().sum().backward()
 """
 
 
 @needs_fake_gpu
 @pytest.mark.parametrize("gpu", ["H100-80GB", "T4"])
-@pytest.mark.parametrize("module,dtype,options", [
-    ("LSTM", "float32", {}), ("GRU", "float16", {}),
-    ("RNN", "float32", {"bias": False}),  # cuDNN's weights keep room for biases; their gradients are copied out
-    ("LSTM", "float32", {"bidirectional": True, "batch_first": True}), ("LSTM", "float32", {"proj_size": 32}),
+@pytest.mark.parametrize("module,dtype,options,autocast", [
+    ("LSTM", "float32", {}, None), ("GRU", "float16", {}, None),
+    ("RNN", "float32", {"bias": False}, None),  # cuDNN's weights keep room for biases; their gradients are copied out
+    ("LSTM", "float32", {"bidirectional": True, "batch_first": True}, None),
+    ("LSTM", "float32", {"proj_size": 32}, None),
+    # Autocast runs cuDNN's RNNs in f16 whatever its dtype, the weights cast into a buffer of their own.
+    ("LSTM", "float32", {}, "bfloat16"), ("GRU", "float32", {"bias": False}, "float16"),
 ])
-def test_a_trace_with_the_fake_gpu_takes_cudnns_rnns_as_real_torch(gpu, module, dtype, options):
+def test_a_trace_with_the_fake_gpu_takes_cudnns_rnns_as_real_torch(gpu, module, dtype, options, autocast):
     # Without the fake GPU a trace runs RNNs on torch's own cells (cuDNN
     # off); with it, as _cudnn_rnn with the weights flattened as on a GPU,
-    # the workspaces and reserve space recorded. timm's Sequencer2D-S in f32
-    # on the H100: the trace was 1,017,369,600 B over real torch with cuDNN on.
+    # the workspaces and reserve space recorded. timm's Sequencer2D-S on the
+    # H100: the trace was 1,017,369,600 B over real torch with cuDNN on in
+    # f32, and 1,017,928,704 B in bf16 autocast.
     import metamem
     import metamem._metamem as native
     import torch
     from real_torch_on_fake_gpu import PROLOGUE, measure
 
-    step = f"MODULE, DTYPE, OPTIONS = {module!r}, torch.{dtype}, {options!r}\n" + RNN_STEP
+    step = f"MODULE, DTYPE, OPTIONS, AUTOCAST = {module!r}, torch.{dtype}, {options!r}, " \
+           f"{f'torch.{autocast}' if autocast else None}\n" + RNN_STEP
     real = measure(ORACLE, native.gpu(gpu), PROLOGUE + "import torch\n" + step +
                    "print(json.dumps([torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()]))")
     with metamem.trace(device="cuda", gpu=gpu, fake_gpu=ORACLE) as t:
