@@ -443,15 +443,13 @@ class _Rnns:
     - as torch runs it with cuDNN on, where the trace has the fake GPU's
       recordings of cuDNN (follow_cudnn(): `_cudnn_rnn`, whose workspace
       and reserve space the recordings give) and torch takes cuDNN: cuDNN
-      on, an f32, f16 or f64 input, not packed, no autocast and no dropout
-      in training (whose cuDNN state torch keeps per process);
+      on, an f32, f16 or f64 input, not packed and no dropout in training
+      (whose cuDNN state torch keeps per process);
     - otherwise with cuDNN off, layer by layer and step by step on torch's
       own CUDA cells (whose C++ would otherwise pick cuDNN, guard the real
       device and read the weights' addresses).
 
     The rest as torch._VF has it."""
-
-    _MODES = {"rnn_relu": 0, "rnn_tanh": 1, "lstm": 2, "gru": 3}  # cudnnRNNMode_t
 
     def __init__(self, functions):
         self._functions = functions
@@ -490,12 +488,12 @@ class _Rnns:
 
     def __getattr__(self, name):
         function = getattr(self._functions, name)
-        if name not in self._MODES:
+        if name not in _CUDNN_MODES:
             return function
 
         def run(*args, **kwargs):
             if self.cudnn_recorded and not kwargs and _takes_cudnn(args):
-                return _cudnn_rnn(self._MODES[name], *args)
+                return _cudnn_rnn(name, *args)
             enabled = torch._C._get_cudnn_enabled()
             torch._C._set_cudnn_enabled(False)
             try:
@@ -505,6 +503,8 @@ class _Rnns:
         return run
 
 
+_CUDNN_MODES = {"rnn_relu": 0, "rnn_tanh": 1, "lstm": 2, "gru": 3}  # cudnnRNNMode_t, by torch._VF's name
+_GATES = {"lstm": 4, "gru": 3}  # each layer's matrices per hidden unit; 1 for the others
 _CUDNN_DTYPES = (torch.float32, torch.float16, torch.float64)  # at::cudnn_is_acceptable's
 _building = threading.local()  # RNN modules being built on this thread
 _moved = weakref.WeakSet()  # RNN modules flattened as a trace's modules=[...] made their weights
@@ -521,11 +521,11 @@ def _takes_cudnn(args):
             and input.numel() > 0 and not (dropout > 0 and train))
 
 
-def _cudnn_rnn(mode, input, hx, weights, has_biases, num_layers, dropout, train, bidirectional, batch_first):
+def _cudnn_rnn(name, input, hx, weights, has_biases, num_layers, dropout, train, bidirectional, batch_first):
     # at::native's _cudnn_impl: the hidden size is the cell state's where a
     # projection makes the hidden state smaller; the flat weights are passed
     # where the module's weights are views of them.
-    hx, cx = (hx[0], hx[1]) if mode == 2 else (hx, None)
+    hx, cx = (hx[0], hx[1]) if name == "lstm" else (hx, None)
     hidden_size, proj_size = hx.size(2), 0
     if cx is not None and cx.size(2) != hx.size(2):
         hidden_size, proj_size = cx.size(2), hx.size(2)
@@ -534,13 +534,12 @@ def _cudnn_rnn(mode, input, hx, weights, has_biases, num_layers, dropout, train,
     autocast = torch.is_autocast_enabled("cuda")
     with torch.autocast("cuda", enabled=False):  # its kernel for _cudnn_rnn would ask cuDNN: _cast_to_half's
         if autocast:
-            space = _weight_space(weights, {2: 4, 3: 3}.get(mode, 1), hidden_size, num_layers, bidirectional,
-                                  has_biases)
+            space = _weight_space(weights, name, hidden_size, num_layers, bidirectional, has_biases)
             input, hx, cx, weights, flat = _cast_to_half(input, hx, cx, weights, flat, space)
-        output, hy, cy, _, _ = torch._cudnn_rnn(input, weights, weight_stride0, flat, hx, cx, mode, hidden_size,
-                                                proj_size, num_layers, batch_first, dropout, train, bidirectional,
-                                                [], None)
-    return (output, hy, cy) if mode == 2 else (output, hy)
+        output, hy, cy, _, _ = torch._cudnn_rnn(input, weights, weight_stride0, flat, hx, cx, _CUDNN_MODES[name],
+                                                hidden_size, proj_size, num_layers, batch_first, dropout, train,
+                                                bidirectional, [], None)
+    return (output, hy, cy) if name == "lstm" else (output, hy)
 
 
 def _cast_to_half(input, hx, cx, weights, flat, space):
@@ -570,10 +569,11 @@ def _cast_to_half(input, hx, cx, weights, flat, space):
     return half(input), half(hx), half(cx), weights, flat
 
 
-def _weight_space(weights, gates, hidden_size, num_layers, bidirectional, has_biases):
-    """The elements of cuDNN's weight space: the weights, and room for the
-    biases also where the RNN has none."""
-    biases = 0 if has_biases else 2 * gates * hidden_size * num_layers * (2 if bidirectional else 1)
+def _weight_space(weights, name, hidden_size, num_layers, bidirectional, has_biases):
+    """The elements of cuDNN's weight space of the RNN torch._VF calls
+    `name`: the weights, and room for the biases also where it has none."""
+    rows = _GATES.get(name, 1) * hidden_size
+    biases = 0 if has_biases else 2 * rows * num_layers * (2 if bidirectional else 1)
     return sum(w.numel() for w in weights) + biases
 
 
@@ -608,9 +608,8 @@ def _flatten_for_cudnn(module):
         return None
     if len({w.data_ptr() for w in weights}) != len(weights):
         return True  # aliased weights stay as they are, as torch leaves them (flattened ones are flattened again)
-    gates = {"LSTM": 4, "GRU": 3}.get(module.mode, 1)
     with torch.no_grad():
-        flat = torch.zeros(_weight_space(weights, gates, module.hidden_size, module.num_layers,
+        flat = torch.zeros(_weight_space(weights, module.mode.lower(), module.hidden_size, module.num_layers,
                                          module.bidirectional, module.bias),
                            dtype=weights[0].dtype, device=weights[0].device)
         offset = 0
