@@ -1,9 +1,9 @@
 // cuDNN's RNN kernels as a fake-cuda trace runs them where the fake GPU
 // records cuDNN (trace(fake_gpu=...), python/metamem/_cuda.py): the shapes
-// of their returns. What they hold inside (a workspace each) and the size
-// of the forward's reserve space, which cuDNN's engine chooses, come from
-// the recording of the same call (meta/MetaMode.cpp); without one the
-// trace cannot size them and stops.
+// of their returns. What they hold inside (a workspace each) and the sizes
+// of the forward's reserve space and of the dropout state, which cuDNN
+// chooses, come from the recording of the same call (meta/MetaMode.cpp);
+// without one the trace cannot size them and stops.
 #include <ATen/ATen.h>
 
 #include <array>
@@ -75,10 +75,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, std::vector<at::Tensor>> cudnn_rn
           std::move(weight_grads)};
 }
 
+// cuDNN's dropout state: bytes, as many as cuDNN asks for the GPU (recorded).
+at::Tensor cudnn_init_dropout_state(double, bool, int64_t, std::optional<at::ScalarType>,
+                                    std::optional<at::Layout>, std::optional<at::Device>, std::optional<bool>) {
+  check_recorded("aten::_cudnn_init_dropout_state");
+  return at::empty({0}, at::TensorOptions().dtype(at::kByte).device(at::kMeta));
+}
+
 }  // namespace
 
 std::vector<OwnKernelEntry> cudnn_rnn_kernels() {
-  return {own("_cudnn_rnn", TORCH_FN(cudnn_rnn)), own("_cudnn_rnn_backward", TORCH_FN(cudnn_rnn_backward))};
+  return {own("_cudnn_rnn", TORCH_FN(cudnn_rnn)), own("_cudnn_rnn_backward", TORCH_FN(cudnn_rnn_backward)),
+          own("_cudnn_init_dropout_state", TORCH_FN(cudnn_init_dropout_state))};
 }
 
 }  // namespace metamem

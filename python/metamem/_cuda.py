@@ -94,11 +94,20 @@ class Generator:
     def __init__(self):
         self._seed = torch.initial_seed()
         self._offset = 0
+        self._new_rnn_state = True
 
     def manual_seed(self, seed):
         self._seed = int(seed) & (2**64 - 1)
         self._offset = 0
+        self._new_rnn_state = True
         return self
+
+    def reset_rnn_state(self):
+        """Whether cuDNN's RNN dropout state is to be made anew, as CUDA's
+        generator answers: at the first ask, and once after each new seed
+        or state."""
+        new, self._new_rnn_state = self._new_rnn_state, False
+        return new
 
     def seed(self):
         self.manual_seed(int.from_bytes(os.urandom(8), "little"))
@@ -117,6 +126,7 @@ class Generator:
             raise RuntimeError(f"RNG state must be 16 bytes (a CUDA generator's), got {len(data)}")
         self._seed = int.from_bytes(data[:8], "little")
         self._offset = int.from_bytes(data[8:], "little")
+        self._new_rnn_state = True
         return self
 
     def get_offset(self):
@@ -443,8 +453,7 @@ class _Rnns:
     - as torch runs it with cuDNN on, where the trace has the fake GPU's
       recordings of cuDNN (follow_cudnn(): `_cudnn_rnn`, whose workspace
       and reserve space the recordings give) and torch takes cuDNN: cuDNN
-      on, an f32, f16 or f64 input, not packed and no dropout in training
-      (whose cuDNN state torch keeps per process);
+      on, an f32, f16 or f64 input, not packed;
     - otherwise with cuDNN off, layer by layer and step by step on torch's
       own CUDA cells (whose C++ would otherwise pick cuDNN, guard the real
       device and read the weights' addresses).
@@ -454,6 +463,7 @@ class _Rnns:
     def __init__(self, functions):
         self._functions = functions
         self.cudnn_recorded = False
+        self._dropout_state = None  # cuDNN's, which torch keeps per device, made at the first RNN with dropout
 
     def follow_cudnn(self, patches):
         """From now on RNNs take cuDNN where torch does, and modules
@@ -486,6 +496,21 @@ class _Rnns:
                 _moved.add(module)
             module._flat_weight_refs = [weakref.ref(w) if w is not None else None for w in module._flat_weights]
 
+    def dropout_state(self, dropout, train, device):
+        """cuDNN's dropout state as at::native's get_dropout_state keeps it:
+        made (after an 8-byte seed drawn on the device) at the first RNN
+        that drops out in training and again after each new seed, the one
+        before freed; None where the RNN does not drop out."""
+        if not (train and dropout > 0):
+            return None
+        generator = torch.cuda.default_generators[device.index or 0]
+        if generator.reset_rnn_state() or self._dropout_state is None:
+            with _metamem.PlaceholderValues():
+                seed = torch.empty((), dtype=torch.long, device=device).random_().item()
+            self._dropout_state = torch._cudnn_init_dropout_state(dropout, train, seed, dtype=torch.uint8,
+                                                                  device=device)
+        return self._dropout_state
+
     def __getattr__(self, name):
         function = getattr(self._functions, name)
         if name not in _CUDNN_MODES:
@@ -493,7 +518,7 @@ class _Rnns:
 
         def run(*args, **kwargs):
             if self.cudnn_recorded and not kwargs and _takes_cudnn(args):
-                return _cudnn_rnn(name, *args)
+                return _cudnn_rnn(name, *args, dropout_state=self.dropout_state)
             enabled = torch._C._get_cudnn_enabled()
             torch._C._set_cudnn_enabled(False)
             try:
@@ -518,19 +543,22 @@ def _takes_cudnn(args):
         return False
     input, dropout, train = args[0], args[5], args[6]
     return (torch._C._get_cudnn_enabled() and _metamem.is_traced(input) and input.dtype in _CUDNN_DTYPES
-            and input.numel() > 0 and not (dropout > 0 and train))
+            and input.numel() > 0)
 
 
-def _cudnn_rnn(name, input, hx, weights, has_biases, num_layers, dropout, train, bidirectional, batch_first):
+def _cudnn_rnn(name, input, hx, weights, has_biases, num_layers, dropout, train, bidirectional, batch_first,
+               dropout_state):
     # at::native's _cudnn_impl: the hidden size is the cell state's where a
     # projection makes the hidden state smaller; the flat weights are passed
-    # where the module's weights are views of them.
+    # where the module's weights are views of them; the dropout state comes
+    # before the call.
     hx, cx = (hx[0], hx[1]) if name == "lstm" else (hx, None)
     hidden_size, proj_size = hx.size(2), 0
     if cx is not None and cx.size(2) != hx.size(2):
         hidden_size, proj_size = cx.size(2), hx.size(2)
     weight_stride0 = (4 if has_biases else 2) + (proj_size != 0)
     weights, flat = list(weights), _flat_weights_of(weights)
+    state = dropout_state(dropout, train, input.device)
     autocast = torch.is_autocast_enabled("cuda")
     with torch.autocast("cuda", enabled=False):  # its kernel for _cudnn_rnn would ask cuDNN: _cast_to_half's
         if autocast:
@@ -538,7 +566,7 @@ def _cudnn_rnn(name, input, hx, weights, has_biases, num_layers, dropout, train,
             input, hx, cx, weights, flat = _cast_to_half(input, hx, cx, weights, flat, space)
         output, hy, cy, _, _ = torch._cudnn_rnn(input, weights, weight_stride0, flat, hx, cx, _CUDNN_MODES[name],
                                                 hidden_size, proj_size, num_layers, batch_first, dropout, train,
-                                                bidirectional, [], None)
+                                                bidirectional, [], state)
     return (output, hy, cy) if name == "lstm" else (output, hy)
 
 

@@ -40,7 +40,8 @@ PROLOGUE = textwrap.dedent("""
 RUNTIME = "libmetamem_fake_cuda_preload.so"
 
 # The ops a trace with a fake GPU takes from its recordings.
-RECORDED_OPS = ("aten::convolution", "aten::convolution_backward", "aten::_cudnn_rnn", "aten::_cudnn_rnn_backward")
+RECORDED_OPS = ("aten::convolution", "aten::convolution_backward", "aten::_cudnn_rnn", "aten::_cudnn_rnn_backward",
+                "aten::_cudnn_init_dropout_state")
 
 # cuDNN's flags that choose its engines.
 _CUDNN_FLAGS = ("enabled", "benchmark", "deterministic", "allow_tf32")
@@ -76,6 +77,8 @@ _SERVER = PROLOGUE + textwrap.dedent("""
     import torch
 
     def made(value):
+        if isinstance(value, dict) and "device" in value:
+            return torch.device(value["device"])
         if isinstance(value, dict):
             return torch.empty_strided(value["size"], value["stride"], dtype=getattr(torch, value["dtype"]),
                                        device="cuda")
@@ -87,11 +90,13 @@ _SERVER = PROLOGUE + textwrap.dedent("""
             setattr(torch.backends.cudnn, flag, value)
         name, _, overload = request["op"].split("::")[1].partition(".")
         op = getattr(getattr(torch.ops.aten, name), overload or "default")
-        arguments = [made(argument) for argument in request["arguments"]]
+        schema = op._schema.arguments
+        arguments = [made(a) for a, s in zip(request["arguments"], schema) if not s.kwarg_only]
+        options = {s.name: made(a) for a, s in zip(request["arguments"], schema) if s.kwarg_only}
         torch._C._cuda_clearCublasWorkspaces()
         torch.cuda.memory._record_memory_history(max_entries=1 << 16)
         try:
-            out = op(*arguments)
+            out = op(*arguments, **options)
         except Exception as error:  # the call's own error, as the traced code meets it
             torch.cuda.memory._record_memory_history(enabled=None)
             print("@@" + json.dumps({"error": str(error).strip().splitlines()[0]}), flush=True)
@@ -111,7 +116,7 @@ _SERVER = PROLOGUE + textwrap.dedent("""
                   "returns": [address(r) for r in returns],
                   "sizes": [list(t.shape) if t is not None else [] for t in tensors],
                   "strides": [list(t.stride()) if t is not None else [] for t in tensors]}
-        del out, returns, arguments
+        del out, returns, arguments, options
         print("@@" + json.dumps(answer), flush=True)
 """)
 
@@ -121,6 +126,8 @@ def _described(value):
         return {"size": list(value.shape), "stride": list(value.stride()), "dtype": str(value.dtype).split(".")[1]}
     if isinstance(value, (list, tuple)):
         return [_described(item) for item in value]
+    if isinstance(value, torch.device):  # a factory's (cuDNN's dropout state): the child's one GPU
+        return {"device": "cuda"}
     return value
 
 

@@ -220,6 +220,7 @@ y.float().sum().backward()
     ("RNN", "float32", {"bias": False}, None),  # cuDNN's weights keep room for biases; their gradients are copied out
     ("LSTM", "float32", {"bidirectional": True, "batch_first": True}, None),
     ("LSTM", "float32", {"proj_size": 32}, None),
+    ("LSTM", "float32", {"dropout": 0.2}, None),  # cuDNN's dropout state, made at the first such call
     # Autocast runs cuDNN's RNNs in f16 whatever its dtype, the weights cast into a buffer of their own.
     ("LSTM", "float32", {}, "bfloat16"), ("GRU", "float32", {"bias": False}, "float16"),
 ])
