@@ -26,19 +26,17 @@ at::Tensor empty_like_if(bool wanted, const at::Tensor& like) {
   return wanted && like.defined() ? at::empty_like(like, at::MemoryFormat::Contiguous) : at::Tensor();
 }
 
-// Forward: the output (the input's time and batch, in its order; directions
-// x the hidden or projected size), the last hidden and cell states, the
+// Forward: the output (the input's time and batch, in its order, or a
+// packed sequence's steps; directions x the hidden or projected size), the last hidden and cell states, the
 // reserve space (its size recorded) and the flat weights: the buffer given,
 // or a copy whose size the recording gives.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> cudnn_rnn(
     const at::Tensor& input, at::TensorList, int64_t, const std::optional<at::Tensor>& weight_buf,
     const at::Tensor& hx, const std::optional<at::Tensor>& cx, int64_t, c10::SymInt, c10::SymInt, int64_t,
-    bool, double, bool, bool bidirectional, c10::SymIntArrayRef batch_sizes,
-    const std::optional<at::Tensor>&) {
+    bool, double, bool, bool bidirectional, c10::SymIntArrayRef, const std::optional<at::Tensor>&) {
   check_recorded("aten::_cudnn_rnn");
-  TORCH_CHECK_NOT_IMPLEMENTED(batch_sizes.empty(), "aten::_cudnn_rnn of a packed sequence is not traced.");
-  std::vector<int64_t> sizes = input.sizes().vec();
-  sizes[2] = hx.size(2) * (bidirectional ? 2 : 1);
+  std::vector<int64_t> sizes = input.sizes().vec();  // a packed sequence's: (steps of all sequences, features)
+  sizes.back() = hx.size(2) * (bidirectional ? 2 : 1);
   const at::TensorOptions bytes = input.options().dtype(at::kByte);
   return {at::empty(sizes, input.options()), at::empty_like(hx, at::MemoryFormat::Contiguous),
           empty_like_if(true, cx.value_or(at::Tensor())), at::empty({0}, bytes),

@@ -709,6 +709,11 @@ void register_meta_kernel() {
   // Composites that read values through data_ptr, replaced for MetaTensors.
   std::unordered_map<std::string, c10::KernelFunction> composites;
   for (auto& [op, kernel] : ctc_loss_composites()) composites.emplace("aten::" + op, std::move(kernel));
+  for (auto& [op, kernel] : packed_sequence_composites()) composites.emplace("aten::" + op, std::move(kernel));
+  // Kernels that read values through data_ptr, run below autograd on the
+  // caller's tensors.
+  std::unordered_map<std::string, c10::KernelFunction> reading;
+  for (auto& [op, kernel] : packed_sequence_kernels()) reading.emplace("aten::" + op, std::move(kernel));
   handles->push_back(dispatcher.registerFallback(
       c10::DispatchKey::PrivateUse1, c10::KernelFunction::makeFromBoxedFunction<&meta_kernel>(),
       "metamem fallback"));
@@ -769,6 +774,11 @@ void register_meta_kernel() {
       for (auto key : {c10::DispatchKey::PrivateUse1, c10::DispatchKey::AutogradPrivateUse1})
         handles->push_back(dispatcher.registerImpl(name, key, composite->second, c10::nullopt, nullptr,
                                                    "metamem: a composite as traced"));
+      continue;
+    }
+    if (const auto kernel = reading.find(qualified); kernel != reading.end()) {
+      handles->push_back(dispatcher.registerImpl(name, c10::DispatchKey::PrivateUse1, kernel->second, c10::nullopt,
+                                                 nullptr, "metamem: a kernel reading values"));
       continue;
     }
     if (qualified == "aten::lstm.input") {

@@ -38,6 +38,16 @@ std::vector<OwnKernelEntry> ctc_loss_kernels();
 // as a trace runs them in autograd's place ("ctc_loss.Tensor", ...).
 std::vector<std::pair<std::string, c10::KernelFunction>> ctc_loss_composites();
 
+// pack_padded_sequence's kernel, which reads the lengths' values, as a
+// trace runs it below autograd ("_pack_padded_sequence";
+// meta/PackedSequence.cpp).
+std::vector<std::pair<std::string, c10::KernelFunction>> packed_sequence_kernels();
+
+// pad_packed_sequence's composite, which writes the lengths it answers
+// through data_ptr, as a trace runs it in autograd's place
+// ("_pad_packed_sequence").
+std::vector<std::pair<std::string, c10::KernelFunction>> packed_sequence_composites();
+
 // cuDNN's RNN forward and backward, whose recordings size what they hold
 // (meta/CudnnRnn.cpp).
 std::vector<OwnKernelEntry> cudnn_rnn_kernels();

@@ -453,7 +453,7 @@ class _Rnns:
     - as torch runs it with cuDNN on, where the trace has the fake GPU's
       recordings of cuDNN (follow_cudnn(): `_cudnn_rnn`, whose workspace
       and reserve space the recordings give) and torch takes cuDNN: cuDNN
-      on, an f32, f16 or f64 input, not packed;
+      on, an f32, f16 or f64 input;
     - otherwise with cuDNN off, layer by layer and step by step on torch's
       own CUDA cells (whose C++ would otherwise pick cuDNN, guard the real
       device and read the weights' addresses).
@@ -518,7 +518,11 @@ class _Rnns:
 
         def run(*args, **kwargs):
             if self.cudnn_recorded and not kwargs and _takes_cudnn(args):
-                return _cudnn_rnn(name, *args, dropout_state=self.dropout_state)
+                if isinstance(args[3], (list, tuple)):  # packed: its batch sizes second, after the data
+                    data, batch_sizes, *rest = args
+                    return _cudnn_rnn(name, data, *rest, False, batch_sizes=batch_sizes.tolist(),
+                                      dropout_state=self.dropout_state)
+                return _cudnn_rnn(name, *args, batch_sizes=[], dropout_state=self.dropout_state)
             enabled = torch._C._get_cudnn_enabled()
             torch._C._set_cudnn_enabled(False)
             try:
@@ -537,17 +541,18 @@ _moved = weakref.WeakSet()  # RNN modules flattened as a trace's modules=[...] m
 
 def _takes_cudnn(args):
     # (input, hx, weights, has_biases, num_layers, dropout, train,
-    # bidirectional, batch_first); a packed sequence has its batch sizes
-    # second and its weights fourth.
-    if len(args) != 9 or not isinstance(args[2], (list, tuple)):
+    # bidirectional, batch_first), or for a packed sequence (data,
+    # batch_sizes, hx, weights, has_biases, num_layers, dropout, train,
+    # bidirectional).
+    if len(args) != 9:
         return False
-    input, dropout, train = args[0], args[5], args[6]
+    input = args[0]
     return (torch._C._get_cudnn_enabled() and _metamem.is_traced(input) and input.dtype in _CUDNN_DTYPES
             and input.numel() > 0)
 
 
 def _cudnn_rnn(name, input, hx, weights, has_biases, num_layers, dropout, train, bidirectional, batch_first,
-               dropout_state):
+               batch_sizes, dropout_state):
     # at::native's _cudnn_impl: the hidden size is the cell state's where a
     # projection makes the hidden state smaller; the flat weights are passed
     # where the module's weights are views of them; the dropout state comes
@@ -566,7 +571,7 @@ def _cudnn_rnn(name, input, hx, weights, has_biases, num_layers, dropout, train,
             input, hx, cx, weights, flat = _cast_to_half(input, hx, cx, weights, flat, space)
         output, hy, cy, _, _ = torch._cudnn_rnn(input, weights, weight_stride0, flat, hx, cx, _CUDNN_MODES[name],
                                                 hidden_size, proj_size, num_layers, batch_first, dropout, train,
-                                                bidirectional, [], state)
+                                                bidirectional, batch_sizes, state)
     return (output, hy, cy) if name == "lstm" else (output, hy)
 
 

@@ -245,6 +245,37 @@ def test_a_trace_with_the_fake_gpu_takes_cudnns_rnns_as_real_torch(gpu, module, 
     assert [allocated, t.reserved_peak_bytes] == real
 
 
+PACKED_RNN_STEP = """
+torch.manual_seed(0)
+rnn = torch.nn.LSTM(64, 128, num_layers=2, batch_first=True).cuda()
+x = torch.randn(4, 10, 64, device="cuda", requires_grad=True)
+with torch.backends.cudnn.flags(enabled=CUDNN):
+    packed = torch.nn.utils.rnn.pack_padded_sequence(x, torch.tensor([10, 8, 5, 3]), batch_first=True)
+    padded, _ = torch.nn.utils.rnn.pad_packed_sequence(rnn(packed)[0], batch_first=True)
+    padded.sum().backward()
+"""
+
+
+@needs_fake_gpu
+@pytest.mark.parametrize("gpu", ["H100-80GB", "T4"])
+@pytest.mark.parametrize("cudnn", [True, False])
+def test_a_packed_sequence_runs_as_real_torch_runs_it(gpu, cudnn):
+    # Packing and unpacking read the lengths and batch sizes on the host;
+    # cuDNN then takes the packed data whole, torch's cells step by step.
+    import metamem
+    import metamem._metamem as native
+    import torch
+    from real_torch_on_fake_gpu import PROLOGUE, measure
+
+    step = f"CUDNN = {cudnn}\n" + PACKED_RNN_STEP
+    real = measure(ORACLE, native.gpu(gpu), PROLOGUE + "import torch\n" + step +
+                   "print(json.dumps([torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()]))")
+    with metamem.trace(device="cuda", gpu=gpu, fake_gpu=ORACLE) as t:
+        exec(step, {"torch": torch})
+    allocated = json.loads(t.to_json())["predicted"]["allocator_allocated_peak_bytes"]
+    assert [allocated, t.reserved_peak_bytes] == real
+
+
 def test_cudnns_rnn_kernel_stops_a_trace_without_the_fake_gpus_recording():
     import metamem
     import torch

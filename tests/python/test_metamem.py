@@ -773,3 +773,37 @@ def test_ctc_loss_with_lengths_the_trace_does_not_know_stops_or_takes_their_boun
     with metamem.trace(device=device) as longest:
         step(known=True)
     assert bounded.peak_bytes == longest.peak_bytes
+
+
+def packed_rnn_step(module, lengths, batch_first, enforce_sorted=True):
+    """An RNN over padded sequences packed by their lengths, its output
+    unpacked, forward and backward (libtorch reads the lengths and the
+    batch sizes on the host, through data_ptr)."""
+    def step():
+        torch.manual_seed(0)
+        rnn = module(32, 64, num_layers=2, batch_first=batch_first)
+        x = torch.randn((4, 10, 32) if batch_first else (10, 4, 32), requires_grad=True)
+        packed = torch.nn.utils.rnn.pack_padded_sequence(x, torch.tensor(lengths), batch_first=batch_first,
+                                                         enforce_sorted=enforce_sorted)
+        padded, _ = torch.nn.utils.rnn.pad_packed_sequence(rnn(packed)[0], batch_first=batch_first)
+        padded.sum().backward()
+    return step
+
+
+@pytest.mark.parametrize("module, lengths, batch_first, enforce_sorted", [
+    (torch.nn.LSTM, [10, 8, 5, 3], False, True),
+    (torch.nn.GRU, [3, 10, 5, 8], True, False),  # sorted, packed, and unsorted again
+])
+def test_packed_sequences_hold_what_the_cpu_run_holds(module, lengths, batch_first, enforce_sorted):
+    traced, achieved = trace_and_run(packed_rnn_step(module, lengths, batch_first, enforce_sorted))
+    assert traced == achieved
+
+
+def test_packing_checks_the_lengths_it_reads_and_stops_where_it_does_not_know_them():
+    with pytest.raises(RuntimeError, match="must be sorted in decreasing order"):
+        with metamem.trace(device="cpu"):
+            packed_rnn_step(torch.nn.LSTM, [3, 10, 5, 8], False)()
+    with pytest.raises(metamem.ValueReadError, match="packing sizes the packed data"):
+        with metamem.trace(device="cuda"):
+            x = torch.randn(10, 4, 8, device="cuda")
+            torch.nn.utils.rnn.pack_padded_sequence(x, torch.empty(4, dtype=torch.long))  # values never written
