@@ -18,8 +18,8 @@ namespace {
 
 void check_recorded(const char* op) {
   TORCH_CHECK_NOT_IMPLEMENTED(in_recorded_call(), op,
-                              " sizes its reserve space and workspaces as cuDNN's engine chooses, which a trace "
-                              "learns from the fake GPU (trace(fake_gpu=...)). It has no recording of this call.");
+                              " sizes what it holds as cuDNN chooses, which a trace learns from the fake GPU "
+                              "(trace(fake_gpu=...)). It has no recording of this call.");
 }
 
 at::Tensor empty_like_if(bool wanted, const at::Tensor& like) {
@@ -27,15 +27,16 @@ at::Tensor empty_like_if(bool wanted, const at::Tensor& like) {
 }
 
 // Forward: the output (the input's time and batch, in its order, or a
-// packed sequence's steps; directions x the hidden or projected size), the last hidden and cell states, the
-// reserve space (its size recorded) and the flat weights: the buffer given,
-// or a copy whose size the recording gives.
+// packed sequence's steps; directions x the hidden or projected size), the
+// last hidden and cell states, the reserve space (its size recorded) and
+// the flat weights: the buffer given, or a copy whose size the recording
+// gives.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> cudnn_rnn(
     const at::Tensor& input, at::TensorList, int64_t, const std::optional<at::Tensor>& weight_buf,
     const at::Tensor& hx, const std::optional<at::Tensor>& cx, int64_t, c10::SymInt, c10::SymInt, int64_t,
     bool, double, bool, bool bidirectional, c10::SymIntArrayRef, const std::optional<at::Tensor>&) {
   check_recorded("aten::_cudnn_rnn");
-  std::vector<int64_t> sizes = input.sizes().vec();  // a packed sequence's: (steps of all sequences, features)
+  std::vector<int64_t> sizes = input.sizes().vec();
   sizes.back() = hx.size(2) * (bidirectional ? 2 : 1);
   const at::TensorOptions bytes = input.options().dtype(at::kByte);
   return {at::empty(sizes, input.options()), at::empty_like(hx, at::MemoryFormat::Contiguous),
