@@ -95,20 +95,20 @@ const Slot tool_thread_storage[] = {
     nullptr,
 };
 
+// A slot whose use is not known: an error, which cuBLASLt takes as that
+// feature missing, and goes on.
+CUresult unknown_slot() { return CUDA_ERROR_NOT_SUPPORTED; }
+
 // Contexts' identities: cuBLASLt asks slot 4, which is cuCtxGetId, for the
-// context slot 2 above gave it. The driver's other slots are not known.
-CUresult context_identity_unknown() { return CUDA_ERROR_NOT_SUPPORTED; }
+// context slot 2 above gave it.
 const Slot context_identity[] = {
-    reinterpret_cast<Slot>(5 * sizeof(Slot)),        reinterpret_cast<Slot>(context_identity_unknown),
-    reinterpret_cast<Slot>(context_identity_unknown), reinterpret_cast<Slot>(context_identity_unknown),
+    reinterpret_cast<Slot>(5 * sizeof(Slot)), reinterpret_cast<Slot>(unknown_slot),
+    reinterpret_cast<Slot>(unknown_slot),     reinterpret_cast<Slot>(unknown_slot),
     reinterpret_cast<Slot>(cuCtxGetId),
 };
 
 // A table cuBLASLt's heuristics ask for half-precision products on sm90
-// and call slot 4 of without checking that it was found. What its slots do
-// is not known: each answers an error, which cuBLASLt takes as its slot's
-// feature missing and goes on.
-CUresult unknown_slot() { return CUDA_ERROR_NOT_SUPPORTED; }
+// and call slot 4 of without checking that it was found.
 const Slot unknown_hopper_table[] = {
     reinterpret_cast<Slot>(8 * sizeof(Slot)), reinterpret_cast<Slot>(unknown_slot), reinterpret_cast<Slot>(unknown_slot),
     reinterpret_cast<Slot>(unknown_slot),     reinterpret_cast<Slot>(unknown_slot), reinterpret_cast<Slot>(unknown_slot),

@@ -201,6 +201,21 @@ def test_the_fake_gpu_runs_cudnns_rnns(gpu, module, dtype):
     assert ran["max allocated"] > 0
 
 
+def peaks_traced_and_real(gpu, step):
+    """[max allocated, max reserved] of the code `step` (torch imported)
+    traced with the fake GPU's recordings, and run by real torch on it."""
+    import metamem
+    import metamem._metamem as native
+    import torch
+    from real_torch_on_fake_gpu import PROLOGUE, measure
+
+    real = measure(ORACLE, native.gpu(gpu), PROLOGUE + "import torch\n" + step +
+                   "print(json.dumps([torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()]))")
+    with metamem.trace(device="cuda", gpu=gpu, fake_gpu=ORACLE) as t:
+        exec(step, {"torch": torch})
+    return [json.loads(t.to_json())["predicted"]["allocator_allocated_peak_bytes"], t.reserved_peak_bytes], real
+
+
 # An RNN built on the host, moved to the GPU (where it flattens its weights
 # for cuDNN), and a forward and backward: the same code traced and run.
 RNN_STEP = """
@@ -230,19 +245,10 @@ def test_a_trace_with_the_fake_gpu_takes_cudnns_rnns_as_real_torch(gpu, module, 
     # the workspaces and reserve space recorded. timm's Sequencer2D-S on the
     # H100: the trace was 1,017,369,600 B over real torch with cuDNN on in
     # f32, and 1,017,928,704 B in bf16 autocast.
-    import metamem
-    import metamem._metamem as native
-    import torch
-    from real_torch_on_fake_gpu import PROLOGUE, measure
-
     step = f"MODULE, DTYPE, OPTIONS, AUTOCAST = {module!r}, torch.{dtype}, {options!r}, " \
            f"{f'torch.{autocast}' if autocast else None}\n" + RNN_STEP
-    real = measure(ORACLE, native.gpu(gpu), PROLOGUE + "import torch\n" + step +
-                   "print(json.dumps([torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()]))")
-    with metamem.trace(device="cuda", gpu=gpu, fake_gpu=ORACLE) as t:
-        exec(step, {"torch": torch})
-    allocated = json.loads(t.to_json())["predicted"]["allocator_allocated_peak_bytes"]
-    assert [allocated, t.reserved_peak_bytes] == real
+    traced, real = peaks_traced_and_real(gpu, step)
+    assert traced == real
 
 
 PACKED_RNN_STEP = """
@@ -262,18 +268,8 @@ with torch.backends.cudnn.flags(enabled=CUDNN):
 def test_a_packed_sequence_runs_as_real_torch_runs_it(gpu, cudnn):
     # Packing and unpacking read the lengths and batch sizes on the host;
     # cuDNN then takes the packed data whole, torch's cells step by step.
-    import metamem
-    import metamem._metamem as native
-    import torch
-    from real_torch_on_fake_gpu import PROLOGUE, measure
-
-    step = f"CUDNN = {cudnn}\n" + PACKED_RNN_STEP
-    real = measure(ORACLE, native.gpu(gpu), PROLOGUE + "import torch\n" + step +
-                   "print(json.dumps([torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()]))")
-    with metamem.trace(device="cuda", gpu=gpu, fake_gpu=ORACLE) as t:
-        exec(step, {"torch": torch})
-    allocated = json.loads(t.to_json())["predicted"]["allocator_allocated_peak_bytes"]
-    assert [allocated, t.reserved_peak_bytes] == real
+    traced, real = peaks_traced_and_real(gpu, f"CUDNN = {cudnn}\n" + PACKED_RNN_STEP)
+    assert traced == real
 
 
 def test_cudnns_rnn_kernel_stops_a_trace_without_the_fake_gpus_recording():
