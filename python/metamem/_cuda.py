@@ -464,6 +464,8 @@ class _Rnns:
         self._functions = functions
         self.cudnn_recorded = False
         self._dropout_state = None  # cuDNN's, which torch keeps per device, made at the first RNN with dropout
+        self._building = threading.local()  # how many RNN modules this thread is building
+        self._moved = weakref.WeakSet()  # RNN modules flattened as the trace's modules=[...] made their weights
 
     def follow_cudnn(self, patches):
         """From now on RNNs take cuDNN where torch does, and modules
@@ -476,14 +478,22 @@ class _Rnns:
         # builds them on the host, to move them later: the weights are
         # flattened as they move, not as they are built.
         def built(module, *args, **kwargs):
-            _building.depth = getattr(_building, "depth", 0) + 1
+            self._building.depth = getattr(self._building, "depth", 0) + 1
             try:
                 init(module, *args, **kwargs)
             finally:
-                _building.depth -= 1
+                self._building.depth -= 1
+
+        def flattened(module):
+            if getattr(self._building, "depth", 0):
+                return
+            if module in self._moved:  # the move the trace's modules=[...] stood for
+                self._moved.discard(module)
+                return
+            _flatten_for_cudnn(module) or flatten(module)
 
         patches.set(rnn, "__init__", built)
-        patches.set(rnn, "flatten_parameters", lambda module: _flatten_for_cudnn(module) or flatten(module))
+        patches.set(rnn, "flatten_parameters", flattened)
 
     def moved(self, module):
         """`module`'s weights were just made on the GPU as module.to() makes
@@ -493,7 +503,7 @@ class _Rnns:
         if self.cudnn_recorded and isinstance(module, torch.nn.RNNBase):
             module._flat_weights = [getattr(module, name, None) for name in module._flat_weights_names]
             if _flatten_for_cudnn(module):
-                _moved.add(module)
+                self._moved.add(module)
             module._flat_weight_refs = [weakref.ref(w) if w is not None else None for w in module._flat_weights]
 
     def dropout_state(self, dropout, train, device):
@@ -535,8 +545,6 @@ class _Rnns:
 _CUDNN_MODES = {"rnn_relu": 0, "rnn_tanh": 1, "lstm": 2, "gru": 3}  # cudnnRNNMode_t, by torch._VF's name
 _GATES = {"lstm": 4, "gru": 3}  # each layer's matrices per hidden unit; 1 for the others
 _CUDNN_DTYPES = (torch.float32, torch.float16, torch.float64)  # at::cudnn_is_acceptable's
-_building = threading.local()  # RNN modules being built on this thread
-_moved = weakref.WeakSet()  # RNN modules flattened as a trace's modules=[...] made their weights
 
 
 def _takes_cudnn(args):
@@ -629,11 +637,6 @@ def _flatten_for_cudnn(module):
     True where done; None to leave it to torch's (which does nothing for
     traced weights)."""
     weights = module._flat_weights
-    if getattr(_building, "depth", 0):
-        return True
-    if module in _moved:
-        _moved.discard(module)
-        return True
     if (len(weights) != len(module._flat_weights_names) or not weights
             or not all(isinstance(w, torch.Tensor) and _metamem.is_traced(w) for w in weights)
             or len({w.dtype for w in weights}) != 1 or weights[0].dtype not in _CUDNN_DTYPES

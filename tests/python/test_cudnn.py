@@ -281,3 +281,23 @@ def test_cudnns_rnn_kernel_stops_a_trace_without_the_fake_gpus_recording():
             rnn = torch.nn.LSTM(8, 16).cuda()
             x, h = torch.randn(3, 2, 8, device="cuda"), torch.zeros(1, 2, 16, device="cuda")
             torch._cudnn_rnn(x, rnn._flat_weights, 4, None, h, h, 2, 16, 0, 1, False, 0.0, True, False, [], None)
+
+
+@needs_fake_gpu
+def test_a_handed_rnn_flattens_in_each_trace_as_in_its_first():
+    # A trace that hands the model in but never moves it leaves nothing
+    # behind for the next trace's move of it.
+    import metamem
+    import torch
+
+    def peaks(lstm, move):
+        with metamem.trace(device="cuda", gpu="H100-80GB", fake_gpu=ORACLE, modules=[lstm]) as t:
+            if move:
+                lstm.cuda()
+                lstm(torch.randn(5, 2, 8, device="cuda"))[0].sum().backward()
+        return t.peak_bytes, t.reserved_peak_bytes
+
+    lstm = torch.nn.LSTM(8, 16, num_layers=2)
+    first = peaks(lstm, move=True)
+    peaks(lstm, move=False)
+    assert peaks(lstm, move=True) == first
