@@ -25,6 +25,7 @@
 #include "estimator/AllocatorEvents.h"
 #include "estimator/CachingAllocator.h"
 #include "estimator/Estimate.h"
+#include "estimator/FakeGpuRecordings.h"
 #include "estimator/Gpu.h"
 #include "estimator/HtmlReport.h"
 #include "estimator/Report.h"
@@ -732,41 +733,27 @@ PYBIND11_MODULE(_metamem, m) {
       py::arg("tensor"), "The trace no longer knows the values of the tensor's buffer (another rank wrote them).");
   m.def("known_values", [](const at::Tensor& t) -> std::optional<at::Tensor> { return metamem::known_values(t); },
         py::arg("tensor"), "A traced tensor's values as a real CPU tensor, if the trace knows them; else None.");
-  m.def(
-      "set_recorded_plans",
-      [](const std::vector<std::string>& ops, py::object source) {
-        if (source.is_none()) return metamem::set_recorded_plans({}, nullptr);
-        auto held = std::make_shared<py::object>(std::move(source));
-        metamem::set_recorded_plans(ops, [held](const std::string& op, c10::ArrayRef<c10::IValue> arguments)
-                                             -> std::optional<metamem::ScratchPlan> {
-          py::gil_scoped_acquire gil;
-          py::list python_arguments;
-          for (const c10::IValue& argument : arguments) python_arguments.append(torch::jit::toPyObject(argument));
-          const py::object recorded = (*held)(op, python_arguments);
-          if (recorded.is_none()) return std::nullopt;
-          using Shapes = std::vector<std::vector<std::int64_t>>;
-          const auto [steps, sizes, strides] =
-              recorded.cast<std::tuple<std::vector<std::tuple<std::string, std::int64_t>>, Shapes, Shapes>>();
-          metamem::ScratchPlan plan;
-          plan.recorded = true;
-          plan.return_sizes = sizes;
-          plan.return_strides = strides;
-          for (const auto& step : steps) {
-            const auto& [kind, number] = step;
-            if (kind == "make") plan.make(number);
-            else if (kind == "free") plan.free(static_cast<std::size_t>(number));
-            else if (kind == "output") plan.output(static_cast<std::size_t>(number));
-            else if (kind == "cublas") plan.cublas_call();
-            else throw std::invalid_argument("a recorded plan's step is make, free, output or cublas, not " + kind);
-          }
-          return plan;
-        });
-      },
-      py::arg("ops"), py::arg("source"),
-      "On a fake cuda, the temporaries of `ops` as `source(op, arguments)` gives them: (steps, sizes, strides), "
-      "the steps (\"make\", bytes), (\"free\", piece), (\"output\", return) and (\"cublas\", 0) in the "
-      "kernel's order and each return's sizes and strides ([] for the meta kernel's) (metamem._fake_gpu), or "
-      "None for metamem's models. source None stops.");
+  // A trace follows the fake GPU's recordings inside `with recordings:`.
+  struct FollowedRecordings {
+    metamem::FakeGpuRecordings recordings;
+    std::unique_ptr<metamem::FollowRecordingsScope> following;
+  };
+  py::class_<FollowedRecordings>(
+      m, "FakeGpuRecordings",
+      "Real torch on the fake GPU of `folder` made `gpu`, run by `python` with the program `server`, asked once "
+      "per distinct call of the ops whose temporaries only cuDNN knows (metamem._fake_gpu); a trace inside "
+      "`with` follows its recordings. ValueError: no fake GPU in `folder`.")
+      .def(py::init([](const std::string& folder, const std::string& gpu, const std::string& python,
+                       const std::string& server) {
+             return FollowedRecordings{{{folder, python, server}, metamem::find_gpu(gpu)}, nullptr};
+           }),
+           py::arg("folder"), py::arg("gpu"), py::arg("python"), py::arg("server"))
+      .def("__enter__", [](FollowedRecordings& self) {
+        self.following = std::make_unique<metamem::FollowRecordingsScope>(self.recordings);
+      })
+      .def("__exit__", [](FollowedRecordings& self, py::args) { self.following.reset(); });
+  m.def("fake_gpu_environment", &metamem::fake_gpu_environment, py::arg("folder"),
+        "This process's environment (NAME=VALUE each) for a child whose CUDA is the fake GPU of `folder`.");
   m.def("run_cpp_meta_kernels_in_traces", &metamem::run_cpp_meta_kernels_in_traces, py::arg("ops"),
         py::arg("cover"));
   // A traced tensor's untyped_storage() stands for its buffer: FSDP2 frees

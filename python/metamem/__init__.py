@@ -734,7 +734,7 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
         raise ValueError(f"values must be 'error' or 'placeholder', got {values!r}")
     gpu_spec = _metamem.gpu(gpu)  # ValueError for an unknown GPU, before anything changes
     fake_gpu = os.environ.get("METAMEM_FAKE_GPU") if fake_gpu is None else fake_gpu
-    recordings = _fake_gpu.recordings(fake_gpu, gpu_spec) if fake_gpu and device == "cuda" else None
+    recordings = _fake_gpu.recordings(fake_gpu, gpu) if fake_gpu and device == "cuda" else None
     if world_size is not None:
         _distributed.check(world_size, rank, nproc_per_node)
     elif nproc_per_node is not None:
@@ -760,8 +760,7 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
                 if device == "cuda":
                     _patch_autograd_multithreading(patches)
                 if recordings is not None:
-                    _metamem.set_recorded_plans(_fake_gpu.RECORDED_OPS, recordings.plan)
-                    stack.callback(_metamem.set_recorded_plans, [], None)
+                    stack.enter_context(recordings)
                     runtime.rnns.follow_cudnn(patches)
                 groups = None
                 if world_size is not None:

@@ -59,25 +59,6 @@ def test_cudnn_convolutions_run_with_the_workspaces_cudnn_plans():
     assert len(workspaces) == 3 and workspaces[0] == recorded[3][1] == 6570000
 
 
-def test_a_recording_becomes_the_kernels_steps_in_their_order():
-    # What the fake GPU answers for one call: its allocations and frees (the
-    # allocator's addresses) and its returns' addresses. An address freed and
-    # made again is a new piece; a block kept that no return holds is the
-    # workspace of a first cuBLAS call.
-    from metamem._fake_gpu import plan_of
-
-    recording = {"events": [["alloc", 0x100, 64], ["alloc", 0x200, 4096], ["free_requested", 0x200, 4096],
-                            ["alloc", 0x200, 512], ["alloc", 0x300, 32], ["alloc", 0x400, 1 << 25],
-                            ["free_requested", 0x200, 512], ["free_requested", 0x300, 32], ["alloc", 0x500, 16]],
-                 "returns": [0x500, 0, 0x100], "sizes": [[4], [], [16]], "strides": [[1], [], [1]]}
-    assert plan_of(recording) == ([("output", 2), ("make", 4096), ("free", 0), ("make", 512), ("make", 32),
-                                   ("cublas", 0), ("free", 1), ("free", 2), ("output", 0)],
-                                  [[4], [], [16]], [[1], [], [1]])
-    # A second block kept and held by no return beside cuBLAS's workspace: refused.
-    with pytest.raises(RuntimeError, match="more than a cuBLAS workspace"):
-        plan_of({"events": recording["events"][:6], "returns": [0x100], "sizes": [[16]], "strides": [[1]]})
-
-
 def test_a_fake_gpu_must_be_a_folder_of_its_libraries():
     import metamem
 

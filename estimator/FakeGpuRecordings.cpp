@@ -1,0 +1,323 @@
+#include "estimator/FakeGpuRecordings.h"
+
+#include <ATen/Context.h>
+#include <ATen/core/ivalue.h>
+#include <fcntl.h>
+#include <nlohmann/json.hpp>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "meta/MetaMode.h"
+
+extern char** environ;
+
+namespace metamem {
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kRuntime = "libmetamem_fake_cuda_preload.so";
+constexpr const char* kCublas = "libmetamem_fake_cublas.so";
+
+[[noreturn]] void fail(const std::string& what) {
+  throw std::runtime_error("metamem: the fake GPU's child: " + what + ": " + std::strerror(errno));
+}
+
+std::vector<char*> pointers(std::vector<std::string>& strings) {
+  std::vector<char*> result;
+  for (std::string& s : strings) result.push_back(s.data());
+  result.push_back(nullptr);
+  return result;
+}
+
+// The child: a Python running the server on the fake GPU, a request a line
+// on its stdin, an answer a line ("@@" and JSON) on its stdout; its stderr
+// kept in a file, for the error when it stops.
+class Child {
+ public:
+  Child(FakeGpu fake_gpu, std::string gpu) : fake_gpu_(std::move(fake_gpu)), gpu_(std::move(gpu)) {}
+  ~Child() { stop(); }
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+
+  std::string ask(const std::string& request) {
+    if (pid_ >= 0 && waitpid(pid_, nullptr, WNOHANG) != 0) pid_ = -1;  // it stopped, and is reaped
+    if (pid_ < 0) start();
+    write_line(request);
+    char* line = nullptr;
+    std::size_t capacity = 0;
+    std::string answer;
+    while (getline(&line, &capacity, out_) >= 0) {
+      if (std::strncmp(line, "@@", 2) == 0) {
+        answer = line + 2;
+        break;
+      }
+    }
+    std::free(line);
+    if (answer.empty()) throw std::runtime_error("metamem: the fake GPU of " + fake_gpu_.folder + " stopped on " +
+                                                 request + ":\n" + errors_tail());
+    return answer;
+  }
+
+ private:
+  void start() {
+    stop();
+    int in[2], out[2];
+    if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) fail("pipe");
+    errors_ = std::tmpfile();
+    if (!errors_) fail("tmpfile");
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, in[0], 0);
+    posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+    posix_spawn_file_actions_adddup2(&actions, fileno(errors_), 2);
+    std::vector<std::string> argv{fake_gpu_.python, fake_gpu_.server, fake_gpu_.folder + "/" + kRuntime, gpu_};
+    std::vector<std::string> env = fake_gpu_environment(fake_gpu_.folder);
+    const int spawned = posix_spawnp(&pid_, fake_gpu_.python.c_str(), &actions, nullptr, pointers(argv).data(),
+                                     pointers(env).data());
+    posix_spawn_file_actions_destroy(&actions);
+    close(in[0]);
+    close(out[1]);
+    in_ = in[1];
+    out_ = fdopen(out[0], "r");
+    if (spawned != 0) {
+      pid_ = -1;
+      errno = spawned;
+      fail("cannot run " + fake_gpu_.python);
+    }
+  }
+
+  void stop() {
+    if (in_ >= 0) close(in_);
+    if (out_) std::fclose(out_);
+    if (pid_ >= 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    if (errors_) std::fclose(errors_);
+    in_ = -1, out_ = nullptr, pid_ = -1, errors_ = nullptr;
+  }
+
+  // A child that stopped closes the pipe: the write fails with EPIPE, and
+  // the SIGPIPE it raises is taken here, not by the process.
+  void write_line(const std::string& request) {
+    const std::string line = request + "\n";
+    sigset_t broken_pipe, previous;
+    sigemptyset(&broken_pipe);
+    sigaddset(&broken_pipe, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &broken_pipe, &previous);
+    for (std::size_t written = 0; written < line.size();) {
+      const ssize_t n = write(in_, line.data() + written, line.size() - written);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        const timespec now{};
+        sigtimedwait(&broken_pipe, nullptr, &now);
+        break;  // the read that follows finds the child stopped
+      }
+      written += static_cast<std::size_t>(n);
+    }
+    pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  }
+
+  std::string errors_tail() {
+    std::string text;
+    std::rewind(errors_);
+    char buffer[4096];
+    for (std::size_t n; (n = std::fread(buffer, 1, sizeof buffer, errors_)) > 0;) text.append(buffer, n);
+    return text.size() > 3000 ? text.substr(text.size() - 3000) : text;
+  }
+
+  FakeGpu fake_gpu_;
+  std::string gpu_;
+  pid_t pid_ = -1;
+  int in_ = -1;
+  std::FILE* out_ = nullptr;
+  std::FILE* errors_ = nullptr;
+};
+
+std::string gpu_json(const GpuSpec& gpu) {
+  return json{{"name", gpu.name},
+              {"total_memory", gpu.total_memory},
+              {"major", gpu.major},
+              {"minor", gpu.minor},
+              {"multi_processor_count", gpu.multi_processor_count},
+              {"L2_cache_size", gpu.l2_cache_size},
+              {"max_threads_per_multi_processor", gpu.max_threads_per_multi_processor},
+              {"shared_memory_per_block_optin", gpu.shared_memory_per_block_optin},
+              {"shared_memory_per_multiprocessor", gpu.shared_memory_per_multi_processor}}
+      .dump();
+}
+
+// An argument as the child makes it again: a tensor by its sizes, strides
+// and dtype (torch's Python name); a device is the child's one GPU.
+json described(const c10::IValue& value) {
+  if (value.isTensor()) {
+    const at::Tensor& t = value.toTensor();
+    if (!t.defined()) return nullptr;
+    return {{"size", t.sizes().vec()},
+            {"stride", t.strides().vec()},
+            {"dtype", std::string(c10::getDtypeNames(t.scalar_type()).first)}};
+  }
+  if (value.isList()) {
+    json items = json::array();
+    for (const c10::IValue& item : value.toListRef()) items.push_back(described(item));
+    return items;
+  }
+  if (value.isNone()) return nullptr;
+  if (value.isBool()) return value.toBool();
+  if (value.isInt()) return value.toInt();
+  if (value.isDouble()) return value.toDouble();
+  if (value.isString()) return value.toStringRef();
+  if (value.isDevice()) return {{"device", "cuda"}};
+  throw std::invalid_argument(std::string("metamem: a recorded op's argument of kind ") + value.tagKind() +
+                              " cannot be sent to the fake GPU");
+}
+
+}  // namespace
+
+// The child of one fake GPU and GPU, and its answers by call.
+class KernelRecordings {
+ public:
+  KernelRecordings(FakeGpu fake_gpu, std::string gpu) : child_(std::move(fake_gpu), std::move(gpu)) {}
+
+  std::optional<ScratchPlan> plan(const std::string& op, c10::ArrayRef<c10::IValue> arguments) {
+    json request{{"op", op}, {"arguments", json::array()}};
+    for (const c10::IValue& argument : arguments) request["arguments"].push_back(described(argument));
+    const at::Context& context = at::globalContext();
+    request["cudnn"] = {{"enabled", context.userEnabledCuDNN()},
+                        {"benchmark", context.benchmarkCuDNN()},
+                        {"deterministic", context.deterministicCuDNN()},
+                        {"allow_tf32", context.allowTF32CuDNN()}};
+    const std::string key = request.dump();
+    std::lock_guard<std::mutex> hold(lock_);  // backward asks from autograd's thread
+    auto found = answers_.find(key);
+    if (found == answers_.end()) found = answers_.emplace(key, child_.ask(key)).first;
+    return recorded_plan(found->second);
+  }
+
+ private:
+  Child child_;
+  std::mutex lock_;
+  std::unordered_map<std::string, std::string> answers_;
+};
+
+std::vector<std::string> fake_gpu_environment(const std::string& folder) {
+  std::vector<std::string> env;
+  std::string library_path = folder + "/driver";
+  for (char** entry = environ; *entry; ++entry) {
+    const std::string_view variable(*entry);
+    if (variable.starts_with("LD_PRELOAD=")) continue;
+    if (variable.starts_with("LD_LIBRARY_PATH=")) {
+      library_path += ":" + std::string(variable.substr(std::strlen("LD_LIBRARY_PATH=")));
+      continue;
+    }
+    env.emplace_back(variable);
+  }
+  env.push_back("LD_PRELOAD=" + folder + "/" + kRuntime + " " + folder + "/" + kCublas);
+  env.push_back("LD_LIBRARY_PATH=" + library_path);
+  return env;
+}
+
+bool is_fake_gpu(const std::string& folder) {
+  return std::filesystem::exists(std::filesystem::path(folder) / kRuntime);
+}
+
+const std::vector<std::string>& recorded_ops() {
+  static const std::vector<std::string> ops{"aten::convolution", "aten::convolution_backward", "aten::_cudnn_rnn",
+                                            "aten::_cudnn_rnn_backward", "aten::_cudnn_init_dropout_state"};
+  return ops;
+}
+
+ScratchPlan recorded_plan(const std::string& text) {
+  const json recording = json::parse(text);
+  if (recording.contains("error")) throw std::runtime_error(recording["error"].get<std::string>());
+  const json& events = recording.at("events");
+  // A return's address, or each of a list's (cuDNN's RNN weight
+  // gradients): a list is made as one step, where its first buffer is.
+  std::unordered_map<std::int64_t, std::size_t> returns;
+  for (std::size_t r = 0; r < recording.at("returns").size(); ++r) {
+    const json& addresses = recording["returns"][r];
+    for (const json& address : addresses.is_array() ? addresses : json::array({addresses}))
+      if (address.get<std::int64_t>() != 0) returns[address.get<std::int64_t>()] = r;
+  }
+  // Kept: made and not freed inside the call.
+  std::vector<bool> kept(events.size());
+  std::unordered_set<std::int64_t> freed;
+  for (std::size_t i = events.size(); i-- > 0;) {
+    const auto address = events[i][1].get<std::int64_t>();
+    if (events[i][0] == "alloc") {
+      kept[i] = !freed.contains(address);
+      freed.erase(address);
+    } else {
+      freed.insert(address);
+    }
+  }
+  ScratchPlan plan;
+  plan.recorded = true;
+  plan.return_sizes = recording.at("sizes").get<std::vector<std::vector<std::int64_t>>>();
+  plan.return_strides = recording.at("strides").get<std::vector<std::vector<std::int64_t>>>();
+  std::unordered_map<std::int64_t, std::size_t> pieces;
+  std::unordered_set<std::size_t> placed;
+  int cublas_workspaces = 0;
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    const auto address = events[i][1].get<std::int64_t>();
+    if (events[i][0] != "alloc") {
+      const auto piece = pieces.find(address);
+      if (piece == pieces.end())
+        throw std::runtime_error("metamem: the fake GPU's recording frees a block it did not make: " + text);
+      plan.free(piece->second);
+      pieces.erase(piece);
+    } else if (const auto r = returns.find(address); kept[i] && r != returns.end()) {
+      if (placed.insert(r->second).second) plan.output(r->second);
+      returns.erase(r);
+    } else if (kept[i]) {
+      plan.cublas_call();
+      ++cublas_workspaces;
+    } else {
+      pieces[address] = plan.make(events[i][2].get<std::int64_t>());
+    }
+  }
+  if (cublas_workspaces > 1)
+    throw std::runtime_error("metamem: the fake GPU's recording keeps more than a cuBLAS workspace: " + text);
+  return plan;
+}
+
+FakeGpuRecordings::FakeGpuRecordings(const FakeGpu& fake_gpu, const GpuSpec& gpu) {
+  if (!is_fake_gpu(fake_gpu.folder))
+    throw std::invalid_argument("the folder '" + fake_gpu.folder + "' holds no fake GPU (" + kRuntime +
+                                "; built in build/oracle)");
+  FakeGpu absolute = fake_gpu;  // the child's paths, wherever the step changes to
+  absolute.folder = std::filesystem::absolute(fake_gpu.folder).string();
+  const std::string key = absolute.folder + "\n" + std::string(gpu.key);
+  static std::mutex lock;
+  static std::map<std::string, std::shared_ptr<KernelRecordings>> per_process;
+  std::lock_guard<std::mutex> hold(lock);
+  auto& kernels = per_process[key];
+  if (!kernels) kernels = std::make_shared<KernelRecordings>(absolute, gpu_json(gpu));
+  kernels_ = kernels;
+}
+
+FollowRecordingsScope::FollowRecordingsScope(const FakeGpuRecordings& recordings) {
+  set_recorded_plans(recorded_ops(), [kernels = recordings.kernels_](const std::string& op,
+                                                                     c10::ArrayRef<c10::IValue> arguments) {
+    return kernels->plan(op, arguments);
+  });
+}
+
+FollowRecordingsScope::~FollowRecordingsScope() { set_recorded_plans({}, nullptr); }
+
+}  // namespace metamem

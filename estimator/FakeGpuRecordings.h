@@ -1,0 +1,69 @@
+// Real torch on metamem's fake GPU, asked from a trace.
+//
+// The fake GPU (oracle/: a CUDA runtime, cuBLAS and driver preloaded into a
+// child Python) runs the wheel's own torch, cuDNN among its libraries, with
+// kernels that return at once: torch's caching allocator sees what real
+// torch allocates, and cuDNN's own heuristics choose its engines and size
+// their workspaces for the GPU named. While a FollowRecordingsScope lives,
+// traces ask it, once per distinct call, what the kernels whose temporaries
+// only cuDNN knows (convolutions and RNNs: recorded_ops()) allocate inside,
+// and follow that recording (set_recorded_plans). Both front ends use it:
+// Python's trace(fake_gpu=...) and the C++ CLI with METAMEM_FAKE_GPU set.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "estimator/Gpu.h"
+#include "meta/CpuKernelModel.h"
+
+namespace metamem {
+
+// What starts the child: the folder of the fake GPU's libraries
+// (build/oracle), a Python with the pinned torch, and the child's program
+// (metamem/_fake_gpu_server.py).
+struct FakeGpu {
+  std::string folder, python, server;
+};
+
+// Whether `folder` holds the fake GPU's libraries.
+bool is_fake_gpu(const std::string& folder);
+
+// The environment (NAME=VALUE each) of a child whose CUDA is the fake GPU
+// of `folder`: this process's, with the fake runtime and cuBLAS preloaded
+// and the fake driver (libcuda.so.1) found first.
+std::vector<std::string> fake_gpu_environment(const std::string& folder);
+
+// The ops a trace takes from the recordings.
+const std::vector<std::string>& recorded_ops();
+
+// One recording (the child's answer, JSON) as the plan a trace follows:
+// the returns where they were made ("output"), each temporary made and
+// freed in its place, and a first cuBLAS call where the recording kept a
+// block that no return holds (cuBLAS's workspace). An answer that is real
+// torch's error raises it (std::runtime_error).
+ScratchPlan recorded_plan(const std::string& recording);
+
+// The fake GPU's recordings made `gpu`: one child, started at the first
+// question, and its answers, kept for the process per fake GPU and GPU.
+class FakeGpuRecordings {
+ public:
+  FakeGpuRecordings(const FakeGpu& fake_gpu, const GpuSpec& gpu);  // std::invalid_argument: no fake GPU there
+
+ private:
+  friend class FollowRecordingsScope;
+  std::shared_ptr<class KernelRecordings> kernels_;
+};
+
+// While alive, every trace of the process on fake cuda follows `recordings`
+// for recorded_ops().
+class FollowRecordingsScope {
+ public:
+  explicit FollowRecordingsScope(const FakeGpuRecordings& recordings);
+  ~FollowRecordingsScope();
+  FollowRecordingsScope(const FollowRecordingsScope&) = delete;
+  FollowRecordingsScope& operator=(const FollowRecordingsScope&) = delete;
+};
+
+}  // namespace metamem

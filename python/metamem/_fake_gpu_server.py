@@ -1,0 +1,80 @@
+"""The child that answers a trace's questions with real torch on the fake GPU.
+
+Run as `python _fake_gpu_server.py RUNTIME GPU`: RUNTIME is the fake CUDA
+runtime preloaded into this process (libmetamem_fake_cuda_preload.so), GPU
+metamem's table entry of the GPU to be, as JSON. It does not import
+metamem: both front ends start it (estimator/FakeGpuRecordings.cpp), the
+C++ one with no metamem package loaded.
+
+It serves one request a line: an op and its arguments (tensors as sizes,
+strides and dtype), run on the fake GPU with no cuBLAS workspace kept (so
+that a first cuBLAS call shows the workspace it makes); it answers the
+allocations and frees inside and the addresses of the op's returns, or the
+error real torch raised. (On a stream of its own, cuDNN's convolutions stop
+the fake GPU: SIGSEGV.)
+"""
+
+import ctypes
+import json
+import sys
+
+
+def make_gpu(runtime, gpu):
+    """The fake device made the GPU `gpu` (JSON) through the preloaded runtime."""
+    gpu = json.loads(gpu)
+    ctypes.CDLL(runtime).metamem_fake_cuda_set_device(
+        gpu["name"].encode(), ctypes.c_size_t(gpu["total_memory"]), gpu["major"], gpu["minor"],
+        gpu["multi_processor_count"], gpu["L2_cache_size"], gpu["max_threads_per_multi_processor"],
+        gpu["shared_memory_per_block_optin"], gpu["shared_memory_per_multiprocessor"])
+
+
+def _answer(request):
+    import torch
+
+    def made(value):
+        if isinstance(value, dict) and "device" in value:
+            return torch.device(value["device"])
+        if isinstance(value, dict):
+            return torch.empty_strided(value["size"], value["stride"], dtype=getattr(torch, value["dtype"]),
+                                       device="cuda")
+        return [made(item) for item in value] if isinstance(value, list) else value
+
+    for flag, value in request["cudnn"].items():
+        setattr(torch.backends.cudnn, flag, value)
+    name, _, overload = request["op"].split("::")[1].partition(".")
+    op = getattr(getattr(torch.ops.aten, name), overload or "default")
+    schema = op._schema.arguments
+    arguments = [made(a) for a, s in zip(request["arguments"], schema) if not s.kwarg_only]
+    options = {s.name: made(a) for a, s in zip(request["arguments"], schema) if s.kwarg_only}
+    torch._C._cuda_clearCublasWorkspaces()
+    torch.cuda.memory._record_memory_history(max_entries=1 << 16)
+    try:
+        out = op(*arguments, **options)
+    except Exception as error:  # the call's own error, as the traced code meets it
+        torch.cuda.memory._record_memory_history(enabled=None)
+        return {"error": str(error).strip().splitlines()[0]}
+    events = torch.cuda.memory._snapshot()["device_traces"][0]
+    torch.cuda.memory._record_memory_history(enabled=None)
+    returns = out if isinstance(out, tuple) else (out,)
+
+    def address(r):  # a list of returns (cuDNN's RNN weight gradients): each of its buffers
+        if isinstance(r, list):
+            return [address(t) for t in r]
+        return r.untyped_storage().data_ptr() if isinstance(r, torch.Tensor) and r.numel() else 0
+
+    tensors = [r if isinstance(r, torch.Tensor) else None for r in returns]
+    return {"events": [[e["action"], e["addr"], e["size"]] for e in events
+                       if e["action"] in ("alloc", "free_requested")],
+            "returns": [address(r) for r in returns],
+            "sizes": [list(t.shape) if t is not None else [] for t in tensors],
+            "strides": [list(t.stride()) if t is not None else [] for t in tensors]}
+
+
+def serve():
+    for line in sys.stdin:
+        print("@@" + json.dumps(_answer(json.loads(line))), flush=True)
+
+
+if __name__ == "__main__":
+    make_gpu(sys.argv[1], sys.argv[2])
+    serve()
