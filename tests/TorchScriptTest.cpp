@@ -62,7 +62,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(ScriptCase{"resnet18", "2x3x64x64", "cross_entropy:1000"},
                       ScriptCase{"mobilenet_v2", "2x3x64x64", "cross_entropy:1000"},
                       ScriptCase{"vgg11", "2x3x32x32", "cross_entropy:10"},
-                      ScriptCase{"transformer", "4x16x64", "cross_entropy:10"}),
+                      ScriptCase{"transformer", "4x16x64", "cross_entropy:10"},
+                      ScriptCase{"lstm", "20x4x32", "sum"}),
     [](const auto& info) { return info.param.name; });
 
 TEST(ScriptModel, ScopesFollowTheModuleHierarchy) {

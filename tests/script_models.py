@@ -1,4 +1,4 @@
-"""Scripts torchvision models and a transformer encoder for metamem's
+"""Scripts torchvision models, a transformer encoder and an LSTM for metamem's
 TorchScript conformance test: python3 script_models.py OUT_DIR."""
 import os
 import sys
@@ -21,6 +21,19 @@ class Encoder(torch.nn.Module):
         return self.head(self.encoder(x).mean(dim=1))
 
 
+class Recurrent(torch.nn.Module):
+    """A 2-layer LSTM over (time, batch, features) and a classifier of its
+    last step: its flat weights are an attribute, a list of its parameters."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm = torch.nn.LSTM(32, 64, num_layers=2)
+        self.head = torch.nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.head(self.lstm(x)[0][-1])
+
+
 class Distinct(torch.nn.Module):
     """Calls an op that has no meta kernel: its output's size depends on the values (aten::_unique2)."""
 
@@ -35,6 +48,7 @@ def main(out):
         "mobilenet_v2": torchvision.models.mobilenet_v2(),
         "vgg11": torchvision.models.vgg11(num_classes=10),
         "transformer": Encoder(),
+        "lstm": Recurrent(),
         "unsupported_op": Distinct(),
     }
     for name, model in models.items():

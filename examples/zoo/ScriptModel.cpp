@@ -6,6 +6,7 @@
 #include <torch/script.h>
 
 #include <sstream>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "examples/zoo/ParseInteger.h"
@@ -133,14 +134,37 @@ class ScriptStep final : public TrainingStep {
         "the model's forward must return a tensor, a tuple starting with one or a dict of them");
   }
 
-  // The module's own parameters and buffers, then its submodules', become
-  // MetaTensors; parameters are leaves that need gradients.
+  // Each tensor the module holds becomes a MetaTensor on the fake device:
+  // first every module's parameters (leaves that need gradients) and
+  // buffers, then the tensors of other attributes (nn.LSTM's
+  // _flat_weights, a list of its parameters). A tensor held twice stays one.
+  using Adopted = std::unordered_map<const c10::TensorImpl*, at::Tensor>;
   static void adopt_tensors(torch::jit::Module& module) {
-    for (const auto& parameter : module.named_parameters(/*recurse=*/false))
-      module.register_parameter(parameter.name, adopt_meta_tensor(parameter.value).requires_grad_(true), false);
-    for (const auto& buffer : module.named_buffers(/*recurse=*/false))
-      module.register_buffer(buffer.name, adopt_meta_tensor(buffer.value));
-    for (torch::jit::Module child : module.children()) adopt_tensors(child);
+    Adopted adopted;
+    adopt_tensors(module, adopted, /*parameters_and_buffers=*/true);
+    adopt_tensors(module, adopted, /*parameters_and_buffers=*/false);
+  }
+  static void adopt_tensors(torch::jit::Module& module, Adopted& adopted, bool parameters_and_buffers) {
+    const c10::ClassTypePtr type = module.type();
+    const c10::intrusive_ptr<c10::ivalue::Object>& object = module._ivalue();
+    auto adopt = [&](const at::Tensor& t, bool parameter) {
+      auto [entry, fresh] = adopted.try_emplace(t.unsafeGetTensorImpl());
+      if (fresh) entry->second = parameter ? adopt_meta_tensor(t).requires_grad_(true) : adopt_meta_tensor(t);
+      return entry->second;
+    };
+    for (std::size_t i = 0; i < type->numAttributes(); ++i) {
+      if ((type->is_parameter(i) || type->is_buffer(i)) != parameters_and_buffers) continue;
+      const c10::IValue value = object->getSlot(i);
+      if (value.isTensor() && value.toTensor().defined()) {
+        object->setSlot(i, adopt(value.toTensor(), type->is_parameter(i)));
+      } else if (value.isList()) {  // a new list: the clone may share its lists with the module on meta
+        c10::impl::GenericList list(value.toList().elementType());
+        for (const c10::IValue& item : value.toListRef())
+          list.push_back(item.isTensor() && item.toTensor().defined() ? c10::IValue(adopt(item.toTensor(), false)) : item);
+        object->setSlot(i, c10::IValue(std::move(list)));
+      }
+    }
+    for (torch::jit::Module child : module.children()) adopt_tensors(child, adopted, parameters_and_buffers);
   }
 
   // Bytes of the parameters' and buffers' storages, each storage once.
