@@ -209,6 +209,13 @@ class KernelRecordings {
     return recorded_plan(found->second);
   }
 
+  // What the fake GPU's torch says of its cuDNN and CUDA runtime.
+  CudnnBuild cudnn_build() {
+    std::lock_guard<std::mutex> hold(lock_);
+    const json facts = json::parse(child_.ask(R"({"facts": true})"));
+    return {facts.at("cudnn").get<long>(), facts.at("cudnn_runtime").get<long>(), facts.at("cudart").get<long>()};
+  }
+
  private:
   Child child_;
   std::mutex lock_;
@@ -232,8 +239,10 @@ std::vector<std::string> fake_gpu_environment(const std::string& folder) {
   return env;
 }
 
-bool is_fake_gpu(const std::string& folder) {
-  return std::filesystem::exists(std::filesystem::path(folder) / kRuntime);
+void check_fake_gpu(const std::string& folder) {
+  if (!std::filesystem::exists(std::filesystem::path(folder) / kRuntime))
+    throw std::invalid_argument("the folder '" + folder + "' holds no fake GPU (" + kRuntime +
+                                "; built in build/oracle)");
 }
 
 const std::vector<std::string>& recorded_ops() {
@@ -297,9 +306,7 @@ ScratchPlan recorded_plan(const std::string& text) {
 }
 
 FakeGpuRecordings::FakeGpuRecordings(const FakeGpu& fake_gpu, const GpuSpec& gpu) {
-  if (!is_fake_gpu(fake_gpu.folder))
-    throw std::invalid_argument("the folder '" + fake_gpu.folder + "' holds no fake GPU (" + kRuntime +
-                                "; built in build/oracle)");
+  check_fake_gpu(fake_gpu.folder);
   FakeGpu absolute = fake_gpu;  // the child's paths, wherever the step changes to
   absolute.folder = std::filesystem::absolute(fake_gpu.folder).string();
   const std::string key = absolute.folder + "\n" + std::string(gpu.key);
@@ -311,7 +318,8 @@ FakeGpuRecordings::FakeGpuRecordings(const FakeGpu& fake_gpu, const GpuSpec& gpu
   kernels_ = kernels;
 }
 
-FollowRecordingsScope::FollowRecordingsScope(const FakeGpuRecordings& recordings) {
+FollowRecordingsScope::FollowRecordingsScope(const FakeGpuRecordings& recordings)
+    : cudnn_([&] { return recordings.kernels_->cudnn_build(); }) {
   set_recorded_plans(recorded_ops(), [kernels = recordings.kernels_](const std::string& op,
                                                                      c10::ArrayRef<c10::IValue> arguments) {
     return kernels->plan(op, arguments);

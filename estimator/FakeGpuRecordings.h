@@ -17,6 +17,7 @@
 
 #include "estimator/Gpu.h"
 #include "meta/CpuKernelModel.h"
+#include "meta/FakeCuda.h"
 
 namespace metamem {
 
@@ -27,8 +28,9 @@ struct FakeGpu {
   std::string folder, python, server;
 };
 
-// Whether `folder` holds the fake GPU's libraries.
-bool is_fake_gpu(const std::string& folder);
+// Throws std::invalid_argument, naming `folder`, where it does not hold
+// the fake GPU's libraries.
+void check_fake_gpu(const std::string& folder);
 
 // The environment (NAME=VALUE each) of a child whose CUDA is the fake GPU
 // of `folder`: this process's, with the fake runtime and cuBLAS preloaded
@@ -57,13 +59,18 @@ class FakeGpuRecordings {
 };
 
 // While alive, every trace of the process on fake cuda follows `recordings`
-// for recorded_ops().
+// for recorded_ops(); where libtorch's CUDA library is not loaded (the
+// C++ front end), fake cuda answers as a CUDA build with the fake GPU's
+// cuDNN (CudnnBuildScope), so that batch norm and RNNs take cuDNN there too.
 class FollowRecordingsScope {
  public:
   explicit FollowRecordingsScope(const FakeGpuRecordings& recordings);
   ~FollowRecordingsScope();
   FollowRecordingsScope(const FollowRecordingsScope&) = delete;
   FollowRecordingsScope& operator=(const FollowRecordingsScope&) = delete;
+
+ private:
+  CudnnBuildScope cudnn_;
 };
 
 }  // namespace metamem

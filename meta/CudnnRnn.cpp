@@ -1,5 +1,5 @@
 // cuDNN's RNN kernels as a fake-cuda trace runs them where the fake GPU
-// records cuDNN (trace(fake_gpu=...), python/metamem/_cuda.py): the shapes
+// records cuDNN (called as meta/CudnnRnnCall.cpp calls them): the shapes
 // of their returns. What they hold inside (a workspace each) and the sizes
 // of the forward's reserve space and of the dropout state, which cuDNN
 // chooses, come from the recording of the same call (meta/MetaMode.cpp);
@@ -22,8 +22,9 @@ void check_recorded(const char* op) {
                               "(trace(fake_gpu=...)). It has no recording of this call.");
 }
 
-at::Tensor empty_like_if(bool wanted, const at::Tensor& like) {
-  return wanted && like.defined() ? at::empty_like(like, at::MemoryFormat::Contiguous) : at::Tensor();
+// A contiguous tensor like `like`, or none like none (an RNN's cell state).
+at::Tensor empty_like_defined(const at::Tensor& like) {
+  return like.defined() ? at::empty_like(like, at::MemoryFormat::Contiguous) : at::Tensor();
 }
 
 // Forward: the output (the input's time and batch, in its order, or a
@@ -40,24 +41,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> cudnn_rnn
   sizes.back() = hx.size(2) * (bidirectional ? 2 : 1);
   const at::TensorOptions bytes = input.options().dtype(at::kByte);
   return {at::empty(sizes, input.options()), at::empty_like(hx, at::MemoryFormat::Contiguous),
-          empty_like_if(true, cx.value_or(at::Tensor())), at::empty({0}, bytes),
+          empty_like_defined(cx.value_or(at::Tensor())), at::empty({0}, bytes),
           weight_buf && weight_buf->defined() ? *weight_buf : at::empty({0}, input.options())};
 }
 
-// Backward: the gradients of the input and the initial states (all three
-// where any is asked: libtorch's backward of the input makes them
-// together), and of the weights: views of one buffer of the flat weights'
+// Backward, where a gradient comes in: the gradients of the input and the
+// initial states (whatever is asked: libtorch's backward of the input runs
+// unconditionally, since it writes the reserve space), and of the weights: views of one buffer of the flat weights'
 // size where cuDNN's layout is the weights' own (weights and biases,
 // weight_stride0 4), else each copied out of it into a buffer of its own
 // (the copy's source is a temporary of the recording).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, std::vector<at::Tensor>> cudnn_rnn_backward(
     const at::Tensor& input, at::TensorList weight, int64_t weight_stride0, const at::Tensor& weight_buf,
     const at::Tensor& hx,
-    const std::optional<at::Tensor>& cx, const at::Tensor&, const std::optional<at::Tensor>&,
-    const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, int64_t, c10::SymInt, c10::SymInt, int64_t,
+    const std::optional<at::Tensor>& cx, const at::Tensor&, const std::optional<at::Tensor>& grad_output,
+    const std::optional<at::Tensor>& grad_hy, const std::optional<at::Tensor>& grad_cy, int64_t, c10::SymInt,
+    c10::SymInt, int64_t,
     bool, double, bool, bool, c10::SymIntArrayRef, const std::optional<at::Tensor>&, const at::Tensor&,
     std::array<bool, 4> output_mask) {
   check_recorded("aten::_cudnn_rnn_backward");
+  auto given = [](const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); };
+  if (!given(grad_output) && !given(grad_hy) && !given(grad_cy))
+    return {at::Tensor(), at::Tensor(), at::Tensor(), std::vector<at::Tensor>(weight.size())};
   std::vector<at::Tensor> weight_grads;
   if (output_mask[3] && weight_stride0 == 4) {
     const at::Tensor flat = at::empty_like(weight_buf, at::MemoryFormat::Contiguous).view(-1);
@@ -69,8 +74,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, std::vector<at::Tensor>> cudnn_rn
   } else if (output_mask[3]) {
     for (const at::Tensor& w : weight) weight_grads.push_back(at::empty_like(w, at::MemoryFormat::Contiguous));
   }
-  const bool inputs = output_mask[0] || output_mask[1] || output_mask[2];
-  return {empty_like_if(inputs, input), empty_like_if(inputs, hx), empty_like_if(inputs, cx.value_or(at::Tensor())),
+  return {empty_like_defined(input), empty_like_defined(hx), empty_like_defined(cx.value_or(at::Tensor())),
           std::move(weight_grads)};
 }
 

@@ -8,8 +8,10 @@
 #include <atomic>
 #include <cstring>
 #include <exception>
+#include <memory>
 
 #include "meta/CudaAttention.h"
+#include "meta/CudnnRnnCall.h"
 
 namespace metamem {
 namespace {
@@ -41,6 +43,12 @@ class Answer {
   std::exception_ptr error_;
 };
 
+// The answer of a build, where no hooks are asked.
+template <typename T>
+Answer<T> answered(T value) {
+  return Answer<T>([value] { return value; });
+}
+
 struct CudaLibraryFacts {
   explicit CudaLibraryFacts(const at::CUDAHooksInterface& hooks)
       : has_cudnn(hooks.hasCuDNN()),
@@ -55,14 +63,38 @@ struct CudaLibraryFacts {
         cudart([&] { return hooks.versionCUDART(); }),
         batchnorm_min_epsilon([&] { return hooks.batchnormMinEpsilonCuDNN(); }) {}
 
+  // A CUDA build with cuDNN, as the hooks of the wheel's CUDA library answer
+  // without asking a device: cuDNN 9's CUDNN_BN_MIN_EPSILON is 0 (cudnn_ops.h),
+  // and the frontend's version is not known outside that library.
+  CudaLibraryFacts(CudnnBuild build, const CudaLibraryFacts& loaded)
+      : has_cudnn(true),
+        has_cudart(true),
+        has_cublaslt(true),
+        compiled_with_cudnn(true),
+        dilated_cudnn(true),
+        depthwise_cudnn(true),
+        cudnn(answered(build.cudnn_version)),
+        cudnn_runtime(answered(build.cudnn_runtime_version)),
+        cudnn_frontend(loaded.cudnn_frontend),
+        cudart(answered(build.cudart_version)),
+        batchnorm_min_epsilon(answered(0.0)) {}
+
   bool has_cudnn, has_cudart, has_cublaslt, compiled_with_cudnn, dilated_cudnn, depthwise_cudnn;
   Answer<long> cudnn, cudnn_runtime, cudnn_frontend, cudart;
   Answer<double> batchnorm_min_epsilon;
 };
 
-const CudaLibraryFacts& cuda_library_facts() {
+const CudaLibraryFacts& loaded_cuda_library_facts() {
   static const CudaLibraryFacts facts(at::detail::getCUDAHooks());
   return facts;
+}
+
+// A CudnnBuildScope's facts.
+std::atomic<const CudaLibraryFacts*> g_cudnn_build{nullptr};
+
+const CudaLibraryFacts& cuda_library_facts() {
+  const CudaLibraryFacts* build = g_cudnn_build.load();
+  return build ? *build : loaded_cuda_library_facts();
 }
 
 // One fake CUDA device with one stream; events are no-ops because nothing
@@ -154,7 +186,7 @@ void* exchange_cuda_hooks_table(void* table) {
 
 // Returns the real hooks' table, read before the fake answers in its place.
 void* install_fake_cuda_hooks() {
-  cuda_library_facts();
+  loaded_cuda_library_facts();
   return exchange_cuda_hooks_table(virtual_table(FakeCudaHooks()));
 }
 
@@ -186,6 +218,21 @@ FakeCudaScope::~FakeCudaScope() {
   c10::AutogradState::get_tls_state().set_multithreading_enabled(previous_multithreading_);
   exchange_cuda_hooks_table(previous_hooks_table_);
   cuda_guard_slot().store(previous_guard_);
+}
+
+CudnnBuildScope::CudnnBuildScope(const std::function<CudnnBuild()>& build) {
+  if (loaded_cuda_library_facts().compiled_with_cudnn) return;
+  auto facts = std::make_unique<CudaLibraryFacts>(build(), loaded_cuda_library_facts());
+  const CudaLibraryFacts* none = nullptr;
+  TORCH_CHECK(g_cudnn_build.compare_exchange_strong(none, facts.get()), "metamem: a CudnnBuildScope is already alive");
+  facts.release();
+  installed_ = true;
+  rnn_stubs_ = std::make_unique<CudnnRnnStubsScope>();
+}
+
+CudnnBuildScope::~CudnnBuildScope() {
+  rnn_stubs_.reset();
+  if (installed_) delete g_cudnn_build.exchange(nullptr);
 }
 
 bool traced_autograd_multithreading() { return g_traced_multithreading; }

@@ -3,11 +3,16 @@
 // programs do not) and with or without a GPU.
 #pragma once
 
+#include <functional>
+#include <memory>
+
 namespace c10::impl {
 struct DeviceGuardImplInterface;
 }
 
 namespace metamem {
+
+class CudnnRnnStubsScope;
 
 // While alive, CUDA's device guard is a fake one (one device, one stream,
 // events that complete at once) instead of whatever was registered (the
@@ -34,6 +39,31 @@ class FakeCudaScope {
   void* previous_hooks_table_;
   bool previous_multithreading_;
   void* previous_sdpa_choice_;
+};
+
+// What libtorch's CUDA library says of cuDNN where a process has not
+// loaded it (metamem's C++ programs) but traces follow a fake GPU's
+// recordings (estimator/FakeGpuRecordings.h): the versions the fake GPU's
+// torch reports, a CUDA runtime and cuBLASLt, convolutions of every kind.
+struct CudnnBuild {
+  long cudnn_version, cudnn_runtime_version, cudart_version;
+};
+
+// While alive, fake cuda's hooks answer as a CUDA build with the cuDNN
+// `build()` gives where libtorch's CUDA library has no cuDNN to report (it
+// is not loaded), so that composites (batch norm, RNNs) pick cuDNN as on a
+// GPU; where it is loaded (Python), its own answers stay, and `build` is
+// not asked.
+class CudnnBuildScope {
+ public:
+  explicit CudnnBuildScope(const std::function<CudnnBuild()>& build);
+  ~CudnnBuildScope();
+  CudnnBuildScope(const CudnnBuildScope&) = delete;
+  CudnnBuildScope& operator=(const CudnnBuildScope&) = delete;
+
+ private:
+  bool installed_ = false;
+  std::unique_ptr<CudnnRnnStubsScope> rnn_stubs_;  // at::lstm & co. on cuDNN: libtorch's CUDA library's are absent
 };
 
 // The traced code's autograd multithreading setting while a FakeCudaScope

@@ -110,6 +110,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm(
   return {at::empty_like(input), at::empty({stats}, options), at::empty({stats}, options)};
 }
 
+// cuDNN's batch norm, where torch has cuDNN (and a Python trace runs
+// torch's decomposition of it): its output in the input's layout, the
+// statistics in the weight's dtype (none out of training), and a reserve
+// space of no bytes, which cuDNN 9 asks for a batch norm without an
+// activation (equal to real torch on the fake GPU and a real H200).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cudnn_batch_norm(
+    const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>&,
+    const c10::optional<at::Tensor>&, const c10::optional<at::Tensor>&, bool training, double, double) {
+  const std::int64_t stats = training ? input.size(1) : 0;
+  return {at::empty_like(input), at::empty({stats}, weight.options()), at::empty({stats}, weight.options()),
+          at::empty({0}, input.options().dtype(at::kByte))};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cudnn_batch_norm_backward(
+    const at::Tensor& input, const at::Tensor&, const at::Tensor& weight, const c10::optional<at::Tensor>&,
+    const c10::optional<at::Tensor>&, const c10::optional<at::Tensor>&, const c10::optional<at::Tensor>&, double,
+    const at::Tensor&) {
+  return {at::empty_like(input), at::empty_like(weight), at::empty_like(weight)};
+}
+
 // 2.x's functional batch norm with running statistics, as the CPU runs it:
 // native_batch_norm's kernel (no statistics out of training).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm_legit(
@@ -593,6 +613,8 @@ const std::unordered_map<std::string, OwnKernel>& own_kernels() {
         own("native_batch_norm", TORCH_FN(native_batch_norm)),
         own("native_batch_norm_backward", TORCH_FN(native_batch_norm_backward)),
         own("_native_batch_norm_legit", TORCH_FN(native_batch_norm_legit)),
+        own("cudnn_batch_norm", TORCH_FN(cudnn_batch_norm)),
+        own("cudnn_batch_norm_backward", TORCH_FN(cudnn_batch_norm_backward)),
         own("native_layer_norm", TORCH_FN(native_layer_norm)),
         own("native_layer_norm_backward", TORCH_FN(native_layer_norm_backward)),
         own("native_group_norm_backward", TORCH_FN(native_group_norm_backward)),

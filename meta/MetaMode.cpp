@@ -56,6 +56,8 @@ struct ModeState {
   // The meta kernel as PrivateUse1 kernel of the ops a GPU runs fused and a
   // CPU decomposes (cuda_only_ops), for a fake-cuda trace's length.
   std::vector<c10::RegistrationHandleRAII> cuda_only_kernels;
+  // MetaModes begun in the process.
+  std::atomic<std::uint64_t> traces{0};
 };
 
 ModeState g_mode;
@@ -840,6 +842,7 @@ MetaMode::MetaMode(c10::Device fake_device, MetaObserver* observer) : keys_(meta
     throw std::invalid_argument("metamem: fake device must be cpu or cuda");
   if (g_mode.active.exchange(true)) throw std::logic_error("metamem: MetaMode is already active");
   register_meta_kernels();
+  g_mode.traces.fetch_add(1);
   // Autograd indexes CUDA devices: a fake one needs an index; CPU has none.
   g_mode.device = fake_device.type() == c10::kCUDA && !fake_device.has_index()
                       ? c10::Device(c10::kCUDA, 0)
@@ -933,6 +936,7 @@ void register_meta_kernels() {
 }
 
 bool meta_mode_active() { return g_mode.active.load(); }
+std::uint64_t trace_number() { return g_mode.traces.load(); }
 
 OutsideMetaMode::OutsideMetaMode() : keys_(keys_outside_meta_mode()) {}
 InsideMetaMode::InsideMetaMode() : keys_(meta_mode_keys()) {}

@@ -136,6 +136,9 @@ class MetaMode {
 };
 
 bool meta_mode_active();
+// The number of the MetaMode alive, or of the last: state a process keeps
+// (cuDNN's dropout state) is a trace's own, as if each were a process.
+std::uint64_t trace_number();
 
 // While alive, ops dispatch as they would outside the active MetaMode: on
 // plain meta tensors (a module loaded onto the meta device), whose ops
@@ -193,7 +196,7 @@ class PlaceholderValues {
 // Kernels whose temporaries a recording gives instead of metamem's models,
 // on a fake cuda: for a call of one of `ops` ("aten::convolution"),
 // `source` returns the plan real torch followed for those arguments (the
-// caller's MetaTensors) on the fake GPU (metamem/_fake_gpu.py), or nullopt
+// caller's MetaTensors) on the fake GPU (estimator/FakeGpuRecordings.h), or nullopt
 // to keep the models'. No ops stops it. It serves every trace of the
 // process while set; a trace sets it as it starts and stops it as it ends.
 using RecordedPlans =

@@ -34,6 +34,7 @@
 #include "meta/CublasWorkspace.h"
 #include "meta/CudaAttention.h"
 #include "meta/CudaGraphCapture.h"
+#include "meta/CudnnRnnCall.h"
 #include "meta/FakeCuda.h"
 #include "meta/KnownValues.h"
 #include "meta/MetaMode.h"
@@ -752,6 +753,28 @@ PYBIND11_MODULE(_metamem, m) {
         self.following = std::make_unique<metamem::FollowRecordingsScope>(self.recordings);
       })
       .def("__exit__", [](FollowedRecordings& self, py::args) { self.following.reset(); });
+  m.def(
+      "cudnn_rnn",
+      [](std::int64_t mode, const at::Tensor& input, const at::Tensor& hx, const std::optional<at::Tensor>& cx,
+         const std::vector<at::Tensor>& weights, bool has_biases, std::int64_t num_layers, double dropout, bool train,
+         bool bidirectional, bool batch_first, const std::vector<std::int64_t>& batch_sizes,
+         const std::function<at::Tensor()>& dropout_state) {
+        return metamem::run_cudnn_rnn(static_cast<metamem::CudnnRnnMode>(mode), input, hx, cx.value_or(at::Tensor()),
+                                      weights, has_biases, num_layers, dropout, train, bidirectional, batch_first,
+                                      batch_sizes, dropout_state);
+      },
+      "torch._VF's RNN `mode` (cudnnRNNMode_t) as torch runs it on cuDNN (meta/CudnnRnnCall.h): (output, hy, cy); "
+      "dropout_state() gives the dropout state where the RNN drops out in training.");
+  m.def(
+      "cudnn_rnn_weight_space",
+      [](const std::vector<at::Tensor>& weights, std::int64_t mode, std::int64_t hidden_size, std::int64_t num_layers,
+         bool bidirectional, bool has_biases) {
+        return metamem::cudnn_rnn_weight_space(weights, static_cast<metamem::CudnnRnnMode>(mode), hidden_size,
+                                               num_layers, bidirectional, has_biases);
+      },
+      "The elements of cuDNN's weight space for an RNN's weights.");
+  m.def("make_cudnn_dropout_state", &metamem::make_cudnn_dropout_state, py::arg("dropout"), py::arg("train"),
+        py::arg("device"), "cuDNN's dropout state, as torch makes it after a seed drawn on the device.");
   m.def("fake_gpu_environment", &metamem::fake_gpu_environment, py::arg("folder"),
         "This process's environment (NAME=VALUE each) for a child whose CUDA is the fake GPU of `folder`.");
   m.def("run_cpp_meta_kernels_in_traces", &metamem::run_cpp_meta_kernels_in_traces, py::arg("ops"),

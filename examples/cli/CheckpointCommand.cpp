@@ -59,7 +59,7 @@ int checkpoint_command(const std::vector<std::string>& args) {
     throw UsageError("--achieved needs --device cpu and --dtype f32 (a real CPU run)");
   const std::int64_t budget = parse_memory(budget_text, "--budget");
   const RunInfo run = m.run_info();
-  const TracedGpuScope traced_for = m.gpu_scope();
+  const ModelFlags::TracedGpu traced_for = m.gpu_scope();
   const c10::Device device(m.device);
 
   const ZooConfig config = m.config();

@@ -2,8 +2,11 @@
 // excluded) and returns the exit code; mistakes throw UsageError.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "estimator/FakeGpuRecordings.h"
 
 namespace metamem::cli {
 
@@ -21,5 +24,10 @@ bool runs_on_python_engine(const std::vector<std::string>& args);
 // virtual environment's bin/), else python3 on the PATH. Throws
 // std::runtime_error when none starts.
 [[noreturn]] void run_python_engine(const std::vector<std::string>& args);
+
+// The fake GPU that $METAMEM_FAKE_GPU names (as for Python's traces), run by
+// that Python with metamem's child program; none when it is unset.
+// std::invalid_argument where that Python has no metamem package.
+std::optional<FakeGpu> fake_gpu_of_environment();
 
 }  // namespace metamem::cli

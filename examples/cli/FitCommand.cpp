@@ -441,7 +441,7 @@ int fit_command(const std::vector<std::string>& args) {
   if (max_batch < 1 || max_batch > kMostBatch)
     throw UsageError(fmt::format("--max-batch must be between 1 and {} (2^40)", kMostBatch));
   if (m.is_script()) throw UsageError("fit varies the batch of a zoo model; a TorchScript model's batch is in its --input");
-  const TracedGpuScope traced_for = m.gpu_scope();
+  const ModelFlags::TracedGpu traced_for = m.gpu_scope();
   if (memory_text.empty() && m.device != "cuda") throw UsageError("fit --device cpu needs --memory");
   // On fake cuda without --memory, the --gpu's: all of it, as the caching allocator may reserve it.
   const std::int64_t memory = memory_text.empty() ? m.gpu_spec().total_memory : parse_memory(memory_text, "--memory");

@@ -1,6 +1,7 @@
 #include "examples/cli/ModelFlags.h"
 
 #include "estimator/Units.h"
+#include "examples/cli/Commands.h"
 
 namespace metamem::cli {
 
@@ -65,8 +66,12 @@ StepBuilder ModelFlags::builder() const {
 
 const GpuSpec& ModelFlags::gpu_spec() const { return find_gpu(gpu); }
 
-TracedGpuScope ModelFlags::gpu_scope() const {
-  return TracedGpuScope(traits_of(gpu_spec()));
+ModelFlags::TracedGpu ModelFlags::gpu_scope() const {
+  std::unique_ptr<FollowRecordingsScope> recordings;
+  if (device == "cuda")
+    if (const std::optional<FakeGpu> fake_gpu = fake_gpu_of_environment())
+      recordings = std::make_unique<FollowRecordingsScope>(FakeGpuRecordings(*fake_gpu, gpu_spec()));
+  return {TracedGpuScope(traits_of(gpu_spec())), std::move(recordings)};
 }
 
 AllocatorSetup ModelFlags::allocator(std::int64_t memory) const {

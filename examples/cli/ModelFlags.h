@@ -2,9 +2,11 @@
 // and fit.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "estimator/CachingAllocator.h"
+#include "estimator/FakeGpuRecordings.h"
 #include "estimator/Gpu.h"
 #include "estimator/GpuMemory.h"
 #include "estimator/Report.h"
@@ -59,8 +61,14 @@ struct ModelFlags {
   StepBuilder builder() const;
   // --gpu, checked.
   const GpuSpec& gpu_spec() const;
-  // While alive, fake-cuda kernels (SDPA's backend) are chosen for --gpu.
-  TracedGpuScope gpu_scope() const;
+  // While alive, fake-cuda kernels (SDPA's backend) are chosen for --gpu,
+  // and with $METAMEM_FAKE_GPU set, convolutions and RNNs follow real
+  // torch's on that fake GPU made the --gpu (estimator/FakeGpuRecordings.h).
+  struct TracedGpu {
+    TracedGpuScope kernels;
+    std::unique_ptr<FollowRecordingsScope> recordings;
+  };
+  TracedGpu gpu_scope() const;
   // The simulated CUDA allocator on the --gpu, with --alloc-conf: on a
   // device of `memory` bytes, or of unlimited memory (the bytes a step
   // needs, however many).

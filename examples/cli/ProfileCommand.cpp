@@ -37,7 +37,7 @@ int profile_command(const std::vector<std::string>& args) {
   if (depth < 1) throw UsageError("--depth must be at least 1");
   depth = std::min<std::int64_t>(depth, 1000);  // deeper than any module tree: all of it
   const RunInfo run = m.run_info();
-  const TracedGpuScope traced_for = m.gpu_scope();
+  const ModelFlags::TracedGpu traced_for = m.gpu_scope();
   if (achieved && (m.device != "cpu" || m.config().dtype != c10::kFloat))
     throw UsageError("--achieved needs --device cpu and --dtype f32 (a real CPU run)");
 

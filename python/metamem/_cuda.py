@@ -515,10 +515,7 @@ class _Rnns:
             return None
         generator = torch.cuda.default_generators[device.index or 0]
         if generator.reset_rnn_state() or self._dropout_state is None:
-            with _metamem.PlaceholderValues():
-                seed = torch.empty((), dtype=torch.long, device=device).random_().item()
-            self._dropout_state = torch._cudnn_init_dropout_state(dropout, train, seed, dtype=torch.uint8,
-                                                                  device=device)
+            self._dropout_state = _metamem.make_cudnn_dropout_state(dropout, train, device)
         return self._dropout_state
 
     def __getattr__(self, name):
@@ -543,7 +540,6 @@ class _Rnns:
 
 
 _CUDNN_MODES = {"rnn_relu": 0, "rnn_tanh": 1, "lstm": 2, "gru": 3}  # cudnnRNNMode_t, by torch._VF's name
-_GATES = {"lstm": 4, "gru": 3}  # each layer's matrices per hidden unit; 1 for the others
 _CUDNN_DTYPES = (torch.float32, torch.float16, torch.float64)  # at::cudnn_is_acceptable's
 
 
@@ -561,73 +557,13 @@ def _takes_cudnn(args):
 
 def _cudnn_rnn(name, input, hx, weights, has_biases, num_layers, dropout, train, bidirectional, batch_first,
                batch_sizes, dropout_state):
-    # at::native's _cudnn_impl: the hidden size is the cell state's where a
-    # projection makes the hidden state smaller; the flat weights are passed
-    # where the module's weights are views of them; the dropout state comes
-    # before the call.
+    # at::native's _cudnn_impl, as the C++ front end runs it too
+    # (meta/CudnnRnnCall.cpp).
     hx, cx = (hx[0], hx[1]) if name == "lstm" else (hx, None)
-    hidden_size, proj_size = hx.size(2), 0
-    if cx is not None and cx.size(2) != hx.size(2):
-        hidden_size, proj_size = cx.size(2), hx.size(2)
-    weight_stride0 = (4 if has_biases else 2) + (proj_size != 0)
-    weights, flat = list(weights), _flat_weights_of(weights)
-    state = dropout_state(dropout, train, input.device)
-    autocast = torch.is_autocast_enabled("cuda")
-    with torch.autocast("cuda", enabled=False):  # its kernel for _cudnn_rnn would ask cuDNN: _cast_to_half's
-        if autocast:
-            space = _weight_space(weights, name, hidden_size, num_layers, bidirectional, has_biases)
-            input, hx, cx, weights, flat = _cast_to_half(input, hx, cx, weights, flat, space)
-        output, hy, cy, _, _ = torch._cudnn_rnn(input, weights, weight_stride0, flat, hx, cx, _CUDNN_MODES[name],
-                                                hidden_size, proj_size, num_layers, batch_first, dropout, train,
-                                                bidirectional, batch_sizes, state)
+    output, hy, cy = _metamem.cudnn_rnn(_CUDNN_MODES[name], input, hx, cx, list(weights), has_biases, num_layers,
+                                        dropout, train, bidirectional, batch_first, batch_sizes,
+                                        lambda: dropout_state(dropout, train, input.device))
     return (output, hy, cy) if name == "lstm" else (output, hy)
-
-
-def _cast_to_half(input, hx, cx, weights, flat, space):
-    """What autocast does to a cuDNN RNN, whatever its dtype
-    (at::autocast::_cudnn_rnn_cast_reflatten): the weights, unless half
-    already, copied into a new half buffer of cuDNN's weight space (`space`
-    elements), and the input and states cast to half. Doubles stay."""
-    def eligible(t):
-        return t is not None and t.is_floating_point() and t.dtype != torch.float64
-
-    def half(t):
-        return t.half() if eligible(t) else t
-
-    source = flat if flat is not None else weights[0]
-    if eligible(source) and source.dtype != torch.float16:
-        flat = torch.zeros(space, dtype=torch.float16, device=weights[0].device)
-        # Tensors on the buffer's storage, not views of it: each copy is
-        # the weight's own step in autograd, the buffer in none.
-        pieces, offset = [], 0
-        for w in weights:
-            pieces.append(torch.empty(0, dtype=torch.float16, device=w.device).set_(
-                flat.untyped_storage(), offset, w.shape))
-            offset += w.numel()
-        for piece, w in zip(pieces, weights):
-            piece.copy_(w)
-        weights = pieces
-    return half(input), half(hx), half(cx), weights, flat
-
-
-def _weight_space(weights, name, hidden_size, num_layers, bidirectional, has_biases):
-    """The elements of cuDNN's weight space of the RNN torch._VF calls
-    `name`: the weights, and room for the biases also where it has none."""
-    rows = _GATES.get(name, 1) * hidden_size
-    biases = 0 if has_biases else 2 * rows * num_layers * (2 if bidirectional else 1)
-    return sum(w.numel() for w in weights) + biases
-
-
-def _flat_weights_of(weights):
-    """The buffer the weights are views of, whole, as at::native finds it
-    (try_get_weight_buf), or None: _cudnn_rnn then copies them into a flat
-    buffer of its own, at each call."""
-    storage = weights[0].untyped_storage()
-    if any(w.untyped_storage().data_ptr() != storage.data_ptr() or not w.is_contiguous() for w in weights):
-        return None
-    element = weights[0].element_size()
-    return torch.empty(0, dtype=weights[0].dtype, device=weights[0].device).set_(
-        storage, 0, (storage.nbytes() // element,), (1,))
 
 
 def _flatten_for_cudnn(module):
@@ -645,8 +581,9 @@ def _flatten_for_cudnn(module):
     if len({w.data_ptr() for w in weights}) != len(weights):
         return True  # aliased weights stay as they are, as torch leaves them (flattened ones are flattened again)
     with torch.no_grad():
-        flat = torch.zeros(_weight_space(weights, module.mode.lower(), module.hidden_size, module.num_layers,
-                                         module.bidirectional, module.bias),
+        flat = torch.zeros(_metamem.cudnn_rnn_weight_space(weights, _CUDNN_MODES[module.mode.lower()],
+                                                           module.hidden_size, module.num_layers,
+                                                           module.bidirectional, module.bias),
                            dtype=weights[0].dtype, device=weights[0].device)
         offset = 0
         for w in weights:

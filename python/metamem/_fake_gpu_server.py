@@ -10,7 +10,8 @@ It serves one request a line: an op and its arguments (tensors as sizes,
 strides and dtype), run on the fake GPU with no cuBLAS workspace kept (so
 that a first cuBLAS call shows the workspace it makes); it answers the
 allocations and frees inside and the addresses of the op's returns, or the
-error real torch raised. (On a stream of its own, cuDNN's convolutions stop
+error real torch raised; to {"facts": true}, what torch's CUDA library
+says of cuDNN. (On a stream of its own, cuDNN's convolutions stop
 the fake GPU: SIGSEGV.)
 """
 
@@ -26,6 +27,16 @@ def make_gpu(runtime, gpu):
         gpu["name"].encode(), ctypes.c_size_t(gpu["total_memory"]), gpu["major"], gpu["minor"],
         gpu["multi_processor_count"], gpu["L2_cache_size"], gpu["max_threads_per_multi_processor"],
         gpu["shared_memory_per_block_optin"], gpu["shared_memory_per_multiprocessor"])
+
+
+def _facts():
+    """What torch's CUDA library says of its cuDNN and CUDA runtime, as
+    libtorch's CUDA hooks report them (versions as integers: 92400)."""
+    import torch
+
+    major, minor, patch = torch._C._cudnn.getCompileVersion()
+    return {"cudnn": major * 10000 + minor * 100 + patch, "cudnn_runtime": torch._C._cudnn.getVersionInt(),
+            "cudart": torch._C._cuda_getCompiledVersion()}
 
 
 def _answer(request):
@@ -72,7 +83,8 @@ def _answer(request):
 
 def serve():
     for line in sys.stdin:
-        print("@@" + json.dumps(_answer(json.loads(line))), flush=True)
+        request = json.loads(line)
+        print("@@" + json.dumps(_facts() if "facts" in request else _answer(request)), flush=True)
 
 
 if __name__ == "__main__":

@@ -232,6 +232,18 @@ def test_a_trace_with_the_fake_gpu_takes_cudnns_rnns_as_real_torch(gpu, module, 
     assert traced == real
 
 
+@needs_fake_gpu
+@pytest.mark.parametrize("gpu", ["H100-80GB", "T4"])
+def test_cudnns_rnn_backward_makes_the_inputs_gradients_none_asked_for(gpu):
+    # An RNN on the data itself, whose initial states are zeros: no
+    # gradient of its inputs is asked for, and cuDNN's backward makes them
+    # all the same (it writes the reserve space). The trace had left them
+    # out: 57,344 B under on the H100 and the T4.
+    step = "MODULE, DTYPE, OPTIONS, AUTOCAST = 'LSTM', torch.float32, {}, None\n" + RNN_STEP
+    traced, real = peaks_traced_and_real(gpu, step.replace("requires_grad=True", "requires_grad=False"))
+    assert traced == real
+
+
 PACKED_RNN_STEP = """
 torch.manual_seed(0)
 rnn = torch.nn.LSTM(64, 128, num_layers=2, batch_first=True).cuda()
@@ -282,3 +294,83 @@ def test_a_handed_rnn_flattens_in_each_trace_as_in_its_first():
     first = peaks(lstm, move=True)
     peaks(lstm, move=False)
     assert peaks(lstm, move=True) == first
+
+
+# The C++ front end (TorchScript files, the zoo) with METAMEM_FAKE_GPU set:
+# the same recordings, and libtorch's composites as a CUDA build with cuDNN
+# takes them (cuDNN's batch norm, RNNs through cuDNN's kernel).
+class _ScriptedLstm(__import__("torch").nn.Module):
+    def __init__(self):
+        import torch
+        super().__init__()
+        self.lstm, self.head = torch.nn.LSTM(32, 64, num_layers=2), torch.nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.head(self.lstm(x)[0][-1])
+
+
+# The CLI's steps of a TorchScript file, by real torch: the model loaded on
+# the GPU, the inputs, then two steps (no optimizer; gradients set to
+# None), the second measured.
+SCRIPT_STEP = """
+import torch
+torch._C._set_graph_executor_optimize(False)
+model = torch.jit.load(sys.argv[3], map_location="cuda")
+model.train()
+shape = [int(n) for n in sys.argv[4].split("x")]
+x = torch.randn(*shape, device="cuda")
+classes = int(sys.argv[5])
+targets = torch.zeros(shape[0], dtype=torch.long, device="cuda") if classes else None
+loss = (lambda out: torch.nn.functional.cross_entropy(out, targets)) if classes else (lambda out: out.sum())
+for step in range(2):
+    if step == 1:  # the CLI reports the last step's peaks
+        torch.cuda.reset_peak_memory_stats()
+    loss(model(x)).backward()  # the output is the loss's alone: freed in backward, as the CLI's step frees it
+    for p in model.parameters():
+        p.grad = None
+print(json.dumps([torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()]))
+"""
+
+
+@needs_fake_gpu
+@pytest.mark.skipif(not os.environ.get("METAMEM_BIN"), reason="the C++ command (METAMEM_BIN) is not built")
+@pytest.mark.parametrize("gpu", ["H100-80GB", "T4"])
+@pytest.mark.parametrize("model", ["resnet18", "lstm"])
+def test_the_cpp_front_end_follows_the_fake_gpu_as_real_torch_runs(gpu, model, tmp_path):
+    # Without the fake GPU it traces torch's own convolutions and RNN
+    # cells: a scripted ResNet-18 at 8x3x64x64 is 16,859,136 B under real
+    # torch with cuDNN on on the T4 (3,244,032 B on the H100), the LSTM
+    # 18,465,280 B under on both; and before, a scripted LSTM could not be
+    # traced at all (its flat weights stayed on the loader's meta device).
+    import subprocess
+    import sys
+    import torch
+    import torchvision
+    import metamem._metamem as native
+    from real_torch_on_fake_gpu import PROLOGUE, measure
+
+    path = str(tmp_path / f"{model}.pt")
+    module, shape, classes = ((torchvision.models.resnet18(), "8x3x64x64", 1000) if model == "resnet18"
+                              else (_ScriptedLstm(), "20x8x32", 0))
+    torch.jit.save(torch.jit.script(module), path)
+    real = measure(ORACLE, native.gpu(gpu), PROLOGUE + SCRIPT_STEP, path, shape, str(classes))
+    env = dict(os.environ, METAMEM_FAKE_GPU=ORACLE, METAMEM_PYTHON=sys.executable)
+    run = subprocess.run([os.environ["METAMEM_BIN"], "profile", "--model", path, "--input", shape, "--loss",
+                          f"cross_entropy:{classes}" if classes else "sum", "--device", "cuda", "--gpu", gpu,
+                          "--format", "json"], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    predicted = json.loads(run.stdout)["predicted"]
+    assert [predicted["allocator_allocated_peak_bytes"], predicted["allocator_reserved_peak_bytes"]] == real
+
+
+@pytest.mark.skipif(not os.environ.get("METAMEM_BIN"), reason="the C++ command (METAMEM_BIN) is not built")
+def test_the_cpp_front_end_names_a_fake_gpu_it_cannot_use():
+    import subprocess
+
+    run = subprocess.run([os.environ["METAMEM_BIN"], "profile", "--model", "mlp", "--batch", "2"],
+                         env=dict(os.environ, METAMEM_FAKE_GPU="/nonexistent"), capture_output=True, text=True)
+    assert run.returncode == 2 and "METAMEM_FAKE_GPU: the folder '/nonexistent' holds no fake GPU" in run.stderr
+    # On fake cpu there is no GPU to follow.
+    cpu = subprocess.run([os.environ["METAMEM_BIN"], "profile", "--model", "mlp", "--batch", "2", "--device", "cpu"],
+                         env=dict(os.environ, METAMEM_FAKE_GPU="/nonexistent"), capture_output=True, text=True)
+    assert cpu.returncode == 0, cpu.stderr
