@@ -476,8 +476,12 @@ class _Rnns:
 
         # A trace builds a module's weights on its device where the code
         # builds them on the host, to move them later: the weights are
-        # flattened as they move, not as they are built.
+        # flattened as they move, not as they are built. A module the code
+        # builds on the GPU flattens as it is built, as on a GPU.
         def built(module, *args, **kwargs):
+            device = kwargs.get("device")
+            if torch.device(device if device is not None else torch.get_default_device()).type == "cuda":
+                return init(module, *args, **kwargs)
             self._building.depth = getattr(self._building, "depth", 0) + 1
             try:
                 init(module, *args, **kwargs)

@@ -244,6 +244,21 @@ def test_cudnns_rnn_backward_makes_the_inputs_gradients_none_asked_for(gpu):
     assert traced == real
 
 
+@needs_fake_gpu
+@pytest.mark.parametrize("gpu,built", [("T4", 'device="cuda"'), ("H100-80GB", "default device")])
+def test_an_rnn_built_on_the_gpu_flattens_as_it_is_built(gpu, built):
+    # Built on the GPU (device="cuda", or under torch.device("cuda")), an
+    # RNN flattens its weights at the end of its __init__; the trace had
+    # left that to a move that never comes, and _cudnn_rnn then copied the
+    # weights at each call: 925,696 B over on the T4.
+    build = ("rnn = torch.nn.LSTM(64, 128, num_layers=2, device='cuda')\n" if built == 'device="cuda"' else
+             "with torch.device('cuda'):\n    rnn = torch.nn.LSTM(64, 128, num_layers=2)\n")
+    step = ("torch.manual_seed(0)\n" + build + "x = torch.randn(10, 4, 64, device='cuda', requires_grad=True)\n"
+            "rnn(x)[0].sum().backward()\n")
+    traced, real = peaks_traced_and_real(gpu, step)
+    assert traced == real
+
+
 PACKED_RNN_STEP = """
 torch.manual_seed(0)
 rnn = torch.nn.LSTM(64, 128, num_layers=2, batch_first=True).cuda()
