@@ -35,6 +35,26 @@ bool half_eligible(const at::Tensor& t) {
 
 at::Tensor half(const at::Tensor& t) { return half_eligible(t) ? t.to(at::kHalf) : t; }
 
+// cuDNN's dropout state as get_dropout_state keeps it, per device for the
+// process, which a trace stands for: made (after an 8-byte seed drawn on
+// the device) at a trace's first RNN that drops out in training, and
+// again after each new seed, the one before freed.
+at::Tensor dropout_state(double dropout, bool train, c10::Device device, bool reseeded) {
+  static std::mutex lock;
+  static std::uint64_t made_in = 0;
+  static at::Tensor state;
+  std::lock_guard<std::mutex> hold(lock);
+  if (state.defined() && made_in == trace_number() && !reseeded) return state;
+  std::int64_t seed = 0;
+  {
+    PlaceholderValues placeholder;  // the seed's value changes no size
+    seed = at::empty({}, at::TensorOptions().dtype(at::kLong).device(device)).random_().item<std::int64_t>();
+  }
+  state = at::_cudnn_init_dropout_state(dropout, train, seed, at::kByte, std::nullopt, device, std::nullopt);
+  made_in = trace_number();
+  return state;
+}
+
 }  // namespace
 
 std::int64_t cudnn_rnn_weight_space(at::TensorList weights, CudnnRnnMode mode, std::int64_t hidden_size,
@@ -47,13 +67,14 @@ std::int64_t cudnn_rnn_weight_space(at::TensorList weights, CudnnRnnMode mode, s
 std::tuple<at::Tensor, at::Tensor, at::Tensor> run_cudnn_rnn(
     CudnnRnnMode mode, const at::Tensor& input, const at::Tensor& hx, const at::Tensor& cx, at::TensorList weights,
     bool has_biases, std::int64_t num_layers, double dropout, bool train, bool bidirectional, bool batch_first,
-    at::IntArrayRef batch_sizes, const std::function<at::Tensor()>& dropout_state) {
+    at::IntArrayRef batch_sizes, const std::function<bool()>& reseeded) {
   std::int64_t hidden_size = hx.size(2), proj_size = 0;
   if (cx.defined() && cx.size(2) != hx.size(2)) hidden_size = cx.size(2), proj_size = hx.size(2);
   const std::int64_t weight_stride0 = (has_biases ? 4 : 2) + (proj_size != 0);
   std::vector<at::Tensor> params = weights.vec();
   at::Tensor flat = weight_buffer(weights);
-  const at::Tensor state = train && dropout > 0 ? dropout_state() : at::Tensor();
+  const at::Tensor state =
+      train && dropout > 0 ? dropout_state(dropout, train, input.device(), reseeded()) : at::Tensor();
   at::Tensor x = input, h = hx, c = cx;
   if (at::autocast::is_autocast_enabled(at::kCUDA)) {
     const at::Tensor& source = flat.defined() ? flat : params[0];
@@ -83,31 +104,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run_cudnn_rnn(
   return {output, hy, cy};
 }
 
-at::Tensor make_cudnn_dropout_state(double dropout, bool train, c10::Device device) {
-  std::int64_t seed = 0;
-  {
-    PlaceholderValues placeholder;  // the seed's value changes no size
-    seed = at::empty({}, at::TensorOptions().dtype(at::kLong).device(device)).random_().item<std::int64_t>();
-  }
-  return at::_cudnn_init_dropout_state(dropout, train, seed, at::kByte, std::nullopt, device, std::nullopt);
-}
-
 namespace {
 
-// The C++ front end's dropout state: made at the first RNN of a trace that
-// drops out in training (a trace stands for a process of its own).
-at::Tensor trace_dropout_state(double dropout, bool train, c10::Device device) {
-  static std::mutex lock;
-  static std::uint64_t made_in = 0;
-  static at::Tensor state;
-  std::lock_guard<std::mutex> hold(lock);
-  if (!state.defined() || made_in != trace_number()) {
-    state = make_cudnn_dropout_state(dropout, train, device);
-    made_in = trace_number();
-  }
-  return state;
-}
-
+// A stub's call. The C++ front end's CUDA generator keeps no RNN state for
+// a new seed to reset.
 template <CudnnRnnMode mode>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> call(const at::Tensor& input, const at::Tensor& batch_sizes,
                                                    const at::Tensor& hx, const at::Tensor& cx, at::TensorList params,
@@ -120,7 +120,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> call(const at::Tensor& input, con
     sizes = *known;
   }
   return run_cudnn_rnn(mode, input, hx, cx, params, has_biases, num_layers, dropout, train, bidirectional,
-                       batch_first, sizes, [&] { return trace_dropout_state(dropout, train, input.device()); });
+                       batch_first, sizes, [] { return false; });
 }
 
 void lstm(at::Tensor& output, at::Tensor& hy, at::Tensor& cy, const at::Tensor& input, at::TensorList hx,

@@ -758,13 +758,14 @@ PYBIND11_MODULE(_metamem, m) {
       [](std::int64_t mode, const at::Tensor& input, const at::Tensor& hx, const std::optional<at::Tensor>& cx,
          const std::vector<at::Tensor>& weights, bool has_biases, std::int64_t num_layers, double dropout, bool train,
          bool bidirectional, bool batch_first, const std::vector<std::int64_t>& batch_sizes,
-         const std::function<at::Tensor()>& dropout_state) {
+         const std::function<bool()>& reseeded) {
         return metamem::run_cudnn_rnn(static_cast<metamem::CudnnRnnMode>(mode), input, hx, cx.value_or(at::Tensor()),
                                       weights, has_biases, num_layers, dropout, train, bidirectional, batch_first,
-                                      batch_sizes, dropout_state);
+                                      batch_sizes, reseeded);
       },
       "torch._VF's RNN `mode` (cudnnRNNMode_t) as torch runs it on cuDNN (meta/CudnnRnnCall.h): (output, hy, cy); "
-      "dropout_state() gives the dropout state where the RNN drops out in training.");
+      "reseeded() says, where the RNN drops out in training, whether the generator was seeded since cuDNN's "
+      "dropout state was made.");
   m.def(
       "cudnn_rnn_weight_space",
       [](const std::vector<at::Tensor>& weights, std::int64_t mode, std::int64_t hidden_size, std::int64_t num_layers,
@@ -773,8 +774,6 @@ PYBIND11_MODULE(_metamem, m) {
                                                num_layers, bidirectional, has_biases);
       },
       "The elements of cuDNN's weight space for an RNN's weights.");
-  m.def("make_cudnn_dropout_state", &metamem::make_cudnn_dropout_state, py::arg("dropout"), py::arg("train"),
-        py::arg("device"), "cuDNN's dropout state, as torch makes it after a seed drawn on the device.");
   m.def("fake_gpu_environment", &metamem::fake_gpu_environment, py::arg("folder"),
         "This process's environment (NAME=VALUE each) for a child whose CUDA is the fake GPU of `folder`.");
   m.def("run_cpp_meta_kernels_in_traces", &metamem::run_cpp_meta_kernels_in_traces, py::arg("ops"),

@@ -463,7 +463,6 @@ class _Rnns:
     def __init__(self, functions):
         self._functions = functions
         self.cudnn_recorded = False
-        self._dropout_state = None  # cuDNN's, which torch keeps per device, made at the first RNN with dropout
         self._building = threading.local()  # how many RNN modules this thread is building
         self._moved = weakref.WeakSet()  # RNN modules flattened as the trace's modules=[...] made their weights
 
@@ -510,18 +509,6 @@ class _Rnns:
                 self._moved.add(module)
             module._flat_weight_refs = [weakref.ref(w) if w is not None else None for w in module._flat_weights]
 
-    def dropout_state(self, dropout, train, device):
-        """cuDNN's dropout state as at::native's get_dropout_state keeps it:
-        made (after an 8-byte seed drawn on the device) at the first RNN
-        that drops out in training and again after each new seed, the one
-        before freed; None where the RNN does not drop out."""
-        if not (train and dropout > 0):
-            return None
-        generator = torch.cuda.default_generators[device.index or 0]
-        if generator.reset_rnn_state() or self._dropout_state is None:
-            self._dropout_state = _metamem.make_cudnn_dropout_state(dropout, train, device)
-        return self._dropout_state
-
     def __getattr__(self, name):
         function = getattr(self._functions, name)
         if name not in _CUDNN_MODES:
@@ -531,9 +518,8 @@ class _Rnns:
             if self.cudnn_recorded and not kwargs and _takes_cudnn(args):
                 if isinstance(args[3], (list, tuple)):  # packed: its batch sizes second, after the data
                     data, batch_sizes, *rest = args
-                    return _cudnn_rnn(name, data, *rest, False, batch_sizes=batch_sizes.tolist(),
-                                      dropout_state=self.dropout_state)
-                return _cudnn_rnn(name, *args, batch_sizes=[], dropout_state=self.dropout_state)
+                    return _cudnn_rnn(name, data, *rest, False, batch_sizes=batch_sizes.tolist())
+                return _cudnn_rnn(name, *args, batch_sizes=[])
             enabled = torch._C._get_cudnn_enabled()
             torch._C._set_cudnn_enabled(False)
             try:
@@ -560,13 +546,14 @@ def _takes_cudnn(args):
 
 
 def _cudnn_rnn(name, input, hx, weights, has_biases, num_layers, dropout, train, bidirectional, batch_first,
-               batch_sizes, dropout_state):
+               batch_sizes):
     # at::native's _cudnn_impl, as the C++ front end runs it too
-    # (meta/CudnnRnnCall.cpp).
+    # (meta/CudnnRnnCall.cpp); cuDNN's dropout state is made anew after a
+    # new seed or generator state (Generator.reset_rnn_state).
     hx, cx = (hx[0], hx[1]) if name == "lstm" else (hx, None)
     output, hy, cy = _metamem.cudnn_rnn(_CUDNN_MODES[name], input, hx, cx, list(weights), has_biases, num_layers,
                                         dropout, train, bidirectional, batch_first, batch_sizes,
-                                        lambda: dropout_state(dropout, train, input.device))
+                                        torch.cuda.default_generators[input.device.index or 0].reset_rnn_state)
     return (output, hy, cy) if name == "lstm" else (output, hy)
 
 
