@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -204,9 +205,19 @@ class KernelRecordings {
                         {"allow_tf32", context.allowTF32CuDNN()}};
     const std::string key = request.dump();
     std::lock_guard<std::mutex> hold(lock_);  // backward asks from autograd's thread
-    auto found = answers_.find(key);
-    if (found == answers_.end()) found = answers_.emplace(key, child_.ask(key)).first;
-    return recorded_plan(found->second);
+    auto found = plans_.find(key);
+    if (found == plans_.end()) {
+      const std::string answer = child_.ask(key);  // a child that stopped is asked again at the next call
+      Plan plan;
+      try {
+        plan.plan = recorded_plan(answer);
+      } catch (const std::runtime_error&) {  // real torch's error, raised at each such call
+        plan.error = std::current_exception();
+      }
+      found = plans_.emplace(key, std::move(plan)).first;
+    }
+    if (found->second.error) std::rethrow_exception(found->second.error);
+    return found->second.plan;
   }
 
   // What the fake GPU's torch says of its cuDNN and CUDA runtime.
@@ -217,9 +228,14 @@ class KernelRecordings {
   }
 
  private:
+  // A call's plan, or the error its recording holds.
+  struct Plan {
+    ScratchPlan plan;
+    std::exception_ptr error;
+  };
   Child child_;
   std::mutex lock_;
-  std::unordered_map<std::string, std::string> answers_;
+  std::unordered_map<std::string, Plan> plans_;
 };
 
 std::vector<std::string> fake_gpu_environment(const std::string& folder) {

@@ -47,10 +47,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> cudnn_rnn
 
 // Backward, where a gradient comes in: the gradients of the input and the
 // initial states (whatever is asked: libtorch's backward of the input runs
-// unconditionally, since it writes the reserve space), and of the weights: views of one buffer of the flat weights'
-// size where cuDNN's layout is the weights' own (weights and biases,
-// weight_stride0 4), else each copied out of it into a buffer of its own
-// (the copy's source is a temporary of the recording).
+// unconditionally, since it writes the reserve space), and of the weights:
+// views of one buffer of the flat weights' size where cuDNN's layout is the
+// weights' own (weights and biases, weight_stride0 4), else each copied out
+// of it into a buffer of its own (the copy's source is a temporary of the
+// recording).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, std::vector<at::Tensor>> cudnn_rnn_backward(
     const at::Tensor& input, at::TensorList weight, int64_t weight_stride0, const at::Tensor& weight_buf,
     const at::Tensor& hx,

@@ -226,13 +226,13 @@ CudnnBuildScope::CudnnBuildScope(const std::function<CudnnBuild()>& build) {
   const CudaLibraryFacts* none = nullptr;
   TORCH_CHECK(g_cudnn_build.compare_exchange_strong(none, facts.get()), "metamem: a CudnnBuildScope is already alive");
   facts.release();
-  installed_ = true;
   rnn_stubs_ = std::make_unique<CudnnRnnStubsScope>();
 }
 
 CudnnBuildScope::~CudnnBuildScope() {
+  if (!rnn_stubs_) return;
   rnn_stubs_.reset();
-  if (installed_) delete g_cudnn_build.exchange(nullptr);
+  delete g_cudnn_build.exchange(nullptr);
 }
 
 bool traced_autograd_multithreading() { return g_traced_multithreading; }

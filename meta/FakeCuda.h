@@ -62,8 +62,9 @@ class CudnnBuildScope {
   CudnnBuildScope& operator=(const CudnnBuildScope&) = delete;
 
  private:
-  bool installed_ = false;
-  std::unique_ptr<CudnnRnnStubsScope> rnn_stubs_;  // at::lstm & co. on cuDNN: libtorch's CUDA library's are absent
+  // at::lstm & co. on cuDNN, where the build's facts are installed:
+  // libtorch's CUDA library's stubs are absent.
+  std::unique_ptr<CudnnRnnStubsScope> rnn_stubs_;
 };
 
 // The traced code's autograd multithreading setting while a FakeCudaScope

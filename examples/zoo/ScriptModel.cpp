@@ -159,8 +159,10 @@ class ScriptStep final : public TrainingStep {
         object->setSlot(i, adopt(value.toTensor(), type->is_parameter(i)));
       } else if (value.isList()) {  // a new list: the clone may share its lists with the module on meta
         c10::impl::GenericList list(value.toList().elementType());
-        for (const c10::IValue& item : value.toListRef())
-          list.push_back(item.isTensor() && item.toTensor().defined() ? c10::IValue(adopt(item.toTensor(), false)) : item);
+        for (const c10::IValue& item : value.toListRef()) {
+          const bool tensor = item.isTensor() && item.toTensor().defined();
+          list.push_back(tensor ? c10::IValue(adopt(item.toTensor(), false)) : item);
+        }
         object->setSlot(i, c10::IValue(std::move(list)));
       }
     }
