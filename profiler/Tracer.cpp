@@ -250,6 +250,11 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
     routes_.begin(pool, stream, std::this_thread::get_id());
   }
 
+  void join_pool(int pool, int stream) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    routes_.join(pool, stream);
+  }
+
   void end_allocate_to_pool(int pool) {
     std::lock_guard<std::mutex> lock(mutex_);
     routes_.end(pool);
@@ -564,6 +569,11 @@ std::optional<std::uint32_t> Tracer::buffer_index(BufferId id) const { return re
 void Tracer::begin_allocate_to_pool(int pool, std::optional<int> stream) {
   if (stream) check_stream(*stream);
   recorder_->begin_allocate_to_pool(pool, stream);
+}
+
+void Tracer::join_pool(int pool, int stream) {
+  check_stream(stream);
+  recorder_->join_pool(pool, stream);
 }
 
 void Tracer::end_allocate_to_pool(int pool) { recorder_->end_allocate_to_pool(pool); }

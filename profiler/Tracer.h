@@ -89,6 +89,10 @@ class Tracer {
   // std::invalid_argument for a pool out of range or already routed to,
   // and for ending a routing that was not begun.
   void begin_allocate_to_pool(int pool, std::optional<int> stream = std::nullopt);
+  // From here, requests on `stream` too go to `pool`, routed by stream: a
+  // stream that joined the capture underway (it waited on the capturing
+  // stream's work). std::invalid_argument where `pool` is not so routed.
+  void join_pool(int pool, int stream);
   void end_allocate_to_pool(int pool);
   // Ends the MetaMode and returns the trace; no events are recorded after.
   // Without begin_step or begin_forward, the whole trace is one step.

@@ -380,6 +380,8 @@ class Session {
   void begin_pool(int pool, std::optional<int> stream) {
     tracer_->begin_allocate_to_pool(pool, stream);
   }
+  // Stream `stream` joined the capture routed to `pool`.
+  void join_pool(int pool, int stream) { tracer_->join_pool(pool, stream); }
   void end_pool(int pool) {
     tracer_->end_allocate_to_pool(pool);
   }
@@ -697,6 +699,7 @@ PYBIND11_MODULE(_metamem, m) {
            py::arg("device"), py::arg("alloc_conf"), py::arg("gpu"))
       .def("set_stream", &Session::set_stream)
       .def("begin_pool", &Session::begin_pool, py::arg("pool"), py::arg("stream"))
+      .def("join_pool", &Session::join_pool, py::arg("pool"), py::arg("stream"))
       .def("end_pool", &Session::end_pool, py::arg("pool"))
       .def("pool_allocations", &Session::pool_allocations, py::arg("pool"))
       .def("checkpoint_pool", &Session::checkpoint_pool, py::arg("pool"))

@@ -395,6 +395,25 @@ TEST(CachingAllocator, RoutingsByStreamLatestFirst) {
   EXPECT_EQ(sim.segments().size(), 3u);
 }
 
+// A stream that waits on a capturing stream's work is captured too: c10
+// routes its requests to the graph's pool until the capture ends.
+TEST(PoolRoutes, AStreamJoinsACaptureUntilItEnds) {
+  PoolRoutes routes;
+  routes.begin(1, 1);
+  EXPECT_EQ(routes.pool_for(2), 0);
+  routes.join(1, 2);
+  routes.join(1, 2);  // joined already: nothing changes
+  EXPECT_EQ(routes.pool_for(2), 1);
+  EXPECT_EQ(routes.pool_for(1), 1);
+  EXPECT_EQ(routes.pool_for(0), 0);
+  routes.end(1);
+  EXPECT_EQ(routes.pool_for(2), 0);
+  EXPECT_EQ(routes.pool_for(1), 0);
+  EXPECT_THROW(routes.join(1, 2), std::invalid_argument);  // no capture underway
+  routes.begin(2, std::nullopt);
+  EXPECT_THROW(routes.join(2, 3), std::invalid_argument);  // a thread's routing
+}
+
 TEST(CachingAllocator, RefusesPoolMisuse) {
   CachingAllocatorSim sim;
   EXPECT_THROW(sim.begin_allocate_to_pool(0), std::invalid_argument);

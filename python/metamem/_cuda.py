@@ -141,7 +141,8 @@ class Stream(torch.Stream):
     side streams, numbered 1 to 31 (0 is the default), taken in turn as
     torch takes its stream pool's; memory allocated while it is current is
     its own in the simulated caching allocator. Waits, queries and
-    synchronizations complete at once (the device guard's)."""
+    synchronizations complete at once (the device guard's); a wait on a
+    capturing stream's work joins the capture (_Captures)."""
 
     _made = 0  # side streams handed out
 
@@ -156,6 +157,19 @@ class Stream(torch.Stream):
     def cuda_stream(self):
         return self.stream_id
 
+    def record_event(self, event=None):
+        event = super().record_event(event)
+        _captures.recorded(event, self.stream_id)
+        return event
+
+    def wait_event(self, event):
+        _captures.waits(self.stream_id, event)
+        super().wait_event(event)
+
+    def wait_stream(self, stream):
+        _captures.waits_on_stream(self.stream_id, stream.stream_id)
+        super().wait_stream(stream)
+
 
 class Event(torch.Event):
     """torch.cuda.Event on the fake device: recorded and complete at once.
@@ -166,6 +180,14 @@ class Event(torch.Event):
     def __new__(cls, enable_timing=False, blocking=False, interprocess=False, external=False):
         return super().__new__(cls, device="cuda", enable_timing=enable_timing)
 
+    def record(self, stream=None):
+        stream = torch.cuda.current_stream() if stream is None else stream
+        super().record(stream)
+        _captures.recorded(self, stream.stream_id)
+
+    def wait(self, stream=None):
+        (torch.cuda.current_stream() if stream is None else stream).wait_event(self)
+
     def elapsed_time(self, end_event):
         return 1.0
 
@@ -175,13 +197,19 @@ class _Captures:
     graph's private pool, as c10's allocator does, so that what it allocates
     (its static outputs, its temporaries, a cuBLAS workspace for its
     stream) takes segments of the pool's own, which nothing else reuses. A
-    replay runs nothing and asks nothing of the allocator, as on a GPU."""
+    stream that waits on an event recorded on a captured stream during the
+    capture is captured too, as CUDA follows a capture's dependencies (FSDP2's
+    all-gather stream waits on the compute stream), and c10 routes its
+    requests to the pool as well. A replay runs nothing and asks nothing of
+    the allocator, as on a GPU."""
 
     def __init__(self, session, current_stream):
         self.session = session
         self.current_stream = current_stream  # () -> the current stream's number
         self.numbers = {}  # pool handle -> the trace's pool number
-        self.capturing = None  # the stream a capture is underway on
+        self.pool = None  # the pool of the capture underway
+        self.captured = set()  # the streams it captures
+        self.events = {}  # id -> an event recorded on one of them (held: ids stay unique)
 
     def pool_handle(self):
         """torch.cuda.graph_pool_handle(): a new pool's id."""
@@ -193,7 +221,35 @@ class _Captures:
         return self.numbers.setdefault(tuple(handle), len(self.numbers) + 1)
 
     def is_capturing(self):
-        return self.capturing is not None and self.capturing == self.current_stream()
+        return self.current_stream() in self.captured
+
+    def recorded(self, event, stream):
+        if stream in self.captured:
+            self.events[id(event)] = event
+
+    def waits(self, stream, event):
+        if id(event) in self.events:
+            self.join(stream)
+
+    def waits_on_stream(self, stream, other):
+        if other in self.captured:
+            self.join(stream)
+
+    def join(self, stream):
+        if stream not in self.captured:
+            self.session.join_pool(self.number(self.pool), stream)
+            self.captured.add(stream)
+
+    def begin(self, pool):
+        if self.pool is not None:
+            raise RuntimeError("metamem: a CUDA graph capture is underway already; one at a time")
+        stream = self.current_stream()
+        self.session.begin_pool(self.number(pool), stream)
+        self.pool, self.captured = pool, {stream}
+
+    def end(self):
+        self.session.end_pool(self.number(self.pool))
+        self.pool, self.captured, self.events = None, set(), {}
 
     def begin_thread_routing(self, device, handle):
         """torch.cuda.use_mem_pool's routing: this thread's requests."""
@@ -240,17 +296,12 @@ class _Captures:
                 self._kept = []
 
             def capture_begin(self, pool=None, capture_error_mode="global", check_input_liveness=False):
-                if captures.capturing is not None:
-                    raise RuntimeError("metamem: a CUDA graph capture is underway already; one at a time")
                 self._pool = tuple(pool) if pool is not None else captures.pool_handle()
-                stream = captures.current_stream()
-                captures.session.begin_pool(captures.number(self._pool), stream)
-                captures.capturing = stream
+                captures.begin(self._pool)
                 _metamem.begin_graph_capture()
 
             def capture_end(self):
-                captures.session.end_pool(captures.number(self._pool))
-                captures.capturing = None
+                captures.end()
                 # CUDA's generator keeps a seed and offset for the graph, where it drew.
                 self._kept = _metamem.end_graph_capture()
 
@@ -296,6 +347,7 @@ class _CudaRuntime:
 
 
 _devices = 1  # the indices the trace answers for: cuda:0, or a distributed trace's node
+_captures = None  # the trace's _Captures
 
 
 def _check_device(device):
@@ -380,6 +432,7 @@ class FakeCudaRuntime:
             set_(C, "_cuda_getCurrentRawStream", lambda device=0: current[0])
             # CUDA graphs: captures route to private pools, replays run nothing.
             captures = _Captures(session, lambda: current[0])
+            set_(sys.modules[__name__], "_captures", captures)
             graph = captures.graph_class()
             set_(cuda, "CUDAGraph", graph)
             set_(torch.cuda.graphs, "CUDAGraph", graph)

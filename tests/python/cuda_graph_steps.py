@@ -66,3 +66,35 @@ def mem_pool_routing():
     states.append([torch.cuda.memory_allocated(), torch.cuda.memory_reserved()])
     del small, outside
     return states
+
+
+def forked_capture(join_by_event):
+    """A capture whose work forks to a side stream and joins back, as FSDP2's
+    all-gather stream does inside a captured step: the side stream waits on
+    the capturing one (wait_stream, or wait_event on an event recorded
+    there), so CUDA captures it too and c10 serves its requests from the
+    graph's pool, not from the side stream's cached segment. Allocated and
+    reserved bytes after the capture, and after a request on the side
+    stream once the capture has ended (its cache serves it again)."""
+    side, capturing = torch.cuda.Stream(), torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.empty(3 << 20, device="cuda")  # 12 MiB, freed: the side stream's cached 12 MiB segment
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(capturing):
+        graph.capture_begin()
+        if join_by_event:
+            event = torch.cuda.Event()
+            event.record(capturing)
+            side.wait_event(event)
+        else:
+            side.wait_stream(capturing)
+        with torch.cuda.stream(side):
+            captured = torch.empty(3 << 20, device="cuda")  # the graph pool's segment
+        capturing.wait_stream(side)
+        graph.capture_end()
+    states = [[torch.cuda.memory_allocated(), torch.cuda.memory_reserved()]]
+    with torch.cuda.stream(side):
+        after = torch.empty(3 << 20, device="cuda")  # the cached segment
+    states.append([torch.cuda.memory_allocated(), torch.cuda.memory_reserved()])
+    del captured, after
+    return states

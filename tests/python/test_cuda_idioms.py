@@ -339,6 +339,28 @@ def test_a_step_captured_in_a_cuda_graph(on_warmup_stream, tmp_path):
     assert replay.returncode == 0 and "equal after every one" in replay.stdout
 
 
+@pytest.mark.parametrize("join_by_event", [False, True], ids=["wait_stream", "wait_event"])
+def test_a_stream_that_waits_on_a_capture_is_captured(join_by_event):
+    from cuda_graph_steps import forked_capture
+
+    with metamem.trace(device="cuda", gpu="H100-80GB"):
+        states = forked_capture(join_by_event)
+        assert not torch.cuda.is_current_stream_capturing()
+    # The side stream's request in the capture takes a 12 MiB segment of the
+    # graph's pool beside its own cached one, which serves it after.
+    assert states == [[12 * MiB, 24 * MiB], [24 * MiB, 24 * MiB]]
+    oracle = os.environ.get("METAMEM_ORACLE", "")
+    if not os.path.exists(os.path.join(oracle, "libmetamem_fake_cuda_preload.so")):
+        pytest.skip(f"METAMEM_ORACLE={oracle!r} holds no fake GPU to run real torch on")
+    import metamem._metamem as native
+    from real_torch_on_fake_gpu import PROLOGUE, measure
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    assert measure(oracle, native.gpu("H100-80GB"),
+                   PROLOGUE + f"sys.path.insert(0, {here!r})\nimport cuda_graph_steps\n"
+                   f"print(json.dumps(cuda_graph_steps.forked_capture({join_by_event})))\n") == states
+
+
 def test_a_mem_pool_keeps_its_segments():
     from cuda_graph_steps import mem_pool_routing
 
