@@ -125,6 +125,11 @@ def parser():
     p.add_argument("--rank", type=int, help="with --dp: the rank traced (default 0)")
     p.add_argument("--tp", type=int, metavar="T", help="tensor-parallel degree (--torchtitan: default the "
                    "preset's; --hf: transformers' tp_plan); the job is --dp x --tp ranks")
+    p.add_argument("--pp", type=int, metavar="P", help="--torchtitan: pipeline-parallel degree (default 1), "
+                   "torchtitan's stages and schedule; the job is --pp x --dp x --tp ranks, the pipeline outermost")
+    p.add_argument("--microbatches", type=int, metavar="N", help="--torchtitan with --pp: the local batch's "
+                   "microbatches (default --pp, the fewest its 1F1B schedule takes); fit finds the largest "
+                   "batch of N equal microbatches")
     p.add_argument("--recompute", choices=["none", "selective", "full"], help="--torchtitan: its activation "
                    "checkpointing (default the preset's)")
     p.add_argument("--compile", choices=["on", "off"], help="--torchtitan: torch.compile of each block and of the "
@@ -158,6 +163,9 @@ def check(args):
             raise UsageError("--recompute is for --torchtitan presets (--checkpointing for other models)")
         if args.compile is not None or args.float8 is not None:
             raise UsageError("--compile and --float8 are for --torchtitan presets")
+        if args.pp is not None or args.microbatches is not None:
+            raise UsageError("--pp and --microbatches are for --torchtitan presets here (the zoo's gpt2 and llama take it in the C++ "
+                             "front end; pipelines of --hf models are not traced yet)")
         args.batch = 1 if args.batch is None else args.batch
         args.seq = 128 if args.seq is None else args.seq
     if args.batch < 1 or args.seq < 1 or args.max_batch < 1:
@@ -180,9 +188,10 @@ def check(args):
         if args.gpus is None or args.gpus < 1:
             raise UsageError("fit --search needs --gpus N (positive)")
         if (args.dp is not None or args.zero is not None or args.fsdp or args.rank is not None or args.checkpointing
-                or args.tp is not None or args.recompute is not None):
-            raise UsageError("fit --search picks the layout and recomputation: drop --dp, --tp, --zero, --fsdp, "
-                             "--rank, --checkpointing and --recompute")
+                or args.tp is not None or args.pp is not None or args.microbatches is not None
+                or args.recompute is not None):
+            raise UsageError("fit --search picks the layout and recomputation: drop --dp, --tp, --pp, "
+                             "--microbatches, --zero, --fsdp, --rank, --checkpointing and --recompute")
         if args.jobs < 1:
             raise UsageError("--jobs must be positive")
         if args.ray is not None and args.jobs != 1:
@@ -231,20 +240,30 @@ def check_torchtitan(args):
     if args.device != "cuda":
         raise UsageError("--torchtitan trains on GPUs: --device cuda")
     preset = titan.PRESETS[args.torchtitan]
+    batch_given = args.batch is not None
     args.batch = preset.local_batch_size if args.batch is None else args.batch
     args.seq = preset.seq_len if args.seq is None else args.seq
     args.compile = preset.compile if args.compile is None else args.compile == "on"
     args.float8 = preset.float8 if args.float8 is None else args.float8 == "on"
     if args.search:
         return
+    if args.microbatches is not None and (args.pp or 1) == 1:
+        raise UsageError("--microbatches is for a pipeline: give --pp P (2 or more)")
     args.tp = preset.tensor_parallel if args.tp is None else args.tp
-    if args.tp < 1 or (args.dp is not None and args.dp < 1):
-        raise UsageError("--tp and --dp must be positive")
-    args.dp = max(preset.world_size // args.tp, 1) if args.dp is None else args.dp
+    args.pp = 1 if args.pp is None else args.pp
+    args.microbatches = args.microbatches or args.pp
+    if not batch_given:  # the preset's, or a sample to each microbatch where it has fewer
+        args.batch = max(args.batch, args.microbatches)
+    if args.tp < 1 or args.pp < 1 or args.microbatches < 1 or (args.dp is not None and args.dp < 1):
+        raise UsageError("--tp, --pp, --microbatches and --dp must be positive")
+    if args.batch % args.microbatches:
+        raise UsageError(f"--batch {args.batch} does not split into --microbatches {args.microbatches} equal ones")
+    args.dp = max(preset.world_size // (args.tp * args.pp), 1) if args.dp is None else args.dp
     args.recompute = preset.activation_checkpoint if args.recompute is None else args.recompute
     args.rank = 0 if args.rank is None else args.rank
-    if not 0 <= args.rank < args.dp * args.tp:
-        raise UsageError(f"--rank must be in [0, {args.dp * args.tp}) for --dp {args.dp} x --tp {args.tp}")
+    if not 0 <= args.rank < args.pp * args.dp * args.tp:
+        raise UsageError(f"--rank must be in [0, {args.pp * args.dp * args.tp}) for "
+                         + (f"--pp {args.pp} x " if args.pp > 1 else "") + f"--dp {args.dp} x --tp {args.tp}")
 
 
 def sharding_of(args):
@@ -292,11 +311,14 @@ def compiled_float8(compile, float8):
 def job_lines(args):
     """(JSON, summary lines) naming the data-parallel job the trace is a rank of."""
     if args.torchtitan:
-        job = {"data_parallel": args.dp, "tensor_parallel": args.tp, "rank": args.rank, "sharding": "fsdp2",
-               "recompute": args.recompute, "compile": args.compile, "float8": args.float8}
-        return {"job": job}, [f"  as rank {args.rank} of torchtitan's {args.torchtitan} on {args.dp * args.tp} "
-                              f"GPUs: tensor parallel {args.tp}, FSDP2 over {args.dp}, recompute {args.recompute}"
-                              f"{compiled_float8(args.compile, args.float8)}"]
+        job = {"data_parallel": args.dp, "tensor_parallel": args.tp, "pipeline_parallel": args.pp,
+               "microbatches": args.microbatches, "rank": args.rank, "sharding": "fsdp2", "recompute": args.recompute, "compile": args.compile,
+               "float8": args.float8}
+        pipeline = (f", pipeline parallel {args.pp} (pipeline rank {args.rank // (args.dp * args.tp)}, "
+                    f"{args.microbatches} microbatches)" if args.pp > 1 else "")
+        return {"job": job}, [f"  as rank {args.rank} of torchtitan's {args.torchtitan} on "
+                              f"{args.pp * args.dp * args.tp} GPUs: tensor parallel {args.tp}, FSDP2 over {args.dp}"
+                              f"{pipeline}, recompute {args.recompute}{compiled_float8(args.compile, args.float8)}"]
     if args.sharding is None:
         return None, []
     sharding = args.sharding
@@ -338,8 +360,10 @@ def step_of(args, batch):
 def traced(args, batch):
     """The Trace of the step at `batch`, the step and the modules built before it."""
     if args.torchtitan:
-        t = titan.trace(args.torchtitan, args.dp * args.tp, args.rank, args.gpu, args.steps, local_batch_size=batch,
-                        seq_len=args.seq, tensor_parallel=args.tp, activation_checkpoint=args.recompute,
+        t = titan.trace(args.torchtitan, args.pp * args.dp * args.tp, args.rank, args.gpu, args.steps,
+                        local_batch_size=batch, seq_len=args.seq, tensor_parallel=args.tp, pipeline_parallel=args.pp,
+                        microbatches=args.microbatches if args.pp > 1 else None,
+                        activation_checkpoint=args.recompute,
                         compile=args.compile, float8=args.float8)
         return t, None, ()
     step, modules = step_of(args, batch)
@@ -404,7 +428,7 @@ def fit(args):
         return 0
     gpu = gpu_for(args)
     budget = gpu["allocator_bytes"]
-    best, tried = largest_local_batch(args, argparse.Namespace(), budget)
+    best, tried, _ = largest_local_batch(args, argparse.Namespace(), budget)
     extra, lines = job_lines(args)
     if args.format == "json":
         print(json.dumps({"gpu": args.gpu, "memory_bytes": gpu["total_bytes"], "gpu_memory": gpu,
@@ -495,7 +519,7 @@ def process_groups(layout):
     search's layout) communicates in: each an NCCL communicator."""
     sharding = getattr(layout, "sharding", None)
     if sharding is None and getattr(layout, "tp", None) is not None:  # torchtitan's: FSDP2 over dp, tp over tp
-        sharding = Sharding(layout.dp, tensor_parallel=layout.tp)
+        return Sharding(layout.dp, tensor_parallel=layout.tp).process_groups() + int(layout.pp > 1)
     return sharding.process_groups() if sharding else 0
 
 
@@ -505,13 +529,15 @@ def layouts_of(args):
     or 8 (within a node, where transformers splits the model so) and FSDP2
     over the rest, fully sharded and, where they span whole nodes of
     --gpus-per-node (8), hybrid; each without recompute and with every
-    layer recomputed. --torchtitan: tensor
-    parallel 1, 2, 4 or 8 (within a node) that divides the GPUs, FSDP2 over
-    the rest, with each of torchtitan's activation checkpointing modes."""
+    layer recomputed. --torchtitan: pipeline parallel 1, 2, 4 or 8 and
+    tensor parallel 1, 2, 4 or 8 (within a node) whose product divides the
+    GPUs, FSDP2 over the rest, with each of torchtitan's activation
+    checkpointing modes; a pipeline runs as many microbatches as it has
+    ranks (the fewest its 1F1B schedule takes)."""
     if args.torchtitan:
-        return [argparse.Namespace(tp=tp, dp=args.gpus // tp, recompute=recompute)
-                for recompute in ("none", "selective", "full") for tp in (1, 2, 4, 8)
-                if tp <= args.gpus and args.gpus % tp == 0]
+        return [argparse.Namespace(pp=pp, tp=tp, dp=args.gpus // (pp * tp), microbatches=pp, recompute=recompute)
+                for recompute in ("none", "selective", "full") for pp in (1, 2, 4, 8) for tp in (1, 2, 4, 8)
+                if tp <= min(args.gpus, 8) and args.gpus % (pp * tp) == 0]
     from . import hf
     from ._sharding import tensor_parallel_refusal
 
@@ -533,29 +559,38 @@ def layouts_of(args):
 
 
 def largest_local_batch(args, layout, budget):
-    """(largest batch, {batch: reserved bytes}) of the flags' layout with
+    """(largest batch, {batch: reserved bytes}, traces) of the flags' layout with
     `layout`'s flags set, read off the line through batches 1 and 2 and
-    verified (metamem.largest_batch_by_line); a search traces rank 0,
+    verified (metamem.largest_batch_by_line). A search traces rank 0,
     whose shards are the largest (the last rank's are short where a
-    dimension does not divide)."""
+    dimension does not divide), and in a pipeline also the last pipeline
+    rank's first, which holds the loss: the larger of each figure counts.
+    A pipeline's batches are its microbatches' multiples (its stages
+    hold microbatches of activations, however many there are)."""
     args = argparse.Namespace(**{**vars(args), **vars(layout)})
+    pipeline = bool(args.torchtitan) and args.pp > 1
+    ranks = [args.rank]
     if vars(layout):
-        args.rank = 0
+        ranks = [0, (args.pp - 1) * args.dp * args.tp] if pipeline else [0]
+    per = args.microbatches if pipeline else 1
     tried = {}
 
-    def measure(batch):
-        t = traced(args, batch)[0]
-        tried[batch] = t.reserved_peak_bytes
-        return max(t.step_peaks), t.reserved_peak_bytes
+    def measure(samples):
+        traces = [traced(argparse.Namespace(**{**vars(args), "rank": rank}), samples * per)[0] for rank in ranks]
+        peak, reserved = max(max(t.step_peaks) for t in traces), max(t.reserved_peak_bytes for t in traces)
+        tried[samples * per] = reserved
+        return peak, reserved
 
-    return largest_batch_by_line(measure, budget, args.max_batch), tried
+    best = per * largest_batch_by_line(measure, budget, args.max_batch // per) if args.max_batch >= per else 0
+    return best, tried, len(tried) * len(ranks)
 
 
 def layout_row(args, layout):
     """A search row's layout: its fields and how the table shows them."""
     if args.torchtitan:
-        return {"tp": layout.tp, "dp": layout.dp, "recompute": layout.recompute,
-                "shown": f"tp {layout.tp} x FSDP2 {layout.dp}"}
+        pipeline = f"pp {layout.pp} x " if layout.pp > 1 else ""
+        return {"pp": layout.pp, "tp": layout.tp, "dp": layout.dp, "microbatches": layout.microbatches,
+                "recompute": layout.recompute, "shown": f"{pipeline}tp {layout.tp} x FSDP2 {layout.dp}"}
     sharding = layout.sharding
     tp = 1 if sharding is None else sharding.tensor_parallel
     dp = args.gpus // tp
@@ -580,9 +615,9 @@ def search(args, gpu_for):
     asked = [(args, layout, budget) for layout, budget in zip(layouts, budgets)]
     results = each_apart(largest_local_batch, asked, args.jobs, args.ray, quiet_imports)
     rows = []
-    for layout, budget, (best, tried) in zip(layouts, budgets, results):
+    for layout, budget, (best, tried, traces) in zip(layouts, budgets, results):
         rows.append({**layout_row(args, layout), "local_batch": best, "reserved_bytes": tried.get(best),
-                     "allocator_bytes": budget, "traces": len(tried)})
+                     "allocator_bytes": budget, "traces": traces})
     rows.sort(key=lambda row: (row["recompute"] != "none", row["recompute"] == "full", -row["local_batch"]))
     found = {"model": args.torchtitan or args.hf, "gpus": args.gpus, "gpu": args.gpu,
              "memory_bytes": gpu_for(argparse.Namespace(sharding=None))["total_bytes"],
@@ -597,8 +632,9 @@ def print_search(found):
     where = (f"Ray tasks at {found['ray']}" if found["ray"] is not None
              else f"{found['jobs']} process{'es' * (found['jobs'] > 1)}")
     extras = compiled_float8(found.get("compile"), found.get("float8"))
+    pipelines = ", and a pipeline's last rank" if any(row.get("pp", 1) > 1 for row in found["layouts"]) else ""
     print(f"{len(found['layouts'])} layouts on {found['gpus']} {found['gpu']} of {found['memory_bytes'] / 2**30:.2f} "
-          f"GiB (rank 0 traced, whose shards are the largest{extras}): {found['traces']} traces, "
+          f"GiB (rank 0 traced, whose shards are the largest{pipelines}{extras}): {found['traces']} traces, "
           f"{found['seconds']} s, {where}")
     width = max(len("layout"), *(len(row["shown"]) for row in found["layouts"])) + 2
     print(f"  {'layout':<{width}}{'recompute':<11}{'local batch':>11}{'reserved':>14}{'allocator':>14}")

@@ -10,6 +10,7 @@ stepped as its training loop steps it, inside trace(world_size=N, rank=r).
     t.reserved_peak_bytes
     titan.largest_batch("70B", world_size=64)      # local batch on 80 GiB H100s
     titan.trace("405B", compile=False, float8=False)   # 405B eager, in bf16
+    titan.trace("8B", rank=4, pipeline_parallel=2, local_batch_size=2, microbatches=2)  # the last stage's rank
 
 The tokenizer and the data loader are stand-ins: batches of random tokens,
 one document to a sequence, shaped as torchtitan's text loader shapes them
@@ -18,6 +19,7 @@ metrics files and checkpoints are off (none runs in the steps traced).
 torchtitan is an optional dependency (`pip install .[models]`).
 """
 
+import contextlib
 import dataclasses
 import functools
 
@@ -27,7 +29,8 @@ from . import gpu_memory
 from . import largest_batch_by_line
 from . import trace as metamem_trace
 
-__all__ = ["PRESETS", "Preset", "trainer_config", "training_step", "trace", "largest_batch"]
+__all__ = ["PRESETS", "Preset", "trainer_config", "stages_told_their_shapes", "training_step", "trace",
+           "largest_batch"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,13 +117,17 @@ def _stand_ins():
 
 
 def trainer_config(flavor, local_batch_size=None, seq_len=None, tensor_parallel=None, activation_checkpoint=None,
-                   compile=None, float8=None, cuda_graphs=None):
+                   compile=None, float8=None, cuda_graphs=None, pipeline_parallel=None, microbatches=None):
     """torchtitan's Trainer.Config for Llama 3 `flavor` (a key of PRESETS)
     as its config registry ships it, any of whose values the arguments
     replace, with random tokens for data. Call it inside a trace on fake
     cuda: torchtitan's float8 converter asks the GPU whether it runs float8
     (and, as torchtitan builds it, turns Inductor's emulate_precision_casts
-    on for the process)."""
+    on for the process). With `pipeline_parallel` P > 1 the job's ranks
+    are P pipeline ranks deep (torchtitan's stages and schedule), the
+    local batch split into `microbatches` (by default torchtitan's
+    microbatches of one sample), and the step is not captured in a CUDA
+    graph (torchtitan captures none of a pipeline)."""
     _torchtitan()
     from torchtitan.components.quantization import Float8LinearConverter
     from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
@@ -146,11 +153,19 @@ def trainer_config(flavor, local_batch_size=None, seq_len=None, tensor_parallel=
     training.local_batch_size = local_batch_size or training.local_batch_size
     training.seq_len = seq_len or training.seq_len
     parallelism.tensor_parallel_degree = tensor_parallel or parallelism.tensor_parallel_degree
+    parallelism.pipeline_parallel_degree = pipeline_parallel or parallelism.pipeline_parallel_degree
+    if microbatches is not None:
+        if microbatches < 1 or training.local_batch_size % microbatches:
+            raise ValueError(f"microbatches {microbatches}: the local batch {training.local_batch_size} must split "
+                             "into that many equal microbatches")
+        parallelism.pipeline_parallel_microbatch_size = training.local_batch_size // microbatches
     if activation_checkpoint is not None:
         config.activation_checkpoint = {"none": None, "selective": SelectiveAC.Config(),
                                         "full": FullAC.Config()}[activation_checkpoint]
     if cuda_graphs is not None:
         training.disable_cuda_graphs = not cuda_graphs
+    elif parallelism.pipeline_parallel_degree > 1:
+        training.disable_cuda_graphs = True
     random_tokens, no_tokenizer = _stand_ins()
     config.tokenizer = no_tokenizer.Config()
     config.dataloader = random_tokens.Config(vocab_size=config.model_spec.model.vocab_size)
@@ -176,7 +191,8 @@ def training_step(flavor, steps=2, **overrides):
         # before it makes the process group; a trace's group is made
         # already, which it takes instead, skipping both.
         torch.autograd.set_multithreading_enabled(False)
-        trainer = Trainer(config)
+        with stages_told_their_shapes(config):
+            trainer = Trainer(config)
         batches = trainer.batch_generator(trainer.dataloader)
         for _ in range(steps):
             trainer.step += 1
@@ -185,6 +201,58 @@ def training_step(flavor, steps=2, **overrides):
         trainer.close()
 
     return step
+
+
+@contextlib.contextmanager
+def stages_told_their_shapes(config):
+    """While torchtitan's Trainer(config) is built: each PipelineStage told
+    the shapes of what it receives and sends. torchtitan gives it none, to
+    learn them from its neighbours in the first step; under torch's fake
+    process group (a trace's, or torchtitan's comm mode "fake_backend"),
+    where one process stands for one rank and nothing is exchanged, torch
+    refuses such a stage. Llama 3's stages pass its residual stream: the
+    tokens [microbatch, sequence] into the first stage; hidden states
+    [microbatch, sequence, dim] in the parameters' compute dtype between
+    stages, the sequence split over the tensor-parallel ranks under
+    sequence parallelism; out of the last, the final norm's hidden states
+    over the whole sequence, which the chunked loss takes. Every stage
+    checks, at every forward, that it receives and makes exactly these,
+    so a model that passes anything else stops the trace instead of
+    sizing its buffers wrongly."""
+    import torchtitan.distributed.pipeline_parallel as pipeline
+    from torchtitan.config import TORCH_DTYPE_MAP
+
+    training, parallelism = config.training, config.parallelism
+    microbatch, seq, dim = parallelism.pipeline_parallel_microbatch_size, training.seq_len, config.model_spec.model.dim
+    split = parallelism.tensor_parallel_degree if parallelism.enable_sequence_parallel else 1
+    dtype = TORCH_DTYPE_MAP[training.mixed_precision_param]
+    tokens = torch.empty(microbatch, seq, dtype=torch.long, device="meta")
+    hidden = torch.empty(microbatch, seq // split, dim, dtype=dtype, device="meta", requires_grad=True)
+    last = torch.empty(microbatch, seq, dim, dtype=dtype, device="meta", requires_grad=True)
+    built = pipeline.PipelineStage
+
+    class Stage(built):
+        def __init__(self, submodule, stage_index, num_stages, device, **options):
+            inputs = tokens if stage_index == 0 else hidden
+            outputs = last if stage_index == num_stages - 1 else hidden
+            super().__init__(submodule, stage_index, num_stages, device, input_args=inputs, output_args=outputs,
+                             **options)
+
+            def check(module, args, output):
+                for what, told, met in (("receives", inputs, args[0]), ("makes", outputs, output)):
+                    if (told.shape, told.dtype) != (met.shape, met.dtype):
+                        raise RuntimeError(
+                            f"metamem: torchtitan's pipeline stage {stage_index} {what} "
+                            f"{tuple(met.shape)} {met.dtype}, where metamem told its schedule "
+                            f"{tuple(told.shape)} {told.dtype} (Llama 3's residual stream)")
+
+            submodule.register_forward_hook(check)
+
+    pipeline.PipelineStage = Stage
+    try:
+        yield
+    finally:
+        pipeline.PipelineStage = built
 
 
 def trace(flavor, world_size=None, rank=0, gpu="H100-80GB", steps=2, **overrides):
