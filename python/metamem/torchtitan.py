@@ -271,11 +271,20 @@ def largest_batch(flavor, world_size=None, gpu="H100-80GB", memory=None, most=64
     no more than what the CUDA context leaves of `memory` bytes of `gpu`
     (all of it by default): two-step traces of batches 1 and 2, then where
     their line meets the memory and the next batch, to verify
-    (metamem.largest_batch_by_line)."""
+    (metamem.largest_batch_by_line). A pipeline (`pipeline_parallel` P > 1)
+    runs `microbatches` (by default P, the fewest its 1F1B schedule
+    takes) of one sequence, then two, and so on; its last pipeline rank's
+    first rank is traced too, and the larger figures count."""
     capacity = gpu_memory(gpu, memory)["allocator_bytes"]
+    world_size = world_size or PRESETS[flavor].world_size
+    pipeline = overrides.get("pipeline_parallel") or 1
+    if pipeline > 1:
+        overrides.setdefault("microbatches", pipeline)
+    per = overrides.get("microbatches") or 1
+    ranks = [0, world_size - world_size // pipeline] if pipeline > 1 else [0]
 
-    def measure(batch):
-        t = trace(flavor, world_size, 0, gpu, local_batch_size=batch, **overrides)
-        return max(t.step_peaks), t.reserved_peak_bytes
+    def measure(samples):
+        traces = [trace(flavor, world_size, rank, gpu, local_batch_size=samples * per, **overrides) for rank in ranks]
+        return max(max(t.step_peaks) for t in traces), max(t.reserved_peak_bytes for t in traces)
 
-    return largest_batch_by_line(measure, capacity, most)
+    return per * largest_batch_by_line(measure, capacity, most // per) if most >= per else 0

@@ -159,6 +159,14 @@ def test_a_pipeline_rank_against_torchtitans_trainer_on_the_fake_gpu(rank):
         assert abs(allocated - real_allocated) <= (microbatches + 1) * seq * 8
 
 
+def test_a_pipelines_largest_batch_is_a_multiple_of_its_microbatches():
+    # Two microbatches (one a pipeline rank) of one sequence, then of two,
+    # ...: under a cap of 3, one sequence each (both pipeline ranks traced);
+    # under a cap of 1, not even that (nothing traced).
+    assert titan.largest_batch("debugmodel", world_size=2, most=1, pipeline_parallel=2) == 0
+    assert titan.largest_batch("debugmodel", world_size=2, most=3, pipeline_parallel=2, seq_len=256) == 2
+
+
 def test_a_pipeline_stage_is_told_llamas_residual_stream_and_checks_it():
     import torchtitan.distributed.pipeline_parallel as pipeline
 
