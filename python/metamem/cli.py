@@ -164,8 +164,8 @@ def check(args):
         if args.compile is not None or args.float8 is not None:
             raise UsageError("--compile and --float8 are for --torchtitan presets")
         if args.pp is not None or args.microbatches is not None:
-            raise UsageError("--pp and --microbatches are for --torchtitan presets here (the zoo's gpt2 and llama take it in the C++ "
-                             "front end; pipelines of --hf models are not traced yet)")
+            raise UsageError("--pp and --microbatches are for --torchtitan presets here (the zoo's gpt2 and llama "
+                             "take them in the C++ front end; pipelines of --hf models are not traced yet)")
         args.batch = 1 if args.batch is None else args.batch
         args.seq = 128 if args.seq is None else args.seq
     if args.batch < 1 or args.seq < 1 or args.max_batch < 1:
@@ -312,8 +312,8 @@ def job_lines(args):
     """(JSON, summary lines) naming the data-parallel job the trace is a rank of."""
     if args.torchtitan:
         job = {"data_parallel": args.dp, "tensor_parallel": args.tp, "pipeline_parallel": args.pp,
-               "microbatches": args.microbatches, "rank": args.rank, "sharding": "fsdp2", "recompute": args.recompute, "compile": args.compile,
-               "float8": args.float8}
+               "microbatches": args.microbatches, "rank": args.rank, "sharding": "fsdp2",
+               "recompute": args.recompute, "compile": args.compile, "float8": args.float8}
         pipeline = (f", pipeline parallel {args.pp} (pipeline rank {args.rank // (args.dp * args.tp)}, "
                     f"{args.microbatches} microbatches)" if args.pp > 1 else "")
         return {"job": job}, [f"  as rank {args.rank} of torchtitan's {args.torchtitan} on "
@@ -559,8 +559,8 @@ def layouts_of(args):
 
 
 def largest_local_batch(args, layout, budget):
-    """(largest batch, {batch: reserved bytes}, traces) of the flags' layout with
-    `layout`'s flags set, read off the line through batches 1 and 2 and
+    """(largest batch, {batch: reserved bytes}, traces) of the flags' layout
+    with `layout`'s flags set, read off the line through batches 1 and 2 and
     verified (metamem.largest_batch_by_line). A search traces rank 0,
     whose shards are the largest (the last rank's are short where a
     dimension does not divide), and in a pipeline also the last pipeline
