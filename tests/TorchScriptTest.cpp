@@ -4,7 +4,9 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <utility>
 
+#include "estimator/CheckpointSim.h"
 #include "examples/zoo/ScriptModel.h"
 #include "tests/KnownGaps.h"
 
@@ -22,12 +24,17 @@ struct ScriptCase {
 
 void PrintTo(const ScriptCase& c, std::ostream* os) { *os << c.name; }
 
-StepBuilder build(const ScriptCase& c) {
+StepBuilder build(const ScriptCase& c, std::optional<CheckpointPolicy> checkpoint = std::nullopt) {
   ScriptConfig config;
   config.path = models_dir() + "/" + c.name + ".pt";
   config.inputs.push_back(parse_input_spec(c.input));
   config.loss = parse_loss_spec(c.loss);
+  config.checkpoint = std::move(checkpoint);
   return script_step(config);
+}
+
+std::int64_t traced_peak(const StepBuilder& step) {
+  return trace_step(step, c10::Device(c10::kCPU)).measured().peak_bytes;
 }
 
 class ScriptedModel : public ::testing::TestWithParam<ScriptCase> {
@@ -70,6 +77,55 @@ TEST(ScriptModel, ScopesFollowTheModuleHierarchy) {
   const Trace trace = trace_step(build({"resnet18", "2x3x64x64", "sum"}), c10::Device(c10::kCPU));
   for (const char* scope : {"ResNet.conv1", "ResNet.layer1.0.conv1", "ResNet.layer4.1.bn2", "ResNet.fc"})
     EXPECT_NE(std::find(trace.scopes.begin(), trace.scopes.end(), scope), trace.scopes.end()) << scope;
+}
+
+// A policy checkpoints the chain of submodules forward calls one after the
+// other, through Sequentials: ResNet's stem and residual blocks (10 units),
+// VGG's convolutions with their activations and poolings, MobileNet's
+// inverted residuals. The real CPU run of each policy allocates what its
+// trace predicts; checkpointing lowers MobileNet's peak.
+TEST(ScriptModel, CheckpointedChainMatchesRealCpuRun) {
+  const std::pair<ScriptCase, const char*> cases[] = {
+      {{"resnet18", "4x3x64x64", "cross_entropy:1000"}, "0-9[2-7]"},
+      {{"resnet18", "4x3x64x64", "cross_entropy:1000"}, "0-9[2-7]"},
+      {{"resnet18", "4x3x64x64", "cross_entropy:1000"}, "2,4-5,8"},
+      {{"vgg11", "2x3x32x32", "cross_entropy:10"}, "0-3,5"},
+      {{"mobilenet_v2", "8x3x64x64", "cross_entropy:1000"}, "2-8,10-16[12-14]"},
+  };
+  for (const auto& [model, policy] : cases) {
+    const StepBuilder step = build(model, parse_policy(policy));
+    EXPECT_EQ(traced_peak(step), achieved_cpu_step_peaks(step).back()) << model.name << " " << policy;
+  }
+  const ScriptCase mobilenet{"mobilenet_v2", "8x3x64x64", "cross_entropy:1000"};
+  EXPECT_LT(traced_peak(build(mobilenet, parse_policy("2-8,10-16"))), traced_peak(build(mobilenet)));
+  const Trace resnet = trace_step(build({"resnet18", "2x3x64x64", "sum"}, CheckpointPolicy{}), c10::Device(c10::kCPU));
+  std::int32_t units = 0;
+  for (const Region& region : resnet.regions) units = std::max(units, region.last + 1);
+  EXPECT_EQ(units, 10);
+}
+
+// The chain's units, traced once each checkpointed, are what the
+// checkpoint solvers simulate: each simulated policy equals its re-trace.
+TEST(ScriptModel, CheckpointSimulationEqualsRetraces) {
+  const ScriptCase model{"mobilenet_v2", "4x3x64x64", "cross_entropy:1000"};
+  const CheckpointSimulator simulator([&](const CheckpointPolicy& policy) { return trace_step(build(model, policy), c10::Device(c10::kCPU)); });
+  EXPECT_EQ(simulator.units(), 21);
+  for (const char* policy : {"0-4", "2,5-8,12", "1-18[3-6,9]"})
+    EXPECT_EQ(simulator.simulate(parse_policy(policy)).peak_bytes, traced_peak(build(model, parse_policy(policy))))
+        << policy;
+}
+
+TEST(ScriptModel, PolicyOutsideTheChainIsAnInputError) {
+  try {
+    trace_step(build({"resnet18", "2x3x64x64", "sum"}, parse_policy("0-12")), c10::Device(c10::kCPU));
+    FAIL() << "expected an error naming the chain";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("the model's chain: 0 conv1, 1 bn1+relu+maxpool, 2 layer1.0"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(trace_step(build({"unsupported_op", "16", "sum"}, parse_policy("0")), c10::Device(c10::kCPU)),
+               std::invalid_argument);
 }
 
 TEST(ScriptModel, OpWithoutMetaKernelIsNamed) {

@@ -105,7 +105,8 @@ then echo "FAIL: steady-state JSON"; failures=$((failures + 1)); fi
 expect 2 "checkpoint needs --budget" checkpoint --model gpt2
 expect 2 "--budget expects a size" checkpoint --model gpt2 --budget lots
 expect 2 "--solver must be none\\|uniform\\|chen\\|rotor\\|selective\\|auto" checkpoint --model gpt2 --budget 1GiB --solver magic
-expect 2 "checkpoint needs a zoo model" checkpoint --model "$models/resnet18.pt" --input 2x3x64x64 --budget 1GiB
+expect 2 "outside units 0-9 \\(the model's chain: 0 conv1, 1 bn1\\+relu\\+maxpool, 2 layer1.0" \
+  profile --model "$models/resnet18.pt" --input 2x3x64x64 --device cpu --policy 0-12
 expect 1 "the least memory any policy reaches is [0-9.]+ [KMG]iB \\([0-9]+ B\\)" checkpoint --model gpt2 --batch 2 --seq 64 --budget 1MiB
 json=$("$metamem" checkpoint --model gpt2 --batch 4 --seq 64 --layers 4 --width 64 --heads 4 --vocab 100 \
   --device cpu --budget 6MiB --achieved --pareto --format json)
@@ -118,6 +119,16 @@ assert d["recompute_flops"] > 0 and 0 < d["overhead"] < 1 and d["policy"], d
 assert d["pareto"] and all(p["peak_bytes"] <= p["budget_bytes"] for p in d["pareto"]), d["pareto"]
 PY
 then echo "FAIL: checkpoint JSON"; failures=$((failures + 1)); fi
+# A TorchScript file's chain (MobileNet V2's inverted residuals), checkpointed alike.
+json=$("$metamem" checkpoint --model "$models/mobilenet_v2.pt" --input 4x3x64x64 --loss cross_entropy:1000 \
+  --device cpu --budget 40MiB --solver chen --achieved --format json)
+if ! python3 - <<PY
+import json
+d = json.loads("""$json""")
+assert d["peak_bytes"] <= d["budget_bytes"] < d["unchecked_peak_bytes"], d
+assert d["retraced_peak_bytes"] == d["peak_bytes"] == d["achieved"]["peak_bytes"], d
+PY
+then echo "FAIL: TorchScript checkpoint JSON"; failures=$((failures + 1)); fi
 expect 0 "with checkpointing \\([a-z]+\\): units" fit --model gpt2 --seq 256 --layers 4 --memory 2GiB --checkpoint auto
 # Without checkpointing, batch 15's live bytes fit and the allocator's reserved do not; a plan must recompute.
 expect 0 "largest batch that fits in 256.00 MiB: 15 .*with checkpointing" fit --model gpt2 --seq 256 --layers 4 \

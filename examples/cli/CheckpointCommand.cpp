@@ -52,7 +52,6 @@ int checkpoint_command(const std::vector<std::string>& args) {
   if (const auto extra = flags.parse(args); !extra.empty())
     throw UsageError("unexpected argument '" + extra[0] + "'");
   if (budget_text.empty()) throw UsageError("checkpoint needs --budget");
-  if (m.is_script()) throw UsageError("checkpoint needs a zoo model: it recomputes the units of its chain");
   if (m.selective_recompute)
     throw UsageError("checkpoint chooses what to recompute itself: leave out --selective-recompute");
   if (achieved && (m.device != "cpu" || m.config().dtype != c10::kFloat))
@@ -62,12 +61,7 @@ int checkpoint_command(const std::vector<std::string>& args) {
   const ModelFlags::TracedGpu traced_for = m.gpu_scope();
   const c10::Device device(m.device);
 
-  const ZooConfig config = m.config();
-  auto trace_with = [&](const CheckpointPolicy& policy) {
-    ZooConfig c = config;
-    c.checkpoint = policy;
-    return trace_step(zoo_step(c), device, *run.options);
-  };
+  auto trace_with = [&](const CheckpointPolicy& policy) { return trace_step(m.builder(policy), device, *run.options); };
   const Trace plain = trace_with({});
   CheckpointSimulator simulator([&](const CheckpointPolicy& policy) {
     return policy.segments.empty() && policy.keep.empty() ? plain : trace_with(policy);
@@ -105,11 +99,7 @@ int checkpoint_command(const std::vector<std::string>& args) {
     progress.update("memory-recompute curve");
     report.pareto = pareto(simulator, solver, lowest_checkpointed_peak(simulator), report.unchecked_peak_bytes);
   }
-  if (achieved) {
-    ZooConfig c = config;
-    c.checkpoint = plan->policy;
-    report.achieved_peak_bytes = achieved_cpu_step_peaks(zoo_step(c), *run.options).back();
-  }
+  if (achieved) report.achieved_peak_bytes = achieved_cpu_step_peaks(m.builder(plan->policy), *run.options).back();
   if (!html.empty()) {
     const Estimate est = estimate(std::move(retraced), m.allocator());
     write_file(html, report_html(report_json(run, est, 2), checkpoint_json(report)));

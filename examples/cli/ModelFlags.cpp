@@ -44,10 +44,12 @@ std::int64_t ModelFlags::batch() const {
   return parse_input_spec(inputs.front()).sizes.front();
 }
 
-StepBuilder ModelFlags::builder() const {
+StepBuilder ModelFlags::builder(const std::optional<CheckpointPolicy>& policy) const {
   if (!is_script()) {
     if (!inputs.empty()) throw std::invalid_argument("--input is for TorchScript models (FILE.pt)");
-    return zoo_step(config());
+    ZooConfig c = config();
+    if (policy) c.checkpoint = *policy;
+    return zoo_step(c);
   }
   if (dtype != "f32")
     throw std::invalid_argument("--dtype is for zoo models; a TorchScript model keeps its own dtypes");
@@ -55,9 +57,9 @@ StepBuilder ModelFlags::builder() const {
   if (tp != 1 || sequence_parallel || selective_recompute || pp != 1)
     throw std::invalid_argument(
         "--tp, --sequence-parallel, --selective-recompute and --pp are for the zoo's gpt2 and llama");
-  if (policy != "none")
-    throw std::invalid_argument("--policy is for zoo models: their chains of units can be checkpointed");
   ScriptConfig script;
+  if (policy) script.checkpoint = *policy;
+  else if (this->policy != "none") script.checkpoint = parse_policy(this->policy);
   script.path = zoo.model;
   for (const std::string& input : inputs) script.inputs.push_back(parse_input_spec(input));
   script.loss = parse_loss_spec(loss);

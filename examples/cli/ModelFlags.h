@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "estimator/CachingAllocator.h"
@@ -57,8 +58,9 @@ struct ModelFlags {
   bool is_script() const;
   // The zoo batch, or a TorchScript model's first input's first dimension.
   std::int64_t batch() const;
-  // The zoo model or the TorchScript file, as configured.
-  StepBuilder builder() const;
+  // The zoo model or the TorchScript file, as configured: its chain
+  // checkpointed by --policy, or by `policy` where given.
+  StepBuilder builder(const std::optional<CheckpointPolicy>& policy = std::nullopt) const;
   // --gpu, checked.
   const GpuSpec& gpu_spec() const;
   // While alive, fake-cuda kernels (SDPA's backend) are chosen for --gpu,

@@ -1,10 +1,16 @@
 #include "examples/zoo/ScriptModel.h"
 
+#include <torch/csrc/jit/api/function_impl.h>
+#include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/csrc/jit/runtime/interpreter.h>
+#include <torch/library.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/script.h>
 
+#include <algorithm>
+#include <memory>
+#include <optional>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
@@ -39,6 +45,126 @@ std::string module_path(const std::vector<std::string>& hierarchy) {
   return path;
 }
 
+// The forward graph with the model's calls of its own methods inlined (a
+// torchvision model's forward calls self._forward_impl), so that its
+// submodule calls show.
+std::shared_ptr<torch::jit::Graph> forward_graph(const torch::jit::Module& module) {
+  std::shared_ptr<torch::jit::Graph> graph = module.get_method("forward").graph()->copy();
+  for (bool inlined = true; inlined;) {
+    inlined = false;
+    for (torch::jit::Node* node : graph->nodes()) {
+      if (node->kind() != c10::prim::CallMethod || node->input(0) != graph->inputs()[0]) continue;
+      torch::jit::inlineCallTo(node, &torch::jit::toGraphFunction(module.type()->getMethod(node->s(c10::attr::name))));
+      inlined = true;
+      break;
+    }
+  }
+  return graph;
+}
+
+// A call `self.<child>.forward(x)` of one tensor to one tensor: its child's name, else none.
+std::optional<std::string> child_called(const torch::jit::Graph& graph, const torch::jit::Node* node) {
+  if (node->kind() != c10::prim::CallMethod || node->s(c10::attr::name) != "forward" || node->inputs().size() != 2 ||
+      node->outputs().size() != 1 || !node->input(1)->type()->cast<c10::TensorType>() ||
+      !node->output()->type()->cast<c10::TensorType>())
+    return std::nullopt;
+  const torch::jit::Node* get = node->input(0)->node();
+  if (get->kind() != c10::prim::GetAttr || get->input(0) != graph.inputs()[0]) return std::nullopt;
+  return get->s(c10::attr::name);
+}
+
+// The model's chain: the longest run of child calls, each taking the last
+// one's output, which nothing else takes, with nothing but attribute reads
+// and constants between them (so that running them apart changes no
+// order). Its calls, and the children's names.
+struct ScriptChain {
+  std::vector<torch::jit::Node*> calls;
+  std::vector<std::string> children;
+};
+
+ScriptChain script_chain(torch::jit::Graph& graph) {
+  ScriptChain best, run;
+  for (torch::jit::Node* node : graph.nodes()) {
+    const std::optional<std::string> child = child_called(graph, node);
+    if (!child) {
+      if (node->kind() != c10::prim::GetAttr && node->kind() != c10::prim::Constant) run = {};
+      continue;
+    }
+    const bool continues = !run.calls.empty() && node->input(1) == run.calls.back()->output() &&
+                           run.calls.back()->output()->uses().size() == 1;
+    if (!continues) run = {};
+    run.calls.push_back(node);
+    run.children.push_back(*child);
+    if (run.calls.size() > best.calls.size()) best = run;
+  }
+  return best;
+}
+
+// Whether `graph`'s whole computation is `chain`: its input through the
+// chain's calls to its return (a Sequential's forward), so that the module
+// can stand for its children.
+bool all_chain(torch::jit::Graph& graph, const ScriptChain& chain) {
+  if (chain.calls.empty() || graph.inputs().size() != 2 || graph.outputs().size() != 1 ||
+      chain.calls.front()->input(1) != graph.inputs()[1] || chain.calls.back()->output() != graph.outputs()[0])
+    return false;
+  for (torch::jit::Node* node : graph.nodes())
+    if (node->kind() != c10::prim::GetAttr && node->kind() != c10::prim::Constant &&
+        std::find(chain.calls.begin(), chain.calls.end(), node) == chain.calls.end())
+      return false;
+  return true;
+}
+
+// The children a chain runs, by path from the model ("features.3"): a child
+// that is a chain of its own children all through stands for them.
+void add_children(const torch::jit::Module& module, const std::string& path, std::vector<std::string>& paths) {
+  std::shared_ptr<torch::jit::Graph> graph = forward_graph(module);
+  const ScriptChain chain = script_chain(*graph);
+  if (path.empty() || !all_chain(*graph, chain)) {
+    paths.push_back(path);
+    return;
+  }
+  for (const std::string& name : chain.children)
+    add_children(module.attr(name).toModule(), path + "." + name, paths);
+}
+
+// The submodule at `path` ("features.3") below `module`.
+torch::jit::Module submodule(torch::jit::Module module, const std::string& path) {
+  std::istringstream names(path);
+  for (std::string name; std::getline(names, name, '.');) module = module.attr(name).toModule();
+  return module;
+}
+
+// The chain a step is running, for metamem::script_chain (one step at a
+// time runs on a thread).
+struct ChainRun {
+  std::vector<Unit> units;
+  const CheckpointPolicy* policy = nullptr;
+};
+thread_local const ChainRun* running_chain = nullptr;
+
+at::Tensor run_script_chain(const at::Tensor& x) {
+  if (!running_chain) throw std::logic_error("metamem::script_chain runs only inside a TorchScript model's step");
+  return run_chain(running_chain->units, x, *running_chain->policy);
+}
+
+TORCH_LIBRARY_FRAGMENT(metamem, m) {
+  // A TorchScript model's chain of submodules, run under its step's policy:
+  // composite, so that autograd sees the chain's own ops.
+  m.def("script_chain(Tensor x) -> Tensor");
+  m.impl("script_chain", c10::DispatchKey::CompositeImplicitAutograd, TORCH_FN(run_script_chain));
+}
+
+// `graph` with its chain's calls replaced by one call of metamem::script_chain.
+void call_chain_as_one(torch::jit::Graph& graph, const ScriptChain& chain) {
+  torch::jit::Node* last = chain.calls.back();
+  torch::jit::WithInsertPoint here(last);
+  torch::jit::Node* call = graph.insertNode(graph.create(c10::Symbol::fromQualString("metamem::script_chain"),
+                                                         {chain.calls.front()->input(1)}, 1));
+  call->output()->setType(last->output()->type());
+  last->output()->replaceAllUsesWith(call->output());
+  for (auto node = chain.calls.rbegin(); node != chain.calls.rend(); ++node) (*node)->destroy();
+}
+
 // The last line of an interpreter error: "RuntimeError: <what went wrong>".
 std::string last_line(const std::string& message) {
   std::string line, last;
@@ -50,7 +176,8 @@ std::string last_line(const std::string& message) {
 
 class ScriptStep final : public TrainingStep {
  public:
-  ScriptStep(const torch::jit::Module& on_meta, const ScriptConfig& config) : loss_(config.loss) {
+  ScriptStep(const torch::jit::Module& on_meta, const ScriptConfig& config)
+      : loss_(config.loss), policy_(config.checkpoint.value_or(CheckpointPolicy{})) {
     if (meta_mode_active()) {
       {
         OutsideMetaMode outside;
@@ -58,11 +185,30 @@ class ScriptStep final : public TrainingStep {
       }
       adopt_tensors(module_);
     } else {
-      const std::int64_t before = CpuMemoryCounter::live_bytes();
       module_ = torch::jit::load(config.path);
-      host_only_ = CpuMemoryCounter::live_bytes() - before - storage_bytes(module_);
+      // All the process holds but the model's tensors: the loader's records,
+      // and what an earlier load of a file left cached (a second load of
+      // the same file keeps less of its own).
+      host_only_ = CpuMemoryCounter::live_bytes() - storage_bytes(module_);
     }
     module_.train();
+    if (config.checkpoint) {
+      std::shared_ptr<torch::jit::Graph> graph = forward_graph(module_);
+      const ScriptChain chain = script_chain(*graph);
+      validate_against_chain(chain);
+      for (const std::vector<std::string>& paths : units_of(chain)) {
+        std::vector<torch::jit::Module> children;
+        for (const std::string& path : paths) children.push_back(submodule(module_, path));
+        chain_.units.push_back({{paths.front()}, [children](const at::Tensor& x) mutable {
+                                  at::Tensor y = x;
+                                  for (torch::jit::Module& child : children) y = child.forward({y}).toTensor();
+                                  return y;
+                                }});
+      }
+      chain_.policy = &policy_;
+      call_chain_as_one(*graph, chain);
+      chained_forward_ = std::make_unique<torch::jit::GraphFunction>("forward_chained", graph, nullptr);
+    }
     for (const InputSpec& spec : config.inputs)
       inputs_.push_back(c10::isFloatingType(spec.dtype)
                             ? torch::randn(spec.sizes, torch::dtype(spec.dtype))
@@ -103,7 +249,13 @@ class ScriptStep final : public TrainingStep {
   c10::IValue run_forward() {
     std::vector<c10::IValue> args(inputs_.begin(), inputs_.end());
     try {
-      return module_.forward(args);
+      if (!chained_forward_) return module_.forward(args);
+      args.insert(args.begin(), module_._ivalue());
+      running_chain = &chain_;
+      struct Done {
+        ~Done() { running_chain = nullptr; }
+      } done;
+      return (*chained_forward_)(std::move(args));
     } catch (const c10::NotImplementedError&) {
       throw;  // an op without a meta kernel, named
     } catch (const c10::Error& e) {  // the call itself: argument count or types
@@ -182,7 +334,56 @@ class ScriptStep final : public TrainingStep {
     return total;
   }
 
+  // The chain's units, by path: each child with parameters (a Sequential
+  // among them stands for its own chain), with the children without any
+  // that follow it (an activation, a pooling: ReLU(inplace) gives back its
+  // input, which a checkpointed segment cannot end on), those before the
+  // first with it.
+  std::vector<std::vector<std::string>> units_of(const ScriptChain& chain) const {
+    std::vector<std::string> paths;
+    for (const std::string& name : chain.children) add_children(module_.attr(name).toModule(), name, paths);
+    std::vector<std::vector<std::string>> units;
+    std::vector<std::string> leading;
+    for (const std::string& name : paths) {
+      const bool weighted = submodule(module_, name).parameters().size() > 0;
+      if (weighted || units.empty()) {
+        if (!weighted) {
+          leading.push_back(name);
+          continue;
+        }
+        units.push_back(std::move(leading));
+        leading.clear();
+        units.back().push_back(name);
+      } else {
+        units.back().push_back(name);
+      }
+    }
+    if (units.empty()) units.push_back(std::move(leading));  // no weights at all: one unit
+    else if (!leading.empty()) units.back().insert(units.back().end(), leading.begin(), leading.end());
+    return units;
+  }
+
+  void validate_against_chain(const ScriptChain& chain) const {
+    if (chain.calls.empty())
+      throw std::invalid_argument("--policy: the model's forward calls no submodules one after the other "
+                                  "(a chain of units to checkpoint)");
+    const std::vector<std::vector<std::string>> units = units_of(chain);
+    try {
+      validate(policy_, static_cast<std::int32_t>(units.size()));
+    } catch (const std::invalid_argument& e) {
+      std::string names;
+      for (std::size_t u = 0; u < units.size(); ++u) {
+        names += (u ? ", " : "") + std::to_string(u) + " ";
+        for (std::size_t c = 0; c < units[u].size(); ++c) names += (c ? "+" : "") + units[u][c];
+      }
+      throw std::invalid_argument(std::string(e.what()) + " (the model's chain: " + names + ")");
+    }
+  }
+
   torch::jit::Module module_;
+  CheckpointPolicy policy_;
+  ChainRun chain_;
+  std::unique_ptr<torch::jit::GraphFunction> chained_forward_;  // forward, its chain run as one
   std::int64_t host_only_ = 0;  // what the loader keeps besides tensors
   std::vector<at::Tensor> inputs_;
   at::Tensor targets_;

@@ -4,9 +4,11 @@
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "profiler/Chain.h"
 #include "profiler/Step.h"
 
 namespace metamem {
@@ -28,6 +30,13 @@ struct ScriptConfig {
   std::string path;
   std::vector<InputSpec> inputs;
   LossSpec loss;
+  // With a policy, the model's chain runs as units (Unit regions of the
+  // trace), those of its segments recomputed in backward: the longest run
+  // of submodules its forward calls one after the other, each taking the
+  // last one's output alone (a Sequential's layers; a torchvision ResNet's
+  // stem and stages), its own methods' calls inlined first. Without one,
+  // the interpreter runs forward as it is.
+  std::optional<CheckpointPolicy> checkpoint;
 };
 
 // Names a model file rather than a zoo model.
@@ -36,8 +45,10 @@ bool is_script_path(const std::string& model);
 // Reads the file once, onto the meta device (no real weights); each traced
 // build clones it into MetaTensors, each real build loads it on CPU. Module
 // scopes come from the module hierarchy (layer1.0.conv1). Throws
-// std::invalid_argument for a file that is not TorchScript; inputs that do
-// not fit the model's forward fail the step with std::invalid_argument.
+// std::invalid_argument for a file that is not TorchScript, and for a
+// policy outside the model's chain (or one given a model without one);
+// inputs that do not fit the model's forward fail the step with
+// std::invalid_argument.
 StepBuilder script_step(const ScriptConfig& config);
 
 }  // namespace metamem
