@@ -108,7 +108,8 @@ TEST(ScriptModel, CheckpointedChainMatchesRealCpuRun) {
 // checkpoint solvers simulate: each simulated policy equals its re-trace.
 TEST(ScriptModel, CheckpointSimulationEqualsRetraces) {
   const ScriptCase model{"mobilenet_v2", "4x3x64x64", "cross_entropy:1000"};
-  const CheckpointSimulator simulator([&](const CheckpointPolicy& policy) { return trace_step(build(model, policy), c10::Device(c10::kCPU)); });
+  const CheckpointSimulator simulator(
+      [&](const CheckpointPolicy& policy) { return trace_step(build(model, policy), c10::Device(c10::kCPU)); });
   EXPECT_EQ(simulator.units(), 21);
   for (const char* policy : {"0-4", "2,5-8,12", "1-18[3-6,9]"})
     EXPECT_EQ(simulator.simulate(parse_policy(policy)).peak_bytes, traced_peak(build(model, parse_policy(policy))))

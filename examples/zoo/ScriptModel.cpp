@@ -14,6 +14,7 @@
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include "examples/zoo/ParseInteger.h"
 #include "meta/MetaMode.h"
@@ -54,7 +55,8 @@ std::shared_ptr<torch::jit::Graph> forward_graph(const torch::jit::Module& modul
     inlined = false;
     for (torch::jit::Node* node : graph->nodes()) {
       if (node->kind() != c10::prim::CallMethod || node->input(0) != graph->inputs()[0]) continue;
-      torch::jit::inlineCallTo(node, &torch::jit::toGraphFunction(module.type()->getMethod(node->s(c10::attr::name))));
+      torch::jit::Function& method = module.type()->getMethod(node->s(c10::attr::name));
+      torch::jit::inlineCallTo(node, &torch::jit::toGraphFunction(method));
       inlined = true;
       break;
     }
@@ -195,8 +197,12 @@ class ScriptStep final : public TrainingStep {
     if (config.checkpoint) {
       std::shared_ptr<torch::jit::Graph> graph = forward_graph(module_);
       const ScriptChain chain = script_chain(*graph);
-      validate_against_chain(chain);
-      for (const std::vector<std::string>& paths : units_of(chain)) {
+      if (chain.calls.empty())
+        throw std::invalid_argument("--policy: the model's forward calls no submodules one after the other "
+                                    "(a chain of units to checkpoint)");
+      const std::vector<std::vector<std::string>> units = units_of(chain);
+      validate_against(units);
+      for (const std::vector<std::string>& paths : units) {
         std::vector<torch::jit::Module> children;
         for (const std::string& path : paths) children.push_back(submodule(module_, path));
         chain_.units.push_back({{paths.front()}, [children](const at::Tensor& x) mutable {
@@ -343,31 +349,21 @@ class ScriptStep final : public TrainingStep {
     std::vector<std::string> paths;
     for (const std::string& name : chain.children) add_children(module_.attr(name).toModule(), name, paths);
     std::vector<std::vector<std::string>> units;
-    std::vector<std::string> leading;
-    for (const std::string& name : paths) {
-      const bool weighted = submodule(module_, name).parameters().size() > 0;
-      if (weighted || units.empty()) {
-        if (!weighted) {
-          leading.push_back(name);
-          continue;
-        }
-        units.push_back(std::move(leading));
-        leading.clear();
-        units.back().push_back(name);
+    std::vector<std::string> leading;  // parameter-free children before the first with parameters
+    for (const std::string& path : paths) {
+      if (submodule(module_, path).parameters().size() > 0) {
+        units.push_back(std::exchange(leading, {}));
+        units.back().push_back(path);
       } else {
-        units.back().push_back(name);
+        (units.empty() ? leading : units.back()).push_back(path);
       }
     }
-    if (units.empty()) units.push_back(std::move(leading));  // no weights at all: one unit
-    else if (!leading.empty()) units.back().insert(units.back().end(), leading.begin(), leading.end());
+    if (units.empty()) units.push_back(std::move(leading));  // no parameters at all: one unit
     return units;
   }
 
-  void validate_against_chain(const ScriptChain& chain) const {
-    if (chain.calls.empty())
-      throw std::invalid_argument("--policy: the model's forward calls no submodules one after the other "
-                                  "(a chain of units to checkpoint)");
-    const std::vector<std::vector<std::string>> units = units_of(chain);
+  // Throws std::invalid_argument, naming the units, where the policy does not fit them.
+  void validate_against(const std::vector<std::vector<std::string>>& units) const {
     try {
       validate(policy_, static_cast<std::int32_t>(units.size()));
     } catch (const std::invalid_argument& e) {
