@@ -366,18 +366,6 @@ class CounterPhases final : public PhaseListener {
   std::vector<std::int64_t> peaks_;
 };
 
-// oneDNN's convolutions allocate internal reorders and scratchpads that no
-// meta kernel can know; the CPU model is libtorch's native convolution.
-class NativeCpuConvolution {
- public:
-  NativeCpuConvolution() : was_enabled_(at::globalContext().userEnabledMkldnn()) {
-    at::globalContext().setUserEnabledMkldnn(false);
-  }
-  ~NativeCpuConvolution() { at::globalContext().setUserEnabledMkldnn(was_enabled_); }
-
- private:
-  bool was_enabled_;
-};
 
 // Passes on what an observer has not seen yet: all but the first `seen`
 // allocations and frees (a trace run again from its start).
@@ -429,6 +417,17 @@ Trace traced_steps(const StepBuilder& build, c10::Device fake_device, const Step
 }
 
 }  // namespace
+
+NativeCpuConvolution::NativeCpuConvolution()
+    : mkldnn_was_(at::globalContext().userEnabledMkldnn()), nnpack_was_(at::globalContext().userEnabledNNPACK()) {
+  at::globalContext().setUserEnabledMkldnn(false);
+  at::globalContext().setUserEnabledNNPACK(false);
+}
+
+NativeCpuConvolution::~NativeCpuConvolution() {
+  at::globalContext().setUserEnabledMkldnn(mkldnn_was_);
+  at::globalContext().setUserEnabledNNPACK(nnpack_was_);
+}
 
 Optimizer parse_optimizer(const std::string& name) {
   if (name == "none") return Optimizer::None;

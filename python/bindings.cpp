@@ -40,6 +40,7 @@
 #include "meta/MetaMode.h"
 #include "meta/MetaTensor.h"
 #include "profiler/CpuMemoryCounter.h"
+#include "profiler/Step.h"
 #include "profiler/Tracer.h"
 
 namespace py = pybind11;
@@ -532,20 +533,13 @@ class Session {
 };
 
 // The peak bytes held through the CPU allocator while `step` runs, above
-// those held before (oneDNN off: metamem models the native kernels).
+// those held before (convolutions native: metamem models those kernels).
 std::int64_t achieved_cpu(const py::function& step) {
-  const bool mkldnn = at::globalContext().userEnabledMkldnn();
-  at::globalContext().setUserEnabledMkldnn(false);
+  NativeCpuConvolution native_convolution;
   CpuMemoryCounter counter;
   const std::int64_t before = CpuMemoryCounter::live_bytes();
   counter.reset_peak();
-  try {
-    step();
-  } catch (...) {
-    at::globalContext().setUserEnabledMkldnn(mkldnn);
-    throw;
-  }
-  at::globalContext().setUserEnabledMkldnn(mkldnn);
+  step();
   return counter.peak_bytes() - before;
 }
 
