@@ -67,8 +67,8 @@ std::shared_ptr<torch::jit::Graph> forward_graph(const torch::jit::Module& modul
 // A call `self.<child>.forward(x)` of one tensor to one tensor: its child's name, else none.
 std::optional<std::string> child_called(const torch::jit::Graph& graph, const torch::jit::Node* node) {
   if (node->kind() != c10::prim::CallMethod || node->s(c10::attr::name) != "forward" || node->inputs().size() != 2 ||
-      node->outputs().size() != 1 || !node->input(1)->type()->cast<c10::TensorType>() ||
-      !node->output()->type()->cast<c10::TensorType>())
+      node->outputs().size() != 1 || node->input(1)->type()->kind() != c10::TypeKind::TensorType ||
+      node->output()->type()->kind() != c10::TypeKind::TensorType)
     return std::nullopt;
   const torch::jit::Node* get = node->input(0)->node();
   if (get->kind() != c10::prim::GetAttr || get->input(0) != graph.inputs()[0]) return std::nullopt;
