@@ -23,10 +23,6 @@ export METAMEM_SCRIPT_MODELS=build-sanitize/tests/script_models
 # Time limits are an optimised build's: the instrumented one is slower.
 skipped="Exact.KeepsItsTimeLimitOnAHundredThousandRanges:Exact.StopsAtItsTimeLimitWithTheBestSoFar"
 skipped+=":Instances/MiniMallocChallenging.AutoDecidesItWithinItsDefaultTimeLimit/*"
-# Their real CPU runs (TorchScript's interpreter in an instrumented process)
-# hold 50 to 130 KB more than in the optimised build, in blocks of odd sizes;
-# the traces are the same (docs/setup.md). No sanitizer report.
-skipped+=":Torchvision/ScriptedModel.PredictedPeakMatchesRealCpuRun/*"
 for suite in "${suites[@]}"; do
   echo "== $suite"
   "build-sanitize/tests/$suite" --gtest_filter="-$skipped" --gtest_brief=1 --gtest_print_time=0
