@@ -306,6 +306,20 @@ def test_empty_cache_in_a_block_is_in_its_report(tmp_path):
         assert real == peaks  # 786,432,000 B reserved in the second step (the report left empty_cache out: 799,014,912)
 
 
+def cuda_graph_steps_on_the_fake_gpu(call):
+    """What `cuda_graph_steps.<call>` returns when real torch runs it on the
+    fake GPU made an H100 (the test is skipped where none was built)."""
+    oracle = os.environ.get("METAMEM_ORACLE", "")
+    if not os.path.exists(os.path.join(oracle, "libmetamem_fake_cuda_preload.so")):
+        pytest.skip(f"METAMEM_ORACLE={oracle!r} holds no fake GPU to run real torch on")
+    import metamem._metamem as native
+    from real_torch_on_fake_gpu import PROLOGUE, measure
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    return measure(oracle, native.gpu("H100-80GB"), PROLOGUE + f"sys.path.insert(0, {here!r})\n"
+                   f"import cuda_graph_steps\nprint(json.dumps(cuda_graph_steps.{call}))\n")
+
+
 @pytest.mark.parametrize("on_warmup_stream", [False, True], ids=["capture stream", "warm-up stream"])
 def test_a_step_captured_in_a_cuda_graph(on_warmup_stream, tmp_path):
     # A capture's allocations take segments of its graph's private pool;
@@ -322,18 +336,9 @@ def test_a_step_captured_in_a_cuda_graph(on_warmup_stream, tmp_path):
     assert torch.cuda.CUDAGraph.__module__ == "torch.cuda.graphs" and torch.cuda.graph.default_capture_stream is None
     t.save_allocator_events(str(tmp_path / "events.txt"))
     assert "pool_begin 1" in (tmp_path / "events.txt").read_text()
-    oracle = os.environ.get("METAMEM_ORACLE", "")
-    if not os.path.exists(os.path.join(oracle, "libmetamem_fake_cuda_preload.so")):
-        pytest.skip(f"METAMEM_ORACLE={oracle!r} holds no fake GPU to run real torch on")
-    import metamem._metamem as native
-    from real_torch_on_fake_gpu import PROLOGUE, measure
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    real = measure(oracle, native.gpu("H100-80GB"),
-                   PROLOGUE + f"sys.path.insert(0, {here!r})\nimport cuda_graph_steps\n"
-                   f"print(json.dumps(cuda_graph_steps.whole_network({on_warmup_stream})))\n")
-    assert real == peaks
+    assert cuda_graph_steps_on_the_fake_gpu(f"whole_network({on_warmup_stream})") == peaks
     # The trace's event list, pools included, through PyTorch's own allocator.
+    oracle = os.environ["METAMEM_ORACLE"]
     replay = subprocess.run([os.path.join(oracle, "metamem-allocator-oracle"), str(tmp_path / "events.txt")],
                             capture_output=True, text=True)
     assert replay.returncode == 0 and "equal after every one" in replay.stdout
@@ -349,16 +354,7 @@ def test_a_stream_that_waits_on_a_capture_is_captured(join_by_event):
     # The side stream's request in the capture takes a 12 MiB segment of the
     # graph's pool beside its own cached one, which serves it after.
     assert states == [[12 * MiB, 24 * MiB], [24 * MiB, 24 * MiB]]
-    oracle = os.environ.get("METAMEM_ORACLE", "")
-    if not os.path.exists(os.path.join(oracle, "libmetamem_fake_cuda_preload.so")):
-        pytest.skip(f"METAMEM_ORACLE={oracle!r} holds no fake GPU to run real torch on")
-    import metamem._metamem as native
-    from real_torch_on_fake_gpu import PROLOGUE, measure
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    assert measure(oracle, native.gpu("H100-80GB"),
-                   PROLOGUE + f"sys.path.insert(0, {here!r})\nimport cuda_graph_steps\n"
-                   f"print(json.dumps(cuda_graph_steps.forked_capture({join_by_event})))\n") == states
+    assert cuda_graph_steps_on_the_fake_gpu(f"forked_capture({join_by_event})") == states
 
 
 def test_a_mem_pool_keeps_its_segments():
@@ -371,16 +367,7 @@ def test_a_mem_pool_keeps_its_segments():
     # 12 MiB cached, 12 MiB and a 2 MiB small segment the pool's; after the
     # pooled tensor's free and empty_cache, the pool's segments stay.
     assert states == [[25169920, 26 * MiB], [12587008, 26 * MiB]]
-    oracle = os.environ.get("METAMEM_ORACLE", "")
-    if not os.path.exists(os.path.join(oracle, "libmetamem_fake_cuda_preload.so")):
-        pytest.skip(f"METAMEM_ORACLE={oracle!r} holds no fake GPU to run real torch on")
-    import metamem._metamem as native
-    from real_torch_on_fake_gpu import PROLOGUE, measure
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    assert measure(oracle, native.gpu("H100-80GB"),
-                   PROLOGUE + f"sys.path.insert(0, {here!r})\nimport cuda_graph_steps\n"
-                   "print(json.dumps(cuda_graph_steps.mem_pool_routing()))\n") == states
+    assert cuda_graph_steps_on_the_fake_gpu("mem_pool_routing()") == states
 
 
 def test_seeds_and_rng_state_and_the_real_generator_kept():
