@@ -833,7 +833,7 @@ def largest_batch(fits, most=1 << 16):
     return _largest_from(asked, 1, None, most) if asked(1) else 0
 
 
-def largest_batch_by_line(measure, budget, most=1 << 16):
+def largest_batch_by_line(measure, budget, most=1 << 16, multiple=1):
     """The largest batch size up to `most` whose reserved bytes (measure(batch)
     gives (peak bytes, reserved bytes)) are at most `budget`, 0 when batch
     1's are not, in few traces: a step's buffers either do not depend on the
@@ -842,14 +842,22 @@ def largest_batch_by_line(measure, budget, most=1 << 16):
     traced, and the next one, which must not fit: four traces where the line
     holds. Where it does not (the allocator's segments round the reserved
     bytes), doubling and bisection go on from what was measured. Each size
-    is measured once; errors as largest_batch's."""
+    is measured once; errors as largest_batch's. With `multiple` (a
+    pipeline's microbatches), only its multiples are batches: the line
+    runs through `multiple` and twice it."""
+    if most < multiple:
+        return 0
     measured = {}
 
-    def fits(batch):
-        measured[batch] = measure(batch)
-        return measured[batch][1] <= budget
+    def fits(samples):  # `samples` to each of the `multiple` parts of the batch
+        measured[samples] = measure(samples * multiple)
+        return measured[samples][1] <= budget
 
-    asked = _naming_the_batch(fits)
+    return multiple * _largest_by_line(_naming_the_batch(fits, multiple), measured, budget, most // multiple)
+
+
+def _largest_by_line(asked, measured, budget, most):
+    """largest_batch_by_line's search, of batches asked(batch) has measured."""
     if not asked(1):
         return 0
     if most == 1 or not asked(2):
@@ -865,16 +873,17 @@ def largest_batch_by_line(measure, budget, most=1 << 16):
     return _largest_from(asked, guess + 1, None, most)
 
 
-def _naming_the_batch(fits):
-    """fits(batch), a ValueReadError naming the batch and the largest that fit."""
+def _naming_the_batch(fits, multiple=1):
+    """fits(batch), a ValueReadError naming the batch and the largest that fit
+    (each `multiple` times the size fits was asked of)."""
     largest = [0]
 
     def asked(batch):
         try:
             fit = fits(batch)
         except ValueReadError as error:
-            raise ValueReadError(f"at batch {batch} the step reads a value the trace does not know, "
-                                 f"batch {largest[0]} fits: {error.args[0]}") from error
+            raise ValueReadError(f"at batch {batch * multiple} the step reads a value the trace does not know, "
+                                 f"batch {largest[0] * multiple} fits: {error.args[0]}") from error
         if fit:
             largest[0] = max(largest[0], batch)
         return fit

@@ -561,28 +561,26 @@ def layouts_of(args):
 def largest_local_batch(args, layout, budget):
     """(largest batch, {batch: reserved bytes}, traces) of the flags' layout
     with `layout`'s flags set, read off the line through batches 1 and 2 and
-    verified (metamem.largest_batch_by_line). A search traces rank 0,
-    whose shards are the largest (the last rank's are short where a
-    dimension does not divide), and in a pipeline also the last pipeline
-    rank's first, which holds the loss: the larger of each figure counts.
-    A pipeline's batches are its microbatches' multiples (its stages
-    hold microbatches of activations, however many there are)."""
+    verified (metamem.largest_batch_by_line). A search traces the ranks
+    that differ (metamem.torchtitan.ranks_that_differ): the larger of each
+    figure counts. A pipeline's batches are its microbatches' multiples
+    (its stages hold microbatches of activations, however many there
+    are)."""
     args = argparse.Namespace(**{**vars(args), **vars(layout)})
-    pipeline = bool(args.torchtitan) and args.pp > 1
+    pipeline = args.pp if args.torchtitan else 1
     ranks = [args.rank]
-    if vars(layout):
-        ranks = [0, (args.pp - 1) * args.dp * args.tp] if pipeline else [0]
-    per = args.microbatches if pipeline else 1
+    if vars(layout):  # a search's layout
+        ranks = titan.ranks_that_differ(pipeline * args.dp * args.tp, pipeline) if args.torchtitan else [0]
     tried = {}
 
-    def measure(samples):
-        traces = [traced(argparse.Namespace(**{**vars(args), "rank": rank}), samples * per)[0] for rank in ranks]
+    def measure(batch):
+        traces = [traced(argparse.Namespace(**{**vars(args), "rank": rank}), batch)[0] for rank in ranks]
         peak, reserved = max(max(t.step_peaks) for t in traces), max(t.reserved_peak_bytes for t in traces)
-        tried[samples * per] = reserved
+        tried[batch] = reserved
         return peak, reserved
 
-    best = per * largest_batch_by_line(measure, budget, args.max_batch // per) if args.max_batch >= per else 0
-    return best, tried, len(tried) * len(ranks)
+    multiple = args.microbatches if pipeline > 1 else 1
+    return largest_batch_by_line(measure, budget, args.max_batch, multiple), tried, len(tried) * len(ranks)
 
 
 def layout_row(args, layout):

@@ -30,7 +30,7 @@ from . import largest_batch_by_line
 from . import trace as metamem_trace
 
 __all__ = ["PRESETS", "Preset", "trainer_config", "stages_told_their_shapes", "training_step", "trace",
-           "largest_batch"]
+           "largest_batch", "ranks_that_differ"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,11 +280,18 @@ def largest_batch(flavor, world_size=None, gpu="H100-80GB", memory=None, most=64
     pipeline = overrides.get("pipeline_parallel") or 1
     if pipeline > 1:
         overrides.setdefault("microbatches", pipeline)
-    per = overrides.get("microbatches") or 1
-    ranks = [0, world_size - world_size // pipeline] if pipeline > 1 else [0]
+    ranks = ranks_that_differ(world_size, pipeline)
 
-    def measure(samples):
-        traces = [trace(flavor, world_size, rank, gpu, local_batch_size=samples * per, **overrides) for rank in ranks]
+    def measure(batch):
+        traces = [trace(flavor, world_size, rank, gpu, local_batch_size=batch, **overrides) for rank in ranks]
         return max(max(t.step_peaks) for t in traces), max(t.reserved_peak_bytes for t in traces)
 
-    return per * largest_batch_by_line(measure, capacity, most // per) if most >= per else 0
+    return largest_batch_by_line(measure, capacity, most, overrides.get("microbatches") or 1)
+
+
+def ranks_that_differ(world_size, pipeline_parallel=1):
+    """The ranks whose steps bound the job's: rank 0, whose shards are the
+    largest (the last rank's are short where a dimension does not divide),
+    and in a pipeline the last pipeline rank's first, which computes the
+    loss (the pipeline is the outermost dimension)."""
+    return [0] if pipeline_parallel == 1 else [0, world_size - world_size // pipeline_parallel]
