@@ -20,6 +20,8 @@ import torch
 from . import UnsupportedOpError, gpu_memory, trace
 from ._checkpointing import Checkpointing
 from ._hf_tasks import TASKS, inputs, task_of
+from ._pipeline import Pipeline, pipeline_refusal, stage_module
+from ._sharding import ranks_that_differ
 from ._step import checked, train
 from . import largest_batch_by_line
 
@@ -150,8 +152,13 @@ def training_step(cfg, batch=1, seq=128, device="cuda", dtype="f32", optimizer="
     selectively) recomputes layers in backward (transformers'
     activation_checkpointing_enable, non-reentrant). `sharding` (a
     metamem.Sharding) shards the model with FSDP2 over a data-parallel job's
-    ranks, each of its layers a unit: run it as one rank of that job
-    (trace(world_size=...), or in a process group)."""
+    ranks, each of its layers a unit, splits its layers by its
+    tensor-parallel plan, and with pipeline_parallel P > 1 builds the
+    pipeline rank's stage of a decoder (on the meta device, then its own
+    layers on `device`, initialized as transformers initializes them) and
+    trains the batch in its microbatches under torch's 1F1B schedule
+    (metamem._pipeline); checkpointing counts the stage's layers. Run it as
+    one rank of that job (trace(world_size=...), or in a process group)."""
     transformers = _transformers()
     torch_dtype = checked(dtype, optimizer)
     task, architecture = task_of(cfg)
@@ -165,24 +172,47 @@ def training_step(cfg, batch=1, seq=128, device="cuda", dtype="f32", optimizer="
         checkpointing = Checkpointing()
     if checkpointing and checkpointing.layers == 0:
         checkpointing = None
+    stages = 1 if sharding is None else sharding.pipeline_parallel
+    if stages > 1:
+        refusal = pipeline_refusal(cfg, stages)
+        if refusal:
+            raise ValueError(refusal)
+        if batch % sharding.microbatches:
+            raise ValueError(f"batch {batch} does not split into {sharding.microbatches} equal microbatches")
+
+    def build():
+        try:
+            return model_class._from_config(cfg, **built_with)
+        except UnsupportedOpError:
+            raise
+        except Exception as error:  # the config's values, not the trace, are at fault
+            raise ValueError(f"{cfg.model_type}'s config does not build {architecture}: "
+                             f"{type(error).__name__}: {error}") from error
 
     def step():
         torch.manual_seed(0)
-        with torch.device(device):
-            try:
-                model = model_class._from_config(cfg, **built_with)
-            except UnsupportedOpError:
-                raise
-            except Exception as error:  # the config's values, not the trace, are at fault
-                raise ValueError(f"{cfg.model_type}'s config does not build {architecture}: "
-                                 f"{type(error).__name__}: {error}") from error
+        mesh = None if sharding is None else sharding.mesh(device)
+        if stages > 1:
+            stage = mesh["pp"].get_local_rank()
+            with torch.device("meta"):
+                model = build()
+            root = stage_module(model, stage, stages).to_empty(device=device)
+            model.initialize_weights()
+        else:
+            with torch.device(device):
+                model = root = build()
         model.train()
         if checkpointing:
             _recompute(model, checkpointing)
         if sharding is not None:
-            sharding.shard(model, model._no_split_modules, device)
+            sharding.shard(model, model._no_split_modules, mesh, root)
         batch_inputs = inputs(cfg, task, batch, seq, device, torch_dtype)
-        train(model, lambda: model(**batch_inputs).loss.backward(), optimizer, steps)
+        if stages > 1:
+            pipeline = Pipeline(root, stage, stages, mesh["pp"].get_group(), device, batch, seq,
+                                sharding.microbatches)
+            train(root, lambda: pipeline.step(batch_inputs["input_ids"], batch_inputs["labels"]), optimizer, steps)
+        else:
+            train(model, lambda: model(**batch_inputs).loss.backward(), optimizer, steps)
     return step
 
 
@@ -213,13 +243,17 @@ def largest_batch(cfg, seq=128, gpu="H100-80GB", memory=None, most=1 << 16, **op
     read off the line through batches 1 and 2 and verified, else doubling and
     bisection (metamem.largest_batch_by_line).
     With a `sharding`, the NCCL communicators of its process groups come
-    off the allocator's memory too."""
-    sharding = options.get("sharding")
+    off the allocator's memory too, and the ranks that differ are traced
+    (rank 0, and a pipeline's last stage's first rank), the larger figures
+    counting; a pipeline's batches are its microbatches' multiples."""
+    sharding = options.pop("sharding", None)
     capacity = gpu_memory(gpu, memory, nccl_communicators=sharding.process_groups() if sharding else 0)[
         "allocator_bytes"]
+    ranks = [0] if sharding is None else ranks_that_differ(sharding.world_size, sharding.pipeline_parallel)
 
     def measure(batch):
-        t = trace_step(cfg, batch, seq, device="cuda", gpu=gpu, **options)
-        return max(t.step_peaks), t.reserved_peak_bytes
+        traces = [trace_step(cfg, batch, seq, device="cuda", gpu=gpu, sharding=sharding, rank=rank, **options)
+                  for rank in ranks]
+        return max(max(t.step_peaks) for t in traces), max(t.reserved_peak_bytes for t in traces)
 
-    return largest_batch_by_line(measure, capacity, most)
+    return largest_batch_by_line(measure, capacity, most, (sharding and sharding.microbatches) or 1)

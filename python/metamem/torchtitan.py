@@ -28,6 +28,7 @@ import torch
 from . import gpu_memory
 from . import largest_batch_by_line
 from . import trace as metamem_trace
+from ._sharding import ranks_that_differ
 
 __all__ = ["PRESETS", "Preset", "trainer_config", "stages_told_their_shapes", "training_step", "trace",
            "largest_batch", "ranks_that_differ"]
@@ -288,10 +289,3 @@ def largest_batch(flavor, world_size=None, gpu="H100-80GB", memory=None, most=64
 
     return largest_batch_by_line(measure, capacity, most, overrides.get("microbatches") or 1)
 
-
-def ranks_that_differ(world_size, pipeline_parallel=1):
-    """The ranks whose steps bound the job's: rank 0, whose shards are the
-    largest (the last rank's are short where a dimension does not divide),
-    and in a pipeline the last pipeline rank's first, which computes the
-    loss (the pipeline is the outermost dimension)."""
-    return [0] if pipeline_parallel == 1 else [0, world_size - world_size // pipeline_parallel]

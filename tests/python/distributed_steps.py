@@ -88,18 +88,35 @@ def pipeline(world, schedule="GPipe", microbatches=8):
         optimizer.zero_grad()
 
 
-def hf_llama(world, ranks_per_node=None, tensor_parallel=1):
+def hf_llama(world, ranks_per_node=None, tensor_parallel=1, pipeline_parallel=1):
     """transformers' Llama (two layers, width 72: shards padded on 4 ranks)
-    as `metamem profile --hf llama --dp N [--tp T]` shards and trains it:
-    the linears split by its tp_plan, FSDP2 on each decoder layer and on the
-    model, two AdamW steps."""
+    as `metamem profile --hf llama --dp N [--tp T] [--pp P]` shards and
+    trains it: a pipeline rank's stage (one layer each of two), the linears
+    split by its tp_plan, FSDP2 on each decoder layer and on the model (the
+    stage), two AdamW steps of batch 2 (in two microbatches in a
+    pipeline)."""
     import metamem
     from metamem import hf
 
     cfg = hf.config("llama", num_hidden_layers=2, hidden_size=72, intermediate_size=144, num_attention_heads=4,
                     num_key_value_heads=2, vocab_size=250)
-    sharding = metamem.Sharding(world // tensor_parallel, ranks_per_node, tensor_parallel)
+    sharding = metamem.Sharding(world // (tensor_parallel * pipeline_parallel), ranks_per_node, tensor_parallel,
+                                pipeline_parallel)
     hf.training_step(cfg, batch=2, seq=32, device="cpu", sharding=sharding)()
+
+
+def hf_pipeline(world, model_type, layers=3):
+    """A transformers decoder of the sweeps' reduced size (hf_configs.py)
+    with `layers` layers, in a pipeline of two stages over `world` ranks
+    (FSDP2 over the rest), two AdamW steps of batch 2 in two microbatches.
+    Three layers: the first stage holds two, as transformers splits them."""
+    import metamem
+    from hf_configs import SEQ, reduced
+    from metamem import hf
+
+    cfg = reduced(model_type)
+    cfg.num_hidden_layers = layers
+    hf.training_step(cfg, batch=2, seq=SEQ, device="cpu", sharding=metamem.Sharding(world // 2, pipeline_parallel=2))()
 
 
 STEPS = {"fsdp2": fsdp2, "fsdp2_keep_unsharded": lambda world: fsdp2(world, reshard_after_forward=False),
@@ -108,14 +125,20 @@ STEPS = {"fsdp2": fsdp2, "fsdp2_keep_unsharded": lambda world: fsdp2(world, resh
          "pipeline_1f1b": lambda world: pipeline(world, "1F1B"),
          "hf_llama": hf_llama, "hf_llama_hybrid": lambda world: hf_llama(world, ranks_per_node=2),
          "hf_llama_tp": lambda world: hf_llama(world, tensor_parallel=2),
-         "hf_llama_tp_alone": lambda world: hf_llama(world, tensor_parallel=world)}
+         "hf_llama_tp_alone": lambda world: hf_llama(world, tensor_parallel=world),
+         "hf_llama_pp": lambda world: hf_llama(world, pipeline_parallel=2),
+         "hf_llama_pp_tp": lambda world: hf_llama(world, tensor_parallel=2, pipeline_parallel=2),
+         # GPT-NeoX's pipeline plan names its parts as Llama's does not
+         # (embed_in, emb_dropout, layers, final_layer_norm)
+         "hf_gpt_neox_pp": lambda world: hf_pipeline(world, "gpt_neox")}
 
 
 def _gloo_rank(rank, world, store, name, repeats, results):
     import metamem
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    step = lambda: STEPS[name](world)  # noqa: E731
+    make = STEPS[name] if isinstance(name, str) else name  # a name, or a function that pickles
+    step = lambda: make(world)  # noqa: E731
     step()  # gloo connects its pairs at the first collective of each group
     results.put((rank, [metamem.achieved_cpu(step) for _ in range(repeats)]))
     dist.barrier()
@@ -123,8 +146,9 @@ def _gloo_rank(rank, world, store, name, repeats, results):
 
 
 def gloo_peaks(name, world, store, repeats=3):
-    """Each rank's achieved CPU peaks of `repeats` runs of STEPS[name] in
-    `world` real gloo processes: {rank: [bytes, ...]}."""
+    """Each rank's achieved CPU peaks of `repeats` runs of STEPS[name] (or
+    name(world), a function that pickles) in `world` real gloo processes:
+    {rank: [bytes, ...]}."""
     return _in_processes(_gloo_rank, world, store, name, repeats)
 
 

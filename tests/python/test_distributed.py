@@ -25,7 +25,8 @@ def traced_peak(name, world, rank):
 @pytest.mark.parametrize("name, world", [("fsdp2", 4), ("fsdp2_keep_unsharded", 2), ("tensor_parallel", 4),
                                          ("sequence_parallel", 4),
                                          ("pipeline_gpipe", 4), ("pipeline_1f1b", 4), ("hf_llama", 4),
-                                         ("hf_llama_hybrid", 4), ("hf_llama_tp", 4)])
+                                         ("hf_llama_hybrid", 4), ("hf_llama_tp", 4), ("hf_llama_pp", 4),
+                                         ("hf_gpt_neox_pp", 2)])
 def test_each_rank_is_exact_against_gloo(name, world, tmp_path):
     # gloo's worker thread drops a finished collective's tensors when it
     # gets to it, sometimes after the main thread's next allocation: a run
@@ -38,15 +39,58 @@ def test_each_rank_is_exact_against_gloo(name, world, tmp_path):
         assert all(peak >= traced for peak in real[rank])
 
 
-def test_tensor_parallelism_alone_is_within_the_cpu_attentions_row_sums_of_gloo(tmp_path):
-    # transformers' tp_plan on two ranks, no FSDP: the step peaks in the CPU
-    # flash attention's backward, whose two threads each make a 128 B block
-    # of row sums, alive together in some real runs and one after the other
-    # in others; the trace holds both.
-    real = gloo_peaks("hf_llama_tp_alone", 2, tmp_path / "store")
-    for rank in range(2):
-        traced = traced_peak("hf_llama_tp_alone", 2, rank)
+@pytest.mark.parametrize("name, world", [("hf_llama_tp_alone", 2), ("hf_llama_pp_tp", 4)])
+def test_tensor_parallelism_alone_is_within_the_cpu_attentions_row_sums_of_gloo(name, world, tmp_path):
+    # transformers' tp_plan on two ranks, no FSDP (alone, or on each stage
+    # of a pipeline of two): the step peaks in the CPU flash attention's
+    # backward, whose two threads each make a 128 B block of row sums,
+    # alive together in some real runs and one after the other in others;
+    # the trace holds both.
+    real = gloo_peaks(name, world, tmp_path / "store")
+    for rank in range(world):
+        traced = traced_peak(name, world, rank)
         assert min(real[rank]) <= traced <= min(real[rank]) + 128, (rank, real[rank], traced)
+
+
+# A transformers decoder in a pipeline on fake cuda (bf16, an H100), as
+# `metamem profile --hf llama --pp 2 [--dp D] [--tp T]` trains it: run by
+# real torch on the fake GPU under torch's fake process group as one rank,
+# and traced as that rank.
+HF_PIPELINE_STEP = """
+import torch
+import metamem
+from metamem import hf
+
+
+def hf_pipeline_peaks(world, tensor_parallel):
+    cfg = hf.config("llama", num_hidden_layers=4, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                    num_key_value_heads=2, vocab_size=1024)
+    sharding = metamem.Sharding(world // (2 * tensor_parallel), tensor_parallel=tensor_parallel, pipeline_parallel=2)
+    hf.training_step(cfg, batch=4, seq=128, device="cuda", dtype="bf16", sharding=sharding)()
+    return [torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()]
+"""
+
+
+@pytest.mark.parametrize("world, tensor_parallel, rank", [(4, 1, 0), (4, 1, 3), (8, 2, 7)],
+                         ids=["pp 2 x FSDP2 2, first stage", "pp 2 x FSDP2 2, last stage",
+                              "pp 2 x tp 2 x FSDP2 2, last rank"])
+def test_a_hub_decoders_pipeline_rank_is_exact_against_real_torch_on_the_fake_gpu(world, tensor_parallel, rank):
+    oracle = os.environ.get("METAMEM_ORACLE", "")
+    if not os.path.exists(os.path.join(oracle, "libmetamem_fake_cuda_preload.so")):
+        pytest.skip(f"METAMEM_ORACLE={oracle!r} holds no fake GPU to run real torch on")
+    import metamem._metamem as native
+    from real_torch_on_fake_gpu import PROLOGUE, measure
+
+    real = measure(oracle, native.gpu("H100-80GB"), PROLOGUE + HF_PIPELINE_STEP + f"""
+import torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+dist.init_process_group("fake", store=FakeStore(), rank={rank}, world_size={world})
+print(json.dumps(hf_pipeline_peaks({world}, {tensor_parallel})))
+""")
+    exec(HF_PIPELINE_STEP, globals())
+    with metamem.trace(device="cuda", gpu="H100-80GB", world_size=world, rank=rank):
+        traced = hf_pipeline_peaks(world, tensor_parallel)  # noqa: F821 (defined by the exec above)
+    assert traced == real  # max allocated and max reserved over the build and two steps
 
 
 def test_ranks_differ_where_the_code_does():
