@@ -25,6 +25,7 @@ from . import (Sharding, UnsupportedOpError, _metamem, achieved_cpu, gpu_memory,
 from . import torchtitan as titan
 from ._checkpointing import SOLVERS, Checkpointing, least_recompute
 from ._search import each_apart
+from ._sharding import ranks_that_differ
 
 class UsageError(Exception):
     pass
@@ -125,11 +126,12 @@ def parser():
     p.add_argument("--rank", type=int, help="with --dp: the rank traced (default 0)")
     p.add_argument("--tp", type=int, metavar="T", help="tensor-parallel degree (--torchtitan: default the "
                    "preset's; --hf: transformers' tp_plan); the job is --dp x --tp ranks")
-    p.add_argument("--pp", type=int, metavar="P", help="--torchtitan: pipeline-parallel degree (default 1), "
-                   "torchtitan's stages and schedule; the job is --pp x --dp x --tp ranks, the pipeline outermost")
-    p.add_argument("--microbatches", type=int, metavar="N", help="--torchtitan with --pp: the local batch's "
-                   "microbatches (default --pp, the fewest its 1F1B schedule takes); fit finds the largest "
-                   "batch of N equal microbatches")
+    p.add_argument("--pp", type=int, metavar="P", help="pipeline-parallel degree (default 1): --torchtitan, "
+                   "torchtitan's stages and schedule; --hf, a decoder split as transformers splits it, under "
+                   "torch's 1F1B schedule; the job is --pp x --dp x --tp ranks, the pipeline outermost")
+    p.add_argument("--microbatches", type=int, metavar="N", help="with --pp: the local batch's microbatches "
+                   "(default --pp, the fewest a 1F1B schedule takes); fit finds the largest batch of N equal "
+                   "microbatches")
     p.add_argument("--recompute", choices=["none", "selective", "full"], help="--torchtitan: its activation "
                    "checkpointing (default the preset's)")
     p.add_argument("--compile", choices=["on", "off"], help="--torchtitan: torch.compile of each block and of the "
@@ -163,10 +165,15 @@ def check(args):
             raise UsageError("--recompute is for --torchtitan presets (--checkpointing for other models)")
         if args.compile is not None or args.float8 is not None:
             raise UsageError("--compile and --float8 are for --torchtitan presets")
-        if args.pp is not None or args.microbatches is not None:
-            raise UsageError("--pp and --microbatches are for --torchtitan presets here (the zoo's gpt2 and llama "
-                             "take them in the C++ front end; pipelines of --hf models are not traced yet)")
-        args.batch = 1 if args.batch is None else args.batch
+        if args.timm and (args.pp is not None or args.microbatches is not None):
+            raise UsageError("--pp and --microbatches are for --hf and --torchtitan models")
+        if args.microbatches is not None and (args.pp or 1) == 1:
+            raise UsageError("--microbatches is for a pipeline: give --pp P (2 or more)")
+        if args.command == "checkpoint" and args.pp is not None:
+            raise UsageError("checkpoint plans the layers of one model on a rank; a pipeline's stages each hold "
+                             "their own: profile or fit with --pp --checkpointing, or fit --search")
+        # a sample to each microbatch by default
+        args.batch = (args.microbatches or args.pp or 1) if args.batch is None else args.batch
         args.seq = 128 if args.seq is None else args.seq
     if args.batch < 1 or args.seq < 1 or args.max_batch < 1:
         raise UsageError("--batch, --seq and --max-batch must be positive")
@@ -267,19 +274,19 @@ def check_torchtitan(args):
 
 
 def sharding_of(args):
-    """The Sharding that --dp, --tp, --zero, --fsdp and --gpus-per-node ask
-    for (None without --dp or --tp); --rank checked against it."""
-    if args.dp is None and args.tp is None:
+    """The Sharding that --dp, --tp, --pp, --microbatches, --zero, --fsdp and
+    --gpus-per-node ask for (None without --dp, --tp or --pp); --rank and
+    --batch checked against it."""
+    if args.dp is None and args.tp is None and args.pp is None:
         if args.zero is not None or args.fsdp or args.gpus_per_node is not None or args.rank is not None:
             raise UsageError("--zero, --fsdp, --gpus-per-node and --rank are for data parallelism: give --dp N")
         return None
     if args.timm:
         raise UsageError("--dp and --tp are for --hf models (transformers names their layers to shard and plans "
                          "their tensor parallelism)")
-    dp = 1 if args.dp is None else args.dp
-    tp = 1 if args.tp is None else args.tp
-    if dp < 1 or tp < 1:
-        raise UsageError("--dp and --tp must be positive")
+    dp, tp, pp = (1 if value is None else value for value in (args.dp, args.tp, args.pp))
+    if dp < 1 or tp < 1 or pp < 1 or (args.microbatches is not None and args.microbatches < 1):
+        raise UsageError("--dp, --tp, --pp and --microbatches must be positive")
     if args.zero is not None and args.zero != 3:
         raise UsageError(f"--zero {args.zero}: --hf models are sharded by FSDP2 (--zero 3, --fsdp full or "
                          "hybrid); DDP and ZeRO 1 and 2 are traced for the zoo's models (docs/parallelism.md)")
@@ -287,12 +294,17 @@ def sharding_of(args):
         raise UsageError("--zero 3 shards across every rank; --fsdp hybrid within a node: give one")
     if args.gpus_per_node is not None and args.fsdp != "hybrid":
         raise UsageError("--gpus-per-node is for --fsdp hybrid")
+    shape = (f"--pp {pp} x " if pp > 1 else "") + f"--dp {dp}" + (f" x --tp {tp}" if tp > 1 else "")
     rank = 0 if args.rank is None else args.rank
-    if not 0 <= rank < dp * tp:
-        raise UsageError(f"--rank must be in [0, {dp * tp}) for --dp {dp}" + (f" x --tp {tp}" if tp > 1 else ""))
+    if not 0 <= rank < pp * dp * tp:
+        raise UsageError(f"--rank must be in [0, {pp * dp * tp}) for {shape}")
     args.rank = rank
+    pipeline = {"pipeline_parallel": pp, "microbatches": args.microbatches or (pp if pp > 1 else None)}
+    if pp > 1 and args.batch % pipeline["microbatches"]:
+        raise UsageError(f"--batch {args.batch} does not split into --microbatches {pipeline['microbatches']} "
+                         "equal ones")
     if args.fsdp != "hybrid":
-        return Sharding(dp, tensor_parallel=tp)
+        return Sharding(dp, tensor_parallel=tp, **pipeline)
     gpus_per_node = 8 if args.gpus_per_node is None else args.gpus_per_node
     if gpus_per_node < 1 or (dp * tp) % gpus_per_node:
         raise UsageError(f"--fsdp hybrid needs whole nodes: --dp {dp}" + (f" x --tp {tp}" if tp > 1 else "") +
@@ -300,7 +312,7 @@ def sharding_of(args):
     if gpus_per_node % tp:
         raise UsageError(f"--fsdp hybrid: a node of --gpus-per-node {gpus_per_node} must hold whole tensor-parallel "
                          f"groups of --tp {tp}")
-    return Sharding(dp, gpus_per_node // tp, tp)
+    return Sharding(dp, gpus_per_node // tp, tp, **pipeline)
 
 
 def compiled_float8(compile, float8):
@@ -325,13 +337,21 @@ def job_lines(args):
     how = ("FSDP2, each layer and the model fully sharded" if sharding.ranks_per_node is None else
            f"FSDP2 hybrid: sharded within nodes of {sharding.ranks_per_node}, replicated across "
            f"{sharding.ranks // sharding.ranks_per_node}")
-    job = {"data_parallel": sharding.ranks, "tensor_parallel": sharding.tensor_parallel, "rank": args.rank,
+    job = {"data_parallel": sharding.ranks, "tensor_parallel": sharding.tensor_parallel,
+           "pipeline_parallel": sharding.pipeline_parallel, "microbatches": sharding.microbatches, "rank": args.rank,
            "ranks_per_node": sharding.ranks_per_node, "sharding": "fsdp2"}
-    if sharding.tensor_parallel == 1:
+    if sharding.world_size == sharding.ranks:
         return {"job": job}, [f"  as data-parallel rank {args.rank} of {sharding.ranks} ({how})"]
-    data = f", {how} over {sharding.ranks} data-parallel ranks" if sharding.ranks > 1 else ""
-    return {"job": job}, [f"  as rank {args.rank} of {sharding.world_size}: tensor parallel {sharding.tensor_parallel} "
-                          f"(transformers' tp_plan){data}"]
+    parts = []
+    if sharding.pipeline_parallel > 1:
+        stage = args.rank // (sharding.world_size // sharding.pipeline_parallel)
+        parts.append(f"pipeline parallel {sharding.pipeline_parallel} (stage {stage} as transformers splits the "
+                     f"layers, {sharding.microbatches} microbatches under torch's 1F1B schedule)")
+    if sharding.tensor_parallel > 1:
+        parts.append(f"tensor parallel {sharding.tensor_parallel} (transformers' tp_plan)")
+    if sharding.ranks > 1:
+        parts.append(f"{how} over {sharding.ranks} data-parallel ranks")
+    return {"job": job}, [f"  as rank {args.rank} of {sharding.world_size}: {', '.join(parts)}"]
 
 
 def check_shared_flags(args):
@@ -519,17 +539,19 @@ def process_groups(layout):
     search's layout) communicates in: each an NCCL communicator."""
     sharding = getattr(layout, "sharding", None)
     if sharding is None and getattr(layout, "tp", None) is not None:  # torchtitan's: FSDP2 over dp, tp over tp
-        return Sharding(layout.dp, tensor_parallel=layout.tp).process_groups() + int(layout.pp > 1)
+        sharding = Sharding(layout.dp, tensor_parallel=layout.tp, pipeline_parallel=layout.pp)
     return sharding.process_groups() if sharding else 0
 
 
 def layouts_of(args):
     """The layouts fit --search tries on --gpus, each a Namespace of the
-    flags it sets. --hf: one GPU unsharded; more, tensor parallel 1, 2, 4
-    or 8 (within a node, where transformers splits the model so) and FSDP2
-    over the rest, fully sharded and, where they span whole nodes of
-    --gpus-per-node (8), hybrid; each without recompute and with every
-    layer recomputed. --torchtitan: pipeline parallel 1, 2, 4 or 8 and
+    flags it sets. --hf: one GPU unsharded; more, pipeline parallel 1, 2,
+    4 or 8 (where transformers splits the model into stages of a layer or
+    more), tensor parallel 1, 2, 4 or 8 (within a node, where transformers
+    splits the model so) and FSDP2 over the rest, fully sharded and, where
+    a stage's ranks span whole nodes of --gpus-per-node (8), hybrid; each
+    without recompute and with every layer recomputed; a pipeline runs as
+    many microbatches as it has stages. --torchtitan: pipeline parallel 1, 2, 4 or 8 and
     tensor parallel 1, 2, 4 or 8 (within a node) whose product divides the
     GPUs, FSDP2 over the rest, with each of torchtitan's activation
     checkpointing modes; a pipeline runs as many microbatches as it has
@@ -539,21 +561,24 @@ def layouts_of(args):
                 for recompute in ("none", "selective", "full") for pp in (1, 2, 4, 8) for tp in (1, 2, 4, 8)
                 if tp <= min(args.gpus, 8) and args.gpus % (pp * tp) == 0]
     from . import hf
+    from ._pipeline import pipeline_refusal
     from ._sharding import tensor_parallel_refusal
 
     config = hf.config(args.hf, **dict(parse_setting(s) for s in args.hf_set))
     per_node = args.gpus_per_node or 8
     shardings = [None] if args.gpus == 1 else []
-    for tp in (1, 2, 4, 8):
-        # transformers splits the model tp ways where it has a plan and its heads divide
-        if (tp > min(args.gpus, per_node) or args.gpus % tp
-                or (tp > 1 and tensor_parallel_refusal(config, tp) is not None)):
-            continue
-        dp = args.gpus // tp
-        if tp > 1 or dp > 1:
-            shardings.append(Sharding(dp, tensor_parallel=tp))
-        if args.gpus > per_node and args.gpus % per_node == 0 and per_node % tp == 0:
-            shardings.append(Sharding(dp, per_node // tp, tp))
+    # transformers splits the model into pp stages and tp ways where it has the plans, the layers and heads
+    stages = [pp for pp in (1, 2, 4, 8) if pp == 1 or pipeline_refusal(config, pp) is None]
+    ways = [tp for tp in (1, 2, 4, 8) if tp == 1 or tensor_parallel_refusal(config, tp) is None]
+    for pp in stages:
+        for tp in ways:
+            if tp > min(args.gpus, per_node) or args.gpus % (pp * tp):
+                continue
+            dp, pipeline = args.gpus // (pp * tp), {"pipeline_parallel": pp}
+            if pp * tp > 1 or dp > 1:
+                shardings.append(Sharding(dp, tensor_parallel=tp, **pipeline))
+            if dp * tp > per_node and dp * tp % per_node == 0 and per_node % tp == 0:
+                shardings.append(Sharding(dp, per_node // tp, tp, **pipeline))
     return [argparse.Namespace(sharding=sharding, checkpointing=recompute)
             for recompute in (False, True) for sharding in shardings]
 
@@ -562,15 +587,18 @@ def largest_local_batch(args, layout, budget):
     """(largest batch, {batch: reserved bytes}, traces) of the flags' layout
     with `layout`'s flags set, read off the line through batches 1 and 2 and
     verified (metamem.largest_batch_by_line). A search traces the ranks
-    that differ (metamem.torchtitan.ranks_that_differ): the larger of each
+    that differ (ranks_that_differ): the larger of each
     figure counts. A pipeline's batches are its microbatches' multiples
     (its stages hold microbatches of activations, however many there
     are)."""
     args = argparse.Namespace(**{**vars(args), **vars(layout)})
-    pipeline = args.pp if args.torchtitan else 1
+    sharding = args.sharding or Sharding(1)
+    pipeline, microbatches = (args.pp, args.microbatches) if args.torchtitan else (
+        sharding.pipeline_parallel, sharding.microbatches)
     ranks = [args.rank]
     if vars(layout):  # a search's layout
-        ranks = titan.ranks_that_differ(pipeline * args.dp * args.tp, pipeline) if args.torchtitan else [0]
+        world = pipeline * args.dp * args.tp if args.torchtitan else sharding.world_size
+        ranks = ranks_that_differ(world, pipeline)
     tried = {}
 
     def measure(batch):
@@ -579,7 +607,7 @@ def largest_local_batch(args, layout, budget):
         tried[batch] = reserved
         return peak, reserved
 
-    multiple = args.microbatches if pipeline > 1 else 1
+    multiple = microbatches if pipeline > 1 else 1
     return largest_batch_by_line(measure, budget, args.max_batch, multiple), tried, len(tried) * len(ranks)
 
 
@@ -589,17 +617,15 @@ def layout_row(args, layout):
         pipeline = f"pp {layout.pp} x " if layout.pp > 1 else ""
         return {"pp": layout.pp, "tp": layout.tp, "dp": layout.dp, "microbatches": layout.microbatches,
                 "recompute": layout.recompute, "shown": f"{pipeline}tp {layout.tp} x FSDP2 {layout.dp}"}
-    sharding = layout.sharding
-    tp = 1 if sharding is None else sharding.tensor_parallel
-    dp = args.gpus // tp
-    kind = ("none" if sharding is None or dp == 1 else "full" if sharding.ranks_per_node is None else "hybrid")
-    shown = {"none": "none (one GPU)" if tp == 1 else "", "full": f"FSDP2 full ({dp})",
-             "hybrid": f"FSDP2 hybrid ({dp // (sharding and sharding.ranks_per_node or 1)} x "
-                       f"{sharding and sharding.ranks_per_node})"}[kind]
-    if tp > 1:
-        shown = f"tp {tp}" + (f" x {shown}" if shown else "")
-    return {"sharding": kind, "dp": dp, "tp": tp, "ranks_per_node": sharding and sharding.ranks_per_node,
-            "recompute": "layers" if layout.checkpointing else "none", "shown": shown}
+    sharding = layout.sharding or Sharding(1)
+    tp, pp, dp = sharding.tensor_parallel, sharding.pipeline_parallel, sharding.ranks
+    kind = "none" if dp == 1 else "full" if sharding.ranks_per_node is None else "hybrid"
+    shown = {"none": "none (one GPU)" if tp * pp == 1 else "", "full": f"FSDP2 full ({dp})",
+             "hybrid": f"FSDP2 hybrid ({dp // (sharding.ranks_per_node or 1)} x {sharding.ranks_per_node})"}[kind]
+    shown = " x ".join([f"pp {pp}"] * (pp > 1) + [f"tp {tp}"] * (tp > 1) + [shown] * bool(shown))
+    return {"sharding": kind, "dp": dp, "tp": tp, "pp": pp, "microbatches": sharding.microbatches,
+            "ranks_per_node": sharding.ranks_per_node, "recompute": "layers" if layout.checkpointing else "none",
+            "shown": shown}
 
 
 def search(args, gpu_for):

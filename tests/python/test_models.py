@@ -121,8 +121,8 @@ def test_the_command_line_traces_one_rank_of_a_data_parallel_job(capsys):
 
     one, first, last, hybrid = (rank(*flags) for flags in ([], ["--dp", "8"], ["--dp", "8", "--rank", "7"],
                                                            ["--dp", "8", "--fsdp", "hybrid", "--gpus-per-node", "4"]))
-    assert first["job"] == {"data_parallel": 8, "tensor_parallel": 1, "rank": 0, "ranks_per_node": None,
-                            "sharding": "fsdp2"}
+    assert first["job"] == {"data_parallel": 8, "tensor_parallel": 1, "pipeline_parallel": 1, "microbatches": None,
+                            "rank": 0, "ranks_per_node": None, "sharding": "fsdp2"}
     assert hybrid["job"]["ranks_per_node"] == 4
     states = [report["model_states"]["param_bytes"] for report in (one, first, last, hybrid)]
     assert states[0] > states[3] > states[1] >= states[2]
@@ -145,8 +145,8 @@ def test_the_command_line_splits_a_hub_model_by_its_tensor_parallel_plan(capsys)
         return json.loads(capsys.readouterr().out)
 
     one, split, both = rank(), rank("--tp", "2", "--rank", "1"), rank("--tp", "2", "--dp", "4", "--rank", "5")
-    assert both["job"] == {"data_parallel": 4, "tensor_parallel": 2, "rank": 5, "ranks_per_node": None,
-                           "sharding": "fsdp2"}
+    assert both["job"] == {"data_parallel": 4, "tensor_parallel": 2, "pipeline_parallel": 1, "microbatches": None,
+                           "rank": 5, "ranks_per_node": None, "sharding": "fsdp2"}
     whole, half, eighth = (report["model_states"]["param_bytes"] for report in (one, split, both))
     assert whole / 2 < half < whole / 2 * 1.01 and half / 4 <= eighth < half / 4 * 1.01  # norms stay whole
 
@@ -155,14 +155,70 @@ def test_the_command_line_splits_a_hub_model_by_its_tensor_parallel_plan(capsys)
     assert nccl(both) == 2 * nccl(split) > 0
     assert metamem.cli.main(["profile", *REDUCED_LLAMA, "--tp", "2", "--dp", "4"]) == 0
     assert "as rank 0 of 8: tensor parallel 2 (transformers' tp_plan), FSDP2" in capsys.readouterr().out
-    # A search on 4 GPUs: tensor parallel 1 and 2 (its two key-value heads
-    # do not split 4 ways), FSDP2 over the rest.
+    # A search on 4 GPUs: pipeline parallel 1 and 2 (two layers: a stage
+    # needs one), tensor parallel 1 and 2 (its two key-value heads do not
+    # split 4 ways), FSDP2 over the rest. A pipeline's batches are its two
+    # microbatches' multiples, and both its stages are traced at each.
     assert metamem.cli.main(["fit", *REDUCED_LLAMA, "--gpu", "T4", "--memory", "400MiB", "--max-batch", "16",
                              "--search", "--gpus", "4", "--format", "json"]) == 0
-    rows = {(row["tp"], row["dp"], row["recompute"]): row for row in json.loads(capsys.readouterr().out)["layouts"]}
-    assert set(rows) == {(tp, 4 // tp, r) for tp in (1, 2) for r in ("none", "layers")}
-    assert rows[2, 2, "none"]["allocator_bytes"] < rows[1, 4, "none"]["allocator_bytes"]  # two communicators
+    rows = {(row["pp"], row["tp"], row["dp"], row["recompute"]): row
+            for row in json.loads(capsys.readouterr().out)["layouts"]}
+    assert set(rows) == {(pp, tp, 4 // (pp * tp), r) for pp in (1, 2) for tp in (1, 2) for r in ("none", "layers")}
+    assert rows[1, 2, 2, "none"]["allocator_bytes"] < rows[1, 1, 4, "none"]["allocator_bytes"]  # two communicators
+    assert rows[2, 2, 1, "none"]["allocator_bytes"] == rows[1, 2, 2, "none"]["allocator_bytes"]
     assert all(1 <= row["local_batch"] and row["reserved_bytes"] <= row["allocator_bytes"] for row in rows.values())
+    for (pp, tp, dp, recompute), row in rows.items():
+        assert row["microbatches"] == (2 if pp == 2 else None) and row["local_batch"] % pp == 0
+        assert row["traces"] % pp == 0 and row["shown"].startswith("pp 2 x " if pp == 2 else "tp 2" if tp == 2 else "F")
+
+
+REDUCED_LLAMA_4 = ["--hf", "llama", "--hf-set", "num_hidden_layers=4", "--hf-set", "hidden_size=64", "--hf-set",
+                   "intermediate_size=128", "--hf-set", "num_attention_heads=4", "--hf-set", "num_key_value_heads=2",
+                   "--hf-set", "vocab_size=256", "--seq", "32"]
+
+
+def test_the_command_line_splits_a_hub_decoder_into_pipeline_stages(capsys):
+    # transformers' split (each rank checked against real gloo processes in
+    # test_distributed.py): of four layers in two stages, each holds two,
+    # the first the embedding, the last the final norm and the head (not
+    # tied in Llama): the stages' parameters are the model's. The batch is
+    # a sample to each microbatch unless given, and the report counts the
+    # pipeline's NCCL communicator.
+    def rank(*flags):
+        assert metamem.cli.main(["profile", *REDUCED_LLAMA_4, "--format", "json", *flags]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    whole, first, last = rank(), rank("--pp", "2"), rank("--pp", "2", "--rank", "1")
+    assert first["job"] == {"data_parallel": 1, "tensor_parallel": 1, "pipeline_parallel": 2, "microbatches": 2,
+                            "rank": 0, "ranks_per_node": None, "sharding": "fsdp2"}
+    params = [report["model_states"]["param_bytes"] for report in (whole, first, last)]
+    assert params[1] + params[2] == params[0] and params[1] != params[2]
+    beside = {use["what"] for use in first["gpu_memory"]["beside_allocator"]}
+    assert "NCCL buffers" in beside and "NCCL buffers" not in {use["what"] for use in whole["gpu_memory"]["beside_allocator"]}
+    assert metamem.cli.main(["profile", *REDUCED_LLAMA_4, "--pp", "2", "--dp", "2", "--microbatches", "4",
+                             "--batch", "8", "--rank", "3"]) == 0
+    assert ("as rank 3 of 4: pipeline parallel 2 (stage 1 as transformers splits the layers, 4 microbatches under "
+            "torch's 1F1B schedule), FSDP2") in capsys.readouterr().out
+
+
+def test_the_largest_batch_of_a_pipeline_fits_each_stage_in_whole_microbatches(capsys):
+    # Both stages traced at each batch, the larger reserved counting; the
+    # batch is the microbatches' multiple that fits where the next does not.
+    cfg = metamem.hf.config("llama", num_hidden_layers=4, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                            num_key_value_heads=2, vocab_size=256)
+    sharding, memory = metamem.Sharding(1, pipeline_parallel=2, microbatches=2), 400 << 20
+    best = metamem.hf.largest_batch(cfg, seq=512, gpu="T4", memory=memory, sharding=sharding)
+    capacity = metamem.gpu_memory("T4", memory, nccl_communicators=1)["allocator_bytes"]
+
+    def reserved(batch):
+        return max(metamem.hf.trace_step(cfg, batch, 512, gpu="T4", sharding=sharding, rank=rank).reserved_peak_bytes
+                   for rank in (0, 1))
+    assert best >= 2 and best % 2 == 0
+    assert reserved(best) <= capacity < reserved(best + 2)
+    assert metamem.cli.main(["fit", *REDUCED_LLAMA_4, "--seq", "512", "--gpu", "T4", "--memory", "400MiB", "--pp", "2",
+                             "--format", "json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["largest_batch"] == best and all(int(batch) % 2 == 0 for batch in found["reserved_bytes"])
 
 
 def test_fit_searches_the_layouts_of_a_data_parallel_job_in_one_process_or_several(capsys):
@@ -286,6 +342,14 @@ def test_the_command_line_fits_a_timm_model_on_a_gpu(capsys):
     (["profile", "--hf", "llama", "--tp", "4", "--dp", "2", "--fsdp", "hybrid", "--gpus-per-node", "2"],
      "must hold whole tensor-parallel groups of --tp 4"),
     (["profile", "--hf", "llama", "--recompute", "full"], "--recompute is for --torchtitan"),
+    (["profile", "--hf", "gpt2", "--pp", "2"], "GPT2LMHeadModel has no pipeline plan in transformers"),
+    (["profile", "--hf", "bert", "--pp", "2"], "pipeline parallelism splits decoders that predict tokens"),
+    (["profile", "--hf", "llama", "--hf-set", "num_hidden_layers=2", "--pp", "4"], "4 pipeline stages need a layer"),
+    (["profile", "--hf", "llama", "--pp", "2", "--batch", "3"], "--batch 3 does not split into --microbatches 2"),
+    (["profile", "--hf", "llama", "--microbatches", "4"], "--microbatches is for a pipeline"),
+    (["profile", "--hf", "llama", "--pp", "2", "--rank", "2"], "--rank must be in [0, 2) for --pp 2 x --dp 1"),
+    (["profile", "--timm", "test_vit", "--pp", "2"], "--pp and --microbatches are for --hf and --torchtitan"),
+    (["checkpoint", "--hf", "llama", "--budget", "1GiB", "--pp", "2"], "a pipeline's stages each hold their own"),
     (["profile", "--hf", "gpt2", "--dp", "2", "--device", "cpu", "--achieved"], "of one process"),
     (["fit", "--hf", "gpt2", "--search"], "fit --search needs --gpus N"),
     (["profile", "--hf", "gpt2", "--search", "--gpus", "8"], "--search is for fit --hf"),

@@ -226,7 +226,6 @@ def test_the_command_line_traces_a_rank_of_a_preset_and_searches_its_layouts(cap
     (["--torchtitan", "8B", "--tp", "2", "--rank", "8", "--dp", "4"], "--rank must be in [0, 8)"),
     (["--hf", "gpt2", "--recompute", "full"], "--recompute is for --torchtitan"),
     (["--hf", "gpt2", "--compile", "on"], "--compile and --float8 are for --torchtitan"),
-    (["--hf", "gpt2", "--pp", "2"], "--pp and --microbatches are for --torchtitan"),
     (["--torchtitan", "8B", "--microbatches", "2"], "--microbatches is for a pipeline"),
     (["--torchtitan", "8B", "--pp", "2", "--batch", "3"], "--batch 3 does not split into --microbatches 2"),
     (["--torchtitan", "8B", "--pp", "2", "--tp", "2", "--dp", "2", "--rank", "8"],
