@@ -449,6 +449,7 @@ def fit(args):
     gpu = gpu_for(args)
     budget = gpu["allocator_bytes"]
     best, tried, _ = largest_local_batch(args, argparse.Namespace(), budget)
+    tried = {batch: max(rank["reserved_bytes"] for rank in ranks) for batch, ranks in tried.items()}
     extra, lines = job_lines(args)
     if args.format == "json":
         print(json.dumps({"gpu": args.gpu, "memory_bytes": gpu["total_bytes"], "gpu_memory": gpu,
@@ -584,7 +585,8 @@ def layouts_of(args):
 
 
 def largest_local_batch(args, layout, budget):
-    """(largest batch, {batch: reserved bytes}, traces) of the flags' layout
+    """(largest batch, {batch: [{"rank", "peak_bytes", "reserved_bytes"} of
+    each rank traced]}, traces) of the flags' layout
     with `layout`'s flags set, read off the line through batches 1 and 2 and
     verified (metamem.largest_batch_by_line). A search traces the ranks
     that differ (ranks_that_differ): the larger of each
@@ -602,10 +604,11 @@ def largest_local_batch(args, layout, budget):
     tried = {}
 
     def measure(batch):
-        traces = [traced(argparse.Namespace(**{**vars(args), "rank": rank}), batch)[0] for rank in ranks]
-        peak, reserved = max(max(t.step_peaks) for t in traces), max(t.reserved_peak_bytes for t in traces)
-        tried[batch] = reserved
-        return peak, reserved
+        traces = {rank: traced(argparse.Namespace(**{**vars(args), "rank": rank}), batch)[0] for rank in ranks}
+        tried[batch] = [{"rank": rank, "peak_bytes": max(t.step_peaks), "reserved_bytes": t.reserved_peak_bytes}
+                        for rank, t in traces.items()]
+        return (max(rank["peak_bytes"] for rank in tried[batch]),
+                max(rank["reserved_bytes"] for rank in tried[batch]))
 
     multiple = microbatches if pipeline > 1 else 1
     return largest_batch_by_line(measure, budget, args.max_batch, multiple), tried, len(tried) * len(ranks)
@@ -640,7 +643,10 @@ def search(args, gpu_for):
     results = each_apart(largest_local_batch, asked, args.jobs, args.ray, quiet_imports)
     rows = []
     for layout, budget, (best, tried, traces) in zip(layouts, budgets, results):
-        rows.append({**layout_row(args, layout), "local_batch": best, "reserved_bytes": tried.get(best),
+        ranks = tried.get(best)
+        rows.append({**layout_row(args, layout), "local_batch": best,
+                     "peak_bytes": ranks and max(rank["peak_bytes"] for rank in ranks),
+                     "reserved_bytes": ranks and max(rank["reserved_bytes"] for rank in ranks), "ranks": ranks,
                      "allocator_bytes": budget, "traces": traces})
     rows.sort(key=lambda row: (row["recompute"] != "none", row["recompute"] == "full", -row["local_batch"]))
     found = {"model": args.torchtitan or args.hf, "gpus": args.gpus, "gpu": args.gpu,
@@ -661,10 +667,11 @@ def print_search(found):
           f"GiB (rank 0 traced, whose shards are the largest{pipelines}{extras}): {found['traces']} traces, "
           f"{found['seconds']} s, {where}")
     width = max(len("layout"), *(len(row["shown"]) for row in found["layouts"])) + 2
-    print(f"  {'layout':<{width}}{'recompute':<11}{'local batch':>11}{'reserved':>14}{'allocator':>14}")
+    print(f"  {'layout':<{width}}{'recompute':<11}{'local batch':>11}{'peak':>14}{'reserved':>14}{'allocator':>14}")
     for row in found["layouts"]:
-        reserved = "-" if row["reserved_bytes"] is None else f"{row['reserved_bytes'] / 2**30:.2f} GiB"
-        print(f"  {row['shown']:<{width}}{row['recompute']:<11}{row['local_batch']:>11}{reserved:>14}"
+        peak, reserved = ("-" if row[key] is None else f"{row[key] / 2**30:.2f} GiB"
+                          for key in ("peak_bytes", "reserved_bytes"))
+        print(f"  {row['shown']:<{width}}{row['recompute']:<11}{row['local_batch']:>11}{peak:>14}{reserved:>14}"
               f"{row['allocator_bytes'] / 2**30:>10.2f} GiB")
     if any(row["local_batch"] == found["max_batch"] for row in found["layouts"]):
         print(f"  {found['max_batch']} is the --max-batch cap: larger batches were not tried and may fit")

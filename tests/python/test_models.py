@@ -169,6 +169,9 @@ def test_the_command_line_splits_a_hub_model_by_its_tensor_parallel_plan(capsys)
     assert all(1 <= row["local_batch"] and row["reserved_bytes"] <= row["allocator_bytes"] for row in rows.values())
     for (pp, tp, dp, recompute), row in rows.items():
         assert row["microbatches"] == (2 if pp == 2 else None) and row["local_batch"] % pp == 0
+        assert [rank["rank"] for rank in row["ranks"]] == ([0, 2] if pp == 2 else [0])  # the last stage's first
+        assert row["reserved_bytes"] == max(rank["reserved_bytes"] for rank in row["ranks"])
+        assert row["peak_bytes"] == max(rank["peak_bytes"] for rank in row["ranks"]) <= row["reserved_bytes"]
         assert row["traces"] % pp == 0 and row["shown"].startswith("pp 2 x " if pp == 2 else "tp 2" if tp == 2 else "F")
 
 
