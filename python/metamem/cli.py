@@ -158,6 +158,7 @@ def parser():
 
 
 def check(args):
+    args.rank_given = args.rank is not None  # fit traces the ranks that differ unless --rank names one
     if args.torchtitan:
         check_torchtitan(args)
     else:
@@ -449,13 +450,17 @@ def fit(args):
     gpu = gpu_for(args)
     budget = gpu["allocator_bytes"]
     best, tried, _ = largest_local_batch(args, argparse.Namespace(), budget)
-    tried = {batch: max(rank["reserved_bytes"] for rank in ranks) for batch, ranks in tried.items()}
+    ranks = [rank["rank"] for rank in next(iter(tried.values()))]
+    tried = {batch: max(rank["reserved_bytes"] for rank in traced) for batch, traced in tried.items()}
     extra, lines = job_lines(args)
+    if len(ranks) > 1:
+        lines.append(f"  ranks {' and '.join(map(str, ranks))} traced (the first and the last stage's first), "
+                     "the larger reserved counting")
     if args.format == "json":
         print(json.dumps({"gpu": args.gpu, "memory_bytes": gpu["total_bytes"], "gpu_memory": gpu,
                           "largest_batch": best, "max_batch": args.max_batch, "capped": best == args.max_batch,
-                          "reserved_bytes": {str(b): r for b, r in sorted(tried.items())}, **(extra or {})},
-                         indent=2))
+                          "reserved_bytes": {str(b): r for b, r in sorted(tried.items())}, "ranks_traced": ranks,
+                          **(extra or {})}, indent=2))
     else:
         beside = ", ".join(f"{use['what']} {use['bytes'] / 2**20:.0f} MiB" for use in gpu["beside_allocator"])
         print(f"{args.gpu}, {gpu['total_bytes'] / 2**30:.2f} GiB ({budget / 2**30:.2f} GiB left to the CUDA "
@@ -586,21 +591,19 @@ def layouts_of(args):
 
 def largest_local_batch(args, layout, budget):
     """(largest batch, {batch: [{"rank", "peak_bytes", "reserved_bytes"} of
-    each rank traced]}, traces) of the flags' layout
-    with `layout`'s flags set, read off the line through batches 1 and 2 and
-    verified (metamem.largest_batch_by_line). A search traces the ranks
-    that differ (ranks_that_differ): the larger of each
-    figure counts. A pipeline's batches are its microbatches' multiples
-    (its stages hold microbatches of activations, however many there
-    are)."""
+    each rank traced]}, traces) of the flags' layout with `layout`'s flags
+    set, read off the line through batches 1 and 2 and verified
+    (metamem.largest_batch_by_line). The ranks that differ are traced
+    (ranks_that_differ: rank 0, and a pipeline's last stage's first), the
+    larger of each figure counting, unless --rank names one. A pipeline's
+    batches are its microbatches' multiples (its stages hold microbatches
+    of activations, however many there are)."""
     args = argparse.Namespace(**{**vars(args), **vars(layout)})
     sharding = args.sharding or Sharding(1)
     pipeline, microbatches = (args.pp, args.microbatches) if args.torchtitan else (
         sharding.pipeline_parallel, sharding.microbatches)
-    ranks = [args.rank]
-    if vars(layout):  # a search's layout
-        world = pipeline * args.dp * args.tp if args.torchtitan else sharding.world_size
-        ranks = ranks_that_differ(world, pipeline)
+    world = pipeline * args.dp * args.tp if args.torchtitan else sharding.world_size
+    ranks = [args.rank] if args.rank_given else ranks_that_differ(world, pipeline)
     tried = {}
 
     def measure(batch):

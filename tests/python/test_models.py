@@ -222,6 +222,12 @@ def test_the_largest_batch_of_a_pipeline_fits_each_stage_in_whole_microbatches(c
                              "--format", "json"]) == 0
     found = json.loads(capsys.readouterr().out)
     assert found["largest_batch"] == best and all(int(batch) % 2 == 0 for batch in found["reserved_bytes"])
+    assert found["ranks_traced"] == [0, 1]
+    # --rank names the one rank to fit: the last stage alone takes more.
+    assert metamem.cli.main(["fit", *REDUCED_LLAMA_4, "--seq", "512", "--gpu", "T4", "--memory", "400MiB", "--pp", "2",
+                             "--rank", "1", "--format", "json"]) == 0
+    last = json.loads(capsys.readouterr().out)
+    assert last["ranks_traced"] == [1] and last["largest_batch"] > best
 
 
 def test_fit_searches_the_layouts_of_a_data_parallel_job_in_one_process_or_several(capsys):
