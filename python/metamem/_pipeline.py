@@ -109,16 +109,13 @@ class Pipeline:
     def __init__(self, module, stage, stages, group, device, batch, seq, microbatches):
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
-        config = module.model.config.get_text_config()
-        dtype = module.model.dtype
-        microbatch = batch // microbatches
+        config, dtype, microbatch = module.model.config, module.model.dtype, batch // microbatches
+        self.first, self.last = stage == 0, stage == stages - 1
         hidden = torch.empty(microbatch, seq, config.hidden_size, dtype=dtype, device="meta", requires_grad=True)
-        received = torch.empty(microbatch, seq, dtype=torch.long, device="meta") if stage == 0 else hidden
+        received = torch.empty(microbatch, seq, dtype=torch.long, device="meta") if self.first else hidden
         sent = hidden
-        if stage == stages - 1:
+        if self.last:
             sent = torch.empty(microbatch, seq, config.vocab_size, dtype=dtype, device="meta", requires_grad=True)
-        self.stage = stage
-        self.last = stage == stages - 1
         loss = module.model.loss_function
         self.schedule = Schedule1F1B(
             PipelineStage(module, stage, stages, torch.device(device), input_args=(received,), output_args=(sent,),
@@ -129,7 +126,7 @@ class Pipeline:
     def step(self, tokens, labels):
         """One forward and backward of the batch: the first stage takes the
         tokens, the last the labels."""
-        if self.stage == 0:
+        if self.first:
             self.schedule.step(tokens)
         elif self.last:
             self.schedule.step(target=labels)
