@@ -438,7 +438,7 @@ def fit(args):
 
     def gpu_for(layout):
         """The GPU's memory beside the CUDA context and the layout's NCCL communicators."""
-        return gpu_memory(args.gpu, memory, context, process_groups(layout))
+        return gpu_memory(args.gpu, memory, context, job_of_layout(layout).process_groups())
 
     if args.search:
         found = search(args, gpu_for)
@@ -540,13 +540,16 @@ def least_recompute_report(args, source, batch, units, measure, seconds_before=0
     return 0
 
 
-def process_groups(layout):
-    """The process groups of two or more ranks a layout (the flags, or a
-    search's layout) communicates in: each an NCCL communicator."""
+def job_of_layout(layout):
+    """The Sharding a layout (the flags, or a search's layout) is a rank of:
+    --hf's own; torchtitan's from its pipeline, FSDP2 and tensor-parallel
+    degrees; one process for the rest."""
     sharding = getattr(layout, "sharding", None)
     if sharding is None and getattr(layout, "tp", None) is not None:  # torchtitan's: FSDP2 over dp, tp over tp
-        sharding = Sharding(layout.dp, tensor_parallel=layout.tp, pipeline_parallel=layout.pp)
-    return sharding.process_groups() if sharding else 0
+        return Sharding(layout.dp, tensor_parallel=layout.tp, pipeline_parallel=layout.pp,
+                        microbatches=layout.microbatches if layout.pp > 1 else None)
+    return sharding or Sharding(1)
+
 
 
 def layouts_of(args):
@@ -599,11 +602,8 @@ def largest_local_batch(args, layout, budget):
     batches are its microbatches' multiples (its stages hold microbatches
     of activations, however many there are)."""
     args = argparse.Namespace(**{**vars(args), **vars(layout)})
-    sharding = args.sharding or Sharding(1)
-    pipeline, microbatches = (args.pp, args.microbatches) if args.torchtitan else (
-        sharding.pipeline_parallel, sharding.microbatches)
-    world = pipeline * args.dp * args.tp if args.torchtitan else sharding.world_size
-    ranks = [args.rank] if args.rank_given else ranks_that_differ(world, pipeline)
+    job = job_of_layout(args)
+    ranks = [args.rank] if args.rank_given else ranks_that_differ(job.world_size, job.pipeline_parallel)
     tried = {}
 
     def measure(batch):
@@ -613,8 +613,8 @@ def largest_local_batch(args, layout, budget):
         return (max(rank["peak_bytes"] for rank in tried[batch]),
                 max(rank["reserved_bytes"] for rank in tried[batch]))
 
-    multiple = microbatches if pipeline > 1 else 1
-    return largest_batch_by_line(measure, budget, args.max_batch, multiple), tried, len(tried) * len(ranks)
+    return (largest_batch_by_line(measure, budget, args.max_batch, job.microbatches or 1), tried,
+            len(tried) * len(ranks))
 
 
 def layout_row(args, layout):
