@@ -10,6 +10,7 @@ TorchScript models stay in C++.
     metamem profile --hf llama --hf-set num_hidden_layers=8 --dtype bf16 --dp 64 --fsdp hybrid --rank 9
     metamem fit --hf llama --dtype bf16 --seq 8192 --search --gpus 16 --jobs 2
     metamem checkpoint --hf llama --hf-set num_hidden_layers=8 --batch 8 --seq 2048 --budget 30GiB
+    metamem checkpoint --hf llama --hf-set num_hidden_layers=8 --batch 8 --seq 2048 --pp 4 --budget 7GiB
     metamem run --budget 30GiB train.py --batch-size 16
 """
 
@@ -170,9 +171,6 @@ def check(args):
             raise UsageError("--pp and --microbatches are for --hf and --torchtitan models")
         if args.microbatches is not None and (args.pp or 1) == 1:
             raise UsageError("--microbatches is for a pipeline: give --pp P (2 or more)")
-        if args.command == "checkpoint" and args.pp is not None:
-            raise UsageError("checkpoint plans the layers of one model on a rank; a pipeline's stages each hold "
-                             "their own: profile or fit with --pp --checkpointing, or fit --search")
         # a sample to each microbatch by default
         args.batch = (args.microbatches or args.pp or 1) if args.batch is None else args.batch
         args.seq = 128 if args.seq is None else args.seq
@@ -474,14 +472,15 @@ def fit(args):
     return 0
 
 
-def checkpoint_units(args):
+def checkpoint_units(args, stage=0):
     """The module paths of the layers (--hf) or blocks (--timm) a
-    Checkpointing recomputes, in order."""
+    Checkpointing recomputes, in order: with --pp, pipeline stage `stage`'s."""
     if args.hf:
         from . import hf
 
         cfg = hf.config(args.hf, **dict(parse_setting(s) for s in args.hf_set))
-        return hf.checkpoint_layers(cfg, args.attn_implementation)
+        stages = 1 if args.sharding is None else args.sharding.pipeline_parallel
+        return hf.checkpoint_layers(cfg, args.attn_implementation, stage, stages)
     from . import timm
 
     model = timm.create(args.timm)
@@ -490,7 +489,10 @@ def checkpoint_units(args):
 
 def checkpoint(args):
     """The layers or blocks to recompute, fully or selectively, with the
-    fewest FLOPs recomputed that bring the step's peak within --budget."""
+    fewest FLOPs recomputed that bring the step's peak within --budget:
+    with --pp, each pipeline stage's own (checkpoint_stages)."""
+    if args.sharding is not None and args.sharding.pipeline_parallel > 1:
+        return checkpoint_stages(args)
     units = checkpoint_units(args)
     model = args.hf or args.timm
     if not units:
@@ -502,12 +504,66 @@ def checkpoint(args):
     return least_recompute_report(args, model, args.batch, units, measure)
 
 
-def least_recompute_report(args, source, batch, units, measure, seconds_before=0.0):
+def checkpoint_stages(args):
+    """checkpoint --pp: a plan for each pipeline stage (that of --rank
+    alone where it is given). A rank holds its stage's layers only and the
+    stages hold different numbers of microbatches' activations under 1F1B
+    (the first the most), so each stage is searched apart, on its first
+    rank (a stage's ranks differ only in the padding of uneven shards):
+    which of its layers to recompute for its peak to fit --budget. The
+    summary prints each stage's plan in turn, the JSON gives them in
+    "stages", and --html writes a page for each stage (PATH.stageN.html).
+    1 where a stage does not fit."""
+    sharding = args.sharding
+    stages, per_stage = sharding.pipeline_parallel, sharding.world_size // sharding.pipeline_parallel
+    ranks = [args.rank] if args.rank_given else [stage * per_stage for stage in range(stages)]
+    fitting, texts, reports = True, [], []
+    for rank in ranks:
+        stage = rank // per_stage
+        units = checkpoint_units(args, stage)
+        at_rank = argparse.Namespace(**{**vars(args), "rank": rank})
+        extra, lines = job_lines(at_rank)
+
+        def measure(plan, at_rank=at_rank, extra=extra, lines=lines):
+            return traced(argparse.Namespace(**{**vars(at_rank), "checkpointing": plan}), args.batch)[0], extra, lines
+
+        heading = f"pipeline stage {stage} of {stages} (rank {rank})"
+        try:
+            t, text, report = least_recompute_found(args, args.hf, args.batch, units, measure)
+        except NoPlanFits as none:
+            fitting = False
+            print(f"metamem: {heading}: {none}", file=sys.stderr)
+            reports.append({"stage": stage, "rank": rank, "fits": False, "lowest_peak_bytes": none.lowest_peak,
+                            **extra})
+            continue
+        if args.html:
+            stem, dot, suffix = args.html.rpartition(".")
+            t.html(f"{stem}.stage{stage}.{suffix}" if dot else f"{args.html}.stage{stage}", args.depth,
+                   checkpoint=json.dumps(report))
+        texts.append(f"{heading}\n{text}")
+        reports.append({"stage": stage, "rank": rank, "fits": True, **report})
+    if args.format == "json":
+        print(json.dumps({"stages": reports}, indent=2))
+    else:
+        print("".join(texts), end="")
+    return 0 if fitting else 1
+
+
+class NoPlanFits(Exception):
+    """No plan the solver traced brings the peak within --budget."""
+
+    def __init__(self, message, lowest_peak):
+        super().__init__(message)
+        self.lowest_peak = lowest_peak
+
+
+def least_recompute_found(args, source, batch, units, measure, seconds_before=0.0):
     """Searches the plans of `units` (least_recompute) with measure(plan) ->
-    (Trace, JSON to add, lines to add) and prints the plan found as the
-    zoo's are printed (--format, --html); 1 where none fits --budget,
-    naming `source`. `seconds_before`: the search's time before it (a
-    trace that found the units)."""
+    (Trace, JSON to add, lines to add): the plan's Trace and its report's
+    text and JSON object (the zoo's `metamem checkpoint` report, with the
+    lines and JSON to add). NoPlanFits, naming `source`, where none fits --budget.
+    `seconds_before`: the search's time before it (a trace that found the
+    units)."""
     budget = _metamem.parse_memory(args.budget, "--budget")
     traces = {}
 
@@ -519,10 +575,10 @@ def least_recompute_report(args, source, batch, units, measure, seconds_before=0
     found = least_recompute(peak_and_flops, len(units), budget, args.solver, args.pareto)
     plan = found["plan"]
     if plan is None:
-        print(f"metamem: {source} does not fit in {_metamem.human_bytes(budget)} with the {args.solver} "
-              f"solver; the least memory a traced plan reaches is {_metamem.human_bytes(found['lowest_peak'])} "
-              f"({found['lowest_peak']} B)", file=sys.stderr)
-        return 1
+        raise NoPlanFits(f"{source} does not fit in {_metamem.human_bytes(budget)} with the {args.solver} "
+                         f"solver; the least memory a traced plan reaches is "
+                         f"{_metamem.human_bytes(found['lowest_peak'])} ({found['lowest_peak']} B)",
+                         found["lowest_peak"])
     t, extra, lines = traces[plan]
     run = t.json(1)
     text, report = _metamem.checkpoint_report(
@@ -531,12 +587,23 @@ def least_recompute_report(args, source, batch, units, measure, seconds_before=0
         unchecked_peak=found["unchecked_peak"], recompute_flops=found["recompute_flops"],
         step_flops=found["step_flops"], search_ms=1000 * (seconds_before + found["seconds"]), traces=found["traces"],
         pareto=found["pareto"])
+    return t, text + "".join(line + "\n" for line in lines), {**json.loads(report), **extra}
+
+
+def least_recompute_report(args, source, batch, units, measure, seconds_before=0.0):
+    """least_recompute_found's plan printed as the zoo's are printed
+    (--format, --html); 1 where none fits --budget."""
+    try:
+        t, text, report = least_recompute_found(args, source, batch, units, measure, seconds_before)
+    except NoPlanFits as none:
+        print(f"metamem: {none}", file=sys.stderr)
+        return 1
     if args.html:
-        t.html(args.html, args.depth, checkpoint=report)
+        t.html(args.html, args.depth, checkpoint=json.dumps(report))
     if args.format == "json":
-        print(json.dumps({**json.loads(report), **extra}, indent=2))
+        print(json.dumps(report, indent=2))
     else:
-        print(text + "".join(line + "\n" for line in lines), end="")
+        print(text, end="")
     return 0
 
 

@@ -121,13 +121,20 @@ def _layers(model):
     return [module for module in model.modules() if isinstance(module, GradientCheckpointingLayer)]
 
 
-def checkpoint_layers(cfg, attn_implementation=None):
+def checkpoint_layers(cfg, attn_implementation=None, stage=0, stages=1):
     """The module paths of the layers `checkpointing` recomputes, in order
-    (the model built on the meta device: nothing is allocated)."""
+    (the model built on the meta device: nothing is allocated); with
+    `stages` > 1, those pipeline rank `stage` holds, which a Checkpointing
+    counts on that rank."""
     task, architecture = task_of(cfg)
     built_with = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     with torch.device("meta"):
         model = getattr(_transformers(), architecture)._from_config(cfg, **built_with)
+    if stages > 1:
+        refusal = pipeline_refusal(cfg, stages)
+        if refusal:
+            raise ValueError(refusal)
+        stage_module(model, stage, stages)
     path = {module: name for name, module in model.named_modules()}
     return [f"{type(model).__name__}.{path[layer]}" for layer in _layers(model)]
 

@@ -288,6 +288,46 @@ def test_checkpoint_recomputes_the_fewest_layers_a_budget_needs_and_traces_the_p
     assert f"the least memory a traced plan reaches is" in capsys.readouterr().err
 
 
+def test_checkpoint_plans_each_pipeline_stage_apart(tmp_path, capsys):
+    # Two stages of two layers each: each stage's plan counts its own
+    # layers and is traced on its first rank; the last stage (the head's
+    # logits) and the first (two microbatches in flight) peak apart, so a
+    # budget between the higher's peaks with and without recompute
+    # recomputes there and, where the other fits as it is, nothing there.
+    cfg = metamem.hf.config("llama", num_hidden_layers=4, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                            num_key_value_heads=2, vocab_size=256)
+    sharding = metamem.Sharding(1, pipeline_parallel=2)
+
+    def peak(rank, checkpointing):
+        t = metamem.hf.trace_step(cfg, batch=4, seq=256, checkpointing=checkpointing, sharding=sharding, rank=rank)
+        return max(t.step_peaks)
+    plain, lowest = [peak(rank, None) for rank in (0, 1)], [peak(rank, True) for rank in (0, 1)]
+    higher = plain.index(max(plain))
+    budget = max((plain[higher] + lowest[higher]) // 2, plain[1 - higher])
+    flags = ["checkpoint", *REDUCED_LLAMA_4, "--seq", "256", "--batch", "4", "--pp", "2", "--budget", str(budget)]
+    page = tmp_path / "plan.html"
+    assert metamem.cli.main([*flags, "--format", "json", "--html", str(page)]) == 0
+    stages = json.loads(capsys.readouterr().out)["stages"]
+    assert [(stage["stage"], stage["rank"], stage["fits"]) for stage in stages] == [(0, 0, True), (1, 1, True)]
+    for stage in stages:
+        assert stage["units"] == [f"LlamaForCausalLM.model.layers.{i}" for i in (2 * stage["stage"], 2 * stage["stage"] + 1)]
+        assert stage["unchecked_peak_bytes"] == plain[stage["rank"]]
+        plan = metamem.Checkpointing(len(stage["policy"]), ";keep=" in stage["policy_text"])
+        assert stage["peak_bytes"] == peak(stage["rank"], plan) <= budget
+        assert stage["job"]["rank"] == stage["rank"]
+    assert stages[higher]["recompute_flops"] > 0
+    assert stages[1 - higher]["policy_text"] == "none" or plain[1 - higher] > budget
+    assert all((tmp_path / f"plan.stage{stage}.html").exists() for stage in (0, 1))
+    # --rank plans that rank's stage alone; a budget no plan of a stage
+    # reaches names the stage and exits 1, after the stages that fit.
+    assert metamem.cli.main([*flags, "--rank", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("pipeline stage 1 of 2 (rank 1)") and "stage 0" not in out
+    assert metamem.cli.main([*flags[:-1], str(min(lowest) - 1)]) == 1
+    err = capsys.readouterr().err
+    assert "pipeline stage 0 of 2 (rank 0): llama does not fit" in err and "pipeline stage 1 of 2 (rank 1)" in err
+
+
 def test_a_timm_models_first_blocks_recompute_exactly_on_cpu_and_checkpoint_finds_them(capsys):
     # ConvNeXt's nine blocks, the first two recomputed whole or keeping
     # their products (convolutions, linears): equal to the real CPU run.
@@ -358,7 +398,7 @@ def test_the_command_line_fits_a_timm_model_on_a_gpu(capsys):
     (["profile", "--hf", "llama", "--microbatches", "4"], "--microbatches is for a pipeline"),
     (["profile", "--hf", "llama", "--pp", "2", "--rank", "2"], "--rank must be in [0, 2) for --pp 2 x --dp 1"),
     (["profile", "--timm", "test_vit", "--pp", "2"], "--pp and --microbatches are for --hf and --torchtitan"),
-    (["checkpoint", "--hf", "llama", "--budget", "1GiB", "--pp", "2"], "a pipeline's stages each hold their own"),
+    (["checkpoint", "--hf", "gpt2", "--budget", "1GiB", "--pp", "2"], "GPT2LMHeadModel has no pipeline plan"),
     (["profile", "--hf", "gpt2", "--dp", "2", "--device", "cpu", "--achieved"], "of one process"),
     (["fit", "--hf", "gpt2", "--search"], "fit --search needs --gpus N"),
     (["profile", "--hf", "gpt2", "--search", "--gpus", "8"], "--search is for fit --hf"),
