@@ -497,9 +497,10 @@ def checkpoint(args):
     model = args.hf or args.timm
     if not units:
         raise UsageError(f"{model} has no layers or blocks to recompute one by one")
+    extra, lines = job_lines(args)
 
     def measure(plan):
-        return traced(argparse.Namespace(**{**vars(args), "checkpointing": plan}), args.batch)[0], {}, []
+        return traced(argparse.Namespace(**{**vars(args), "checkpointing": plan}), args.batch)[0], extra or {}, lines
 
     return least_recompute_report(args, model, args.batch, units, measure)
 

@@ -326,6 +326,10 @@ def test_checkpoint_plans_each_pipeline_stage_apart(tmp_path, capsys):
     assert metamem.cli.main([*flags[:-1], str(min(lowest) - 1)]) == 1
     err = capsys.readouterr().err
     assert "pipeline stage 0 of 2 (rank 0): llama does not fit" in err and "pipeline stage 1 of 2 (rank 1)" in err
+    # Without a pipeline, one plan, for the rank the flags name, whose job the report gives.
+    assert metamem.cli.main(["checkpoint", *REDUCED_LLAMA_4, "--dp", "2", "--rank", "1", "--budget", "1GiB",
+                             "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["job"]["rank"] == 1
 
 
 def test_a_timm_models_first_blocks_recompute_exactly_on_cpu_and_checkpoint_finds_them(capsys):
