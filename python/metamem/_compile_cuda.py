@@ -290,6 +290,11 @@ def install(patches, cuda, owner):
     benchmark = selector.__dict__["benchmark_in_current_process"].__func__
     patches.set(selector, "benchmark_in_current_process", classmethod(_in_the_trace(benchmark, owner)))
     patches.set(select_algorithm, "get_num_workers", _instead_on(owner, select_algorithm.get_num_workers, lambda: 0))
+    # Nor does it print its tables of timings: every choice's 1 ms is the
+    # fake GPU's, no measurement.
+    patches.set(select_algorithm, "PRINT_AUTOTUNE", False)
+    patches.set(select_algorithm, "_log_autotune_choices_stats",
+                _instead_on(owner, select_algorithm._log_autotune_choices_stats, _nothing))
     # So does the scheduler, weighing a fused kernel against its parts
     # (max-autotune's epilogue fusion). It writes their timings beside each
     # kernel's source (.kernel_perf): not the trace's.

@@ -815,26 +815,56 @@ def run(args):
     return least_recompute_report(args, args.script, None, units, measure, time.perf_counter() - start)
 
 
-def quiet_imports():
+def quiet_imports(script=False):
     """Notices for the authors of the libraries a trace runs, not for this
-    command's user, whose output (bad input: one line) they would break; in
-    the command's process and in a search's. torchao, which transformers
-    imports wherever it is installed (the float8 extra installs it),
-    registers enums with torch's pytree as torch 2.14 deprecates, and torch
-    logs a warning for each at import; FSDP2 warns at each step that
-    torchtitan's sharded embedding returns a view, and DTensor that some of
-    its redistributions take two collectives."""
+    command's user, whose output (bad input: one line; a search's progress
+    bar) they would break; in the command's process and in a search's.
+    torchao, which transformers imports wherever it is installed (the
+    float8 extra installs it), registers enums with torch's pytree as torch
+    2.14 deprecates, and torch logs a warning for each at import; FSDP2
+    warns at each step that torchtitan's sharded embedding returns a view,
+    and DTensor that some of its redistributions take two collectives.
+    Unless the command runs the user's `script` (whose libraries speak as
+    they would): what torchtitan's Trainer logs below an error through the
+    root logger (lspci missing, no checkpoint folder, the process group
+    made already: each trace's, about the config metamem gives it) and the
+    deprecated c10d names torch's pipelining calls."""
     import warnings
 
     logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+    if script:
+        return
+    import importlib.util
+
+    torchtitan = importlib.util.find_spec("torchtitan")
+    if torchtitan is not None and torchtitan.submodule_search_locations:
+        logging.getLogger().addFilter(_BelowErrorFrom(list(torchtitan.submodule_search_locations)[0]))
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
+
+
+class _BelowErrorFrom(logging.Filter):
+    """Drops the records below ERROR that the files under `folder` log."""
+
+    def __init__(self, folder):
+        super().__init__()
+        self.folder = folder + "/"
+
+    def filter(self, record):
+        return record.levelno >= logging.ERROR or not record.pathname.startswith(self.folder)
+
+    def __eq__(self, other):  # added once however many commands a process runs
+        return isinstance(other, _BelowErrorFrom) and other.folder == self.folder
+
+    def __hash__(self):
+        return hash(self.folder)
 
 
 def main(argv=None):
-    quiet_imports()
     argv = sys.argv[1:] if argv is None else list(argv)
     running = argv[:1] == ["run"]
+    quiet_imports(script=running)
     args = run_parser().parse_args(argv[1:]) if running else parser().parse_args(argv)
     try:
         if running:
