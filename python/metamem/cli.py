@@ -827,8 +827,9 @@ def quiet_imports(script=False):
     Unless the command runs the user's `script` (whose libraries speak as
     they would): what torchtitan's Trainer logs below an error through the
     root logger (lspci missing, no checkpoint folder, the process group
-    made already: each trace's, about the config metamem gives it) and the
-    deprecated c10d names torch's pipelining calls."""
+    made already: each trace's, about the config metamem gives it) and
+    torch's notices of deprecated c10d names (reduce_scatter_tensor,
+    all_gather_into_tensor: some of a 70B search's collectives)."""
     import warnings
 
     logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)

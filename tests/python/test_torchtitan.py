@@ -200,9 +200,9 @@ def test_the_command_line_traces_a_rank_of_a_preset_and_searches_its_layouts(cap
     printed = capsys.readouterr()
     assert ("as rank 6 of torchtitan's debugmodel on 8 GPUs: tensor parallel 2, FSDP2 over 2, pipeline parallel 2 "
             "(pipeline rank 1, 2 microbatches), recompute selective") in printed.out
-    # What torchtitan's Trainer logs below an error, the deprecated names
-    # torch's pipelining calls and Inductor's autotuning tables (the fake
-    # GPU's timings) are not the user's: nothing on stderr.
+    # What torchtitan's Trainer logs below an error and Inductor's
+    # autotuning tables (the fake GPU's timings) are not the user's:
+    # nothing on stderr.
     assert printed.err == ""
     # fit --search on two GPUs: tensor parallel 1 and 2 with FSDP2 over the
     # rest, and a pipeline of 2 (its two ranks traced, two microbatches),
