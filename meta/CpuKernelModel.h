@@ -67,6 +67,11 @@ using ScratchPlanModel = ScratchPlan (*)(c10::ArrayRef<c10::IValue> arguments);
 // nullptr when its CPU kernel holds nothing beside its outputs.
 ScratchModel cpu_scratch_model(const std::string& qualified_name);
 
+// Its families' tables, which it asks: the layers' kernels
+// (meta/CpuLayerModel.cpp) and linear algebra's (meta/CpuLinalgModel.cpp).
+ScratchModel cpu_layer_scratch_model(const std::string& qualified_name);
+ScratchModel cpu_linalg_scratch_model(const std::string& qualified_name);
+
 // The same for libtorch's own CUDA kernels, which a fake CUDA device (no
 // cuDNN) runs: softmax's contiguous input. Kernels that make several
 // temporaries in an order of their own have plans (meta/CudaKernelPlans.h).

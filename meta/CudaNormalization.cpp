@@ -15,6 +15,7 @@
 #include "meta/CudaKernelPlans.h"
 #include "meta/CudaReduction.h"
 #include "meta/MetaMode.h"
+#include "meta/TensorBytes.h"
 
 namespace metamem {
 namespace {
@@ -31,8 +32,6 @@ ScratchPlan layer_norm_plan(c10::ArrayRef<c10::IValue> arguments) {
   plan.before_outputs = plan.steps.size();
   return plan;
 }
-
-std::int64_t element_size(const at::Tensor& tensor) { return static_cast<std::int64_t>(tensor.element_size()); }
 
 // The weight's and bias's gradients of a layer norm over `rows` rows of
 // `columns`: a grid of many rows (more than 65,536) over few columns (a

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "meta/MetaTensor.h"
+#include "meta/TensorBytes.h"
 
 namespace metamem {
 namespace {
@@ -86,8 +87,6 @@ bool overwrites(const c10::OperatorHandle& op, std::size_t argument) {
       {"aten::fill_", true}, {"aten::zero_", true}, {"aten::copy_", true}};
   return fills.count(schema.name()) != 0 && argument == 0;
 }
-
-std::int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * static_cast<std::int64_t>(t.element_size()) : 0; }
 
 bool covers_its_buffer(const at::Tensor& t) {
   const at::Tensor& inner = inner_tensor(t);
