@@ -292,7 +292,7 @@ def install(patches, cuda, owner):
     patches.set(select_algorithm, "get_num_workers", _instead_on(owner, select_algorithm.get_num_workers, lambda: 0))
     # Nor does it print its tables of timings: every choice's 1 ms is the
     # fake GPU's, no measurement.
-    patches.set(select_algorithm, "PRINT_AUTOTUNE", False)
+    patches.set(selector, "log_results", staticmethod(_instead_on(owner, selector.log_results, _nothing)))
     patches.set(select_algorithm, "_log_autotune_choices_stats",
                 _instead_on(owner, select_algorithm._log_autotune_choices_stats, _nothing))
     # So does the scheduler, weighing a fused kernel against its parts
