@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import sys
 import time
 
@@ -538,9 +539,8 @@ def checkpoint_stages(args):
                             **extra})
             continue
         if args.html:
-            stem, dot, suffix = args.html.rpartition(".")
-            t.html(f"{stem}.stage{stage}.{suffix}" if dot else f"{args.html}.stage{stage}", args.depth,
-                   checkpoint=json.dumps(report))
+            stem, suffix = os.path.splitext(args.html)
+            t.html(f"{stem}.stage{stage}{suffix}", args.depth, checkpoint=json.dumps(report))
         texts.append(f"{heading}\n{text}")
         reports.append({"stage": stage, "rank": rank, "fits": True, **report})
     if args.format == "json":
