@@ -498,12 +498,17 @@ def checkpoint(args):
     model = args.hf or args.timm
     if not units:
         raise UsageError(f"{model} has no layers or blocks to recompute one by one")
+    return least_recompute_report(args, model, args.batch, units, measuring(args))
+
+
+def measuring(args):
+    """measure(plan) for least_recompute_found: the step of the rank the
+    flags name traced under the plan, with the job that rank is of."""
     extra, lines = job_lines(args)
 
     def measure(plan):
         return traced(argparse.Namespace(**{**vars(args), "checkpointing": plan}), args.batch)[0], extra or {}, lines
-
-    return least_recompute_report(args, model, args.batch, units, measure)
+    return measure
 
 
 def checkpoint_stages(args):
@@ -524,19 +529,14 @@ def checkpoint_stages(args):
         stage = rank // per_stage
         units = checkpoint_units(args, stage)
         at_rank = argparse.Namespace(**{**vars(args), "rank": rank})
-        extra, lines = job_lines(at_rank)
-
-        def measure(plan, at_rank=at_rank, extra=extra, lines=lines):
-            return traced(argparse.Namespace(**{**vars(at_rank), "checkpointing": plan}), args.batch)[0], extra, lines
-
         heading = f"pipeline stage {stage} of {stages} (rank {rank})"
         try:
-            t, text, report = least_recompute_found(args, args.hf, args.batch, units, measure)
+            t, text, report = least_recompute_found(args, args.hf, args.batch, units, measuring(at_rank))
         except NoPlanFits as none:
             fitting = False
             print(f"metamem: {heading}: {none}", file=sys.stderr)
             reports.append({"stage": stage, "rank": rank, "fits": False, "lowest_peak_bytes": none.lowest_peak,
-                            **extra})
+                            **job_lines(at_rank)[0]})
             continue
         if args.html:
             stem, suffix = os.path.splitext(args.html)
