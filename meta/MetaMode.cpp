@@ -44,12 +44,17 @@ struct BufferTag {
   // What reading its address raises, once CUDA graph trees freed the block
   // under it (torch's data_ptr access error); none where null.
   std::shared_ptr<const std::string> access_error{};
+  // Host memory in a trace that keeps host tensors on the host
+  // (HostTensors::OnHost): not the device's, so not reported.
+  bool host = false;
 };
 
 struct ModeState {
   std::atomic<bool> active{false};
   std::atomic<MetaObserver*> observer{nullptr};
   c10::Device device{c10::kCPU};
+  // A fake-cuda trace whose host tensors stay on the host (HostTensors::OnHost).
+  bool keeps_host = false;
   // cuBLAS's workspace on the traced GPU, read at the first product (after
   // the trace's GPU is set) rather than at every one; -1 until then.
   std::atomic<std::int64_t> cublas_workspace_bytes{-1};
@@ -63,11 +68,14 @@ struct ModeState {
 ModeState g_mode;
 
 std::atomic<BufferId> g_next_buffer{1};
+// Host buffers (HostTensors::OnHost) are numbered apart: the observer
+// numbers its buffers in the order their ids were handed out, each reported.
+std::atomic<BufferId> g_next_host_buffer{BufferId{1} << 63};
 
 void release_tag(void* ctx) {
   auto* tag = static_cast<BufferTag*>(ctx);
   auto* observer = g_mode.observer.load(std::memory_order_acquire);
-  if (observer != nullptr && tag->id != 0) observer->on_free(tag->id);
+  if (observer != nullptr && tag->id != 0 && !tag->host) observer->on_free(tag->id);
   if (tag->id != 0) forget_values(tag->id);
   delete tag;
 }
@@ -91,8 +99,10 @@ void hold_no_memory(const at::Tensor& inner) {
 // Tags a storage the first time it is seen and reports it as allocated; a
 // storage that grew (resize_ of an out= argument) is reported as a new buffer.
 // An empty storage holds no buffer: allocators hand out nothing for zero
-// bytes (a released ZeRO-3 parameter keeps one).
-BufferId track_storage(c10::StorageImpl* impl, bool on_default_stream = false) {
+// bytes (a released ZeRO-3 parameter keeps one). A host storage (`host`, or
+// tagged so) gets a buffer id, which known values are kept by, and is not
+// reported.
+BufferId track_storage(c10::StorageImpl* impl, bool on_default_stream = false, bool host = false) {
   if (impl == nullptr) return 0;
   auto* tag = static_cast<BufferTag*>(impl->data_ptr().get_context());
   if (tag != nullptr && tag->bytes == impl->nbytes()) return tag->id;
@@ -101,8 +111,11 @@ BufferId track_storage(c10::StorageImpl* impl, bool on_default_stream = false) {
     return 0;
   }
 
-  auto fresh = std::make_unique<BufferTag>(BufferTag{g_next_buffer.fetch_add(1), impl->nbytes()});
-  if (auto* observer = g_mode.observer.load(std::memory_order_acquire)) {
+  host = host || (tag != nullptr && tag->host);
+  auto fresh = std::make_unique<BufferTag>(
+      BufferTag{(host ? g_next_host_buffer : g_next_buffer).fetch_add(1), impl->nbytes()});
+  fresh->host = host;
+  if (auto* observer = g_mode.observer.load(std::memory_order_acquire); observer != nullptr && !fresh->host) {
     // may throw (a tracer told to stop)
     if (on_default_stream)
       observer->on_alloc_on_default_stream(fresh->id, fresh->bytes);
@@ -116,9 +129,13 @@ BufferId track_storage(c10::StorageImpl* impl, bool on_default_stream = false) {
   return id;
 }
 
-BufferId track_storage(const at::Tensor& inner) {
-  return track_storage(inner.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl());
+BufferId track_storage(const at::Tensor& inner, bool host = false) {
+  return track_storage(inner.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl(), false, host);
 }
+
+// Whether a MetaTensor claiming `device` stands in host memory beside the
+// traced GPU (HostTensors::OnHost).
+bool on_host(c10::Device device) { return g_mode.keeps_host && device.is_cpu(); }
 
 using BufferList = c10::SmallVector<BufferId, 8>;
 
@@ -333,7 +350,7 @@ at::Tensor to_inner(const at::Tensor& t, BufferList& buffers) {
   if (!t.defined()) return t;
   if (is_meta_tensor(t)) {
     const at::Tensor& inner = inner_tensor(t);
-    buffers.push_back(track_storage(inner));
+    buffers.push_back(track_storage(inner, on_host(t.device())));
     return inner;
   }
   if (t.is_meta()) return t;
@@ -394,7 +411,7 @@ c10::optional<std::size_t> written_argument(const c10::FunctionSchema& schema,
   return c10::nullopt;
 }
 
-at::Tensor wrap_output(const at::Tensor& inner, BufferList& outputs) {
+at::Tensor wrap_output(const at::Tensor& inner, c10::Device device, BufferList& outputs) {
   if (!inner.defined()) return inner;
   // An argument this kernel does not unwrap sent the op back through MetaMode,
   // which already wrapped and tracked the result.
@@ -402,8 +419,8 @@ at::Tensor wrap_output(const at::Tensor& inner, BufferList& outputs) {
   // A host tensor a kernel returns as the GPU's does (the memory-efficient
   // kernel's Philox seed with dropout) is real, and holds no device memory.
   if (!inner.is_meta()) return inner;
-  outputs.push_back(track_storage(inner));
-  return make_meta_tensor(inner, g_mode.device);
+  outputs.push_back(track_storage(inner, on_host(device)));
+  return make_meta_tensor(inner, device);
 }
 
 // The order in which the op's kernel allocates its returns, or nullptr
@@ -413,22 +430,24 @@ const c10::SmallVector<std::size_t, 8>* allocation_order(const c10::OperatorHand
   return it == g_allocation_orders.end() ? nullptr : &it->second;
 }
 
-// Return r on the stack becomes the caller's MetaTensor, its storage tracked.
+// Return r on the stack becomes the caller's MetaTensor on `device`, its
+// storage tracked.
 void wrap_return(const c10::FunctionSchema& schema, torch::jit::Stack& stack,
-                 const std::vector<c10::IValue>& original_args, std::size_t r, BufferList& outputs) {
+                 const std::vector<c10::IValue>& original_args, std::size_t r, c10::Device device,
+                 BufferList& outputs) {
   c10::IValue& value = stack[stack.size() - schema.returns().size() + r];
   if (auto arg = written_argument(schema, r)) {
     const at::Tensor& wrapper = original_args[*arg].toTensor();
     if (is_meta_tensor(wrapper)) {
       sync_meta_tensor(wrapper);
-      outputs.push_back(track_storage(inner_tensor(wrapper)));
+      outputs.push_back(track_storage(inner_tensor(wrapper), on_host(wrapper.device())));
     }
     value = wrapper;
   } else if (value.isTensor()) {
-    value = wrap_output(value.toTensor(), outputs);
+    value = wrap_output(value.toTensor(), device, outputs);
   } else if (value.isTensorList()) {
     c10::List<at::Tensor> wrapped;
-    for (const at::Tensor& t : value.toTensorList()) wrapped.push_back(wrap_output(t, outputs));
+    for (const at::Tensor& t : value.toTensorList()) wrapped.push_back(wrap_output(t, device, outputs));
     value = std::move(wrapped);
   }
 }
@@ -555,6 +574,31 @@ bool makes_plain_meta(const c10::FunctionSchema& schema, const torch::jit::Stack
   return meta;
 }
 
+// Where an op's returns stand: on the traced device, unless host tensors
+// stay on the host (HostTensors::OnHost). There a device the op names
+// decides (a factory's, .to()'s), else a tensor on the device among its
+// arguments (a 0-dim host tensor goes with one, as torch allows), else the
+// host (a factory naming none, an op on host tensors alone).
+c10::Device output_device(const c10::FunctionSchema& schema, const torch::jit::Stack& stack) {
+  if (!g_mode.keeps_host) return g_mode.device;
+  const auto on_device = [](const at::Tensor& t) { return is_meta_tensor(t) && !t.device().is_cpu(); };
+  bool any_on_device = false;
+  const std::size_t n = schema.arguments().size();
+  for (std::size_t i = stack.size() - n; i < stack.size(); ++i) {
+    const c10::IValue& value = stack[i];
+    if (value.isDevice()) return value.toDevice().is_cpu() ? c10::Device(c10::kCPU) : g_mode.device;
+    if (value.isTensor()) {
+      any_on_device = any_on_device || on_device(value.toTensor());
+    } else if (value.isTensorList()) {
+      for (const at::Tensor& t : value.toTensorList()) any_on_device = any_on_device || on_device(t);
+    } else if (value.isList()) {
+      for (const c10::IValue& element : value.toListRef())
+        any_on_device = any_on_device || (element.isTensor() && on_device(element.toTensor()));
+    }
+  }
+  return any_on_device ? g_mode.device : c10::Device(c10::kCPU);
+}
+
 bool all_real(const c10::FunctionSchema& schema, const torch::jit::Stack& stack) {
   bool any = false, all = true;
   const std::size_t n = schema.arguments().size();
@@ -581,11 +625,14 @@ void meta_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   std::vector<c10::IValue> original_args(stack->end() - n_args, stack->end());
 
   check_known_indices(op, original_args);
-  check_the_traced_gpu_runs(op);
+  const c10::Device device = output_device(schema, *stack);
+  if (!on_host(device)) check_the_traced_gpu_runs(op);
   BufferList inputs, outputs;
   unwrap_arguments(schema, *stack, inputs);
   auto* observer = g_mode.observer.load(std::memory_order_acquire);
-  KernelScratch scratch(op, original_args, observer);
+  // A host op's temporaries are host memory: none of the device's.
+  auto* device_observer = on_host(device) ? nullptr : observer;
+  KernelScratch scratch(op, original_args, device_observer);
   const bool first_draw = first_draw_of_capture(op, original_args);
   if (first_draw && draws_before_outputs(op)) make_draw_state();
   {
@@ -598,20 +645,20 @@ void meta_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto* order = allocation_order(op);
   for (std::size_t i = 0; i < n_returns; ++i) {
     const std::size_t r = order != nullptr ? (*order)[i] : i;
-    if (!scratch.places_output(r)) wrap_return(schema, *stack, original_args, r, outputs);
+    if (!scratch.places_output(r)) wrap_return(schema, *stack, original_args, r, device, outputs);
   }
   if (first_draw && !draws_before_outputs(op)) make_draw_state();
   const c10::ArrayRef<c10::IValue> returns(stack->data() + stack->size() - n_returns, n_returns);
   // A kernel's cuBLAS call comes after its temporaries are made (a
   // convolution's columns) and before they are freed, unless its plan
   // places it.
-  const auto call_cublas = [&] { report_cublas_workspace(op, original_args, returns, observer); };
+  const auto call_cublas = [&] { report_cublas_workspace(op, original_args, returns, device_observer); };
   scratch.make_the_rest(
-      op, original_args, returns, [&](std::size_t r) { wrap_return(schema, *stack, original_args, r, outputs); },
-      call_cublas);
+      op, original_args, returns,
+      [&](std::size_t r) { wrap_return(schema, *stack, original_args, r, device, outputs); }, call_cublas);
   if (!scratch.places_cublas_call()) call_cublas();
   scratch.free();
-  report_reduction_staging(op, original_args, returns, observer);
+  report_reduction_staging(op, original_args, returns, device_observer);
   if (observer != nullptr) observer->on_op(op, inputs, outputs, original_args, returns);
   learn_values(op, original_args, returns);
 }
@@ -679,12 +726,14 @@ void run_shared_backend_code(const c10::OperatorHandle& op, torch::jit::Stack* s
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
 }
 
-// A traced tensor counts as pinned: host tensors of a trace stand on its
-// fake device already, and pinned host memory is not the device's. So
-// pin_memory() (a DataLoader's, a script's) returns the tensor itself.
+// A traced tensor counts as pinned: pinned host memory is not the
+// device's, so pin_memory() (a DataLoader's, a script's) returns the tensor
+// itself, whether host tensors stand on the fake device or on the host. One
+// on the device while host tensors stay on the host is not pinned.
 void is_pinned(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  const bool on_device = g_mode.keeps_host && !(*stack)[stack->size() - 2].toTensor().device().is_cpu();
   torch::jit::drop(*stack, 2);
-  stack->emplace_back(true);
+  stack->emplace_back(!on_device);
 }
 
 // A CPU LSTM takes oneDNN's RNN layer while oneDNN is on, and its
@@ -837,7 +886,7 @@ TraceEndedError::TraceEndedError(const std::string& op)
                  "device inside a metamem.trace block hold no data and cannot run after it (move the module "
                  "or tensor inside the block, or build it again)") {}
 
-MetaMode::MetaMode(c10::Device fake_device, MetaObserver* observer) : keys_(meta_mode_keys()) {
+MetaMode::MetaMode(c10::Device fake_device, MetaObserver* observer, HostTensors host) : keys_(meta_mode_keys()) {
   if (fake_device.type() != c10::kCPU && fake_device.type() != c10::kCUDA)
     throw std::invalid_argument("metamem: fake device must be cpu or cuda");
   if (g_mode.active.exchange(true)) throw std::logic_error("metamem: MetaMode is already active");
@@ -847,6 +896,7 @@ MetaMode::MetaMode(c10::Device fake_device, MetaObserver* observer) : keys_(meta
   g_mode.device = fake_device.type() == c10::kCUDA && !fake_device.has_index()
                       ? c10::Device(c10::kCUDA, 0)
                       : fake_device;
+  g_mode.keeps_host = g_mode.device.is_cuda() && host == HostTensors::OnHost;
   g_mode.observer.store(observer, std::memory_order_release);
   g_mode.cublas_workspace_bytes.store(-1, std::memory_order_relaxed);
   if (g_mode.device.is_cuda()) {

@@ -15,11 +15,11 @@
 
 #include "meta/CpuKernelModel.h"
 #include "meta/FakeCuda.h"
+#include "meta/HostTensors.h"
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <optional>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -123,7 +123,8 @@ void run_cpp_meta_kernels_in_traces(const std::vector<std::string>& ops,
 class MetaMode {
  public:
   // One MetaMode at a time in the process; a second throws std::logic_error.
-  explicit MetaMode(c10::Device fake_device, MetaObserver* observer = nullptr);
+  explicit MetaMode(c10::Device fake_device, MetaObserver* observer = nullptr,
+                    HostTensors host = HostTensors::OnDevice);
   ~MetaMode();
   MetaMode(const MetaMode&) = delete;
   MetaMode& operator=(const MetaMode&) = delete;

@@ -59,13 +59,13 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
  public:
   using RestoredBlock = Tracer::RestoredBlock;
 
-  explicit TraceRecorder(c10::Device device) : listens_(device.is_cpu()) {
+  TraceRecorder(c10::Device device, HostTensors host) : listens_(device.is_cpu()) {
     trace_.scopes.push_back("");
     scope_stack_.push_back(0);
     node_callback_ = at::addGlobalCallback(
         at::RecordFunctionCallback(&enter_node, &leave_node)
             .scopes({at::RecordScope::BACKWARD_FUNCTION}));
-    mode_.emplace(device, this);
+    mode_.emplace(device, this, host);
     if (listens_) CpuMemoryCounter::set_listener(this);
   }
 
@@ -544,8 +544,8 @@ namespace {
 std::atomic<detail::TraceRecorder*> g_active_recorder{nullptr};
 }
 
-Tracer::Tracer(c10::Device fake_device)
-    : recorder_(std::make_unique<detail::TraceRecorder>(fake_device)) {
+Tracer::Tracer(c10::Device fake_device, HostTensors host)
+    : recorder_(std::make_unique<detail::TraceRecorder>(fake_device, host)) {
   g_active_recorder.store(recorder_.get());
 }
 

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "meta/HostTensors.h"
 #include "profiler/AllocationObserver.h"
 #include "profiler/Trace.h"
 
@@ -21,8 +22,9 @@ class TraceRecorder;
 class Tracer {
  public:
   // Starts a MetaMode on `fake_device`: from here on factories make
-  // MetaTensors and every buffer is recorded (phase Setup).
-  explicit Tracer(c10::Device fake_device);
+  // MetaTensors and every buffer is recorded (phase Setup); `host` says
+  // where tensors made on the host stand on fake cuda.
+  explicit Tracer(c10::Device fake_device, HostTensors host = HostTensors::OnDevice);
   ~Tracer();
   Tracer(const Tracer&) = delete;
   Tracer& operator=(const Tracer&) = delete;

@@ -300,7 +300,9 @@ class Session {
  public:
   // `alloc_conf`: PYTORCH_ALLOC_CONF's text (None: as torch reads the
   // environment); fractions of `gpu`'s memory (a key of metamem's table).
-  Session(const std::string& device, const std::optional<std::string>& alloc_conf, const GpuSpec& gpu)
+  // `host_tensors`: "device" or "host" (metamem::HostTensors).
+  Session(const std::string& device, const std::optional<std::string>& alloc_conf, const GpuSpec& gpu,
+          const std::string& host_tensors)
       : run_{.device = device, .alloc_conf = alloc_conf.value_or(allocator_config_from_environment())},
         allocator_setup_(allocator_setup(run_.alloc_conf, alloc_conf ? "alloc_conf" : allocator_config_variable(),
                                          gpu.total_memory)),
@@ -309,8 +311,11 @@ class Session {
         owner_(std::this_thread::get_id()) {
     if (device != "cpu" && device != "cuda")
       throw py::value_error("device must be 'cpu' or 'cuda', got '" + device + "'");
+    if (host_tensors != "device" && host_tensors != "host")
+      throw py::value_error("host_tensors must be 'device' or 'host', got '" + host_tensors + "'");
     if (device == "cuda") run_.gpu_memory = gpu_memory(gpu);
-    tracer_ = std::make_unique<Tracer>(c10::Device(device));
+    tracer_ = std::make_unique<Tracer>(c10::Device(device),
+                                       host_tensors == "host" ? HostTensors::OnHost : HostTensors::OnDevice);
     // The simulated allocator answers torch.cuda's memory statistics: a fake cpu has none.
     if (device == "cuda") tracer_->observe(&allocator_);
     tracer_->begin_step();
@@ -689,8 +694,10 @@ PYBIND11_MODULE(_metamem, m) {
       .def("save_allocator_events", &Result::save_allocator_events, py::arg("path"));
   py::class_<Session>(m, "Session")
       .def(py::init([](const std::string& device, const std::optional<std::string>& alloc_conf,
-                       const std::string& gpu) { return new Session(device, alloc_conf, metamem::find_gpu(gpu)); }),
-           py::arg("device"), py::arg("alloc_conf"), py::arg("gpu"))
+                       const std::string& gpu, const std::string& host_tensors) {
+             return new Session(device, alloc_conf, metamem::find_gpu(gpu), host_tensors);
+           }),
+           py::arg("device"), py::arg("alloc_conf"), py::arg("gpu"), py::arg("host_tensors") = "device")
       .def("set_stream", &Session::set_stream)
       .def("begin_pool", &Session::begin_pool, py::arg("pool"), py::arg("stream"))
       .def("join_pool", &Session::join_pool, py::arg("pool"), py::arg("stream"))

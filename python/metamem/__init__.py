@@ -686,7 +686,7 @@ def _patch_data_loader_workers(patches):
 
 @contextlib.contextmanager
 def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf=None, world_size=None, rank=0,
-          nproc_per_node=None, fake_gpu=None):
+          nproc_per_node=None, fake_gpu=None, host_tensors="device"):
     """Traces the block on a fake `device` ("cpu" or "cuda") and yields a
     Trace, readable once the block ends. `modules` built before the block
     run in it on the fake device, their states put back afterwards.
@@ -707,6 +707,16 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
     raises ValueReadError; with values="placeholder" it reads zero (False,
     0, 0.0), so that a loop that logs its loss goes on: what it printed and
     every branch taken on it are zero's, not the run's.
+
+    On fake cuda, what the block makes on the host (a factory naming no
+    device, or the CPU) stands on the traced GPU with host_tensors="device",
+    so that a block that builds its model and inputs without .cuda() traces
+    them there. With host_tensors="host" it stays on the host, as in a real
+    run of code written for a GPU (`metamem run`'s way): an in-memory
+    dataset and the batches a DataLoader collates claim the CPU and hold
+    none of the GPU's memory, an op on host tensors alone runs on the host,
+    and .cuda(), .to("cuda") copy onto the GPU. A fake cpu's host is its
+    device.
 
     With `fake_gpu`, the folder of metamem's fake GPU (build/oracle; by
     default $METAMEM_FAKE_GPU, if set; "" for none), a fake-cuda trace asks real torch
@@ -732,6 +742,8 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
     thread's: other threads' tensors and autograd are their own."""
     if values not in ("error", "placeholder"):
         raise ValueError(f"values must be 'error' or 'placeholder', got {values!r}")
+    if host_tensors not in ("device", "host"):
+        raise ValueError(f"host_tensors must be 'device' or 'host', got {host_tensors!r}")
     gpu_spec = _metamem.gpu(gpu)  # ValueError for an unknown GPU, before anything changes
     fake_gpu = os.environ.get("METAMEM_FAKE_GPU") if fake_gpu is None else fake_gpu
     recordings = _fake_gpu.recordings(fake_gpu, gpu) if fake_gpu and device == "cuda" else None
@@ -741,7 +753,7 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
         raise ValueError("nproc_per_node is for a trace with world_size")
     result = Trace(device)
     with ProcessState():
-        session = _metamem.Session(device, alloc_conf, gpu)
+        session = _metamem.Session(device, alloc_conf, gpu, host_tensors)
         finished = False
         try:
             with contextlib.ExitStack() as stack:

@@ -136,7 +136,7 @@ def trace_script(script, argv, steps, device, gpu, values, world_size=None, rank
     patches = Patches()
     try:
         with trace(device=device, gpu=gpu, values=values, world_size=world_size, rank=rank,
-                   nproc_per_node=nproc_per_node) as t:
+                   nproc_per_node=nproc_per_node, host_tensors="host") as t:
             patches.set(torch, "save", save_nothing)
             _counting_reads(run, patches)
             hook = register_optimizer_step_post_hook(after_step)

@@ -494,6 +494,44 @@ def test_pinned_host_memory_is_not_the_gpus():
     assert peaks[0] == peaks[1] > 0
 
 
+def test_host_tensors_stay_on_the_host_when_asked():
+    # A dataset of 64 MiB in host memory, a batch of it copied to the GPU:
+    # only the copy, the model and what it makes are the GPU's.
+    dataset_bytes = 1024 * 16384 * 4
+
+    def step(rows=1024, devices=None):
+        dataset = torch.randn(rows, 16384)
+        batch = dataset[:8, :64].contiguous()
+        model = mlp().cuda()
+        x = batch.cuda()
+        scale = torch.tensor(2.0) * torch.ones(())  # a 0-dim host tensor goes with a device one
+        loss = (model(x) * scale).sum()
+        loss.backward()
+        logged = loss.detach().cpu()
+        assert batch.pin_memory() is batch  # pinned memory is the host's
+        if devices is not None:
+            devices += [t.device.type for t in (dataset, batch, scale, x, loss, logged)] + [x.is_pinned()]
+
+    peaks, devices = {}, []
+    for rows in (1024, 8):
+        with metamem.trace(device="cuda", host_tensors="host") as t:
+            step(rows, devices)
+        peaks[rows] = t.peak_bytes
+    assert devices == ["cpu", "cpu", "cpu", "cuda", "cuda", "cpu", False] * 2
+    assert peaks[1024] == peaks[8] > 0
+    # By default a block's host tensors stand on the GPU; on a fake cpu the
+    # host is the device: the dataset counts in both.
+    with metamem.trace(device="cuda") as on_device:
+        step()
+    assert on_device.peak_bytes >= peaks[8] + dataset_bytes
+    with metamem.trace(device="cpu", host_tensors="host") as on_cpu:
+        step()
+    assert on_cpu.peak_bytes > dataset_bytes
+    with pytest.raises(ValueError, match="host_tensors must be 'device' or 'host'"):
+        with metamem.trace(device="cuda", host_tensors="pinned"):
+            pass
+
+
 def test_the_fake_gpu_tells_pinned_memory_from_host_and_device_memory():
     # A host tensor copied to the device asks whether it is pinned
     # (cudaPointerGetAttributes); torchtitan's batches are.

@@ -9,8 +9,12 @@ import json
 import os
 import runpy
 import sys
+import textwrap
+
+import pytest
 
 import metamem
+import metamem._run
 import metamem.cli
 from distributed_steps import torchrun_peaks
 
@@ -109,6 +113,43 @@ def test_a_budget_finds_the_blocks_of_the_scripts_model_to_recompute_exact_again
     assert "no blocks to recompute" in capsys.readouterr().err
     assert metamem.cli.main(["run", "--solver", "layers", *argv]) == 2
     assert "give --budget" in capsys.readouterr().err
+
+
+def test_a_script_on_one_gpu_is_exact_against_real_torch_on_the_fake_gpu(tmp_path):
+    # Its dataset and the batches its loader collates stay in host memory,
+    # as in the real run; only .to(device) copies them onto the GPU.
+    oracle = os.environ.get("METAMEM_ORACLE", "")
+    if not os.path.exists(os.path.join(oracle, "libmetamem_fake_cuda_preload.so")):
+        pytest.skip(f"METAMEM_ORACLE={oracle!r} holds no fake GPU to run real torch on")
+    import metamem._metamem as native
+    from real_torch_on_fake_gpu import PROLOGUE, measure
+
+    argv = ["--epochs", "1", "--workers", "0", "--out", str(tmp_path)]
+    real_run = PROLOGUE + textwrap.dedent(f"""
+        import torch
+        class Done(Exception):
+            pass
+        steps = []
+        def after_step(optimizer, args, kwargs):
+            steps.append(optimizer)
+            if len(steps) == 2:
+                raise Done()
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+        register_optimizer_step_post_hook(after_step)
+        sys.argv = [{SCRIPT!r}, *{argv!r}]
+        try:
+            runpy.run_path({SCRIPT!r}, run_name="__main__")
+        except Done:
+            pass
+        print(json.dumps([torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()]))
+    """)
+    for gpu in ("H100-80GB", "T4"):
+        real = measure(oracle, native.gpu(gpu), real_run)
+        traced, run = metamem._run.trace_script(SCRIPT, argv, 2, "cuda", gpu, "placeholder")
+        assert run.steps == 2
+        allocated = traced.json()["predicted"]["allocator_allocated_peak_bytes"]
+        assert [allocated, traced.reserved_peak_bytes] == real, gpu
+    assert os.listdir(tmp_path) == []
 
 
 def test_what_a_run_cannot_do_is_named(tmp_path, capsys):
