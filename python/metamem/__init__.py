@@ -410,6 +410,15 @@ def _in_apply_order(module):
     yield module
 
 
+def _fake_like(tensor, device):
+    """A tensor (a Parameter for a Parameter) of `tensor`'s shape, strides
+    and dtype on the fake `device`."""
+    fake = torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype, device=device)
+    if isinstance(tensor, torch.nn.Parameter):
+        return torch.nn.Parameter(fake, requires_grad=tensor.requires_grad)
+    return fake
+
+
 @contextlib.contextmanager
 def _swapped(modules, device, moved=None):
     """Each module's parameters and buffers replaced by fake-device ones of the
@@ -437,14 +446,15 @@ def _swapped(modules, device, moved=None):
                         continue
                     saved.append((store, name, tensor))
                     if id(tensor) not in fakes:
-                        fake = torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype, device=device)
-                        if isinstance(tensor, torch.nn.Parameter):
-                            fake = torch.nn.Parameter(fake, requires_grad=tensor.requires_grad)
-                        fakes[id(tensor)] = fake
-                        made.add(id(fake))
+                        fakes[id(tensor)] = _fake_like(tensor, device)
+                        made.add(id(fakes[id(tensor)]))
                     store[name] = fakes[id(tensor)]
             if moved is not None:
                 moved(sub)
+    # Only the modules hold the replacements, as only a moved module holds
+    # its tensors: one the model lets go (a buffer it replaces in forward,
+    # ConViT's relative positions) is freed then.
+    fakes.clear()
     try:
         yield
     finally:

@@ -490,6 +490,29 @@ def test_a_module_two_parents_hold_is_replaced_once():
     assert shared.weight is original
 
 
+def test_a_buffer_a_model_built_before_the_block_replaces_is_freed():
+    # ConViT replaces a placeholder buffer with its relative positions at
+    # its first forward: the placeholder's memory goes then, in the real run
+    # and in the trace, where only the module holds its replacement.
+    class Positions(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("positions", torch.zeros(1, 1, 4096), persistent=False)
+
+        def forward(self, x):
+            if self.positions.shape[1] != x.shape[1]:
+                self.positions = torch.zeros(1, x.shape[1], 1, device=x.device)
+            return x + self.positions
+
+    model = torch.nn.Sequential(Positions())
+    with metamem.trace(device="cuda", modules=[model]):
+        assert torch.cuda.memory_allocated() == 4096 * 4
+        with torch.no_grad():
+            model(torch.randn(2, 8, 16, device="cuda"))
+        # The new positions' 32 B, in a block of 512; the input and output are gone.
+        assert torch.cuda.memory_allocated() == 512
+
+
 def test_an_rnn_built_before_the_block_gets_its_own_weights_back():
     # An RNN keeps a list of its weights beside its parameters, which moving
     # it inside the block fills with the block's weights.
