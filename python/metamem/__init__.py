@@ -833,17 +833,22 @@ def achieved_cpu(step, modules=()):
     # Garbage of earlier code (compiled graphs keep cycles) freed by a
     # collection during the step would lower its peak: collected first.
     gc.collect()
-    held = set()
-    states = 0
-    for module in modules:
-        for tensor in list(module.parameters()) + list(module.buffers()):
-            storage = tensor.untyped_storage()
-            if storage.data_ptr() not in held:
-                held.add(storage.data_ptr())
-                states += storage.nbytes()
+    states = _state_bytes(modules)
     # Compiling (torch.compile in the step) is not the step, as in a trace.
     with _CudaOnCpu(), CompilingAside(_metamem.UncountedCpu):
         return states + _metamem.achieved_cpu(step)
+
+
+def _state_bytes(modules):
+    """The bytes of the storages behind the modules' parameters and
+    buffers, each once. A function of its own: a loop variable left behind
+    would keep the last tensor alive through the step (a buffer the model
+    replaces in forward)."""
+    storages = {}
+    for module in modules:
+        for tensor in (*module.parameters(), *module.buffers()):
+            storages.setdefault(tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes())
+    return sum(storages.values())
 
 
 def largest_batch(fits, most=1 << 16):
