@@ -260,9 +260,12 @@ def trace(flavor, world_size=None, rank=0, gpu="H100-80GB", steps=2, **overrides
     """Rank `rank` of torchtitan's `flavor` preset on `world_size` GPUs (the
     preset's by default) traced on fake cuda; `overrides` go to
     trainer_config(). Values the step reads (the loss it logs) are
-    placeholders; initialization's truncated normals read zeros."""
+    placeholders; initialization's truncated normals read zeros. The
+    loader's batches stay on the host until train_step copies them, as
+    in torchtitan's own run (metamem.trace's host_tensors="host")."""
     world_size = world_size or PRESETS[flavor].world_size
-    with metamem_trace(device="cuda", gpu=gpu, world_size=world_size, rank=rank, values="placeholder") as t:
+    with metamem_trace(device="cuda", gpu=gpu, world_size=world_size, rank=rank, values="placeholder",
+                       host_tensors="host") as t:
         training_step(flavor, steps, **overrides)()
     return t
 
