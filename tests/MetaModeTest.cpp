@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <map>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/types.h>
 
@@ -19,6 +20,41 @@ TEST(MetaMode, FactoriesMakeMetaTensorsOnTheFakeDevice) {
   EXPECT_TRUE(inner_tensor(t).is_meta());
   at::Tensor g = torch::ones({2}).requires_grad_();
   EXPECT_TRUE(g.requires_grad());
+}
+
+// Counts the bytes the observer is told are live.
+class LiveBytes final : public MetaObserver {
+ public:
+  void on_alloc(BufferId id, std::size_t bytes) override { live_[id] = bytes; }
+  void on_free(BufferId id) override { live_.erase(id); }
+  void on_op(const c10::OperatorHandle&, c10::ArrayRef<BufferId>, c10::ArrayRef<BufferId>,
+             c10::ArrayRef<c10::IValue>, c10::ArrayRef<c10::IValue>) override {}
+  std::size_t bytes() const {
+    std::size_t sum = 0;
+    for (const auto& [id, bytes] : live_) sum += bytes;
+    return sum;
+  }
+
+ private:
+  std::map<BufferId, std::size_t> live_;
+};
+
+TEST(MetaMode, HostTensorsStayOnTheHostWhenAsked) {
+  LiveBytes device;
+  MetaMode mode(c10::Device(c10::kCUDA), &device, HostTensors::OnHost);
+  const at::Tensor dataset = torch::randn({1024, 256});  // no device named: the host's
+  const at::Tensor batch = dataset.slice(0, 0, 8) * 2;  // an op on host tensors stays there
+  EXPECT_TRUE(is_meta_tensor(dataset) && dataset.is_cpu() && batch.is_cpu());
+  EXPECT_EQ(device.bytes(), 0u);
+  const at::Tensor x = batch.to(c10::Device(c10::kCUDA));
+  EXPECT_TRUE(x.is_cuda());
+  EXPECT_EQ(device.bytes(), 8u * 256 * 4);
+  const at::Tensor y = x * torch::ones({});  // a 0-dim host tensor goes with a device one
+  EXPECT_TRUE(y.is_cuda());
+  EXPECT_EQ(device.bytes(), 2u * 8 * 256 * 4);
+  const at::Tensor logged = y.sum().cpu();
+  EXPECT_TRUE(logged.is_cpu());
+  EXPECT_EQ(device.bytes(), 2u * 8 * 256 * 4);  // the sum came and went
 }
 
 TEST(MetaMode, LeavingRestoresThreadLocalState) {
