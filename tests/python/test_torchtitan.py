@@ -149,11 +149,10 @@ def test_a_pipeline_rank_against_torchtitans_trainer_on_the_fake_gpu(rank):
     # runs stages 0 and 2 on pipeline rank 0, 1 and 3 (the loss) on rank 1,
     # in 8 microbatches of one sequence.
     real, traced = real_and_traced(rank, cold_inductor=True, pipeline_parallel=2, seq_len=256)
-    # Reserved is the real run's to the byte. Allocated is five 512 B
-    # blocks under on both ranks, not traced to their cause; it was the
-    # loader's int64 [1, 256] batches over on the last stage's rank (one a
-    # microbatch and one more), while a trace held them on the GPU
-    # (docs/distributed.md).
+    # Reserved is the real run's to the byte. Allocated is 2,560 B under on
+    # both ranks; on rank 4, compared allocation by allocation, the real
+    # run's peak holds one more microbatch's packed-document mask (int32
+    # [256] and [384]) than the trace's (docs/distributed.md).
     for (real_allocated, real_reserved), (allocated, reserved) in zip(real, traced):
         assert reserved == real_reserved
         assert allocated - real_allocated == -5 * 512
