@@ -538,24 +538,29 @@ bool holds_python_data(const c10::FunctionSchema& schema) {
          excluded.has(c10::DispatchKey::FuncTorchDynamicLayerFrontMode);
 }
 
+// Calls `f` on each tensor an op argument holds: a tensor, a tensor list,
+// or a list of optional tensors (index's).
+template <class F>
+void for_each_tensor(const c10::IValue& value, F&& f) {
+  if (value.isTensor()) {
+    f(value.toTensor());
+  } else if (value.isTensorList()) {
+    for (const at::Tensor& t : value.toTensorList()) f(t);
+  } else if (value.isList()) {
+    for (const c10::IValue& element : value.toListRef())
+      if (element.isTensor()) f(element.toTensor());
+  }
+}
+
 // Whether `value` holds only real tensors (at least one) and no device
 // but the CPU: an op on it runs for real.
 void scan_real(const c10::IValue& value, bool& any, bool& all) {
-  auto tensor = [&](const at::Tensor& t) {
+  for_each_tensor(value, [&](const at::Tensor& t) {
     if (!t.defined()) return;
     any = true;
     all = all && !is_meta_tensor(t) && !t.is_meta();
-  };
-  if (value.isTensor()) {
-    tensor(value.toTensor());
-  } else if (value.isTensorList()) {
-    for (const at::Tensor& t : value.toTensorList()) tensor(t);
-  } else if (value.isList()) {
-    for (const c10::IValue& element : value.toListRef())
-      if (element.isTensor()) tensor(element.toTensor());
-  } else if (value.isDevice()) {
-    all = all && value.toDevice().is_cpu();
-  }
+  });
+  if (value.isDevice()) all = all && value.toDevice().is_cpu();
 }
 
 // A factory asked for the meta device (a model built under
@@ -587,14 +592,7 @@ c10::Device output_device(const c10::FunctionSchema& schema, const torch::jit::S
   for (std::size_t i = stack.size() - n; i < stack.size(); ++i) {
     const c10::IValue& value = stack[i];
     if (value.isDevice()) return value.toDevice().is_cpu() ? c10::Device(c10::kCPU) : g_mode.device;
-    if (value.isTensor()) {
-      any_on_device = any_on_device || on_device(value.toTensor());
-    } else if (value.isTensorList()) {
-      for (const at::Tensor& t : value.toTensorList()) any_on_device = any_on_device || on_device(t);
-    } else if (value.isList()) {
-      for (const c10::IValue& element : value.toListRef())
-        any_on_device = any_on_device || (element.isTensor() && on_device(element.toTensor()));
-    }
+    for_each_tensor(value, [&](const at::Tensor& t) { any_on_device = any_on_device || on_device(t); });
   }
   return any_on_device ? g_mode.device : c10::Device(c10::kCPU);
 }
