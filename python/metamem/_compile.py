@@ -195,7 +195,9 @@ class CompilingAside:
     def compiling(self, compile_):
         @functools.wraps(compile_)
         def aside(*args, **kwargs):
-            with self.aside():
+            # Compiling leaves cycles: collected when it ends, aside, rather
+            # than freed in the step whenever a collection runs.
+            with self.aside(), _collecting_what_it_leaves():
                 try:
                     return compile_(*args, **kwargs)
                 except Exception as error:
@@ -203,15 +205,34 @@ class CompilingAside:
                     if refused is not None:
                         raise refused from None
                     raise
-                finally:
-                    # Compiling leaves cycles: collected now, aside, rather
-                    # than freed in the step whenever a collection runs.
-                    gc.collect()
         return aside
 
     def refused(self, error):
         """The UnsupportedCompileError that compiling's `error` is, if any."""
         return None
+
+
+@contextlib.contextmanager
+def _collecting_what_it_leaves():
+    """Collects, when the block ends, the cyclic garbage among the objects
+    it made. The process's older objects are frozen meanwhile (gc.freeze),
+    so that collection examines the block's alone: a full one, over the
+    objects of a compiled 405B rank's Trainer, took 0.45 s, seven times a
+    trace. Garbage older than the block is left to the next collection,
+    as it is in a run without metamem. In a process that froze objects
+    itself (gc.get_freeze_count()), nothing is frozen here: unfreezing
+    would thaw its objects too."""
+    freezes = gc.get_freeze_count() == 0
+    if freezes:
+        gc.freeze()
+    try:
+        yield
+    finally:
+        try:
+            gc.collect()
+        finally:
+            if freezes:
+                gc.unfreeze()
 
 
 @contextlib.contextmanager

@@ -35,9 +35,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # The child collects the garbage each compile leaves, as a trace and
 # metamem.achieved_cpu do (docs/compile.md): without it, the run holds
 # whatever that garbage references until Python's next collection. It
-# wraps the two compile entries that metamem's CompilingAside wraps
-# (metamem/_compile.py), written out here because the child imports only
-# torch.
+# wraps the two compile entries that metamem's CompilingAside wraps, and
+# collects among the objects the compile made alone, older ones frozen
+# (metamem/_compile.py's _collecting_what_it_leaves), written out here
+# because the child imports only torch.
 CHILD = f"""
 import gc
 import torch._dynamo.convert_frame as convert_frame
@@ -45,10 +46,12 @@ from torch._functorch._aot_autograd import runtime_wrappers
 
 def collecting(compile_):
     def compiled(*args, **kwargs):
+        gc.freeze()
         try:
             return compile_(*args, **kwargs)
         finally:
             gc.collect()
+            gc.unfreeze()
     return compiled
 
 convert_frame._compile = collecting(convert_frame._compile)
