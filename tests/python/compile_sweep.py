@@ -32,31 +32,9 @@ from sweep_failure import why
 
 GPU = "H100-80GB"
 HERE = os.path.dirname(os.path.abspath(__file__))
-# The child collects the garbage each compile leaves, as a trace and
-# metamem.achieved_cpu do (docs/compile.md): without it, the run holds
-# whatever that garbage references until Python's next collection. It
-# wraps the two compile entries that metamem's CompilingAside wraps, and
-# collects among the objects the compile made alone, older ones frozen
-# (metamem/_compile.py's _collecting_what_it_leaves), written out here
-# because the child imports only torch.
+# Run after real_torch_on_fake_gpu's COLLECTING_COMPILES: each compile's
+# garbage collected as a trace collects it.
 CHILD = f"""
-import gc
-import torch._dynamo.convert_frame as convert_frame
-from torch._functorch._aot_autograd import runtime_wrappers
-
-def collecting(compile_):
-    def compiled(*args, **kwargs):
-        gc.freeze()
-        try:
-            return compile_(*args, **kwargs)
-        finally:
-            gc.collect()
-            gc.unfreeze()
-    return compiled
-
-convert_frame._compile = collecting(convert_frame._compile)
-backward = runtime_wrappers._AutogradBackwardCompiler
-backward.get_or_compile = collecting(backward.get_or_compile)
 sys.path.insert(0, {HERE!r})
 from compiled_models import two_adamw_steps
 name, compile, mode, steps, evaluate_at = json.loads(sys.argv[3])
@@ -101,10 +79,10 @@ def on_cuda(name, compile, oracle, mode=None, evaluate=False):
         traced, trace_seconds = timed(run)
     if not oracle:
         return traced, None, trace_seconds, 0.0
-    from real_torch_on_fake_gpu import PROLOGUE, measure
+    from real_torch_on_fake_gpu import COLLECTING_COMPILES, PROLOGUE, measure
 
     cold_cache()
-    real, real_seconds = timed(lambda: measure(oracle, native.gpu(GPU), PROLOGUE + CHILD, json.dumps([name, compile, mode, steps, evaluate_at])))
+    real, real_seconds = timed(lambda: measure(oracle, native.gpu(GPU), PROLOGUE + COLLECTING_COMPILES + CHILD, json.dumps([name, compile, mode, steps, evaluate_at])))
     return traced, real, trace_seconds, real_seconds
 
 

@@ -40,6 +40,35 @@ import textwrap
 # torch asks it) and its environment, as a trace's recordings start theirs.
 from metamem._fake_gpu import PROLOGUE, command, environment
 
+# For a child whose step compiles: each compile's garbage collected when it
+# ends, as a trace and metamem.achieved_cpu collect it (docs/compile.md).
+# Without it the real run holds what that garbage references until
+# Python's next collection: torchtitan's compiled packed-document mask keeps
+# a batch's document ids. It wraps the two compile entries metamem's
+# CompilingAside wraps, and collects among the objects the compile made
+# alone, older ones frozen (metamem/_compile.py's
+# _collecting_what_it_leaves), written out because the child runs torch
+# without metamem.
+COLLECTING_COMPILES = textwrap.dedent("""
+    import gc
+    import torch._dynamo.convert_frame as convert_frame
+    from torch._functorch._aot_autograd import runtime_wrappers
+
+    def collecting(compile_):
+        def compiled(*args, **kwargs):
+            gc.freeze()
+            try:
+                return compile_(*args, **kwargs)
+            finally:
+                gc.collect()
+                gc.unfreeze()
+        return compiled
+
+    convert_frame._compile = collecting(convert_frame._compile)
+    runtime_wrappers._AutogradBackwardCompiler.get_or_compile = collecting(
+        runtime_wrappers._AutogradBackwardCompiler.get_or_compile)
+""")
+
 # Run in the child and, for the steps, under metamem.trace in this process.
 STEPS = textwrap.dedent("""
     import torch
