@@ -120,6 +120,31 @@ def test_a_trace_builds_no_kernel_and_leaves_none_behind():
     assert metamem.achieved_cpu(run) > 0
 
 
+def test_compiling_freezes_older_objects_only_while_it_runs():
+    # A compile's garbage is collected when it ends among the objects it
+    # made, older ones frozen meanwhile (gc.freeze); a process that froze
+    # objects itself (a server before it forks) finds them frozen still.
+    import gc
+
+    def compiled_in_a_trace(function):
+        with metamem.trace(device="cpu"):
+            torch.compile(function)(torch.ones(8))
+
+    def frozen(thing):  # in no generation the collector walks
+        return not any(any(o is thing for o in gc.get_objects(generation)) for generation in range(3))
+
+    compiled_in_a_trace(lambda x: x.sin() + 1)
+    assert gc.get_freeze_count() == 0
+    kept = [object()]
+    gc.freeze()
+    try:
+        compiled_in_a_trace(lambda x: x.cos() * 2)
+        assert frozen(kept) and gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+    assert not frozen(kept)
+
+
 def test_a_function_compiled_in_each_of_two_traces_is_traced_in_both():
     # Dynamo caches by code: the second trace's torch.compile of the same
     # function runs the graph compiled in the first, whose wrapper left
