@@ -43,8 +43,8 @@ from metamem._fake_gpu import PROLOGUE, command, environment
 # For a child whose step compiles: each compile's garbage collected when it
 # ends, as a trace and metamem.achieved_cpu collect it (docs/compile.md).
 # Without it the real run holds what that garbage references until
-# Python's next collection: torchtitan's compiled packed-document mask keeps
-# a batch's document ids. It wraps the two compile entries metamem's
+# Python's next collection (torchtitan's Trainer held an int32 [8, 2048]
+# block in it, docs/distributed.md). It wraps the two compile entries metamem's
 # CompilingAside wraps, and collects among the objects the compile made
 # alone, older ones frozen (metamem/_compile.py's
 # _collecting_what_it_leaves), written out because the child runs torch

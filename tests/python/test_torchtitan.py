@@ -87,8 +87,8 @@ def test_bad_presets_are_refused():
 # caches off, so that the real run autotunes FlexAttention's kernels as a
 # trace does, allocating the benchmarks' buffers (docs/compile.md). The real
 # run collects each compile's garbage as a trace does (COLLECTING_COMPILES):
-# otherwise it holds one batch's document ids in it, in torchtitan's
-# compiled packed-document mask, until Python's next collection.
+# otherwise it holds an int32 [8, 2048] block in it (the debug model's; a
+# pipeline rank's microbatch mask) until Python's next collection.
 TRAINER_STEPS = """
 import torch
 import torch._inductor.config as inductor
