@@ -87,8 +87,9 @@ def test_bad_presets_are_refused():
 # caches off, so that the real run autotunes FlexAttention's kernels as a
 # trace does, allocating the benchmarks' buffers (docs/compile.md). The real
 # run collects each compile's garbage as a trace does (COLLECTING_COMPILES):
-# otherwise it holds an int32 [8, 2048] block in it (the debug model's; a
-# pipeline rank's microbatch mask) until Python's next collection.
+# otherwise it holds blocks in it until Python's next collection (the debug
+# model one int32 [8, 2048], a pipeline rank one microbatch's
+# packed-document mask).
 TRAINER_STEPS = """
 import torch
 import torch._inductor.config as inductor
