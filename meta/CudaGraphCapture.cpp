@@ -14,7 +14,9 @@ namespace {
 
 std::atomic<bool> g_underway{false};
 std::mutex g_mutex;
-bool g_drew = false;                  // guarded by g_mutex
+// Whether this capture's generator has made its seed and offset: once, at
+// its first draw or first state read.
+bool g_state_made = false;             // guarded by g_mutex
 std::vector<at::Tensor> g_draw_state;  // guarded by g_mutex
 
 // A draw that depends on an argument: attention and dropout draw only with
@@ -28,11 +30,16 @@ bool draws_with(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> ar
   return true;
 }
 
+bool first_use_of_generator() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return !std::exchange(g_state_made, true);
+}
+
 }  // namespace
 
 void begin_graph_capture() {
   std::lock_guard<std::mutex> lock(g_mutex);
-  g_drew = false;
+  g_state_made = false;
   g_draw_state.clear();
   g_underway.store(true, std::memory_order_release);
 }
@@ -52,13 +59,16 @@ bool first_draw_of_capture(const c10::OperatorHandle& op, c10::ArrayRef<c10::IVa
   const std::string& name = op.schema().name();
   if (name.size() >= 9 && name.compare(name.size() - 9, 9, "_backward") == 0) return false;
   if (!draws_with(op.schema(), arguments)) return false;
-  std::lock_guard<std::mutex> lock(g_mutex);
-  return !std::exchange(g_drew, true);
+  return first_use_of_generator();
 }
 
 bool draws_before_outputs(const c10::OperatorHandle& op) {
   const std::string& name = op.schema().name();
   return name.find("attention") != std::string::npos;
+}
+
+void read_generator_state_in_capture() {
+  if (graph_capture_underway() && first_use_of_generator()) make_draw_state();
 }
 
 void make_draw_state() {

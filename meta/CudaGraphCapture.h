@@ -31,4 +31,10 @@ bool first_draw_of_capture(const c10::OperatorHandle& op, c10::ArrayRef<c10::IVa
 bool draws_before_outputs(const c10::OperatorHandle& op);
 void make_draw_state();
 
+// CUDA's generator's state read (torch.cuda.get_rng_state, as activation
+// checkpointing does before each region): in a capture, the first read
+// makes the seed and offset as a first draw would (measured: real torch on
+// the fake GPU, torchtitan's checkpointed layers under CUDA graphs).
+void read_generator_state_in_capture();
+
 }  // namespace metamem

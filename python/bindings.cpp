@@ -796,6 +796,7 @@ PYBIND11_MODULE(_metamem, m) {
   m.def("begin_graph_capture", &metamem::begin_graph_capture);
   m.def("end_graph_capture", &metamem::end_graph_capture,
         "Ends a capture; returns what the graph keeps for its life (CUDA's generator's seed and offset).");
+  m.def("read_generator_state_in_capture", &metamem::read_generator_state_in_capture);
   // CUDA graph trees' storages (metamem._cuda_graph_trees).
   m.def("traced_storage_owns_buffer", [](py::handle storage) {
     return metamem::buffer_of(THPStorage_Unpack(storage.ptr())) != 0;

@@ -87,7 +87,9 @@ class DeviceProperties:
 class Generator:
     """The fake device's default generator: a seed and a Philox offset, as
     CUDA's generator keeps them; its state is the same 16 bytes. Meta
-    kernels draw nothing from it, so the offset stays where it was set."""
+    kernels draw nothing from it, so the offset stays where it was set.
+    Its state read in a CUDA graph's capture makes the graph's seed and
+    offset on the device, as the capture's first draw would."""
 
     device = torch.device("cuda", 0)
 
@@ -117,6 +119,7 @@ class Generator:
         return self._seed
 
     def get_state(self):
+        _metamem.read_generator_state_in_capture()
         state = self._seed.to_bytes(8, "little") + self._offset.to_bytes(8, "little")
         return torch.tensor(list(state), dtype=torch.uint8)  # Python data: a real CPU tensor
 

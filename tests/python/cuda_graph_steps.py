@@ -98,3 +98,24 @@ def forked_capture(join_by_event):
     states.append([torch.cuda.memory_allocated(), torch.cuda.memory_reserved()])
     del captured, after
     return states
+
+
+def rng_state_read_in_capture(then_draw):
+    """A capture that reads CUDA's generator's state first, as activation
+    checkpointing does at each region's start, and then maybe draws
+    (dropout). Allocated and reserved bytes after the capture, after a
+    second capture that does the same, and after both graphs are gone."""
+    x = torch.ones(1024, device="cuda")
+    states = []
+    graphs = []
+    for _ in range(2):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            torch.cuda.get_rng_state()
+            torch.cuda.get_rng_state()  # a second read makes nothing more
+            y = torch.nn.functional.dropout(x, 0.5) if then_draw else x * 2
+        graphs.append((graph, y))
+        states.append([torch.cuda.memory_allocated(), torch.cuda.memory_reserved()])
+    del graphs, graph, y
+    states.append([torch.cuda.memory_allocated(), torch.cuda.memory_reserved()])
+    return states

@@ -357,6 +357,19 @@ def test_a_stream_that_waits_on_a_capture_is_captured(join_by_event):
     assert cuda_graph_steps_on_the_fake_gpu(f"forked_capture({join_by_event})") == states
 
 
+@pytest.mark.parametrize("then_draw", [False, True], ids=["read only", "read, then dropout"])
+def test_reading_the_rng_state_in_a_capture_makes_the_graphs_seed_and_offset(then_draw):
+    from cuda_graph_steps import rng_state_read_in_capture
+
+    with metamem.trace(device="cuda", gpu="H100-80GB"):
+        states = rng_state_read_in_capture(then_draw)
+    # Each graph: its output (4 KiB, from its pool's 2 MiB segment) and,
+    # made at the first read, the generator's seed and offset (512 B each,
+    # on the default stream), which the graph keeps until it goes.
+    assert states == [[4096 + 4096 + 1024, 4 * MiB], [4096 + 2 * 5120, 6 * MiB], [4096, 6 * MiB]]
+    assert cuda_graph_steps_on_the_fake_gpu(f"rng_state_read_in_capture({then_draw})") == states
+
+
 def test_a_mem_pool_keeps_its_segments():
     from cuda_graph_steps import mem_pool_routing
 

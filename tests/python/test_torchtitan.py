@@ -136,14 +136,11 @@ def real_and_traced(rank, **overrides):
 
 @pytest.mark.parametrize("cuda_graphs", [True, False], ids=["as shipped", "without CUDA graphs"])
 def test_the_debug_model_against_torchtitans_trainer_on_the_fake_gpu(cuda_graphs):
+    # As shipped, step 2 captures the CUDA graph, in which activation
+    # checkpointing's first get_rng_state makes the CUDA generator's seed
+    # and offset for the graph (docs/distributed.md).
     real, traced = real_and_traced(0, cold_inductor=True, cuda_graphs=cuda_graphs)
-    # The real run's to the byte, but in the step that captures the CUDA
-    # graph: there max allocated is 1,024 B under, the CUDA generator's
-    # seed and offset for capture, which the trace does not make yet
-    # (docs/distributed.md).
-    for step, ((real_allocated, real_reserved), (allocated, reserved)) in enumerate(zip(real, traced)):
-        assert allocated - real_allocated == (-1024 if cuda_graphs and step == 1 else 0)
-        assert reserved == real_reserved
+    assert traced == real
 
 
 @pytest.mark.parametrize("rank", [0, 4], ids=["first stage's rank", "last stage's rank"])
