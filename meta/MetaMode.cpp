@@ -24,10 +24,12 @@
 #include "meta/CudaKernelPlans.h"
 #include "meta/CudaReduction.h"
 #include "meta/CudaGraphCapture.h"
+#include "meta/DeviceCheck.h"
 #include "meta/KnownValues.h"
 #include "meta/MetaKernels.h"
 #include "meta/MetaTensor.h"
 #include "meta/OwnKernel.h"
+#include "meta/TensorArguments.h"
 
 namespace metamem {
 namespace {
@@ -538,20 +540,6 @@ bool holds_python_data(const c10::FunctionSchema& schema) {
          excluded.has(c10::DispatchKey::FuncTorchDynamicLayerFrontMode);
 }
 
-// Calls `f` on each tensor an op argument holds: a tensor, a tensor list,
-// or a list of optional tensors (index's).
-template <class F>
-void for_each_tensor(const c10::IValue& value, F&& f) {
-  if (value.isTensor()) {
-    f(value.toTensor());
-  } else if (value.isTensorList()) {
-    for (const at::Tensor& t : value.toTensorList()) f(t);
-  } else if (value.isList()) {
-    for (const c10::IValue& element : value.toListRef())
-      if (element.isTensor()) f(element.toTensor());
-  }
-}
-
 // Whether `value` holds only real tensors (at least one) and no device
 // but the CPU: an op on it runs for real.
 void scan_real(const c10::IValue& value, bool& any, bool& all) {
@@ -623,6 +611,7 @@ void meta_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   std::vector<c10::IValue> original_args(stack->end() - n_args, stack->end());
 
   check_known_indices(op, original_args);
+  if (g_mode.keeps_host) check_devices(op, *stack);
   const c10::Device device = output_device(schema, *stack);
   if (!on_host(device)) check_the_traced_gpu_runs(op);
   BufferList inputs, outputs;

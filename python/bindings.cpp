@@ -34,6 +34,7 @@
 #include "meta/CublasWorkspace.h"
 #include "meta/CudaAttention.h"
 #include "meta/CudaGraphCapture.h"
+#include "meta/DeviceCheck.h"
 #include "meta/CudnnRnnCall.h"
 #include "meta/FakeCuda.h"
 #include "meta/KnownValues.h"
@@ -797,6 +798,9 @@ PYBIND11_MODULE(_metamem, m) {
   m.def("end_graph_capture", &metamem::end_graph_capture,
         "Ends a capture; returns what the graph keeps for its life (CUDA's generator's seed and offset).");
   m.def("read_generator_state_in_capture", &metamem::read_generator_state_in_capture);
+  // The ops whose CUDA kernels refuse tensors on two devices
+  // (metamem._device_checks, from torch's native_functions.yaml).
+  m.def("set_device_checks", &metamem::set_device_checks);
   // CUDA graph trees' storages (metamem._cuda_graph_trees).
   m.def("traced_storage_owns_buffer", [](py::handle storage) {
     return metamem::buffer_of(THPStorage_Unpack(storage.ptr())) != 0;

@@ -25,7 +25,7 @@ import weakref
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import _distributed, _fake_gpu, _metamem
+from . import _device_checks, _distributed, _fake_gpu, _metamem
 from ._compile import CompiledCode, CompilingAside
 from ._compile_cuda import UnsupportedCompileError
 from ._cuda import FakeCudaRuntime, Patches
@@ -761,6 +761,8 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
         _distributed.check(world_size, rank, nproc_per_node)
     elif nproc_per_node is not None:
         raise ValueError("nproc_per_node is for a trace with world_size")
+    if device == "cuda" and host_tensors == "host":
+        _device_checks.install()
     result = Trace(device)
     with ProcessState():
         session = _metamem.Session(device, alloc_conf, gpu, host_tensors)

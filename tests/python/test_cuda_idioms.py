@@ -545,6 +545,72 @@ def test_host_tensors_stay_on_the_host_when_asked():
             pass
 
 
+# Ops on a device tensor and a host tensor, as a script may mix them by
+# mistake: each case's outcome ("ok", or the start of torch's error).
+MIXED_DEVICES = """
+import torch
+import torch.nn.functional as F
+
+
+def mixed_devices():
+    a = torch.ones(4, 4, device="cuda")
+    host = torch.ones(4, 4)
+    scalar = torch.tensor(2.0)  # 0-dim, on the host
+    rows = torch.tensor([0, 1])  # host indices
+    cases = {
+        "device + host": lambda: a + host,
+        "device + host 0-dim": lambda: a + scalar,
+        "host += device": lambda: host.clone().add_(a),
+        "host + device 0-dim": lambda: host + a.sum(),
+        "matmul": lambda: a @ host,
+        "linear": lambda: F.linear(a, host),
+        "cat": lambda: torch.cat([a, host]),
+        "where, host 0-dim": lambda: torch.where(a > 0, a, scalar),
+        "where, host": lambda: torch.where(a > 0, a, host),
+        "masked_fill, host 0-dim": lambda: a.masked_fill(a > 0, scalar),
+        "index by host indices": lambda: a[rows],
+        "index_select by host indices": lambda: a.index_select(0, rows),
+        "embedding of host indices": lambda: F.embedding(rows, a),
+        "copy_ from the host": lambda: a.clone().copy_(host),
+        "to the device first": lambda: host.cuda() + a,
+    }
+    outcomes = {}
+    for name, case in cases.items():
+        try:
+            case()
+            outcomes[name] = "ok"
+        except RuntimeError as error:
+            outcomes[name] = str(error)[:48]
+    return outcomes
+"""
+
+
+def test_ops_that_mix_host_and_device_tensors_fail_as_on_a_gpu():
+    # With host tensors on the host, an op whose CUDA kernel refuses a host
+    # tensor beside a device one stops the trace with torch's error, as the
+    # GPU run would stop; one that takes it (a 0-dim scalar, host indices,
+    # a copy) runs. The same cases run by real torch on the fake GPU.
+    exec(MIXED_DEVICES, globals())
+    with metamem.trace(device="cuda", gpu="H100-80GB", host_tensors="host"):
+        traced = mixed_devices()  # noqa: F821 (defined by the exec above)
+    refused = "Expected all tensors to be on the same device"
+    assert {name for name, outcome in traced.items() if outcome != "ok"} == {
+        "device + host", "host += device", "host + device 0-dim", "matmul", "linear", "cat", "where, host",
+        "index_select by host indices", "embedding of host indices"}
+    assert all(outcome == "ok" or outcome.startswith(refused) for outcome in traced.values())
+    # On the device by default, the host tensors are the GPU's: all run.
+    with metamem.trace(device="cuda", gpu="H100-80GB"):
+        assert set(mixed_devices().values()) == {"ok"}  # noqa: F821
+    oracle = os.environ.get("METAMEM_ORACLE", "")
+    if os.path.exists(os.path.join(oracle, "libmetamem_fake_cuda_preload.so")):
+        import metamem._metamem as native
+        from real_torch_on_fake_gpu import PROLOGUE, measure
+
+        real = measure(oracle, native.gpu("H100-80GB"),
+                       PROLOGUE + MIXED_DEVICES + "print(json.dumps(mixed_devices()))\n")
+        assert real == traced
+
+
 def test_the_fake_gpu_tells_pinned_memory_from_host_and_device_memory():
     # A host tensor copied to the device asks whether it is pinned
     # (cudaPointerGetAttributes); torchtitan's batches are.
