@@ -5,7 +5,9 @@
 
 #include <mutex>
 #include <optional>
+#include <string>
 #include <unordered_set>
+#include <vector>
 
 #include "meta/TensorArguments.h"
 
@@ -27,7 +29,8 @@ Check check_of(const c10::OperatorHandle& op) {
   return Check::None;
 }
 
-[[noreturn]] void refuse(c10::Device first, c10::Device other, const std::string& argument, const c10::OperatorHandle& op) {
+[[noreturn]] void refuse(c10::Device first, c10::Device other, const std::string& argument,
+                         const c10::OperatorHandle& op) {
   std::string message = "Expected all tensors to be on the same device, but found at least two devices, " +
                         first.str() + " and " + other.str() + "!";
   if (!argument.empty())
@@ -65,9 +68,11 @@ void check_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack
       if (!t.defined()) return;
       // TensorIterator moves a 0-dim host tensor to the device, as a scalar.
       if (check == Check::Pointwise && t.device().is_cpu() && t.dim() == 0) return;
-      if (!common) common = t.device();
-      else if (*common != t.device())
+      if (!common) {
+        common = t.device();
+      } else if (*common != t.device()) {
         refuse(*common, t.device(), check == Check::SameDevice ? arguments[i].name() : "", op);
+      }
     });
   }
 }
