@@ -49,32 +49,30 @@ void set_device_checks(const std::vector<std::string>& same_device, const std::v
 void check_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
   const auto& arguments = op.schema().arguments();
   const std::size_t first = stack.size() - arguments.size();
-  // The arguments torch checks: the positional ones and the outputs.
-  const auto checked = [&](std::size_t i) { return !arguments[i].kwarg_only() || arguments[i].is_out(); };
+  // Calls f(argument's name, tensor) on each tensor torch checks: those of
+  // the positional arguments and the outputs.
+  const auto for_each_checked = [&](auto&& f) {
+    for (std::size_t i = 0; i < arguments.size(); ++i)
+      if (!arguments[i].kwarg_only() || arguments[i].is_out())
+        for_each_tensor(stack[first + i], [&](const at::Tensor& t) {
+          if (t.defined()) f(arguments[i].name(), t);
+        });
+  };
   bool host = false, device = false;
-  for (std::size_t i = 0; i < arguments.size(); ++i)
-    if (checked(i))
-      for_each_tensor(stack[first + i], [&](const at::Tensor& t) {
-        if (!t.defined()) return;
-        (t.device().is_cpu() ? host : device) = true;
-      });
+  for_each_checked([&](const std::string&, const at::Tensor& t) { (t.device().is_cpu() ? host : device) = true; });
   if (!host || !device) return;
   const Check check = check_of(op);
   if (check == Check::None) return;
   std::optional<c10::Device> common;
-  for (std::size_t i = 0; i < arguments.size(); ++i) {
-    if (!checked(i)) continue;
-    for_each_tensor(stack[first + i], [&](const at::Tensor& t) {
-      if (!t.defined()) return;
-      // TensorIterator moves a 0-dim host tensor to the device, as a scalar.
-      if (check == Check::Pointwise && t.device().is_cpu() && t.dim() == 0) return;
-      if (!common) {
-        common = t.device();
-      } else if (*common != t.device()) {
-        refuse(*common, t.device(), check == Check::SameDevice ? arguments[i].name() : "", op);
-      }
-    });
-  }
+  for_each_checked([&](const std::string& argument, const at::Tensor& t) {
+    // TensorIterator moves a 0-dim host tensor to the device, as a scalar.
+    if (check == Check::Pointwise && t.device().is_cpu() && t.dim() == 0) return;
+    if (!common) {
+      common = t.device();
+    } else if (*common != t.device()) {
+      refuse(*common, t.device(), check == Check::SameDevice ? argument : "", op);
+    }
+  });
 }
 
 }  // namespace metamem
