@@ -2,10 +2,11 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-# From Debian: the compiler and build tools, the C++ test and benchmark
-# libraries, JSON, a Python to make the virtual environment with, and the
-# browser the HTML report test renders in. Everything torch comes from PyPI.
-PACKAGES=(cmake make ninja-build g++ python3 python3-dev python3-venv nlohmann-json3-dev libgtest-dev
+# From Debian: the compiler and build tools (ccache lets the wheel's build
+# take the build tree's objects), the C++ test and benchmark libraries, JSON,
+# a Python to make the virtual environment with, and the browser the HTML
+# report test renders in. Everything torch comes from PyPI.
+PACKAGES=(cmake make ninja-build g++ ccache python3 python3-dev python3-venv nlohmann-json3-dev libgtest-dev
           libbenchmark-dev chromium)
 VENV=.venv
 REQUIREMENTS=scripts/requirements.txt
