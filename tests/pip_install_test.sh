@@ -8,11 +8,15 @@ source=$2        # the source tree
 work=$3          # kept between runs: the wheel's CMake build is incremental
 built_cli=$4     # the build tree's metamem
 built_python=$5  # the build tree's Python package folder
+compiler=$6      # the build tree's C++ compiler
 
 fail() { echo "FAIL: $*"; exit 1; }
 
 rm -rf "$work/wheels" "$work/venv" "$work/elsewhere"
-"$python" -m pip wheel -q --no-build-isolation --no-deps -w "$work/wheels" "$source" \
+# The build tree's compiler by the same name (scikit-build-core would take
+# Python's, x86_64-linux-gnu-g++), so that ccache, where installed, gives the
+# wheel's build the objects the build tree compiled.
+CXX=$compiler "$python" -m pip wheel -q --no-build-isolation --no-deps -w "$work/wheels" "$source" \
   --config-settings build-dir="$work/cmake"
 
 # A fresh environment with torch in its site-packages, as pip leaves it. torch
