@@ -15,6 +15,7 @@ import torch
 
 import metamem
 import metamem._metamem as native
+from ci_subset import full
 from compiled_steps import misaligned_head, two_adamw_steps
 
 ORACLE = os.environ.get("METAMEM_ORACLE", "")
@@ -72,7 +73,8 @@ def caches(tmp_path, monkeypatch):
     return tmp_path / "trace", tmp_path / "real"
 
 
-@pytest.mark.parametrize("how", ["torch.compile(model)", "each block", "the loss", "fullgraph", "graph break"])
+@pytest.mark.parametrize("how", ["torch.compile(model)", pytest.param("each block", marks=full), "the loss",
+                                 pytest.param("fullgraph", marks=full), "graph break"])
 def test_a_compiled_step_is_exact_against_real_torch_on_the_fake_gpu(how, caches):
     t, peaks = traced(caches[0], how=how)
     assert peaks == on_fake_gpu(caches[1], how=how)
@@ -111,7 +113,7 @@ def test_an_autotune_cache_is_read_as_a_real_run_reads_it(caches):
 
 # mode="max-autotune" takes the same trees after its benchmarks (docs/compile.md;
 # about four minutes here, so not in CI: compile_sweep.py --mode).
-@pytest.mark.parametrize("how", ["mode=reduce-overhead", "each block, mode=reduce-overhead"])
+@pytest.mark.parametrize("how", [pytest.param("mode=reduce-overhead", marks=full), "each block, mode=reduce-overhead"])
 def test_cuda_graph_trees_are_exact_against_real_torch_on_the_fake_gpu(how, caches):
     # Inductor's own cudagraph_trees.py runs in the trace: the first step
     # warms up in the graphs' pool, the second records, the third and fourth
@@ -131,7 +133,7 @@ def test_cuda_graph_trees_are_exact_against_real_torch_on_the_fake_gpu(how, cach
 # allocated for a moment, and frees the outputs that died since.
 @pytest.mark.parametrize("steps", [
     {"batches": [32, 32, 32, 32, 32, 32], "evaluate_at": [3]},
-    {"batches": [32, 32, 32, 16, 16, 16, 32, 16, 32, 32], "evaluate_at": [8]},
+    pytest.param({"batches": [32, 32, 32, 16, 16, 16, 32, 16, 32, 32], "evaluate_at": [8]}, marks=full),
 ], ids=["an evaluation", "batches of two sizes"])
 def test_a_cuda_graph_tree_that_switches_paths_is_exact(steps, caches, monkeypatch):
     from torch._inductor import cudagraph_trees
@@ -272,8 +274,9 @@ def test_max_autotune_is_exact_against_real_torch_on_the_fake_gpu(caches):
     assert not os.path.exists(caches[0] / "cache")  # max-autotune's choices, as a real run writes them
 
 
-@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
-@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+@pytest.mark.parametrize("recipe, compile", [pytest.param("tensorwise", False, marks=full), ("tensorwise", True),
+                                             ("rowwise", False), pytest.param("rowwise", True, marks=full)],
+                         ids=["tensorwise-eager", "tensorwise-compiled", "rowwise-eager", "rowwise-compiled"])
 def test_float8_training_is_exact_against_real_torch_on_the_fake_gpu(recipe, compile, caches):
     # torchao's float8 linears: cuBLASLt's scaled products (with their
     # workspace on an H100, rowwise included), their casts (a jiterated
@@ -345,7 +348,7 @@ def test_compiled_code_that_reaches_the_cuda_runtime_is_named():
     assert refused(RuntimeError("another error")) is None
 
 
-@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+@pytest.mark.parametrize("mode", [pytest.param(None, marks=full), "reduce-overhead"])
 def test_a_transformers_model_compiled_is_exact_against_real_torch_on_the_fake_gpu(mode, caches):
     # GPT-2 (its head tied, a graph break before its loss) at 32 x 256;
     # compile_sweep.py runs all the models of compiled_models.py. With CUDA

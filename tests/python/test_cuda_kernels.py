@@ -9,6 +9,7 @@ import os
 import pytest
 
 import real_gpu
+from ci_subset import one_gpu_each
 
 ORACLE = os.environ.get("METAMEM_ORACLE", "")
 
@@ -39,8 +40,7 @@ def assert_as_real_torch(gpu, case):
     assert (traced["allocated"], traced["reserved"]) == tuple(real["steps"][0])
 
 
-@pytest.mark.parametrize("gpu", ["H100-80GB", "T4"])
-@pytest.mark.parametrize("case", real_gpu.GROUP_NORM_CASES)
+@pytest.mark.parametrize("gpu, case", one_gpu_each(["H100-80GB", "T4"], real_gpu.GROUP_NORM_CASES))
 def test_group_norm_holds_its_accumulators_as_real_torch(gpu, case):
     # Before: the scale and shift (2 x N x C fp32) of the forward, the
     # backward's per-channel sums and coefficients, and 16-bit inputs' fp32
@@ -48,8 +48,7 @@ def test_group_norm_holds_its_accumulators_as_real_torch(gpu, case):
     assert_as_real_torch(gpu, case)
 
 
-@pytest.mark.parametrize("gpu", ["H100-80GB", "T4"])
-@pytest.mark.parametrize("case", real_gpu.LAYER_NORM_CASES)
+@pytest.mark.parametrize("gpu, case", one_gpu_each(["H100-80GB", "T4"], real_gpu.LAYER_NORM_CASES))
 def test_layer_norm_holds_its_copies_and_block_sums_as_real_torch(gpu, case):
     # Before: the contiguous copies of a permuted input (forward and
     # backward) and of a transposed gradient, and the weight's and bias's
@@ -58,8 +57,7 @@ def test_layer_norm_holds_its_copies_and_block_sums_as_real_torch(gpu, case):
     assert_as_real_torch(gpu, case)
 
 
-@pytest.mark.parametrize("gpu", ["H100-80GB", "T4"])
-@pytest.mark.parametrize("case", real_gpu.REDUCTION_CASES)
+@pytest.mark.parametrize("gpu, case", one_gpu_each(["H100-80GB", "T4"], real_gpu.REDUCTION_CASES))
 def test_losses_and_means_hold_their_temporaries_and_staging_as_real_torch(gpu, case):
     # Before: a reduced loss's elementwise temporary (as large as its input)
     # and a mean's staging buffer, where its blocks split each output's
@@ -67,8 +65,7 @@ def test_losses_and_means_hold_their_temporaries_and_staging_as_real_torch(gpu, 
     assert_as_real_torch(gpu, case)
 
 
-@pytest.mark.parametrize("gpu", ["H100-80GB", "T4"])
-@pytest.mark.parametrize("case", real_gpu.NATIVE_CONVOLUTION_CASES)
+@pytest.mark.parametrize("gpu, case", one_gpu_each(["H100-80GB", "T4"], real_gpu.NATIVE_CONVOLUTION_CASES))
 def test_native_convolutions_make_their_gradients_between_their_columns_as_real_torch(gpu, case):
     # Before: the columns and copies were one block after every gradient;
     # slow_conv2d's backward makes the input's gradient, its columns and
@@ -76,8 +73,7 @@ def test_native_convolutions_make_their_gradients_between_their_columns_as_real_
     assert_as_real_torch(gpu, case)
 
 
-@pytest.mark.parametrize("gpu", ["H100-80GB", "A100-80GB"])
-@pytest.mark.parametrize("case", real_gpu.OTHER_KERNEL_CASES)
+@pytest.mark.parametrize("gpu, case", one_gpu_each(["H100-80GB", "A100-80GB"], real_gpu.OTHER_KERNEL_CASES))
 def test_embeddings_dropout_and_flash_allocate_in_their_kernels_order(gpu, case):
     # Before: an embedding's copy of ids it cannot view flat, and its
     # gradient's, came after the output (or were missing); dropout's mask
@@ -113,8 +109,7 @@ def test_an_rnn_with_cudnn_on_runs_torchs_own_cells_as_with_cudnn_off(module):
     assert torch.backends.cudnn.is_acceptable is acceptable and torch.nn.modules.rnn._VF is torch._VF
 
 
-@pytest.mark.parametrize("gpu", ["H100-80GB", "T4"])
-@pytest.mark.parametrize("case", real_gpu.CTC_CASES)
+@pytest.mark.parametrize("gpu, case", one_gpu_each(["H100-80GB", "T4"], real_gpu.CTC_CASES))
 def test_ctc_loss_takes_the_kernels_real_torch_takes_and_holds_what_they_hold(gpu, case):
     # Before: lengths as tensors stopped a trace at _use_cudnn_ctc_loss.Tensor
     # and lengths as lists with the mean at the tensor libtorch writes their

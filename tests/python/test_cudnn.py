@@ -10,6 +10,8 @@ import os
 
 import pytest
 
+from ci_subset import full, one_gpu_each
+
 ORACLE = os.environ.get("METAMEM_ORACLE", "")
 H200 = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "real_gpu_h200_events.json")))
 
@@ -84,11 +86,10 @@ def test_a_fake_gpu_must_be_a_folder_of_its_libraries():
 
 
 @needs_fake_gpu
-@pytest.mark.parametrize("gpu", ["H100-80GB", "T4"])
-@pytest.mark.parametrize("case", ["conv 3x3, 64 channels, 56², f32", "conv 3x3, 64 channels, 56², bf16",
-                                  "conv 1x1, 256 channels, 56², f32", "resnet18 f32 cuDNN on",
-                                  "resnet18 bf16 autocast cuDNN on", "mobilenet_v2 f32 cuDNN on",
-                                  "resnet18 bf16 autocast channels-last cuDNN on"])
+@pytest.mark.parametrize("gpu, case", one_gpu_each(["H100-80GB", "T4"], [
+    "conv 3x3, 64 channels, 56², f32", "conv 3x3, 64 channels, 56², bf16", "conv 1x1, 256 channels, 56², f32",
+    "resnet18 f32 cuDNN on", "resnet18 bf16 autocast cuDNN on", "mobilenet_v2 f32 cuDNN on",
+    "resnet18 bf16 autocast channels-last cuDNN on"]))
 def test_a_trace_with_the_fake_gpu_takes_cudnns_convolutions_as_real_torch(gpu, case):
     # Without it a trace takes torch's own convolution kernels (their
     # columns), where real torch with cuDNN on takes cuDNN's engines and
@@ -184,8 +185,8 @@ def test_cublaslt_finds_algorithms_on_the_fake_gpu(gpu):
 
 
 @needs_fake_gpu
-@pytest.mark.parametrize("gpu", ["H100-80GB", "T4"])
-@pytest.mark.parametrize("module,dtype", [("LSTM", "float32"), ("GRU", "float16"), ("RNN", "float32")])
+@pytest.mark.parametrize("gpu, module, dtype", one_gpu_each(["H100-80GB", "T4"], [
+    ("LSTM", "float32"), ("GRU", "float16"), ("RNN", "float32")]))
 def test_the_fake_gpu_runs_cudnns_rnns(gpu, module, dtype):
     # Before: cudnnGetRNNTempSpaceSizes failed
     # (CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED) where cuBLASLt
@@ -226,8 +227,7 @@ y.float().sum().backward()
 
 
 @needs_fake_gpu
-@pytest.mark.parametrize("gpu", ["H100-80GB", "T4"])
-@pytest.mark.parametrize("module,dtype,options,autocast", [
+@pytest.mark.parametrize("gpu, module, dtype, options, autocast", one_gpu_each(["H100-80GB", "T4"], [
     ("LSTM", "float32", {}, None), ("GRU", "float16", {}, None),
     ("RNN", "float32", {"bias": False}, None),  # cuDNN's weights keep room for biases; their gradients are copied out
     ("LSTM", "float32", {"bidirectional": True, "batch_first": True}, None),
@@ -235,7 +235,7 @@ y.float().sum().backward()
     ("LSTM", "float32", {"dropout": 0.2}, None),  # cuDNN's dropout state, made at the first such call
     # Autocast runs cuDNN's RNNs in f16 whatever its dtype, the weights cast into a buffer of their own.
     ("LSTM", "float32", {}, "bfloat16"), ("GRU", "float32", {"bias": False}, "float16"),
-])
+]))
 def test_a_trace_with_the_fake_gpu_takes_cudnns_rnns_as_real_torch(gpu, module, dtype, options, autocast):
     # Without the fake GPU a trace runs RNNs on torch's own cells (cuDNN
     # off); with it, as _cudnn_rnn with the weights flattened as on a GPU,
@@ -249,7 +249,7 @@ def test_a_trace_with_the_fake_gpu_takes_cudnns_rnns_as_real_torch(gpu, module, 
 
 
 @needs_fake_gpu
-@pytest.mark.parametrize("gpu", ["H100-80GB", "T4"])
+@pytest.mark.parametrize("gpu", ["H100-80GB", pytest.param("T4", marks=full)])
 def test_cudnns_rnn_backward_makes_the_inputs_gradients_none_asked_for(gpu):
     # An RNN on the data itself, whose initial states are zeros: no
     # gradient of its inputs is asked for, and cuDNN's backward makes them
@@ -287,8 +287,7 @@ with torch.backends.cudnn.flags(enabled=CUDNN):
 
 
 @needs_fake_gpu
-@pytest.mark.parametrize("gpu", ["H100-80GB", "T4"])
-@pytest.mark.parametrize("cudnn", [True, False])
+@pytest.mark.parametrize("gpu, cudnn", one_gpu_each(["H100-80GB", "T4"], [True, False]))
 def test_a_packed_sequence_runs_as_real_torch_runs_it(gpu, cudnn):
     # Packing and unpacking read the lengths and batch sizes on the host;
     # cuDNN then takes the packed data whole, torch's cells step by step.
@@ -365,8 +364,7 @@ print(json.dumps([torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reser
 
 @needs_fake_gpu
 @pytest.mark.skipif(not os.environ.get("METAMEM_BIN"), reason="the C++ command (METAMEM_BIN) is not built")
-@pytest.mark.parametrize("gpu", ["H100-80GB", "T4"])
-@pytest.mark.parametrize("model", ["resnet18", "lstm"])
+@pytest.mark.parametrize("gpu, model", one_gpu_each(["H100-80GB", "T4"], ["resnet18", "lstm"]))
 def test_the_cpp_front_end_follows_the_fake_gpu_as_real_torch_runs(gpu, model, tmp_path):
     # Without the fake GPU it traces torch's own convolutions and RNN
     # cells: a scripted ResNet-18 at 8x3x64x64 is 16,859,136 B under real

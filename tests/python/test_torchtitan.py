@@ -10,6 +10,7 @@ import torch._inductor.config as inductor
 
 import metamem
 import metamem.torchtitan as titan
+from ci_subset import full
 
 ORACLE = os.environ.get("METAMEM_ORACLE", "")
 
@@ -35,7 +36,8 @@ def test_presets_are_torchtitans_config_registry(flavor):
     assert not config.training.disable_cuda_graphs  # every preset captures its forward and backward
 
 
-@pytest.mark.parametrize("flavor, world, gpu", [("8B", 8, "H100-80GB"), ("70B", 64, "A100-80GB"),
+@pytest.mark.parametrize("flavor, world, gpu", [("8B", 8, "H100-80GB"),
+                                                pytest.param("70B", 64, "A100-80GB", marks=full),
                                                 ("405B", 128, "H100-80GB")])
 def test_each_preset_fits_the_gpus_it_was_written_for(flavor, world, gpu):
     # 8B on eight GPUs, 70B on 64 A100s, 405B on 128 H100s (there compiled
@@ -134,7 +136,8 @@ def real_and_traced(rank, **overrides):
     return real, traced
 
 
-@pytest.mark.parametrize("cuda_graphs", [True, False], ids=["as shipped", "without CUDA graphs"])
+@pytest.mark.parametrize("cuda_graphs", [True, pytest.param(False, marks=full)],
+                         ids=["as shipped", "without CUDA graphs"])
 def test_the_debug_model_against_torchtitans_trainer_on_the_fake_gpu(cuda_graphs):
     # As shipped, step 2 captures the CUDA graph, in which activation
     # checkpointing's first get_rng_state makes the CUDA generator's seed
@@ -143,7 +146,7 @@ def test_the_debug_model_against_torchtitans_trainer_on_the_fake_gpu(cuda_graphs
     assert traced == real
 
 
-@pytest.mark.parametrize("rank", [0, 4], ids=["first stage's rank", "last stage's rank"])
+@pytest.mark.parametrize("rank", [pytest.param(0, marks=full), 4], ids=["first stage's rank", "last stage's rank"])
 def test_a_pipeline_rank_against_torchtitans_trainer_on_the_fake_gpu(rank):
     # Pipeline parallel 2 x FSDP2 over 4: torchtitan's interleaved schedule
     # runs stages 0 and 2 on pipeline rank 0, 1 and 3 (the loss) on rank 1,
