@@ -1,8 +1,7 @@
 """CI runs a subset of the long sweeps and of the compile-heavy tests, so that a
 clean clone's tests finish in CI's time. A test or case marked `full` runs
 only where METAMEM_FULL_TESTS=1 (docs/setup.md); elsewhere it is skipped and
-says why. A sweep's subset keeps each thing it checks at least once: a case
-run on an H100 and a T4 keeps one of them, alternating over the cases."""
+says why. Marks and subsets of sweeps: ci_subset.py."""
 
 import os
 
