@@ -159,7 +159,11 @@ std::string gpu_json(const GpuSpec& gpu) {
               {"L2_cache_size", gpu.l2_cache_size},
               {"max_threads_per_multi_processor", gpu.max_threads_per_multi_processor},
               {"shared_memory_per_block_optin", gpu.shared_memory_per_block_optin},
-              {"shared_memory_per_multiprocessor", gpu.shared_memory_per_multi_processor}}
+              {"shared_memory_per_multiprocessor", gpu.shared_memory_per_multi_processor},
+              {"clock_rate", gpu.clock_rate},
+              {"memory_clock_rate", gpu.memory_clock_rate},
+              {"memory_bus_width", gpu.memory_bus_width},
+              {"max_active_clusters", gpu.max_active_clusters}}
       .dump();
 }
 

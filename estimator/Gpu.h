@@ -22,6 +22,15 @@ struct GpuSpec {
   // NCCL's ring channels between GPUs of one node, as NCCL_DEBUG=INFO logs
   // them ("Channel 00/32"): many over NVLink, a few over PCIe.
   int nccl_channels;
+  // The SMs' clock and the memory's, in kHz, and the memory bus's width in
+  // bits, as deviceQuery prints them: cuDNN's heuristics weigh them in
+  // choosing some convolutions' engines.
+  int clock_rate, memory_clock_rate, memory_bus_width;
+  // How many clusters of 1, 2, 3, ... blocks fit on the GPU at once, one
+  // block per SM (cuOccupancyMaxActiveClusters): what the SMs' grouping
+  // into GPCs allows. cuDNN asks it before it sizes an sm90 engine's
+  // workspace. Empty where the GPU launches no clusters (before sm90).
+  std::span<const int> max_active_clusters = {};
 };
 
 // The table, first the default (H100-80GB).

@@ -26,6 +26,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "oracle/FakeCudaRuntime.h"
 
@@ -42,6 +43,9 @@ struct Device {
   int max_threads_per_multi_processor = 2048;  // kernels' launch bounds, which torch reads to size grids
   int shared_memory_per_block_optin = 227 << 10;  // Triton's and Inductor's kernel configurations fit in it
   int shared_memory_per_multi_processor = 228 << 10;
+  // cuDNN's heuristics weigh them in choosing an engine (docs/cuda-paths.md).
+  int clock_rate = 0, memory_clock_rate = 0, memory_bus_width = 0;
+  std::vector<int> max_active_clusters;  // of 1, 2, ... blocks
 
   int arch() const { return major * 10 + minor; }  // as kernels are built for it: 90 for sm90
 };
@@ -342,13 +346,32 @@ const EntryPoint kEntryPoints[] = {
 
 extern "C" {
 
-void metamem_fake_cuda_set_device(const char* name, std::size_t total_memory, int major, int minor,
-                                  int multi_processor_count, int l2_cache_size, int max_threads_per_multi_processor,
-                                  int shared_memory_per_block_optin, int shared_memory_per_multi_processor) {
+void metamem_fake_cuda_set_device(const metamem_fake_gpu* device) {
   FakeGpu& gpu = FakeGpu::get();
   std::lock_guard<std::mutex> lock(gpu.mutex);
-  gpu.device = {name, total_memory, major, minor, multi_processor_count, l2_cache_size,
-                max_threads_per_multi_processor, shared_memory_per_block_optin, shared_memory_per_multi_processor};
+  gpu.device = {device->name,
+                device->total_memory,
+                device->major,
+                device->minor,
+                device->multi_processor_count,
+                device->l2_cache_size,
+                device->max_threads_per_multi_processor,
+                device->shared_memory_per_block_optin,
+                device->shared_memory_per_multi_processor,
+                device->clock_rate,
+                device->memory_clock_rate,
+                device->memory_bus_width,
+                {device->max_active_clusters, device->max_active_clusters + device->largest_cluster}};
+}
+
+CUresult metamem_fake_cuda_max_active_clusters(int* clusters, unsigned int blocks) {
+  FakeGpu& gpu = FakeGpu::get();
+  std::lock_guard<std::mutex> lock(gpu.mutex);
+  const std::vector<int>& fitting = gpu.device.max_active_clusters;
+  if (fitting.empty()) return CUDA_ERROR_NOT_SUPPORTED;
+  // Past the largest cluster a GPC holds, none fit (a real H200 answers 0).
+  *clusters = blocks >= 1 && blocks <= fitting.size() ? fitting[blocks - 1] : 0;
+  return CUDA_SUCCESS;
 }
 
 CUresult metamem_fake_cuda_device_attribute(int* value, CUdevice_attribute attribute, CUdevice device) {
@@ -379,6 +402,14 @@ CUresult metamem_fake_cuda_device_attribute(int* value, CUdevice_attribute attri
       break;
     case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK: *value = prop.regsPerBlock; break;
     case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR: *value = prop.regsPerMultiprocessor; break;
+    case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: *value = prop.memoryBusWidth; break;
+    case CU_DEVICE_ATTRIBUTE_CLOCK_RATE:  // no longer in cudaDeviceProp
+    case CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: {
+      FakeGpu& gpu = FakeGpu::get();
+      std::lock_guard<std::mutex> lock(gpu.mutex);
+      *value = attribute == CU_DEVICE_ATTRIBUTE_CLOCK_RATE ? gpu.device.clock_rate : gpu.device.memory_clock_rate;
+      break;
+    }
     case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS:
     case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
     case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY:
@@ -386,7 +417,7 @@ CUresult metamem_fake_cuda_device_attribute(int* value, CUdevice_attribute attri
     case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
       *value = 1;
       break;
-    default: *value = 0;  // clock rates, bus width, ...: nothing that sizes memory reads them
+    default: *value = 0;  // texture sizes, PCI location, ...: nothing that sizes memory reads them
   }
   return CUDA_SUCCESS;
 }
@@ -434,6 +465,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   prop->minor = gpu.device.minor;
   prop->multiProcessorCount = gpu.device.multi_processor_count;
   prop->l2CacheSize = gpu.device.l2_cache_size;
+  prop->memoryBusWidth = gpu.device.memory_bus_width;
   // What every GPU since Volta has.
   prop->warpSize = 32;
   prop->maxThreadsPerBlock = 1024;

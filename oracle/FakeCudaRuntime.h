@@ -9,16 +9,33 @@
 
 extern "C" {
 
-// The one device: its name, memory in bytes, compute capability, SMs, L2
-// cache, threads per SM and shared memory (a block's opt-in limit, an SM's).
-// Before the first call of the runtime; the default is an H100.
-void metamem_fake_cuda_set_device(const char* name, std::size_t total_memory, int major, int minor,
-                                  int multi_processor_count, int l2_cache_size, int max_threads_per_multi_processor,
-                                  int shared_memory_per_block_optin, int shared_memory_per_multi_processor);
+// The GPU the one device is, as estimator/Gpu.h describes it. Laid out
+// alike in python/metamem/_fake_gpu_server.py (ctypes), which sets it too.
+struct metamem_fake_gpu {
+  const char* name;
+  std::size_t total_memory;  // bytes
+  int major, minor;          // compute capability
+  int multi_processor_count;
+  int l2_cache_size;
+  int max_threads_per_multi_processor;
+  int shared_memory_per_block_optin, shared_memory_per_multi_processor;
+  int clock_rate, memory_clock_rate;  // kHz
+  int memory_bus_width;               // bits
+  const int* max_active_clusters;     // of 1, 2, ... `largest_cluster` blocks
+  int largest_cluster;                // 0 where it launches no clusters
+};
+
+// Before the first call of the runtime; the default is an H100 without
+// clocks or clusters.
+void metamem_fake_cuda_set_device(const struct metamem_fake_gpu* gpu);
 // cuDeviceGetAttribute of the one device, for the runtime, its driver entry
 // points and the fake driver (oracle/FakeCudaDriver.cpp), which finds it
 // here, where the device is set.
 CUresult metamem_fake_cuda_device_attribute(int* value, CUdevice_attribute attribute, CUdevice device);
+// cuOccupancyMaxActiveClusters for clusters of `blocks` blocks, each kernel
+// taken to fit once per SM (as the fake driver's occupancy says):
+// CUDA_ERROR_NOT_SUPPORTED on a device without clusters.
+CUresult metamem_fake_cuda_max_active_clusters(int* clusters, unsigned int blocks);
 // A kernel launched through the driver on `stream`: a node of the graph the
 // stream captures, if it captures (the fake driver calls it).
 void metamem_fake_cuda_launched(CUstream stream);

@@ -155,6 +155,10 @@ py::dict gpu_dict(const GpuSpec& gpu) {
   d["max_threads_per_multi_processor"] = gpu.max_threads_per_multi_processor;
   d["shared_memory_per_block_optin"] = gpu.shared_memory_per_block_optin;
   d["shared_memory_per_multiprocessor"] = gpu.shared_memory_per_multi_processor;
+  d["clock_rate"] = gpu.clock_rate;
+  d["memory_clock_rate"] = gpu.memory_clock_rate;
+  d["memory_bus_width"] = gpu.memory_bus_width;
+  d["max_active_clusters"] = std::vector<int>(gpu.max_active_clusters.begin(), gpu.max_active_clusters.end());
   d["cublas_workspace_bytes"] = cublas_workspace_bytes(gpu.major, gpu.minor);
   d["cuda_context_bytes"] = cuda_context_bytes(gpu);
   return d;

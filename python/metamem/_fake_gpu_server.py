@@ -21,13 +21,24 @@ import os
 import sys
 
 
+class _FakeGpu(ctypes.Structure):
+    """oracle/FakeCudaRuntime.h's metamem_fake_gpu, field by field."""
+    _fields_ = [("name", ctypes.c_char_p), ("total_memory", ctypes.c_size_t), ("major", ctypes.c_int),
+                ("minor", ctypes.c_int), ("multi_processor_count", ctypes.c_int), ("L2_cache_size", ctypes.c_int),
+                ("max_threads_per_multi_processor", ctypes.c_int), ("shared_memory_per_block_optin", ctypes.c_int),
+                ("shared_memory_per_multiprocessor", ctypes.c_int), ("clock_rate", ctypes.c_int),
+                ("memory_clock_rate", ctypes.c_int), ("memory_bus_width", ctypes.c_int),
+                ("max_active_clusters", ctypes.POINTER(ctypes.c_int)), ("largest_cluster", ctypes.c_int)]
+
+
 def make_gpu(runtime, gpu):
     """The fake device made the GPU `gpu` (JSON) through the preloaded runtime."""
     gpu = json.loads(gpu)
-    ctypes.CDLL(runtime).metamem_fake_cuda_set_device(
-        gpu["name"].encode(), ctypes.c_size_t(gpu["total_memory"]), gpu["major"], gpu["minor"],
-        gpu["multi_processor_count"], gpu["L2_cache_size"], gpu["max_threads_per_multi_processor"],
-        gpu["shared_memory_per_block_optin"], gpu["shared_memory_per_multiprocessor"])
+    clusters = gpu["max_active_clusters"]
+    numbers = {name: gpu[name] for name, _ in _FakeGpu._fields_[1:-2]}
+    device = _FakeGpu(gpu["name"].encode(), **numbers, max_active_clusters=(ctypes.c_int * len(clusters))(*clusters),
+                      largest_cluster=len(clusters))
+    ctypes.CDLL(runtime).metamem_fake_cuda_set_device(ctypes.byref(device))
 
 
 def _facts():

@@ -30,6 +30,17 @@ needs_fake_gpu = pytest.mark.skipif(not os.path.exists(os.path.join(ORACLE, "lib
     "batch norm 64 channels 56², f32",  # cuDNN's batch norm and its reserve
     "batch norm 64 channels 56², bf16",
     "LSTM 2 layers width 512, 128 x 16, f32",  # cuDNN's RNN: its workspaces and reserve space
+    # Convolutions: the forward's, the data gradient's and the weight
+    # gradient's workspaces, each sized by the engine cuDNN's heuristics
+    # chose (no formula of the shape). Some sm90 engines size theirs by how
+    # many clusters the GPU fits (cuOccupancyMaxActiveClusters): with the
+    # fake driver answering 1, this weight gradient took 13,287,635 B, not
+    # the H200's 15,057,575. The 7x7 and the 256-channel 3x3 differ in a
+    # data gradient's engine between cuDNN 9.19 and 9.24, and equal the
+    # H200 under its own versions (docs/cuda-paths.md).
+    "conv 3x3, 64 channels, 56², f32",
+    "conv 3x3, 64 channels, 56², bf16",
+    "conv 1x1, 256 channels, 56², f32",
 ])
 def test_the_fake_gpu_runs_cudnn_as_the_h200_did(case):
     import metamem._metamem as native
@@ -55,26 +66,6 @@ def test_a_trace_takes_cudnns_lstm_as_the_h200_ran_it():
         real_gpu.CASES[case](lambda: None)
     allocated = json.loads(t.to_json())["predicted"]["allocator_allocated_peak_bytes"]
     assert [allocated, t.reserved_peak_bytes] == H200["cases"][case]["steps"][0]
-
-
-@needs_fake_gpu
-def test_cudnn_convolutions_run_with_the_workspaces_cudnn_plans():
-    # A convolution's forward and both gradients each take a workspace that
-    # cuDNN's chosen engine sizes (no formula of the shape: 6,570,000 B for
-    # this forward, as on the H200); they are allocated and freed inside each
-    # call. Which engines cuDNN 9.24 picks for the gradients differs from
-    # what 9.19 picked on the H200 (docs/cuda-paths.md), so only the forward's
-    # is compared here.
-    import metamem._metamem as native
-    import real_gpu
-
-    case = "conv 3x3, 64 channels, 56², f32"
-    fake = real_gpu.on_fake_gpu(ORACLE, native.gpu("H200"), case)
-    assert "error" not in fake, fake["error"]
-    recorded = H200["cases"][case]["events"][0]
-    workspaces = [size for (kind, size, _), (next_kind, next_size, _) in zip(fake["events"][0], fake["events"][0][1:])
-                  if kind == "alloc" and next_kind == "free" and next_size == size and size > 4096]
-    assert len(workspaces) == 3 and workspaces[0] == recorded[3][1] == 6570000
 
 
 def test_a_fake_gpu_must_be_a_folder_of_its_libraries():
