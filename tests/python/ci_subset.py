@@ -13,3 +13,8 @@ def one_gpu_each(gpus, cases):
     return [pytest.param(gpu, *(case if isinstance(case, tuple) else (case,)),
                          marks=() if g == i % len(gpus) else full)
             for i, case in enumerate(cases) for g, gpu in enumerate(gpus)]
+
+
+def one_in(n, cases):
+    """Every case as a parameter; in CI, every n-th alone (the first among them)."""
+    return [pytest.param(case, marks=() if i % n == 0 else full) for i, case in enumerate(cases)]
