@@ -49,9 +49,7 @@ def measured_run(name, precision):
 
 
 def measure(path, jobs=14):
-    found = real_gpu.versions()
-    for package in ("timm",):
-        found[package] = metadata.version(package)
+    found = {**real_gpu.versions(), "timm": metadata.version("timm")}
     timm = [name for name in fake_gpu_sweep.MODELS if name.startswith("timm ")]
     runs = [(name, precision) for name in [n for n in fake_gpu_sweep.MODELS if n not in timm] + timm
             for precision in fake_gpu_sweep.PRECISIONS]
