@@ -17,8 +17,9 @@ namespace {
 std::mutex g_mutex;
 std::unordered_set<std::string> g_same_device;  // guarded by g_mutex
 std::unordered_set<std::string> g_pointwise;    // guarded by g_mutex
+std::unordered_set<std::string> g_values;       // guarded by g_mutex
 
-enum class Check { None, SameDevice, Pointwise };
+enum class Check { None, SameDevice, Pointwise, Values };
 
 Check check_of(const c10::OperatorHandle& op) {
   const c10::OperatorName& name = op.operator_name();
@@ -26,6 +27,7 @@ Check check_of(const c10::OperatorHandle& op) {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (g_same_device.count(key)) return Check::SameDevice;
   if (g_pointwise.count(key)) return Check::Pointwise;
+  if (g_values.count(key)) return Check::Values;
   return Check::None;
 }
 
@@ -38,12 +40,28 @@ Check check_of(const c10::OperatorHandle& op) {
   TORCH_CHECK(false, message);
 }
 
+// index_put's: its indices may lie anywhere; its values on self's device,
+// or on the host as a 0-dim scalar. With `accumulate` the CUDA kernel
+// (index_put_with_sort_) says so in words of its own.
+void check_values(const c10::OperatorHandle& op, const torch::jit::Stack& stack, std::size_t first) {
+  const c10::FunctionSchema& schema = op.schema();
+  const at::Tensor& self = stack[first + *schema.argumentIndexWithName("self")].toTensor();
+  const at::Tensor& values = stack[first + *schema.argumentIndexWithName("values")].toTensor();
+  if (values.device() == self.device() || (values.device().is_cpu() && values.dim() == 0)) return;
+  const std::optional<int> accumulate = schema.argumentIndexWithName("accumulate");
+  TORCH_CHECK(!accumulate || !stack[first + *accumulate].toBool(), "expected device ", self.device(),
+              " but got device ", values.device(), " for value tensor");
+  refuse(self.device(), values.device(), "", op);
+}
+
 }  // namespace
 
-void set_device_checks(const std::vector<std::string>& same_device, const std::vector<std::string>& pointwise) {
+void set_device_checks(const std::vector<std::string>& same_device, const std::vector<std::string>& pointwise,
+                       const std::vector<std::string>& values) {
   std::lock_guard<std::mutex> lock(g_mutex);
   g_same_device = {same_device.begin(), same_device.end()};
   g_pointwise = {pointwise.begin(), pointwise.end()};
+  g_values = {values.begin(), values.end()};
 }
 
 void check_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
@@ -63,6 +81,7 @@ void check_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack
   if (!host || !device) return;
   const Check check = check_of(op);
   if (check == Check::None) return;
+  if (check == Check::Values) return check_values(op, stack, first);
   std::optional<c10::Device> common;
   for_each_checked([&](const std::string& argument, const at::Tensor& t) {
     // TensorIterator moves a 0-dim host tensor to the device, as a scalar.

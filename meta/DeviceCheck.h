@@ -19,11 +19,14 @@ namespace metamem {
 // them from native_functions.yaml): `same_device`, as torchgen's check in
 // a CUDA kernel (every positional and out tensor on one device);
 // `pointwise`, as TensorIterator's (a 0-dim host tensor may go with device
-// tensors, as a scalar). Until set, nothing is checked.
-void set_device_checks(const std::vector<std::string>& same_device, const std::vector<std::string>& pointwise);
+// tensors, as a scalar); `values`, as index_put's CUDA kernels check it
+// (indices may lie on the host; `values` on `self`'s device, or a 0-dim
+// host tensor). Until set, nothing is checked.
+void set_device_checks(const std::vector<std::string>& same_device, const std::vector<std::string>& pointwise,
+                       const std::vector<std::string>& values);
 
 // Throws torch's error (c10::Error, "Expected all tensors to be on the same
-// device, ...") where `op`'s arguments on `stack` mix a device tensor with a
+// device, ...", or index_put's with `accumulate`) where `op`'s arguments on `stack` mix a device tensor with a
 // host tensor that its CUDA kernel refuses. Runs the check only when both
 // kinds are present.
 void check_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack);

@@ -8,8 +8,9 @@ kernel: every positional and out tensor on one device (an op without a
 CUDA kernel, a composite, leaves it to the ops it calls). One marked
 `NoCheck   # TensorIterator` checks in TensorIterator, which takes a 0-dim
 host tensor as a scalar; of those, only pointwise ops are checked here
-(index, for one, takes host indices for device tensors). Other `NoCheck`
-ops (copies, foreach ops, CTC losses) take tensors on both."""
+(index, for one, takes host indices for device tensors), and index_put,
+which takes host indices but checks its values. Other `NoCheck` ops
+(copies, foreach ops, CTC losses) take tensors on both."""
 
 import functools
 import importlib.util
@@ -23,6 +24,10 @@ from . import _metamem
 # Composites a trace runs whole (its own kernel) whose decomposition checks
 # on a GPU: embedding's index_select.
 _CHECKED_COMPOSITES = ["aten::embedding"]
+
+# `NoCheck` ops whose CUDA kernels check their values' device against self's
+# (host indices allowed): index_put and what `x[i] = v` reaches.
+_VALUES_CHECKED = ["aten::index_put", "aten::index_put_", "aten::_index_put_impl_", "aten::_unsafe_index_put"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -47,4 +52,4 @@ def install():
                 same_device.append(name)
         elif "TensorIterator" in check.group(1) and re.search(r"^\s+tags:.*\bpointwise\b", entry, flags=re.M):
             pointwise.append(name)
-    _metamem.set_device_checks(same_device, pointwise)
+    _metamem.set_device_checks(same_device, pointwise, _VALUES_CHECKED)

@@ -571,6 +571,9 @@ def mixed_devices():
         "index by host indices": lambda: a[rows],
         "index_select by host indices": lambda: a.index_select(0, rows),
         "embedding of host indices": lambda: F.embedding(rows, a),
+        "rows set from the host": lambda: a.clone().__setitem__(rows, host[:2]),
+        "rows set to a host 0-dim": lambda: a.clone().__setitem__(rows, scalar),
+        "index_put_ accumulating host values": lambda: a.clone().index_put_((rows,), host[:2], accumulate=True),
         "copy_ from the host": lambda: a.clone().copy_(host),
         "to the device first": lambda: host.cuda() + a,
     }
@@ -590,14 +593,18 @@ def test_ops_that_mix_host_and_device_tensors_fail_as_on_a_gpu():
     # tensor beside a device one stops the trace with torch's error, as the
     # GPU run would stop; one that takes it (a 0-dim scalar, host indices,
     # a copy) runs. The same cases run by real torch on the fake GPU.
+    # index_put takes host indices but not host values (but a 0-dim one).
     exec(MIXED_DEVICES, globals())
     with metamem.trace(device="cuda", gpu="H100-80GB", host_tensors="host"):
         traced = mixed_devices()  # noqa: F821 (defined by the exec above)
     refused = "Expected all tensors to be on the same device"
     assert {name for name, outcome in traced.items() if outcome != "ok"} == {
         "device + host", "host += device", "host + device 0-dim", "matmul", "linear", "cat", "where, host",
-        "index_select by host indices", "embedding of host indices"}
-    assert all(outcome == "ok" or outcome.startswith(refused) for outcome in traced.values())
+        "index_select by host indices", "embedding of host indices", "rows set from the host",
+        "index_put_ accumulating host values"}
+    assert traced["index_put_ accumulating host values"] == "expected device cuda:0 but got device cpu for va"
+    assert all(outcome == "ok" or outcome.startswith(refused) for name, outcome in traced.items()
+               if name != "index_put_ accumulating host values")
     # On the device by default, the host tensors are the GPU's: all run.
     with metamem.trace(device="cuda", gpu="H100-80GB"):
         assert set(mixed_devices().values()) == {"ok"}  # noqa: F821
