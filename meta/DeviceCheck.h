@@ -26,9 +26,9 @@ void set_device_checks(const std::vector<std::string>& same_device, const std::v
                        const std::vector<std::string>& values);
 
 // Throws torch's error (c10::Error, "Expected all tensors to be on the same
-// device, ...", or index_put's with `accumulate`) where `op`'s arguments on `stack` mix a device tensor with a
-// host tensor that its CUDA kernel refuses. Runs the check only when both
-// kinds are present.
+// device, ...", or index_put's own with `accumulate`) where `op`'s arguments
+// on `stack` mix a device tensor with a host tensor that its CUDA kernel
+// refuses. Runs the check only when both kinds are present.
 void check_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
 
 }  // namespace metamem
