@@ -712,6 +712,13 @@ def measure(path, jobs=6, *names):
 GPU_KEYS = {"H100": "H100-80GB", "H200": "H200", "A100": "A100-80GB", "T4": "T4"}
 
 
+def h200_recording(name):
+    """What a real H200 recorded of the case (real_gpu_h200_events.json:
+    torch 2.11, cuDNN 9.19): its steps' peaks and allocations and frees."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "real_gpu_h200_events.json")) as recorded:
+        return json.load(recorded)["cases"][name]
+
+
 def on_fake_gpu(oracle, gpu, name, torch_site=None):
     """The case run by the pinned torch on metamem's fake GPU
     (tests/python/real_torch_on_fake_gpu.py), or by the torch installed in

@@ -13,7 +13,6 @@ import pytest
 from ci_subset import full, one_gpu_each
 
 ORACLE = os.environ.get("METAMEM_ORACLE", "")
-H200 = json.load(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "real_gpu_h200_events.json")))
 
 needs_fake_gpu = pytest.mark.skipif(not os.path.exists(os.path.join(ORACLE, "libmetamem_fake_cuda_preload.so")),
                                     reason=f"METAMEM_ORACLE={ORACLE!r} holds no fake GPU to run real torch on")
@@ -48,7 +47,7 @@ def test_the_fake_gpu_runs_cudnn_as_the_h200_did(case):
 
     fake = real_gpu.on_fake_gpu(ORACLE, native.gpu("H200"), case)
     assert "error" not in fake, fake["error"]
-    recorded = H200["cases"][case]
+    recorded = real_gpu.h200_recording(case)
     assert fake["steps"] == recorded["steps"]
     assert fake["events"] == recorded["events"]  # allocation by allocation, cuDNN's workspaces among them
 
@@ -65,7 +64,7 @@ def test_a_trace_takes_cudnns_lstm_as_the_h200_ran_it():
     with metamem.trace(device="cuda", gpu="H200", fake_gpu=ORACLE) as t:
         real_gpu.CASES[case](lambda: None)
     allocated = json.loads(t.to_json())["predicted"]["allocator_allocated_peak_bytes"]
-    assert [allocated, t.reserved_peak_bytes] == H200["cases"][case]["steps"][0]
+    assert [allocated, t.reserved_peak_bytes] == real_gpu.h200_recording(case)["steps"][0]
 
 
 def test_a_fake_gpu_must_be_a_folder_of_its_libraries():
