@@ -102,10 +102,13 @@ CUresult cuDevicePrimaryCtxGetState(CUdevice, unsigned int* flags, int* active) 
 }
 CUresult cuDevicePrimaryCtxRetain(CUcontext* context, CUdevice) { return cuCtxGetCurrent(context); }
 // Every kernel fits: a block may have all of a device's threads (Triton
-// checks its warps against this), and uses no registers, spills or static
-// shared memory worth counting.
+// checks its warps against this), the registers of the header's
+// kFakeKernelRegisters, and no spills or static shared memory worth
+// counting.
 CUresult cuFuncGetAttribute(int* value, CUfunction_attribute attribute, CUfunction) {
-  *value = attribute == CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK ? 1024 : 0;
+  *value = attribute == CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK ? 1024
+           : attribute == CU_FUNC_ATTRIBUTE_NUM_REGS            ? kFakeKernelRegisters
+                                                                : 0;
   return CUDA_SUCCESS;
 }
 CUresult cuFuncSetAttribute(CUfunction, CUfunction_attribute, int) { return CUDA_SUCCESS; }

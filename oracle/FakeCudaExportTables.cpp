@@ -116,29 +116,42 @@ const Slot unknown_hopper_table[] = {
 };
 
 // Values the runtime keeps per context (and key): the fake driver has one
-// context, but keys it by the context it is given all the same.
-std::mutex storage_mutex;
-std::map<std::pair<CUcontext, void*>, void*> storage;
+// context, but keys it by the context it is given all the same. Never
+// destroyed: a runtime linked statically into a library (cuBLASLt's)
+// deletes its values from an exit handler, which can run after this
+// library's static destructors (a process that had run cuBLASLt's
+// heuristics freed the map twice as it exited).
+struct ContextStorage {
+  std::mutex mutex;
+  std::map<std::pair<CUcontext, void*>, void*> values;
+};
+ContextStorage& context_storage_values() {
+  static auto* storage = new ContextStorage;
+  return *storage;
+}
 
 CUcontext context_or_current(CUcontext context) {
   if (!context) cuCtxGetCurrent(&context);
   return context;
 }
 CUresult storage_put(CUcontext context, void* key, void* value, void*) {
-  std::lock_guard<std::mutex> lock(storage_mutex);
-  storage[{context_or_current(context), key}] = value;
+  ContextStorage& storage = context_storage_values();
+  std::lock_guard<std::mutex> lock(storage.mutex);
+  storage.values[{context_or_current(context), key}] = value;
   return CUDA_SUCCESS;
 }
 CUresult storage_delete(CUcontext context, void* key) {
-  std::lock_guard<std::mutex> lock(storage_mutex);
-  storage.erase({context_or_current(context), key});
+  ContextStorage& storage = context_storage_values();
+  std::lock_guard<std::mutex> lock(storage.mutex);
+  storage.values.erase({context_or_current(context), key});
   return CUDA_SUCCESS;
 }
 CUresult storage_get(void** value, CUcontext context, void* key) {
-  std::lock_guard<std::mutex> lock(storage_mutex);
-  auto found = storage.find({context_or_current(context), key});
-  *value = found == storage.end() ? nullptr : found->second;
-  return found == storage.end() ? CUDA_ERROR_NOT_FOUND : CUDA_SUCCESS;
+  ContextStorage& storage = context_storage_values();
+  std::lock_guard<std::mutex> lock(storage.mutex);
+  auto found = storage.values.find({context_or_current(context), key});
+  *value = found == storage.values.end() ? nullptr : found->second;
+  return found == storage.values.end() ? CUDA_ERROR_NOT_FOUND : CUDA_SUCCESS;
 }
 // This table has no size slot.
 const Slot context_storage[] = {

@@ -610,10 +610,12 @@ cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 grid, dim3 block, 
   return __cudaLaunchKernel(kernel, grid, block, args, shared, stream);
 }
 cudaError_t cudaPeekAtLastError() { return last_error; }
-// Every kernel was built for the device (torch's CUTLASS kernels check).
+// Every kernel was built for the device (torch's CUTLASS kernels check) and
+// fits, as the fake driver's cuFuncGetAttribute says.
 cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, const void*) {
   std::memset(attributes, 0, sizeof(*attributes));
   attributes->maxThreadsPerBlock = 1024;
+  attributes->numRegs = kFakeKernelRegisters;
   FakeGpu& gpu = FakeGpu::get();
   std::lock_guard<std::mutex> lock(gpu.mutex);
   attributes->binaryVersion = attributes->ptxVersion = gpu.device.arch();

@@ -7,6 +7,18 @@
 
 #include <cstddef>
 
+// The registers a thread of every kernel uses (cudaFuncGetAttributes,
+// cuFuncGetAttribute): 32, with which the 65,536 registers of an SM (on
+// every GPU of metamem's table) hold 2,048 threads, the most any of them
+// runs, so that every kernel fits at full occupancy. Occupancy calculators
+// divide by them: at 0, cuBLASLt's heuristics (asked by a cuDNN engine for
+// a 1x1 convolution of 3 channels, timm's CoaT-Tiny head) stopped the
+// process with a division by zero, and at 128 or 255, where its block did
+// not fit, the same way. Inductor shrinks the reduction blocks of a Triton
+// kernel of more than 32 (`dynamic_scale_rblock`): at 32 it compiles as it
+// did when the fake GPU answered 0, and as a trace, which builds no kernel.
+constexpr int kFakeKernelRegisters = 32;
+
 extern "C" {
 
 // The GPU the one device is, as estimator/Gpu.h describes it. Laid out

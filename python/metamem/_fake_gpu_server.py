@@ -102,7 +102,7 @@ def serve():
 if __name__ == "__main__":
     make_gpu(sys.argv[1], sys.argv[2])
     serve()
-    # Its parent is done (stdin closed). A process that used cuDNN's
-    # cuBLASLt can abort in cuBLASLt's exit handler: leave at once.
+    # Its parent is done (stdin closed): leave at once, as torch can abort
+    # as a process exits after a backward on the GPU (pytorch/pytorch#38228).
     sys.stdout.flush()
     os._exit(0)

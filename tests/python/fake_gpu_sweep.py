@@ -213,8 +213,8 @@ def two_steps(name, precision, cudnn=False):
 
 
 # The steps in a child on the fake GPU (real_torch_on_fake_gpu.PROLOGUE
-# first), printing their peaks (measure() then leaves at once: the fake GPU's
-# runtime can abort as the process exits).
+# first), printing their peaks (measure() then leaves at once, as torch can
+# abort as the process exits: real_torch_on_fake_gpu.LEAVE).
 CHILD = f"""
 sys.path.insert(0, {HERE!r})
 from fake_gpu_sweep import two_steps

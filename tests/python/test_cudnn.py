@@ -204,6 +204,44 @@ def peaks_traced_and_real(gpu, step):
     return [json.loads(t.to_json())["predicted"]["allocator_allocated_peak_bytes"], t.reserved_peak_bytes], real
 
 
+# timm's CoaT-Tiny head: a 1x1 convolution of its three stages' class
+# tokens, which cuDNN runs as a product and asks cuBLASLt's heuristics for.
+COAT_HEAD_STEP = """
+head = torch.nn.Conv1d(3, 1, 1).cuda()
+x = torch.randn(16, 3, 152, device="cuda", requires_grad=True)
+head(x).sum().backward()
+"""
+
+
+@needs_fake_gpu
+@pytest.mark.parametrize("gpu", ["H100-80GB", pytest.param("T4", marks=full)])
+def test_a_convolution_cudnn_hands_to_cublaslt_runs_on_the_fake_gpu(gpu):
+    # Before: cuBLASLt's occupancy divided by the registers the fake driver
+    # gave a kernel, 0: a floating-point exception stopped real torch and
+    # the trace's recordings alike.
+    traced, real = peaks_traced_and_real(gpu, COAT_HEAD_STEP)
+    assert traced == real
+
+
+@needs_fake_gpu
+def test_a_process_that_ran_cublaslt_on_the_fake_gpu_exits_as_a_process_does():
+    # cuBLASLt's exit handler deletes its per-context values through the
+    # driver; the fake driver's map of them had been destroyed already, and
+    # the process spun or aborted on a corrupted heap as it ended. No
+    # backward: torch's own exit race (real_torch_on_fake_gpu.LEAVE) needs
+    # autograd's device thread.
+    import subprocess
+
+    import metamem._metamem as native
+    from metamem._fake_gpu import PROLOGUE, command, environment
+
+    program = PROLOGUE + "import torch\nwith torch.no_grad():\n" \
+                         "    torch.nn.Conv1d(3, 1, 1).cuda()(torch.randn(16, 3, 152, device='cuda'))\nprint('ran')\n"
+    child = subprocess.run(command(ORACLE, native.gpu("H100-80GB"), program), env=environment(ORACLE),
+                           capture_output=True, text=True, timeout=300)
+    assert (child.returncode, child.stdout.split()) == (0, ["ran"]), child.stderr[-2000:]
+
+
 # An RNN built on the host, moved to the GPU (where it flattens its weights
 # for cuDNN), and a forward and backward: the same code traced and run.
 RNN_STEP = """
