@@ -150,23 +150,6 @@ class Child {
   std::FILE* errors_ = nullptr;
 };
 
-std::string gpu_json(const GpuSpec& gpu) {
-  return json{{"name", gpu.name},
-              {"total_memory", gpu.total_memory},
-              {"major", gpu.major},
-              {"minor", gpu.minor},
-              {"multi_processor_count", gpu.multi_processor_count},
-              {"L2_cache_size", gpu.l2_cache_size},
-              {"max_threads_per_multi_processor", gpu.max_threads_per_multi_processor},
-              {"shared_memory_per_block_optin", gpu.shared_memory_per_block_optin},
-              {"shared_memory_per_multiprocessor", gpu.shared_memory_per_multi_processor},
-              {"clock_rate", gpu.clock_rate},
-              {"memory_clock_rate", gpu.memory_clock_rate},
-              {"memory_bus_width", gpu.memory_bus_width},
-              {"max_active_clusters", gpu.max_active_clusters}}
-      .dump();
-}
-
 // An argument as the child makes it again: a tensor by its sizes, strides
 // and dtype (torch's Python name); a device is the child's one GPU.
 json described(const c10::IValue& value) {
@@ -193,6 +176,23 @@ json described(const c10::IValue& value) {
 }
 
 }  // namespace
+
+std::string fake_device_json(const GpuSpec& gpu) {
+  return json{{"name", gpu.name},
+              {"total_memory", gpu.total_memory},
+              {"major", gpu.major},
+              {"minor", gpu.minor},
+              {"multi_processor_count", gpu.multi_processor_count},
+              {"L2_cache_size", gpu.l2_cache_size},
+              {"max_threads_per_multi_processor", gpu.max_threads_per_multi_processor},
+              {"shared_memory_per_block_optin", gpu.shared_memory_per_block_optin},
+              {"shared_memory_per_multiprocessor", gpu.shared_memory_per_multi_processor},
+              {"clock_rate", gpu.clock_rate},
+              {"memory_clock_rate", gpu.memory_clock_rate},
+              {"memory_bus_width", gpu.memory_bus_width},
+              {"max_active_clusters", gpu.max_active_clusters}}
+      .dump();
+}
 
 // The child of one fake GPU and GPU, and its answers by call.
 class KernelRecordings {
@@ -334,7 +334,7 @@ FakeGpuRecordings::FakeGpuRecordings(const FakeGpu& fake_gpu, const GpuSpec& gpu
   static std::map<std::string, std::shared_ptr<KernelRecordings>> per_process;
   std::lock_guard<std::mutex> hold(lock);
   auto& kernels = per_process[key];
-  if (!kernels) kernels = std::make_shared<KernelRecordings>(absolute, gpu_json(gpu));
+  if (!kernels) kernels = std::make_shared<KernelRecordings>(absolute, fake_device_json(gpu));
   kernels_ = kernels;
 }
 

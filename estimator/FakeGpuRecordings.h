@@ -37,6 +37,11 @@ void check_fake_gpu(const std::string& folder);
 // and the fake driver (libcuda.so.1) found first.
 std::vector<std::string> fake_gpu_environment(const std::string& folder);
 
+// What the fake device is made of `gpu` (its name, memory, capability,
+// SMs, caches, clocks, cluster placement), as the JSON object the child's
+// make_gpu (metamem/_fake_gpu_server.py) reads.
+std::string fake_device_json(const GpuSpec& gpu);
+
 // The ops a trace takes from the recordings.
 const std::vector<std::string>& recorded_ops();
 

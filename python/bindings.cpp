@@ -143,22 +143,11 @@ py::dict memory_stats_dict(const AllocatorStats& stats) {
   return d;
 }
 
+// The fake device's facts, with the table's key and what metamem's model
+// adds beside tensors (cuBLAS's workspace, the CUDA context).
 py::dict gpu_dict(const GpuSpec& gpu) {
-  py::dict d;
+  py::dict d = py::module_::import("json").attr("loads")(fake_device_json(gpu));
   d["key"] = std::string(gpu.key);
-  d["name"] = std::string(gpu.name);
-  d["major"] = gpu.major;
-  d["minor"] = gpu.minor;
-  d["multi_processor_count"] = gpu.multi_processor_count;
-  d["total_memory"] = gpu.total_memory;
-  d["L2_cache_size"] = gpu.l2_cache_size;
-  d["max_threads_per_multi_processor"] = gpu.max_threads_per_multi_processor;
-  d["shared_memory_per_block_optin"] = gpu.shared_memory_per_block_optin;
-  d["shared_memory_per_multiprocessor"] = gpu.shared_memory_per_multi_processor;
-  d["clock_rate"] = gpu.clock_rate;
-  d["memory_clock_rate"] = gpu.memory_clock_rate;
-  d["memory_bus_width"] = gpu.memory_bus_width;
-  d["max_active_clusters"] = std::vector<int>(gpu.max_active_clusters.begin(), gpu.max_active_clusters.end());
   d["cublas_workspace_bytes"] = cublas_workspace_bytes(gpu.major, gpu.minor);
   d["cuda_context_bytes"] = cuda_context_bytes(gpu);
   return d;
