@@ -21,6 +21,7 @@ frees (EVENT_CASES): what the kernels allocate inside, in their order.
 """
 import concurrent.futures
 import contextlib
+import functools
 import json
 import os
 import random
@@ -712,11 +713,17 @@ def measure(path, jobs=6, *names):
 GPU_KEYS = {"H100": "H100-80GB", "H200": "H200", "A100": "A100-80GB", "T4": "T4"}
 
 
+@functools.cache
+def _h200_recordings():
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "real_gpu_h200_events.json")) as recorded:
+        return json.load(recorded)["cases"]
+
+
 def h200_recording(name):
     """What a real H200 recorded of the case (real_gpu_h200_events.json:
-    torch 2.11, cuDNN 9.19): its steps' peaks and allocations and frees."""
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "real_gpu_h200_events.json")) as recorded:
-        return json.load(recorded)["cases"][name]
+    torch 2.11, cuDNN 9.19): its steps' peaks and allocations and frees.
+    The file is read once a process."""
+    return _h200_recordings()[name]
 
 
 def on_fake_gpu(oracle, gpu, name, torch_site=None):

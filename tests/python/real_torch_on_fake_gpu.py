@@ -214,10 +214,13 @@ CHILD_STEPS = PROLOGUE + textwrap.dedent("""
 LEAVE = "\nimport os as _os, sys as _sys\n_sys.stdout.flush()\n_sys.stderr.flush()\n_os._exit(0)\n"
 
 
-def measure(oracle, gpu, program, *args, torch_site=None):
+def measure(oracle, gpu, program, *args, torch_site=None, leave=True):
     """The child's last line, as JSON: `program` run by real torch on the
-    fake `gpu`; the torch of the folder `torch_site` where one is given."""
-    run = subprocess.run(command(oracle, gpu, program + LEAVE, *args), env=environment(oracle, torch_site),
+    fake `gpu`; the torch of the folder `torch_site` where one is given.
+    With `leave` false the child ends as a process does, its exit handlers
+    run (RuntimeError where it fails then, as at any point)."""
+    run = subprocess.run(command(oracle, gpu, program + (LEAVE if leave else ""), *args),
+                         env=environment(oracle, torch_site),
                          capture_output=True, text=True, timeout=600)
     if run.returncode != 0:
         raise RuntimeError(f"{gpu['key']}: the child exited {run.returncode}:\n{run.stderr[-3000:]}")

@@ -230,16 +230,13 @@ def test_a_process_that_ran_cublaslt_on_the_fake_gpu_exits_as_a_process_does():
     # the process spun or aborted on a corrupted heap as it ended. No
     # backward: torch's own exit race (real_torch_on_fake_gpu.LEAVE) needs
     # autograd's device thread.
-    import subprocess
-
     import metamem._metamem as native
-    from metamem._fake_gpu import PROLOGUE, command, environment
+    from real_torch_on_fake_gpu import PROLOGUE, measure
 
     program = PROLOGUE + "import torch\nwith torch.no_grad():\n" \
-                         "    torch.nn.Conv1d(3, 1, 1).cuda()(torch.randn(16, 3, 152, device='cuda'))\nprint('ran')\n"
-    child = subprocess.run(command(ORACLE, native.gpu("H100-80GB"), program), env=environment(ORACLE),
-                           capture_output=True, text=True, timeout=300)
-    assert (child.returncode, child.stdout.split()) == (0, ["ran"]), child.stderr[-2000:]
+                         "    torch.nn.Conv1d(3, 1, 1).cuda()(torch.randn(16, 3, 152, device='cuda'))\n" \
+                         "print(json.dumps('ran'))\n"
+    assert measure(ORACLE, native.gpu("H100-80GB"), program, leave=False) == "ran"
 
 
 # An RNN built on the host, moved to the GPU (where it flattens its weights
