@@ -217,18 +217,20 @@ ScratchPlan batch_norm_plan(c10::ArrayRef<c10::IValue> arguments) {
 // aten::native_batch_norm_backward(grad_out, input, weight, running_mean,
 // running_var, save_mean, save_invstd, train, eps, output_mask). Over a
 // channels-last input (a 2-d [N, C] one too: the heads of IFormer and
-// LeViT), CUDA reduces first, into sum_dy and sum_dy_xmu, then the
-// weight's and bias's gradients (made whether asked for or not), with a
-// staging buffer and semaphores where a channels-last reduction splits
-// across blocks; then the input's gradient elementwise. Other inputs take
-// the fused kernel, which makes only the gradients; statistics of another
-// dtype than the input's are cast first (not modelled).
+// LeViT), CUDA reduces first, into sum_dy and sum_dy_xmu of the saved
+// statistics' dtype (float for a half or bf16 input: measured against real
+// torch on the fake GPU, bf16 and f16 inputs with parameters of their own
+// dtype or f32), then the weight's and bias's gradients (made whether
+// asked for or not), with a staging buffer and semaphores where a
+// channels-last reduction splits across blocks; then the input's gradient
+// elementwise. Other inputs take the fused kernel, which makes only the
+// gradients. In evaluation (running statistics, cast to the accumulation
+// type first) not modelled.
 ScratchPlan batch_norm_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
   const at::Tensor &grad_out = arguments[0].toTensor(), &input = arguments[1].toTensor();
   const auto mask = arguments[9].toBoolList();
   ScratchPlan plan;
-  if (!defined(arguments[5]) || !arguments[7].toBool() || input.dim() < 2 || !uses_channels_last_kernels(input) ||
-      arguments[5].toTensor().scalar_type() != input.scalar_type())
+  if (!defined(arguments[5]) || !arguments[7].toBool() || input.dim() < 2 || !uses_channels_last_kernels(input))
     return plan;
   const at::Tensor& mean = arguments[5].toTensor();
   const std::int64_t channels = input.size(1), statistics = channels * mean.element_size();

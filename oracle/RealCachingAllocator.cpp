@@ -6,7 +6,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/PeerToPeerAccess.h>
 
-#include "oracle/FakeCudaRuntime.h"
+#include "oracle/FakeGpuDevice.h"
 
 namespace c10::cuda::_internal {
 // Exported by libc10_cuda.so but declared in no header: libtorch_cuda sets
@@ -30,22 +30,7 @@ void copy(const c10::CachingDeviceAllocator::StatArray& from, AllocatorStatArray
 }  // namespace
 
 RealCachingAllocator::RealCachingAllocator(const GpuSpec& gpu, const std::string& alloc_conf) {
-  const std::string name(gpu.name);
-  const metamem_fake_gpu device = {name.c_str(),
-                                   static_cast<std::size_t>(gpu.total_memory),
-                                   gpu.major,
-                                   gpu.minor,
-                                   gpu.multi_processor_count,
-                                   static_cast<int>(gpu.l2_cache_size),
-                                   gpu.max_threads_per_multi_processor,
-                                   gpu.shared_memory_per_block_optin,
-                                   gpu.shared_memory_per_multi_processor,
-                                   gpu.clock_rate,
-                                   gpu.memory_clock_rate,
-                                   gpu.memory_bus_width,
-                                   gpu.max_active_clusters.data(),
-                                   static_cast<int>(gpu.max_active_clusters.size())};
-  metamem_fake_cuda_set_device(&device);
+  set_fake_gpu_device(gpu);
   // Switching streams' devices asks it (c10's default says it is never
   // asked): the fake device has its context from the start.
   c10::cuda::_internal::setHasPrimaryContext([](c10::DeviceIndex) { return true; });

@@ -2,6 +2,8 @@
 
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
+#include <c10/core/CachingDeviceAllocator.h>
+#include <torch/nn/module.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
@@ -366,6 +368,39 @@ class CounterPhases final : public PhaseListener {
   std::vector<std::int64_t> peaks_;
 };
 
+// Each step's peaks in torch's CUDA caching allocator, its peak statistics
+// restarted where a step begins (torch.cuda.reset_peak_memory_stats()).
+class CudaPhases final : public PhaseListener {
+ public:
+  CudaPhases() : allocator_(c10::getDeviceAllocator(c10::kCUDA)) {}
+  void setup(const TrainingStep&, const ModelTensors&) override {}
+  void step() override {
+    close_step();
+    allocator_->resetPeakStats(kDevice);
+    in_step_ = true;
+  }
+  void forward() override {}
+  void backward(const at::Tensor&) override {}
+  void end_backward() override {}
+  void gradients(const std::vector<at::Tensor>&) override {}
+  void optimizer() override {}
+  void optimizer_done() override {}
+  void end() override { close_step(); }
+  CudaStepPeaks take() { return std::move(peaks_); }
+
+ private:
+  static constexpr c10::DeviceIndex kDevice = 0;
+  void close_step() {
+    if (!in_step_) return;
+    const auto stats = allocator_->getDeviceStats(kDevice);
+    constexpr auto all = static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    peaks_.allocated.push_back(stats.allocated_bytes[all].peak);
+    peaks_.reserved.push_back(stats.reserved_bytes[all].peak);
+  }
+  c10::DeviceAllocator* allocator_;
+  bool in_step_ = false;
+  CudaStepPeaks peaks_;
+};
 
 // Passes on what an observer has not seen yet: all but the first `seen`
 // allocations and frees (a trace run again from its start).
@@ -566,6 +601,20 @@ std::vector<std::int64_t> achieved_cpu_step_peaks(const StepBuilder& build,
   NativeCpuConvolution native_convolution;
   CounterPhases phases;
   run_steps(build, options, phases);
+  return phases.take();
+}
+
+CudaStepPeaks achieved_cuda_step_peaks(const StepBuilder& build, const StepOptions& options) {
+  if (!at::hasCUDA()) throw std::runtime_error("libtorch's CUDA library is not loaded, or sees no GPU");
+  const StepBuilder on_gpu = [&build] {
+    std::unique_ptr<TrainingStep> step = build();
+    auto* module = dynamic_cast<torch::nn::Module*>(step.get());
+    if (!module) throw std::invalid_argument("a real CUDA run moves its model with Module::to: not a C++ module");
+    module->to(c10::Device(c10::kCUDA, 0));
+    return step;
+  };
+  CudaPhases phases;
+  run_steps(on_gpu, options, phases);
   return phases.take();
 }
 

@@ -174,4 +174,17 @@ class NativeCpuConvolution {
 std::vector<std::int64_t> achieved_cpu_step_peaks(const StepBuilder& build,
                                                   const StepOptions& options = {});
 
+// Each step's max allocated and max reserved bytes of torch's CUDA caching
+// allocator, from the step's start to its end.
+struct CudaStepPeaks {
+  std::vector<std::int64_t> allocated, reserved;
+};
+
+// The same steps by real torch on the current CUDA device (a GPU, or the
+// fake GPU of oracle/), as a C++ program runs them: the model built on the
+// CPU (`build` must make a torch::nn::Module) and moved to the GPU with
+// Module::to, its parameters' order. Throws std::runtime_error where
+// libtorch's CUDA library is not loaded or sees no device.
+CudaStepPeaks achieved_cuda_step_peaks(const StepBuilder& build, const StepOptions& options = {});
+
 }  // namespace metamem

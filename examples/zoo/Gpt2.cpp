@@ -110,7 +110,7 @@ class Gpt2Step final : public TransformerStep {
     if (stage_.first()) {
       wpe_ = register_module("wpe", nn::Embedding(c.seq, c.width));
       drop_ = register_module("drop", nn::Dropout(c.dropout));
-      positions_ = torch::arange(c.seq, torch::kLong).unsqueeze(0);
+      positions_ = register_buffer("positions", torch::arange(c.seq, torch::kLong).unsqueeze(0));
     }
     if (stage_.last()) ln_f_ = register_module("ln_f", nn::LayerNorm(nn::LayerNormOptions({c.width})));
     for (std::int64_t i = first_layer_; i < end_layer_; ++i) {

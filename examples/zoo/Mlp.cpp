@@ -19,7 +19,7 @@ class MlpStep final : public TrainingStep, public torch::nn::Module {
         dropout_(0.1),
         checkpoint_(std::move(checkpoint)) {
     cast_floating(*this, dtype);
-    input_ = torch::randn({batch, 1024}, dtype);
+    input_ = register_buffer("input", torch::randn({batch, 1024}, dtype));
     units_ = {{{"fc1"}, [this](const at::Tensor& x) { return fc1_->forward(x); }},
               {{"relu"}, [](const at::Tensor& x) { return torch::relu(x); }},
               {{"dropout"}, [this](const at::Tensor& x) { return dropout_->forward(x); }},

@@ -18,8 +18,8 @@ TransformerStep::TransformerStep(const char* name, const ZooConfig& c)
   // True above the diagonal: positions a token may not attend to.
   causal_mask_ = register_buffer(
       "causal_mask", torch::ones({c.seq, c.seq}, torch::kBool).triu(1).view({1, 1, c.seq, c.seq}));
-  if (stage_.first()) tokens_ = torch::zeros({c.batch, c.seq}, torch::kLong);
-  if (stage_.last()) targets_ = torch::zeros({c.batch * c.seq}, torch::kLong);
+  if (stage_.first()) tokens_ = register_buffer("tokens", torch::zeros({c.batch, c.seq}, torch::kLong));
+  if (stage_.last()) targets_ = register_buffer("targets", torch::zeros({c.batch * c.seq}, torch::kLong));
 }
 
 void TransformerStep::add_block(const std::string& prefix, std::int64_t index,
@@ -35,9 +35,10 @@ at::Tensor TransformerStep::forward_loss() {
   if (stage_.first()) {
     x = embed();
   } else {
-    // What the stage receives per micro-batch: a new buffer whose gradient it sends back.
+    // What the stage receives per micro-batch: a new buffer whose gradient
+    // it sends back, on the model's device (a real run moves the model).
     ModuleScope recv("recv");
-    x = torch::empty(received_, dtype_).requires_grad_();
+    x = torch::empty(received_, causal_mask_.options().dtype(dtype_)).requires_grad_();
   }
   x = run_chain(units_, std::move(x), checkpoint_);
   if (!stage_.last()) return x;

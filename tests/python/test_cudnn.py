@@ -417,6 +417,75 @@ def test_the_cpp_front_end_follows_the_fake_gpu_as_real_torch_runs(gpu, model, t
     assert [predicted["allocator_allocated_peak_bytes"], predicted["allocator_reserved_peak_bytes"]] == real
 
 
+# The zoo's steps in CI, one GPU each: cuDNN's convolutions under autocast,
+# a pipeline's last stage, a tensor-parallel rank, FSDP's shards, fp32 main
+# gradients, checkpointed blocks; every case on every GPU in the full run.
+ZOO_CI_CASES = ("resnet18 amp bf16 adamw", "llama pp 2, stage 1", "gpt2 tp 2, sequence parallel", "mlp fsdp 4",
+                "llama bf16 fp32 main grads", "resnet50 checkpointed")
+
+
+def _zoo_parameters():
+    import zoo_fake_gpu_sweep as sweep
+
+    gpus = sweep.GPUS
+    return [pytest.param(gpu, name, marks=() if name in ZOO_CI_CASES and g == ZOO_CI_CASES.index(name) % len(gpus)
+                         else full)
+            for name in sweep.cases() for g, gpu in enumerate(gpus)]
+
+
+@needs_fake_gpu
+@pytest.mark.skipif(not os.environ.get("METAMEM_BIN"), reason="the C++ command (METAMEM_BIN) is not built")
+@pytest.mark.parametrize("gpu, case", _zoo_parameters())
+def test_the_zoo_traced_on_fake_cuda_is_real_torch_on_the_fake_gpu(gpu, case):
+    # The zoo as C++ runs it: built on the CPU, moved with Module::to, then
+    # the CLI's steps; the measured step's max allocated and max reserved.
+    import zoo_fake_gpu_sweep as sweep
+
+    traced, real = sweep.measured(os.environ["METAMEM_BIN"], ORACLE, sweep.cases()[case], gpu)
+    assert traced == real
+
+
+@needs_fake_gpu
+def test_the_zoos_real_run_writes_what_it_asked_the_allocator(tmp_path):
+    # Real torch's own allocations and frees (its allocator's recorded
+    # history), which the simulator replays as torch's allocator does.
+    import subprocess
+    from metamem._fake_gpu import environment
+
+    events = str(tmp_path / "events.txt")
+    run = subprocess.run([os.path.join(ORACLE, "metamem-zoo-on-fake-gpu"), "--model", "resnet18", "--batch", "2",
+                          "--image", "32", "--optimizer", "adamw", "--device", "cuda", "--gpu", "A100-80GB",
+                          "--allocator-events", events], env=environment(ORACLE), capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr
+    lines = open(events).read().splitlines()
+    assert lines[0] == "metamem allocator events 1"
+    assert sum(line.startswith("alloc ") for line in lines) > 500  # parameters, states, two steps' activations
+    replay = subprocess.run([os.path.join(ORACLE, "metamem-allocator-oracle"), "--gpu", "A100-80GB", events],
+                            capture_output=True, text=True, timeout=300)
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+
+
+@needs_fake_gpu
+def test_the_zoos_real_run_names_what_it_cannot_run(tmp_path):
+    import subprocess
+    import torch
+    from metamem._fake_gpu import environment
+
+    def run(*flags):
+        return subprocess.run([os.path.join(ORACLE, "metamem-zoo-on-fake-gpu"), *flags], env=environment(ORACLE),
+                              capture_output=True, text=True, timeout=300)
+
+    path = str(tmp_path / "linear.pt")
+    torch.jit.save(torch.jit.script(torch.nn.Linear(4, 4)), path)
+    scripted = run("--model", path, "--input", "2x4")
+    assert scripted.returncode == 2 and "moves its model with Module::to: not a C++ module" in scripted.stderr
+    on_cpu = run("--model", "mlp", "--device", "cpu")
+    assert on_cpu.returncode == 2 and "the fake GPU runs --device cuda" in on_cpu.stderr
+    unknown = run("--model", "mlp", "--device", "cuda", "--gpu", "H900")
+    assert unknown.returncode == 2 and "H900" in unknown.stderr
+
+
 @pytest.mark.skipif(not os.environ.get("METAMEM_BIN"), reason="the C++ command (METAMEM_BIN) is not built")
 def test_the_cpp_front_end_names_a_fake_gpu_it_cannot_use():
     import subprocess
