@@ -338,45 +338,14 @@ class TracePhases final : public PhaseListener {
   std::int64_t parameter_bytes_ = 0, parameter_count_ = 0;
 };
 
-// Each step's peak: the counter restarts at every step's start.
-class CounterPhases final : public PhaseListener {
+// A real run's peaks, step by step: restarted where each step begins,
+// read where it ends.
+class StepPeakPhases : public PhaseListener {
  public:
-  void setup(const TrainingStep& step, const ModelTensors&) override {
-    host_only_ = step.host_only_bytes();
-  }
-  void step() override {
-    close_step();
-    counter_.reset_peak();
-    in_step_ = true;
-  }
-  void forward() override {}
-  void backward(const at::Tensor&) override {}
-  void end_backward() override {}
-  void gradients(const std::vector<at::Tensor>&) override {}
-  void optimizer() override {}
-  void optimizer_done() override {}
-  void end() override { close_step(); }
-  std::vector<std::int64_t> take() { return std::move(peaks_); }
-
- private:
-  void close_step() {
-    if (in_step_) peaks_.push_back(counter_.peak_bytes() - host_only_);
-  }
-  CpuMemoryCounter counter_;
-  std::int64_t host_only_ = 0;
-  bool in_step_ = false;
-  std::vector<std::int64_t> peaks_;
-};
-
-// Each step's peaks in torch's CUDA caching allocator, its peak statistics
-// restarted where a step begins (torch.cuda.reset_peak_memory_stats()).
-class CudaPhases final : public PhaseListener {
- public:
-  CudaPhases() : allocator_(c10::getDeviceAllocator(c10::kCUDA)) {}
   void setup(const TrainingStep&, const ModelTensors&) override {}
   void step() override {
     close_step();
-    allocator_->resetPeakStats(kDevice);
+    restart_peaks();
     in_step_ = true;
   }
   void forward() override {}
@@ -386,19 +355,49 @@ class CudaPhases final : public PhaseListener {
   void optimizer() override {}
   void optimizer_done() override {}
   void end() override { close_step(); }
+
+ protected:
+  virtual void restart_peaks() = 0;
+  virtual void read_peaks() = 0;  // the step's, which has ended
+
+ private:
+  void close_step() {
+    if (in_step_) read_peaks();
+  }
+  bool in_step_ = false;
+};
+
+// Each step's peak of the bytes held through the CPU allocator.
+class CounterPhases final : public StepPeakPhases {
+ public:
+  void setup(const TrainingStep& step, const ModelTensors&) override { host_only_ = step.host_only_bytes(); }
+  std::vector<std::int64_t> take() { return std::move(peaks_); }
+
+ private:
+  void restart_peaks() override { counter_.reset_peak(); }
+  void read_peaks() override { peaks_.push_back(counter_.peak_bytes() - host_only_); }
+  CpuMemoryCounter counter_;
+  std::int64_t host_only_ = 0;
+  std::vector<std::int64_t> peaks_;
+};
+
+// Each step's peaks in torch's CUDA caching allocator, its statistics'
+// peaks restarted as torch.cuda.reset_peak_memory_stats() restarts them.
+class CudaPhases final : public StepPeakPhases {
+ public:
+  CudaPhases() : allocator_(c10::getDeviceAllocator(c10::kCUDA)) {}
   CudaStepPeaks take() { return std::move(peaks_); }
 
  private:
   static constexpr c10::DeviceIndex kDevice = 0;
-  void close_step() {
-    if (!in_step_) return;
+  void restart_peaks() override { allocator_->resetPeakStats(kDevice); }
+  void read_peaks() override {
     const auto stats = allocator_->getDeviceStats(kDevice);
     constexpr auto all = static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE);
     peaks_.allocated.push_back(stats.allocated_bytes[all].peak);
     peaks_.reserved.push_back(stats.reserved_bytes[all].peak);
   }
   c10::DeviceAllocator* allocator_;
-  bool in_step_ = false;
   CudaStepPeaks peaks_;
 };
 
