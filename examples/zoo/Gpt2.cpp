@@ -117,7 +117,6 @@ class Gpt2Step final : public TransformerStep {
       auto block = std::make_shared<Block>(c, tp_);
       add_block("h", i, block, [this, block](const at::Tensor& x) { return block->forward(x, causal_mask_); });
     }
-    cast_floating(*this, c.dtype);
   }
 
  private:

@@ -167,9 +167,8 @@ class LlamaStep final : public TransformerStep {
         1.0 / torch::pow(10000.0, torch::arange(0, head_dim, 2, torch::kFloat) / static_cast<double>(head_dim));
     const at::Tensor angles = torch::outer(torch::arange(c.seq, torch::kFloat), frequencies);
     const at::Tensor table = torch::cat({angles, angles}, -1);
-    cos_ = register_buffer("cos", table.cos());
-    sin_ = register_buffer("sin", table.sin());
-    cast_floating(*this, c.dtype);
+    cos_ = register_buffer("cos", table.cos().to(c.dtype));
+    sin_ = register_buffer("sin", table.sin().to(c.dtype));
   }
 
  private:

@@ -18,7 +18,6 @@ class MlpStep final : public TrainingStep, public torch::nn::Module {
         fc2_(register_module("fc2", torch::nn::Linear(4096, 1024))),
         dropout_(0.1),
         checkpoint_(std::move(checkpoint)) {
-    cast_floating(*this, dtype);
     input_ = register_buffer("input", torch::randn({batch, 1024}, dtype));
     units_ = {{{"fc1"}, [this](const at::Tensor& x) { return fc1_->forward(x); }},
               {{"relu"}, [](const at::Tensor& x) { return torch::relu(x); }},

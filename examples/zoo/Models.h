@@ -1,17 +1,10 @@
-// Builders of the zoo's models; zoo_step() validates their configs first.
+// Builders of the zoo's models; zoo_step() validates their configs first
+// and calls them with torch's default dtype the model's.
 #pragma once
 
 #include "examples/zoo/Zoo.h"
 
-namespace torch::nn {
-class Module;
-}
-
 namespace metamem {
-
-// Casts the floating-point parameters and buffers of `module` to `dtype`
-// (Module::to would cast integer and bool buffers too).
-void cast_floating(torch::nn::Module& module, c10::ScalarType dtype);
 
 // The parameters of each of `modules` (shared pointers to nn::Module types).
 template <typename Modules>

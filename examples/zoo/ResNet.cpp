@@ -103,7 +103,6 @@ class ResNetStep final : public TrainingStep, public nn::Module {
       }
     }
     fc_ = register_module("fc", nn::Linear(in, classes));
-    cast_floating(*this, dtype);
     input_ = register_buffer("input", torch::randn({batch, 3, image, image}, dtype));
     target_ = register_buffer("target", torch::zeros({batch}, torch::kLong));
   }

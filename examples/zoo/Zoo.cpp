@@ -2,7 +2,6 @@
 
 #include <c10/core/DefaultDtype.h>
 #include <c10/core/ScalarTypeToTypeMeta.h>
-#include <torch/nn/module.h>
 
 #include <initializer_list>
 #include <stdexcept>
@@ -89,14 +88,6 @@ StepBuilder zoo_step(const ZooConfig& config) { return built_in(config.dtype, va
 const std::vector<std::string>& zoo_models() {
   static const std::vector<std::string> names = {"mlp", "resnet18", "resnet50", "gpt2", "llama"};
   return names;
-}
-
-void cast_floating(torch::nn::Module& module, c10::ScalarType dtype) {
-  auto cast = [dtype](at::Tensor& t) {
-    if (t.is_floating_point() && t.scalar_type() != dtype) t.set_data(t.to(dtype));
-  };
-  for (auto& p : module.parameters()) cast(p);
-  for (auto& b : module.buffers()) cast(b);
 }
 
 c10::ScalarType parse_dtype(const std::string& name) {

@@ -6,7 +6,7 @@ the CPU and moved with Module::to), per GPU (issue 47): max allocated and
 max reserved of torch's caching allocator in the measured (last) step.
 
     PYTHONPATH=build/python .venv/bin/python tests/python/zoo_fake_gpu_sweep.py \\
-        build/examples/metamem build/oracle [--gpus H100-80GB,T4] [--cases "gpt2 adamw"] [--check]
+        build/examples/metamem build/oracle [--gpus H100-80GB,T4] [--cases "gpt2 adamw;llama pp 2, stage 1"] [--check]
 
 Prints a row per case and GPU; --check exits 1 unless every row is exact.
 """
@@ -85,12 +85,15 @@ def main():
     parser.add_argument("metamem")
     parser.add_argument("oracle")
     parser.add_argument("--gpus", default=",".join(GPUS))
-    parser.add_argument("--cases", default="", help="comma-separated case names; default: all")
+    parser.add_argument("--cases", default="", help="case names separated by ';' (names hold commas); default: all")
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args()
     chosen = cases()
     if args.cases:
-        chosen = {name: chosen[name] for name in args.cases.split(",")}
+        unknown = [name for name in args.cases.split(";") if name not in chosen]
+        if unknown:
+            parser.error(f"unknown cases {unknown}; known: {'; '.join(chosen)}")
+        chosen = {name: chosen[name] for name in args.cases.split(";")}
     start, exact, rows = time.perf_counter(), 0, 0
     for name, flags in chosen.items():
         for gpu in args.gpus.split(","):
