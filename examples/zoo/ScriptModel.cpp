@@ -179,7 +179,7 @@ std::string last_line(const std::string& message) {
 class ScriptStep final : public TrainingStep {
  public:
   ScriptStep(const torch::jit::Module& on_meta, const ScriptConfig& config)
-      : loss_(config.loss), policy_(config.checkpoint.value_or(CheckpointPolicy{})) {
+      : policy_(config.checkpoint.value_or(CheckpointPolicy{})), loss_(config.loss) {
     if (meta_mode_active()) {
       {
         OutsideMetaMode outside;
