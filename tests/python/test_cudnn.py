@@ -396,11 +396,10 @@ def test_the_cpp_front_end_follows_the_fake_gpu_as_real_torch_runs(gpu, model, t
     # torch with cuDNN on on the T4 (3,244,032 B on the H100), the LSTM
     # 18,465,280 B under on both; and before, a scripted LSTM could not be
     # traced at all (its flat weights stayed on the loader's meta device).
-    import subprocess
-    import sys
     import torch
     import torchvision
     import metamem._metamem as native
+    import zoo_fake_gpu_sweep as sweep
     from real_torch_on_fake_gpu import PROLOGUE, measure
 
     path = str(tmp_path / f"{model}.pt")
@@ -408,13 +407,10 @@ def test_the_cpp_front_end_follows_the_fake_gpu_as_real_torch_runs(gpu, model, t
                               else (_ScriptedLstm(), "20x8x32", 0))
     torch.jit.save(torch.jit.script(module), path)
     real = measure(ORACLE, native.gpu(gpu), PROLOGUE + SCRIPT_STEP, path, shape, str(classes))
-    env = dict(os.environ, METAMEM_FAKE_GPU=ORACLE, METAMEM_PYTHON=sys.executable)
-    run = subprocess.run([os.environ["METAMEM_BIN"], "profile", "--model", path, "--input", shape, "--loss",
-                          f"cross_entropy:{classes}" if classes else "sum", "--device", "cuda", "--gpu", gpu,
-                          "--format", "json"], env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr
-    predicted = json.loads(run.stdout)["predicted"]
-    assert [predicted["allocator_allocated_peak_bytes"], predicted["allocator_reserved_peak_bytes"]] == real
+    predicted = sweep.traced(os.environ["METAMEM_BIN"], ORACLE,
+                             ["--model", path, "--input", shape, "--loss",
+                              f"cross_entropy:{classes}" if classes else "sum", "--device", "cuda", "--gpu", gpu])
+    assert list(predicted) == real
 
 
 # The zoo's steps in CI, one GPU each: cuDNN's convolutions under autocast,
@@ -450,13 +446,11 @@ def test_the_zoos_real_run_writes_what_it_asked_the_allocator(tmp_path):
     # Real torch's own allocations and frees (its allocator's recorded
     # history), which the simulator replays as torch's allocator does.
     import subprocess
-    from metamem._fake_gpu import environment
+    import zoo_fake_gpu_sweep as sweep
 
     events = str(tmp_path / "events.txt")
-    run = subprocess.run([os.path.join(ORACLE, "metamem-zoo-on-fake-gpu"), "--model", "resnet18", "--batch", "2",
-                          "--image", "32", "--optimizer", "adamw", "--device", "cuda", "--gpu", "A100-80GB",
-                          "--allocator-events", events], env=environment(ORACLE), capture_output=True, text=True,
-                         timeout=300)
+    run = sweep.real_run(ORACLE, "--model", "resnet18", "--batch", "2", "--image", "32", "--optimizer", "adamw",
+                         "--device", "cuda", "--gpu", "A100-80GB", "--allocator-events", events)
     assert run.returncode == 0, run.stderr
     lines = open(events).read().splitlines()
     assert lines[0] == "metamem allocator events 1"
@@ -468,21 +462,16 @@ def test_the_zoos_real_run_writes_what_it_asked_the_allocator(tmp_path):
 
 @needs_fake_gpu
 def test_the_zoos_real_run_names_what_it_cannot_run(tmp_path):
-    import subprocess
     import torch
-    from metamem._fake_gpu import environment
-
-    def run(*flags):
-        return subprocess.run([os.path.join(ORACLE, "metamem-zoo-on-fake-gpu"), *flags], env=environment(ORACLE),
-                              capture_output=True, text=True, timeout=300)
+    from zoo_fake_gpu_sweep import real_run
 
     path = str(tmp_path / "linear.pt")
     torch.jit.save(torch.jit.script(torch.nn.Linear(4, 4)), path)
-    scripted = run("--model", path, "--input", "2x4")
+    scripted = real_run(ORACLE, "--model", path, "--input", "2x4")
     assert scripted.returncode == 2 and "moves its model with Module::to: not a C++ module" in scripted.stderr
-    on_cpu = run("--model", "mlp", "--device", "cpu")
+    on_cpu = real_run(ORACLE, "--model", "mlp", "--device", "cpu")
     assert on_cpu.returncode == 2 and "the fake GPU runs --device cuda" in on_cpu.stderr
-    unknown = run("--model", "mlp", "--device", "cuda", "--gpu", "H900")
+    unknown = real_run(ORACLE, "--model", "mlp", "--device", "cuda", "--gpu", "H900")
     assert unknown.returncode == 2 and "H900" in unknown.stderr
 
 

@@ -62,22 +62,33 @@ def cases():
     return out
 
 
+def real_run(oracle, *flags):
+    """metamem-zoo-on-fake-gpu run with `flags` on the fake GPU of `oracle`
+    (the finished process)."""
+    return subprocess.run([os.path.join(oracle, "metamem-zoo-on-fake-gpu"), *flags], env=environment(oracle),
+                          capture_output=True, text=True, timeout=900)
+
+
+def traced(metamem, oracle, flags):
+    """`metamem profile FLAGS` following the fake GPU of `oracle`: max
+    allocated and max reserved of the measured step."""
+    env = dict(os.environ, METAMEM_FAKE_GPU=oracle, METAMEM_PYTHON=sys.executable)
+    run = subprocess.run([metamem, "profile", *flags, "--format", "json"], env=env, capture_output=True, text=True,
+                         timeout=900)
+    if run.returncode != 0:
+        raise RuntimeError(f"the trace failed: {run.stderr.strip()}")
+    predicted = json.loads(run.stdout)["predicted"]
+    return predicted["allocator_allocated_peak_bytes"], predicted["allocator_reserved_peak_bytes"]
+
+
 def measured(metamem, oracle, flags, gpu):
     """(traced, real): max allocated and max reserved of the measured step."""
     flags = [*flags, "--device", "cuda", "--gpu", gpu]
-    real = subprocess.run([os.path.join(oracle, "metamem-zoo-on-fake-gpu"), *flags], env=environment(oracle),
-                          capture_output=True, text=True, timeout=900)
+    real = real_run(oracle, *flags)
     if real.returncode != 0:
         raise RuntimeError(f"the real run failed: {real.stderr.strip()}")
     steps = json.loads(real.stdout)
-    env = dict(os.environ, METAMEM_FAKE_GPU=oracle, METAMEM_PYTHON=sys.executable)
-    traced = subprocess.run([metamem, "profile", *flags, "--format", "json"], env=env, capture_output=True,
-                            text=True, timeout=900)
-    if traced.returncode != 0:
-        raise RuntimeError(f"the trace failed: {traced.stderr.strip()}")
-    predicted = json.loads(traced.stdout)["predicted"]
-    return ((predicted["allocator_allocated_peak_bytes"], predicted["allocator_reserved_peak_bytes"]),
-            (steps["allocated"][-1], steps["reserved"][-1]))
+    return traced(metamem, oracle, flags), (steps["allocated"][-1], steps["reserved"][-1])
 
 
 def main():
