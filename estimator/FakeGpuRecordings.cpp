@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -20,9 +21,9 @@
 #include <mutex>
 #include <stdexcept>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "meta/MetaMode.h"
+#include "meta/KernelRecording.h"
 
 extern char** environ;
 
@@ -274,53 +275,22 @@ const std::vector<std::string>& recorded_ops() {
 ScratchPlan recorded_plan(const std::string& text) {
   const json recording = json::parse(text);
   if (recording.contains("error")) throw std::runtime_error(recording["error"].get<std::string>());
-  const json& events = recording.at("events");
-  // A return's address, or each of a list's (cuDNN's RNN weight
-  // gradients): a list is made as one step, where its first buffer is.
-  std::unordered_map<std::int64_t, std::size_t> returns;
-  for (std::size_t r = 0; r < recording.at("returns").size(); ++r) {
-    const json& addresses = recording["returns"][r];
-    for (const json& address : addresses.is_array() ? addresses : json::array({addresses}))
-      if (address.get<std::int64_t>() != 0) returns[address.get<std::int64_t>()] = r;
-  }
-  // Kept: made and not freed inside the call.
-  std::vector<bool> kept(events.size());
-  std::unordered_set<std::int64_t> freed;
-  for (std::size_t i = events.size(); i-- > 0;) {
-    const auto address = events[i][1].get<std::int64_t>();
-    if (events[i][0] == "alloc") {
-      kept[i] = !freed.contains(address);
-      freed.erase(address);
-    } else {
-      freed.insert(address);
-    }
-  }
+  KernelRecording call;
+  for (const json& event : recording.at("events"))
+    call.events.push_back({event[0] == "alloc", event[1].get<std::int64_t>(), event[2].get<std::int64_t>()});
+  for (const json& addresses : recording.at("returns"))
+    call.returns.push_back(addresses.is_array() ? addresses.get<std::vector<std::int64_t>>()
+                                                : std::vector<std::int64_t>{addresses.get<std::int64_t>()});
+  call.sizes = recording.at("sizes").get<std::vector<std::vector<std::int64_t>>>();
+  call.strides = recording.at("strides").get<std::vector<std::vector<std::int64_t>>>();
   ScratchPlan plan;
-  plan.recorded = true;
-  plan.return_sizes = recording.at("sizes").get<std::vector<std::vector<std::int64_t>>>();
-  plan.return_strides = recording.at("strides").get<std::vector<std::vector<std::int64_t>>>();
-  std::unordered_map<std::int64_t, std::size_t> pieces;
-  std::unordered_set<std::size_t> placed;
-  int cublas_workspaces = 0;
-  for (std::size_t i = 0; i < events.size(); ++i) {
-    const auto address = events[i][1].get<std::int64_t>();
-    if (events[i][0] != "alloc") {
-      const auto piece = pieces.find(address);
-      if (piece == pieces.end())
-        throw std::runtime_error("metamem: the fake GPU's recording frees a block it did not make: " + text);
-      plan.free(piece->second);
-      pieces.erase(piece);
-    } else if (const auto r = returns.find(address); kept[i] && r != returns.end()) {
-      if (placed.insert(r->second).second) plan.output(r->second);
-      returns.erase(r);
-    } else if (kept[i]) {
-      plan.cublas_call();
-      ++cublas_workspaces;
-    } else {
-      pieces[address] = plan.make(events[i][2].get<std::int64_t>());
-    }
+  try {
+    plan = plan_of(call, "the fake GPU's recording");
+  } catch (const std::runtime_error& error) {
+    throw std::runtime_error(error.what() + (": " + text));
   }
-  if (cublas_workspaces > 1)
+  if (std::count_if(plan.steps.begin(), plan.steps.end(),
+                    [](const ScratchPlan::Step& step) { return step.kind == ScratchPlan::Step::Kind::CublasCall; }) > 1)
     throw std::runtime_error("metamem: the fake GPU's recording keeps more than a cuBLAS workspace: " + text);
   return plan;
 }

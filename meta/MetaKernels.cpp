@@ -680,6 +680,7 @@ const std::unordered_map<std::string, OwnKernel>& own_kernels() {
     for (auto& entry : cuda_attention_kernels()) all.insert(std::move(entry));
     for (auto& entry : ctc_loss_kernels()) all.insert(std::move(entry));
     for (auto& entry : cudnn_rnn_kernels()) all.insert(std::move(entry));
+    for (auto& entry : onednn_rnn_kernels()) all.insert(std::move(entry));
     return all;
   }();
   return kernels;

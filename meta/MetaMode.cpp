@@ -28,6 +28,7 @@
 #include "meta/KnownValues.h"
 #include "meta/MetaKernels.h"
 #include "meta/MetaTensor.h"
+#include "meta/OneDnnRnn.h"
 #include "meta/OwnKernel.h"
 #include "meta/TensorArguments.h"
 
@@ -159,6 +160,10 @@ std::unordered_map<const c10::OperatorName*, c10::SmallVector<std::size_t, 8>> g
 std::unordered_map<const c10::OperatorName*, std::string> g_recorded_ops;
 RecordedPlans g_recorded_plans;
 
+// The ops a CPU trace takes from recordings of the real CPU kernel
+// (meta/OneDnnRnn.h), likewise.
+std::unordered_map<const c10::OperatorName*, std::string> g_onednn_ops;
+
 // metamem's own meta kernels by op, likewise.
 std::unordered_map<const c10::OperatorName*, const c10::KernelFunction*> g_own_kernels;
 
@@ -170,9 +175,19 @@ std::unordered_map<const c10::OperatorName*, const c10::KernelFunction*> g_own_k
 // make_the_rest().
 class KernelScratch {
  public:
-  KernelScratch(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments, MetaObserver* observer)
+  // `device`: where the op runs (the host's kernels are the CPU's, also in
+  // a fake-cuda trace that keeps host tensors there).
+  KernelScratch(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments, MetaObserver* observer,
+                c10::Device device)
       : observer_(observer) {
-    if (observer_ == nullptr || !g_mode.device.is_cuda()) return;
+    if (device.is_cpu()) {
+      if (const auto recorded = g_onednn_ops.find(&op.operator_name()); recorded != g_onednn_ops.end()) {
+        plan_ = onednn_rnn_plan(recorded->second, arguments);
+        if (observer_ == nullptr) plan_.steps.clear();  // untraced host memory: the returns' sizes alone
+      }
+      return;
+    }
+    if (observer_ == nullptr) return;
     if (const auto recorded = g_recorded_ops.find(&op.operator_name()); recorded != g_recorded_ops.end())
       if (std::optional<ScratchPlan> plan = g_recorded_plans(recorded->second, arguments)) {
         plan_ = std::move(*plan);
@@ -619,7 +634,7 @@ void meta_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto* observer = g_mode.observer.load(std::memory_order_acquire);
   // A host op's temporaries are host memory: none of the device's.
   auto* device_observer = on_host(device) ? nullptr : observer;
-  KernelScratch scratch(op, original_args, device_observer);
+  KernelScratch scratch(op, original_args, device_observer, device);
   const bool first_draw = first_draw_of_capture(op, original_args);
   if (first_draw && draws_before_outputs(op)) make_draw_state();
   {
@@ -723,23 +738,6 @@ void is_pinned(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   stack->emplace_back(!on_device);
 }
 
-// A CPU LSTM takes oneDNN's RNN layer while oneDNN is on, and its
-// workspace and weight reorders are oneDNN's own, whose sizes only oneDNN
-// knows (its symbols are hidden in libtorch). A trace takes the native
-// cells, as the real CPU run it is checked against does (oneDNN off, as for
-// convolutions); on fake cuda oneDNN is not a choice. The flag is off only
-// while the LSTM decomposes.
-void lstm_without_onednn(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto& context = at::globalContext();
-  struct Restore {
-    at::Context& context;
-    bool enabled;
-    ~Restore() { context.setUserEnabledMkldnn(enabled); }
-  } restore{context, context.userEnabledMkldnn()};
-  context.setUserEnabledMkldnn(false);
-  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), stack);
-}
-
 // Registrations live as long as the process.
 void register_meta_kernel() {
   auto& dispatcher = c10::Dispatcher::singleton();
@@ -793,6 +791,8 @@ void register_meta_kernel() {
     if (qualified == "aten::_thnn_fused_gru_cell")
       g_allocation_orders.emplace(&op->operator_name(), c10::SmallVector<std::size_t, 8>{1, 0});
     if (qualified == kValueRead) g_value_read = &op->operator_name();
+    for (const std::string& recorded : onednn_recorded_ops())
+      if (qualified == recorded) g_onednn_ops.emplace(&op->operator_name(), qualified);
     if (const c10::KernelFunction* kernel = own_meta_kernel(qualified))
       g_own_kernels.emplace(&op->operator_name(), kernel);
     if (qualified.rfind("profiler::", 0) == 0) {
@@ -817,13 +817,6 @@ void register_meta_kernel() {
     if (const auto kernel = reading.find(qualified); kernel != reading.end()) {
       handles->push_back(dispatcher.registerImpl(name, c10::DispatchKey::PrivateUse1, kernel->second, c10::nullopt,
                                                  nullptr, "metamem: a kernel reading values"));
-      continue;
-    }
-    if (qualified == "aten::lstm.input") {
-      handles->push_back(dispatcher.registerImpl(
-          name, c10::DispatchKey::AutogradPrivateUse1,
-          c10::KernelFunction::makeFromBoxedFunction<&lstm_without_onednn>(), c10::nullopt, nullptr,
-          "metamem: the native LSTM"));
       continue;
     }
     if (runs_shared_backend_code(qualified)) {

@@ -52,6 +52,10 @@ std::vector<std::pair<std::string, c10::KernelFunction>> packed_sequence_composi
 // (meta/CudnnRnn.cpp).
 std::vector<OwnKernelEntry> cudnn_rnn_kernels();
 
+// oneDNN's RNN layer, forward and backward, whose recordings size what they
+// hold (meta/OneDnnRnn.cpp).
+std::vector<OwnKernelEntry> onednn_rnn_kernels();
+
 // scaled_dot_product_attention's CUDA kernels (meta/CudaAttention.cpp):
 // FlashAttention, memory-efficient and cuDNN attention, forward and backward.
 std::vector<OwnKernelEntry> cuda_attention_kernels();

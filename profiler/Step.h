@@ -157,7 +157,10 @@ Trace trace_step(const StepBuilder& build, c10::Device fake_device, const StepOp
 // model's: oneDNN's allocate internal reorders and scratchpads that no meta
 // kernel can know, and NNPACK's (which torch takes for a forward of 16
 // samples or more) a workspace of its own sizing. Real CPU runs compared
-// with traces run under it.
+// with traces run under it. An LSTM keeps oneDNN's flag as it was (oneDNN's
+// RNN layer, on by default, which a trace records: meta/OneDnnRnn.h);
+// torch's flag is one for both, so that this holds for the process while
+// one is alive.
 class NativeCpuConvolution {
  public:
   NativeCpuConvolution();

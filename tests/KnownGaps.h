@@ -19,8 +19,8 @@ struct KnownGap {
 };
 
 inline const KnownGap* known_gap() {
-  // None today: torch 2.14's CPU LSTM, the last, is traced on its native
-  // cells, as the real run takes them with oneDNN off.
+  // None today: torch 2.14's CPU LSTM, the last, is traced as oneDNN's RNN
+  // layer runs it (meta/OneDnnRnn.h).
   static const std::unordered_map<std::string, KnownGap> gaps = {};
   const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
   const auto it = gaps.find(std::string(test->test_suite_name()) + "." + test->name());

@@ -545,6 +545,20 @@ def test_host_tensors_stay_on_the_host_when_asked():
             pass
 
 
+def test_an_lstm_on_host_tensors_runs_on_the_host_in_a_fake_cuda_trace():
+    # The host's LSTM is the CPU's (oneDNN's layer where oneDNN is on): it
+    # runs there and holds none of the GPU's memory; its output copied over
+    # and summed is all the GPU holds.
+    lstm = torch.nn.LSTM(16, 32)
+    for onednn in (True, False):
+        with torch.backends.mkldnn.flags(enabled=onednn), \
+                metamem.trace(device="cuda", host_tensors="host") as t:
+            out, _ = lstm(torch.randn(5, 3, 16))
+            assert out.device.type == "cpu"
+            out.cuda().sum()
+        assert t.peak_bytes == 5 * 3 * 32 * 4 + 4
+
+
 # Ops on a device tensor and a host tensor, as a script may mix them by
 # mistake: each case's outcome ("ok", or the start of torch's error).
 MIXED_DEVICES = """
