@@ -738,24 +738,63 @@ void is_pinned(const c10::OperatorHandle&, torch::jit::Stack* stack) {
   stack->emplace_back(!on_device);
 }
 
-// Registrations live as long as the process.
+// The ops defined in the process that no trace has registered kernels for
+// yet: all of them at the first trace, then those a library defines later
+// (transformers' MoE fallback, a custom op, when its module is imported).
+// A composite kernel wins over the PrivateUse1 fallback, so an op defined
+// after the first trace without its own kernel there would run its real
+// implementation on MetaTensors.
+class NewOperators final : public c10::OpRegistrationListener {
+ public:
+  void onOperatorRegistered(const c10::OperatorHandle& op) override {
+    std::lock_guard<std::mutex> hold(lock_);
+    pending_.push_back(op.operator_name());
+  }
+  void onOperatorDeregistered(const c10::OperatorHandle&) override {}
+
+  std::vector<c10::OperatorName> take() {
+    std::lock_guard<std::mutex> hold(lock_);
+    return std::exchange(pending_, {});
+  }
+
+ private:
+  std::mutex lock_;
+  std::vector<c10::OperatorName> pending_;
+};
+
+// Registrations live as long as the process. Called as each trace starts
+// (one at a time), for the ops defined since the last.
 void register_meta_kernel() {
   auto& dispatcher = c10::Dispatcher::singleton();
-  auto* handles = new std::vector<c10::RegistrationHandleRAII>();
+  static auto* handles = new std::vector<c10::RegistrationHandleRAII>();
+  static NewOperators* new_operators = [] {
+    auto listener = std::make_unique<NewOperators>();
+    NewOperators* operators = listener.get();  // told of every op defined so far, then of each new one
+    handles->push_back(c10::Dispatcher::singleton().addRegistrationListener(std::move(listener)));
+    handles->push_back(c10::Dispatcher::singleton().registerFallback(
+        c10::DispatchKey::PrivateUse1, c10::KernelFunction::makeFromBoxedFunction<&meta_kernel>(),
+        "metamem fallback"));
+    return operators;
+  }();
   // Composites that read values through data_ptr, replaced for MetaTensors.
-  std::unordered_map<std::string, c10::KernelFunction> composites;
-  for (auto& [op, kernel] : ctc_loss_composites()) composites.emplace("aten::" + op, std::move(kernel));
-  for (auto& [op, kernel] : packed_sequence_composites()) composites.emplace("aten::" + op, std::move(kernel));
+  static const auto composites = [] {
+    std::unordered_map<std::string, c10::KernelFunction> composites;
+    for (auto& [op, kernel] : ctc_loss_composites()) composites.emplace("aten::" + op, std::move(kernel));
+    for (auto& [op, kernel] : packed_sequence_composites()) composites.emplace("aten::" + op, std::move(kernel));
+    return composites;
+  }();
   // Kernels that read values through data_ptr, run below autograd on the
   // caller's tensors.
-  std::unordered_map<std::string, c10::KernelFunction> reading;
-  for (auto& [op, kernel] : packed_sequence_kernels()) reading.emplace("aten::" + op, std::move(kernel));
-  handles->push_back(dispatcher.registerFallback(
-      c10::DispatchKey::PrivateUse1, c10::KernelFunction::makeFromBoxedFunction<&meta_kernel>(),
-      "metamem fallback"));
-  for (const auto& name : dispatcher.getAllOpNames()) {
+  static const auto reading = [] {
+    std::unordered_map<std::string, c10::KernelFunction> reading;
+    for (auto& [op, kernel] : packed_sequence_kernels()) reading.emplace("aten::" + op, std::move(kernel));
+    return reading;
+  }();
+  // An op defined again (a test's scoped library) keeps the kernels it got.
+  static std::unordered_set<c10::OperatorName> registered;
+  for (const auto& name : new_operators->take()) {
     auto op = dispatcher.findSchema(name);
-    if (!op) continue;
+    if (!op || !registered.insert(name).second) continue;
     const std::string qualified =
         name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
     if (ScratchModel model = cpu_scratch_model(qualified))
@@ -959,10 +998,8 @@ void run_cpp_meta_kernels_in_traces(const std::vector<std::string>& ops,
 
 void register_meta_kernels() {
   static std::once_flag registered;
-  std::call_once(registered, [] {
-    register_meta_kernel();
-    register_missing_meta_kernels();
-  });
+  std::call_once(registered, register_missing_meta_kernels);
+  register_meta_kernel();
 }
 
 bool meta_mode_active() { return g_mode.active.load(); }

@@ -101,9 +101,10 @@ class TraceEndedError : public c10::Error {
 using ErrorReporter = void (*)(const c10::Error& error);
 void set_error_reporter(ErrorReporter reporter);
 
-// Registers metamem's kernels with the dispatcher, once per process (a
-// tenth of a second or more); the first MetaMode does it otherwise. A
-// process that forks tracing workers does it first, for all of them.
+// Registers metamem's kernels with the dispatcher: for every op the first
+// time (a tenth of a second or more), then for the ops defined since (a
+// library's custom ops). Each MetaMode does it as it starts; a process
+// that forks tracing workers does it first, for all of them.
 void register_meta_kernels();
 
 // torch's Python package registers meta functions at the Meta key above

@@ -861,3 +861,24 @@ def test_packing_checks_the_lengths_it_reads_and_stops_where_it_does_not_know_th
             x = torch.randn(10, 4, 8, device="cuda")
             torch.nn.utils.rnn.pack_padded_sequence(x, torch.empty(4, dtype=torch.long))  # values never written
 
+
+def test_a_custom_op_defined_after_a_trace_is_traced_by_its_fake_implementation():
+    # A library that defines an op when one of its modules is first imported
+    # (transformers' MoE fallback on GPUs before sm80) may do so after the
+    # process's first trace. Its implementation reads values a trace does not
+    # have; its fake implementation gives the shape.
+    with metamem.trace(device="cpu"):
+        torch.ones(2).add_(1)
+
+    @torch.library.custom_op("metamem_test::defined_late", mutates_args=())
+    def defined_late(x: torch.Tensor) -> torch.Tensor:
+        return x.new_zeros(int(x.sum().item()))
+
+    @defined_late.register_fake
+    def _(x):
+        return x.new_empty(2 * x.shape[0])
+
+    with metamem.trace(device="cpu") as t:
+        y = defined_late(torch.ones(16))
+        assert y.shape == (32,)
+    assert t.peak_bytes == 16 * 4 + 32 * 4
