@@ -16,11 +16,10 @@
 namespace metamem {
 namespace {
 
-void check_recorded(const char* op) {
-  TORCH_CHECK_NOT_IMPLEMENTED(in_recorded_call(), op,
-                              " sizes what it holds as cuDNN chooses, which a trace learns from the fake GPU "
-                              "(trace(fake_gpu=...)). It has no recording of this call.");
-}
+// Where a call has no recording.
+constexpr const char* kNoRecording =
+    " sizes what it holds as cuDNN chooses, which a trace learns from the fake GPU "
+    "(trace(fake_gpu=...)). It has no recording of this call.";
 
 // A contiguous tensor like `like`, or none like none (an RNN's cell state).
 at::Tensor empty_like_defined(const at::Tensor& like) {
@@ -36,7 +35,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> cudnn_rnn
     const at::Tensor& input, at::TensorList, int64_t, const std::optional<at::Tensor>& weight_buf,
     const at::Tensor& hx, const std::optional<at::Tensor>& cx, int64_t, c10::SymInt, c10::SymInt, int64_t,
     bool, double, bool, bool bidirectional, c10::SymIntArrayRef, const std::optional<at::Tensor>&) {
-  check_recorded("aten::_cudnn_rnn");
+  check_recorded_call("aten::_cudnn_rnn", kNoRecording);
   std::vector<int64_t> sizes = input.sizes().vec();
   sizes.back() = hx.size(2) * (bidirectional ? 2 : 1);
   const at::TensorOptions bytes = input.options().dtype(at::kByte);
@@ -60,7 +59,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, std::vector<at::Tensor>> cudnn_rn
     c10::SymInt, int64_t,
     bool, double, bool, bool, c10::SymIntArrayRef, const std::optional<at::Tensor>&, const at::Tensor&,
     std::array<bool, 4> output_mask) {
-  check_recorded("aten::_cudnn_rnn_backward");
+  check_recorded_call("aten::_cudnn_rnn_backward", kNoRecording);
   auto given = [](const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); };
   if (!given(grad_output) && !given(grad_hy) && !given(grad_cy))
     return {at::Tensor(), at::Tensor(), at::Tensor(), std::vector<at::Tensor>(weight.size())};
@@ -82,7 +81,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, std::vector<at::Tensor>> cudnn_rn
 // cuDNN's dropout state: bytes, as many as cuDNN asks for the GPU (recorded).
 at::Tensor cudnn_init_dropout_state(double, bool, int64_t, std::optional<at::ScalarType>,
                                     std::optional<at::Layout>, std::optional<at::Device>, std::optional<bool>) {
-  check_recorded("aten::_cudnn_init_dropout_state");
+  check_recorded_call("aten::_cudnn_init_dropout_state", kNoRecording);
   return at::empty({0}, at::TensorOptions().dtype(at::kByte).device(at::kMeta));
 }
 

@@ -1013,6 +1013,10 @@ bool PlaceholderValues::active() { return g_placeholder_values.load(); }
 
 bool in_recorded_call() { return t_recorded_call; }
 
+void check_recorded_call(const char* op, const char* why) {
+  TORCH_CHECK_NOT_IMPLEMENTED(in_recorded_call(), op, why);
+}
+
 void set_recorded_plans(const std::vector<std::string>& ops, RecordedPlans source) {
   g_recorded_ops.clear();
   g_recorded_plans = std::move(source);

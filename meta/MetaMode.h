@@ -206,8 +206,12 @@ using RecordedPlans =
 void set_recorded_plans(const std::vector<std::string>& ops, RecordedPlans source);
 
 // Whether the kernel running on this thread follows a recording: cuDNN's
-// RNN kernels size their reserve space from it, and stop without one.
+// RNN kernels size their reserve space from it, oneDNN's its workspace, and
+// they stop without one.
 bool in_recorded_call();
+// Stops such a kernel where it follows none: `op`, then `why` (whose
+// recording it needs).
+void check_recorded_call(const char* op, const char* why);
 
 // Stops the trace where `op`'s kernel needs values of its arguments that
 // the trace does not know, saying `why` (a ValueReadError in Python).

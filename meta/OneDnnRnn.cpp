@@ -27,11 +27,10 @@
 namespace metamem {
 namespace {
 
-void check_recorded(const char* op) {
-  TORCH_CHECK_NOT_IMPLEMENTED(in_recorded_call(), op,
-                              " holds what oneDNN chooses for this CPU, which a CPU trace records from the real "
-                              "layer; this call has no recording (a trace on fake cuda never takes oneDNN).");
-}
+// Where a call has no recording.
+constexpr const char* kNoRecording =
+    " holds what oneDNN chooses for this CPU, which a CPU trace records from the real "
+    "layer; this call has no recording (a trace on fake cuda never takes oneDNN).";
 
 // Forward: the output (time-major: the LSTM's own code made the input so),
 // the last hidden and cell states, and the workspace (its bytes recorded).
@@ -39,7 +38,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> mkldnn_rnn_layer(
     const at::Tensor& input, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
     const at::Tensor& hx, const at::Tensor& cx, bool, at::IntArrayRef, int64_t, int64_t hidden_size, int64_t, bool,
     bool, bool, bool) {
-  check_recorded("aten::mkldnn_rnn_layer");
+  check_recorded_call("aten::mkldnn_rnn_layer", kNoRecording);
   return {at::empty({input.size(0), input.size(1), hidden_size}, input.options()),
           at::empty(hx.sizes(), hx.options()), at::empty(cx.sizes(), cx.options()),
           at::empty({0}, input.options().dtype(at::kByte))};
@@ -54,7 +53,7 @@ mkldnn_rnn_layer_backward(const at::Tensor& input, const at::Tensor& weight_ih, 
                           const std::optional<at::Tensor>& grad_output, const std::optional<at::Tensor>& grad_hy,
                           const std::optional<at::Tensor>& grad_cy, bool, int64_t, int64_t, int64_t, bool, bool, bool,
                           at::IntArrayRef, bool, const at::Tensor&) {
-  check_recorded("aten::mkldnn_rnn_layer_backward");
+  check_recorded_call("aten::mkldnn_rnn_layer_backward", kNoRecording);
   auto given = [](const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); };
   if (!given(grad_output) && !given(grad_hy) && !given(grad_cy)) return {};
   auto f32 = [](const at::Tensor& like) { return at::empty(like.sizes(), like.options().dtype(at::kFloat)); };
