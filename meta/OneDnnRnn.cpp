@@ -5,9 +5,9 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <c10/core/GradMode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/Allocator.h>
+#include <c10/core/GradMode.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
 
 #include <cstdlib>
@@ -45,10 +45,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> mkldnn_rnn_layer(
 }
 
 // Backward: float gradients of the input, the two weights, the combined
-// bias (twice: bias_ih's and bias_hh's are equal) and the initial states.
+// bias (twice: bias_ih's and bias_hh's are equal; one per gate row of
+// weight_ih, also where the layer has no biases) and the initial states.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 mkldnn_rnn_layer_backward(const at::Tensor& input, const at::Tensor& weight_ih, const at::Tensor& weight_hh,
-                          const at::Tensor& bias_ih, const at::Tensor&, const at::Tensor& hx, const at::Tensor& cx,
+                          const at::Tensor&, const at::Tensor&, const at::Tensor& hx, const at::Tensor& cx,
                           const at::Tensor&, const at::Tensor&, const at::Tensor&,
                           const std::optional<at::Tensor>& grad_output, const std::optional<at::Tensor>& grad_hy,
                           const std::optional<at::Tensor>& grad_cy, bool, int64_t, int64_t, int64_t, bool, bool, bool,
@@ -56,8 +57,10 @@ mkldnn_rnn_layer_backward(const at::Tensor& input, const at::Tensor& weight_ih, 
   check_recorded_call("aten::mkldnn_rnn_layer_backward", kNoRecording);
   auto given = [](const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); };
   if (!given(grad_output) && !given(grad_hy) && !given(grad_cy)) return {};
-  auto f32 = [](const at::Tensor& like) { return at::empty(like.sizes(), like.options().dtype(at::kFloat)); };
-  return {f32(input), f32(weight_ih), f32(weight_hh), f32(bias_ih), f32(bias_ih), f32(hx), f32(cx)};
+  const at::TensorOptions f32 = input.options().dtype(at::kFloat);
+  auto like = [&](const at::Tensor& t) { return at::empty(t.sizes(), f32); };
+  return {like(input), like(weight_ih), like(weight_hh), at::empty({weight_ih.size(0)}, f32),
+          at::empty({weight_ih.size(0)}, f32), like(hx), like(cx)};
 }
 
 // What the CPU allocator reports on this thread while it is installed:

@@ -452,10 +452,6 @@ Trace traced_steps(const StepBuilder& build, c10::Device fake_device, const Step
   return phases.take();
 }
 
-}  // namespace
-
-namespace {
-
 // The oneDNN flag a CPU LSTM runs under while convolutions are native: the
 // outermost NativeCpuConvolution's, as the trace takes it.
 std::mutex g_lstm_lock;
