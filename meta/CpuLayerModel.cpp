@@ -90,18 +90,19 @@ bool runs_channels_last(const at::Tensor& input, at::IntArrayRef dilation) {
   return input.dim() == 4 && !dilated && input.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
 }
 
+// The 3-d kernels run contiguous: a channels-last weight is copied so.
 std::int64_t channels_last_weight_copy(const at::Tensor& input, const at::Tensor& weight,
                                        at::IntArrayRef dilation) {
+  if (input.dim() == 5) return copy_unless_contiguous(weight);
   return runs_channels_last(input, dilation) ? copy_unless_contiguous(weight, at::MemoryFormat::ChannelsLast) : 0;
 }
 
-// Before anything else the native paths (all but the undilated 3-d one)
-// make the input contiguous in the format they run in, a copy that lives
-// until the op returns: a view with gaps, or one whose layout is neither
-// format (a split of a transposed tensor, as CoaT's relative position
-// encoding convolves).
+// Before anything else the native paths make the input contiguous in the
+// format they run in, a copy that lives until the op returns: a view with
+// gaps, or one whose layout is neither format (a split of a transposed
+// tensor, as CoaT's relative position encoding convolves, or a
+// channels-last 3-d input, which slow_conv3d copies itself).
 std::int64_t backend_input_copy(const at::Tensor& input, at::IntArrayRef dilation) {
-  if (all_groups_at_once(input, dilation)) return 0;
   return copy_unless_contiguous(input, runs_channels_last(input, dilation) ? at::MemoryFormat::ChannelsLast
                                                                            : at::MemoryFormat::Contiguous);
 }
@@ -124,8 +125,7 @@ std::int64_t convolution(Args args, Args returns) {
       conv_columns_bytes(input, weight, output.sizes(), stride, padding, args[5].toIntVector());
   const auto dilation = args[5].toIntVector();
   const std::int64_t copies = channels_last_weight_copy(input, weight, dilation) + backend_input_copy(input, dilation);
-  if (groups == 1) return columns + copies;
-  if (all_groups_at_once(input, dilation)) return columns;
+  if (groups == 1 || all_groups_at_once(input, dilation)) return columns + copies;
   return copies + std::max(bytes_of(output), group_input_copy(input, groups, dilation) + columns);
 }
 
@@ -170,12 +170,14 @@ std::int64_t convolution_backward(Args args, Args) {
     // slow_conv3d computes the input gradient first, through columns
     // (input-sized for a pointwise kernel too), before the weight and bias
     // gradients exist; then the weight gradient through the input's
-    // columns. Each pass copies the output gradient contiguous anew.
+    // columns. Each pass copies the output gradient contiguous anew, and
+    // the tensor it multiplies by (a channels-last one).
     const std::int64_t later_gradients =
         (mask[1] ? bytes_of(weight) : 0) + (mask[2] ? weight.size(0) * element_size(weight) : 0);
-    const std::int64_t input_pass =
-        mask[0] ? grad_output_copy + (columns != 0 ? columns : bytes_of(input)) - later_gradients : 0;
-    const std::int64_t weight_pass = mask[1] ? grad_output_copy + columns : 0;
+    const std::int64_t input_pass = mask[0] ? grad_output_copy + copy_unless_contiguous(weight) +
+                                                  (columns != 0 ? columns : bytes_of(input)) - later_gradients
+                                            : 0;
+    const std::int64_t weight_pass = mask[1] ? grad_output_copy + copy_unless_contiguous(input) + columns : 0;
     return std::max({input_pass, weight_pass, std::int64_t{0}});
   }
   const std::int64_t copies = channels_last_weight_copy(input, weight, dilation) + backend_input_copy(input, dilation);

@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "meta/CpuKernelModel.h"
+#include "meta/CpuKernelRecording.h"
 #include "meta/CublasWorkspace.h"
 #include "meta/CudaAttention.h"
 #include "meta/CudaKernelPlans.h"
@@ -28,7 +29,6 @@
 #include "meta/KnownValues.h"
 #include "meta/MetaKernels.h"
 #include "meta/MetaTensor.h"
-#include "meta/OneDnnRnn.h"
 #include "meta/OwnKernel.h"
 #include "meta/TensorArguments.h"
 
@@ -160,9 +160,9 @@ std::unordered_map<const c10::OperatorName*, c10::SmallVector<std::size_t, 8>> g
 std::unordered_map<const c10::OperatorName*, std::string> g_recorded_ops;
 RecordedPlans g_recorded_plans;
 
-// The ops a CPU trace takes from recordings of the real CPU kernel
-// (meta/OneDnnRnn.h), likewise.
-std::unordered_map<const c10::OperatorName*, std::string> g_onednn_ops;
+// The ops a CPU trace may take from recordings of the real CPU kernel
+// (meta/CpuKernelRecording.h), likewise.
+std::unordered_map<const c10::OperatorName*, std::string> g_cpu_recorded_ops;
 
 // metamem's own meta kernels by op, likewise.
 std::unordered_map<const c10::OperatorName*, const c10::KernelFunction*> g_own_kernels;
@@ -181,8 +181,9 @@ class KernelScratch {
                 c10::Device device)
       : observer_(observer) {
     if (device.is_cpu()) {
-      if (const auto recorded = g_onednn_ops.find(&op.operator_name()); recorded != g_onednn_ops.end()) {
-        plan_ = onednn_rnn_plan(recorded->second, arguments);
+      const auto recorded = g_cpu_recorded_ops.find(&op.operator_name());
+      if (recorded != g_cpu_recorded_ops.end() && runs_a_recorded_cpu_kernel(recorded->second, arguments)) {
+        plan_ = recorded_cpu_plan(recorded->second, arguments);
         if (observer_ == nullptr) plan_.steps.clear();  // untraced host memory: the returns' sizes alone
       }
       return;
@@ -830,8 +831,8 @@ void register_meta_kernel() {
     if (qualified == "aten::_thnn_fused_gru_cell")
       g_allocation_orders.emplace(&op->operator_name(), c10::SmallVector<std::size_t, 8>{1, 0});
     if (qualified == kValueRead) g_value_read = &op->operator_name();
-    for (const std::string& recorded : onednn_recorded_ops())
-      if (qualified == recorded) g_onednn_ops.emplace(&op->operator_name(), qualified);
+    for (const std::string& recorded : cpu_recorded_ops())
+      if (qualified == recorded) g_cpu_recorded_ops.emplace(&op->operator_name(), qualified);
     if (const c10::KernelFunction* kernel = own_meta_kernel(qualified))
       g_own_kernels.emplace(&op->operator_name(), kernel);
     if (qualified.rfind("profiler::", 0) == 0) {

@@ -1,8 +1,6 @@
 #include "profiler/Step.h"
 
-#include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <torch/nn/module.h>
 #include <torch/optim/adam.h>
@@ -15,7 +13,6 @@
 #include <algorithm>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <numeric>
 #include <optional>
 #include <stdexcept>
@@ -452,48 +449,7 @@ Trace traced_steps(const StepBuilder& build, c10::Device fake_device, const Step
   return phases.take();
 }
 
-// The oneDNN flag a CPU LSTM runs under while convolutions are native: the
-// outermost NativeCpuConvolution's, as the trace takes it.
-std::mutex g_lstm_lock;
-int g_native_convolutions = 0;
-bool g_lstm_onednn = true;
-std::optional<c10::RegistrationHandleRAII> g_lstm_kernel;
-
-// aten::lstm on real CPU tensors, above its composite: oneDNN's flag as the
-// process had it for the call.
-void lstm_with_the_processs_onednn(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  auto& context = at::globalContext();
-  struct Restore {
-    at::Context& context;
-    bool enabled;
-    ~Restore() { context.setUserEnabledMkldnn(enabled); }
-  } restore{context, context.userEnabledMkldnn()};
-  context.setUserEnabledMkldnn(g_lstm_onednn);
-  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
-}
-
 }  // namespace
-
-NativeCpuConvolution::NativeCpuConvolution()
-    : mkldnn_was_(at::globalContext().userEnabledMkldnn()), nnpack_was_(at::globalContext().userEnabledNNPACK()) {
-  std::lock_guard<std::mutex> hold(g_lstm_lock);
-  if (g_native_convolutions++ == 0) {
-    g_lstm_onednn = mkldnn_was_;
-    g_lstm_kernel.emplace(c10::Dispatcher::singleton().registerImpl(
-        {"aten::lstm", "input"}, c10::DispatchKey::AutogradCPU,
-        c10::KernelFunction::makeFromBoxedFunction<&lstm_with_the_processs_onednn>(), std::nullopt, nullptr,
-        "metamem: a real CPU LSTM beside native convolutions"));
-  }
-  at::globalContext().setUserEnabledMkldnn(false);
-  at::globalContext().setUserEnabledNNPACK(false);
-}
-
-NativeCpuConvolution::~NativeCpuConvolution() {
-  at::globalContext().setUserEnabledMkldnn(mkldnn_was_);
-  at::globalContext().setUserEnabledNNPACK(nnpack_was_);
-  std::lock_guard<std::mutex> hold(g_lstm_lock);
-  if (--g_native_convolutions == 0) g_lstm_kernel.reset();
-}
 
 Optimizer parse_optimizer(const std::string& name) {
   if (name == "none") return Optimizer::None;
@@ -629,7 +585,6 @@ Trace trace_step(const StepBuilder& build, c10::Device fake_device, const StepOp
 
 std::vector<std::int64_t> achieved_cpu_step_peaks(const StepBuilder& build,
                                                   const StepOptions& options) {
-  NativeCpuConvolution native_convolution;
   CounterPhases phases;
   run_steps(build, options, phases);
   return phases.take();

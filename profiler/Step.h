@@ -153,27 +153,10 @@ void validate(const StepOptions& options);
 Trace trace_step(const StepBuilder& build, c10::Device fake_device, const StepOptions& options = {},
                  AllocationObserver* observer = nullptr);
 
-// While alive, CPU convolutions run libtorch's native kernels, the CPU
-// model's: oneDNN's allocate internal reorders and scratchpads that no meta
-// kernel can know, and NNPACK's (which torch takes for a forward of 16
-// samples or more) a workspace of its own sizing. Real CPU runs compared
-// with traces run under it. An LSTM keeps oneDNN's flag as it was (oneDNN's
-// RNN layer, on by default, which a trace records: meta/OneDnnRnn.h);
-// torch's flag is one for both, so that this holds for the process while
-// one is alive.
-class NativeCpuConvolution {
- public:
-  NativeCpuConvolution();
-  ~NativeCpuConvolution();
-  NativeCpuConvolution(const NativeCpuConvolution&) = delete;
-  NativeCpuConvolution& operator=(const NativeCpuConvolution&) = delete;
-
- private:
-  bool mkldnn_was_, nnpack_was_;
-};
-
 // The same steps on real CPU tensors: each step's peak bytes held through
 // the CPU allocator, from its start (model states and inputs live) to its end.
+// Its kernels are those the process's flags pick (oneDNN's convolutions and
+// LSTMs where oneDNN is on, as a trace records them).
 std::vector<std::int64_t> achieved_cpu_step_peaks(const StepBuilder& build,
                                                   const StepOptions& options = {});
 

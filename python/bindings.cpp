@@ -532,9 +532,8 @@ class Session {
 };
 
 // The peak bytes held through the CPU allocator while `step` runs, above
-// those held before (convolutions native: metamem models those kernels).
+// those held before.
 std::int64_t achieved_cpu(const py::function& step) {
-  NativeCpuConvolution native_convolution;
   CpuMemoryCounter counter;
   const std::int64_t before = CpuMemoryCounter::live_bytes();
   counter.reset_peak();

@@ -4,13 +4,12 @@
 #include <gtest/gtest.h>
 #include <torch/types.h>
 
-#include <ATen/Context.h>
-
 #include <functional>
 
 #include "profiler/CpuMemoryCounter.h"
 #include "profiler/Tracer.h"
 #include "tests/FunctionStep.h"
+#include "tests/NativeCpuKernels.h"
 
 namespace metamem {
 namespace {
@@ -28,14 +27,11 @@ std::int64_t bytes_of(const Tensors& tensors) {
 
 // Peak bytes during `op` above the live bytes before it and its outputs.
 std::int64_t real_scratch(const MakeInputs& make, const RunOp& op) {
-  const bool mkldnn = at::globalContext().userEnabledMkldnn();
-  at::globalContext().setUserEnabledMkldnn(false);  // the native CPU kernels metamem models
   CpuMemoryCounter counter;
   Tensors inputs = make();
   const std::int64_t before = counter.live_bytes();
   counter.reset_peak();
   const Tensors outputs = op(inputs);
-  at::globalContext().setUserEnabledMkldnn(mkldnn);
   return counter.peak_bytes() - before - bytes_of(outputs);
 }
 
@@ -60,6 +56,7 @@ class CpuKernel : public ::testing::TestWithParam<KernelCase> {};
 
 TEST_P(CpuKernel, ScratchMatchesTheRealKernel) {
   const KernelCase& c = GetParam();
+  const testing::NativeCpuKernels native;  // the kernels metamem models, on both sides
   const std::int64_t real = real_scratch(c.make, c.op);
   RecordProperty("real_scratch", std::to_string(real));
   EXPECT_EQ(traced_scratch(c.make, c.op), real);

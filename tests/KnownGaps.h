@@ -20,7 +20,7 @@ struct KnownGap {
 
 inline const KnownGap* known_gap() {
   // None today: torch 2.14's CPU LSTM, the last, is traced as oneDNN's RNN
-  // layer runs it (meta/OneDnnRnn.h).
+  // layer runs it (meta/CpuKernelRecording.h).
   static const std::unordered_map<std::string, KnownGap> gaps = {};
   const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
   const auto it = gaps.find(std::string(test->test_suite_name()) + "." + test->name());

@@ -49,7 +49,7 @@ INSTANTIATE_TEST_SUITE_P(
     Zoo, ZooParity,
     ::testing::Values(small_model("mlp", 8, 0), small_model("mlp", 64, 0),
                       small_model("resnet18", 2, 32), small_model("resnet18", 4, 64),
-                      small_model("resnet18", 16, 64),  // NNPACK's forward, were it on
+                      small_model("resnet18", 16, 64),  // NNPACK's forward, were oneDNN off
                       small_model("resnet50", 2, 32), small_model("resnet50", 2, 64),
                       small_model("gpt2", 2, 16), small_model("gpt2", 4, 32), small_model("llama", 2, 16),
                       small_model("llama", 4, 32), with_flash_attention(small_model("gpt2", 2, 32)),

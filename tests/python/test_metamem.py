@@ -164,6 +164,99 @@ def test_onednns_lstm_holds_what_the_native_cells_do_not():
     assert peaks[True] > 1.3 * peaks[False]
 
 
+CONVOLUTIONS = {
+    # 20 samples: NNPACK's forward where oneDNN is off and NNPACK on.
+    "conv2d": (lambda: torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),
+                                           torch.nn.Conv2d(16, 32, 3, stride=2)), (20, 3, 32, 32)),
+    "grouped_dilated": (lambda: torch.nn.Sequential(torch.nn.Conv2d(16, 32, 3, groups=4, dilation=2),
+                                                    torch.nn.Conv2d(32, 32, 3, groups=32)), (4, 16, 24, 24)),
+    "conv1d": (lambda: torch.nn.Conv1d(8, 16, 5, padding=2, bias=False), (6, 8, 50)),
+    "conv3d": (lambda: torch.nn.Conv3d(4, 8, 3), (2, 4, 8, 12, 12)),
+    "transposed": (lambda: torch.nn.ConvTranspose2d(8, 4, 4, stride=2, padding=1, groups=2), (3, 8, 10, 10)),
+}
+
+
+@pytest.mark.parametrize("onednn, nnpack", [(True, True), (False, True), (False, False)],
+                         ids=["onednn", "nnpack", "native"])
+@pytest.mark.parametrize("variant", ["f32", "channels_last", "bf16_autocast", "no_grad"])
+@pytest.mark.parametrize("layers", CONVOLUTIONS)
+def test_a_cpu_convolution_is_traced_as_the_real_run_takes_it_under_the_processs_flags(layers, variant, onednn,
+                                                                                       nnpack):
+    # Torch gives a CPU convolution to oneDNN where it is on (its reorders
+    # and scratchpad a trace records from the real kernel), else to NNPACK
+    # or XNNPACK where they take it (recorded too), else to its native
+    # kernels (modelled).
+    make, shape = CONVOLUTIONS[layers]
+    if variant == "channels_last" and len(shape) == 3:
+        pytest.skip("a 1-d convolution has no channels-last format")
+
+    def step():
+        torch.manual_seed(0)
+        model, x = make(), torch.randn(*shape)
+        if variant == "channels_last":
+            layout = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
+            model, x = model.to(memory_format=layout), x.to(memory_format=layout)
+        if variant == "no_grad":
+            with torch.no_grad():
+                model(x)
+            return
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=variant == "bf16_autocast"):
+            y = model(x)
+        y.float().sum().backward()
+    with torch.backends.mkldnn.flags(enabled=onednn), torch.backends.nnpack.flags(enabled=nnpack):
+        traced, achieved = trace_and_run(step)
+        assert torch.backends.mkldnn.enabled == onednn and torch._nnpack_available() and \
+            torch._C._get_nnpack_enabled() == nnpack
+    if layers == "transposed" and variant == "bf16_autocast" and not onednn:
+        assert traced < achieved, "the known gap below is mended: drop this exception"
+        pytest.xfail("known gap (docs/accuracy.md): the native grouped transposed backward's bias gradient sums "
+                     "each group's bf16 output gradient in float, a temporary the CPU model lacks")
+    assert traced == achieved
+
+
+@pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "native"])
+@pytest.mark.parametrize("precision", ["f32", "bf16_autocast", "bf16", "f16"])
+def test_cpu_products_and_gelus_are_traced_as_the_real_run_takes_them(precision, onednn):
+    # oneDNN's matmul takes bf16 and f16 products where the CPU runs them
+    # in oneDNN, and its eltwise kernel float32 and bf16 GELUs: a trace
+    # records both from the real kernel.
+    dtype = {"f16": torch.float16, "bf16": torch.bfloat16}.get(precision, torch.float32)
+
+    def step():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.GELU(), torch.nn.Linear(96, 32)).to(dtype)
+        x = torch.randn(4, 16, 64, dtype=dtype, requires_grad=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16_autocast"):
+            y = model(x)
+            z = torch.bmm(y, y.transpose(1, 2)) + torch.mv(y[0], y[0, 0])[None, :, None]
+        z.float().sum().backward()
+    with torch.backends.mkldnn.flags(enabled=onednn):
+        traced, achieved = trace_and_run(step)
+    assert traced == achieved
+
+
+def test_onednns_and_nnpacks_convolutions_hold_what_the_native_ones_do_not():
+    # The check above can fail: the three paths' peaks differ.
+    make, shape = CONVOLUTIONS["conv3d"]
+
+    def step(make=make, shape=shape):
+        make()(torch.randn(*shape)).sum().backward()
+    peaks = {}
+    for onednn, nnpack in [(True, True), (False, True), (False, False)]:
+        with torch.backends.mkldnn.flags(enabled=onednn), torch.backends.nnpack.flags(enabled=nnpack), \
+                metamem.trace(device="cpu") as t:
+            step()
+        peaks[onednn, nnpack] = t.peak_bytes
+    assert peaks[True, True] < 0.5 * peaks[False, False]
+    make, shape = CONVOLUTIONS["conv2d"]
+    for nnpack in (True, False):
+        with torch.backends.mkldnn.flags(enabled=False), torch.backends.nnpack.flags(enabled=nnpack), \
+                metamem.trace(device="cpu") as t:
+            step(make, shape)
+        peaks[False, nnpack] = t.peak_bytes
+    assert peaks[False, True] < 0.8 * peaks[False, False]
+
+
 @pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
 def test_recomputed_modules_are_the_steps_recomputation_and_every_step_has_its_forward(reentrant):
     # torch.utils.checkpoint stops its (non-reentrant) recomputation with an
@@ -381,9 +474,19 @@ def test_sdpa_on_cpu_is_its_flash_kernel(dtype, mask, causal, length):
     # accumulation type) inside each OpenMP worker. metamem takes the
     # workers' buffers live at once, as on an idle machine; on a loaded one
     # the real run may finish one worker before the next starts, and come
-    # in under by exactly the buffers that did not overlap.
+    # in under by exactly the buffers that did not overlap. In bf16 and f16
+    # with oneDNN on, the kernel's products run through oneDNN, whose
+    # temporaries are a known gap (the test after this one): these run with
+    # oneDNN off.
     workers = min(torch.get_num_threads(), 2 * 3)
     row_sum = (32 if length < 192 else 64) * 4
+    step = sdpa_step(dtype, mask, causal, length)
+    with torch.backends.mkldnn.flags(enabled=dtype == torch.float32):
+        traced, achieved = trace_and_run(step)
+    assert traced - achieved in [k * row_sum for k in range(workers)]
+
+
+def sdpa_step(dtype, mask, causal, length):
     def step():
         q, k, v = (torch.randn(2, length, 3, 8, dtype=dtype, requires_grad=True) for _ in range(3))
         attn_mask = {None: None,
@@ -392,8 +495,20 @@ def test_sdpa_on_cpu_is_its_flash_kernel(dtype, mask, causal, length):
         out = torch.nn.functional.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask, is_causal=causal)
         out.transpose(1, 2).reshape(2, length, 24).pow(2).sum().backward()
-    traced, achieved = trace_and_run(step)
-    assert traced - achieved in [k * row_sum for k in range(workers)]
+    return step
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+def test_sdpa_on_cpu_in_half_precision_with_onednn_on_is_a_known_gap(dtype):
+    # The flash backward's products go to oneDNN's gemm where oneDNN runs
+    # the dtype, each holding a temporary of oneDNN's sizing inside its
+    # worker (docs/accuracy.md); the trace has none. When this fails, the
+    # gap is mended: fold these cases into the test above.
+    if not {torch.bfloat16: torch.ops.mkldnn._is_mkldnn_bf16_supported,
+            torch.float16: torch.ops.mkldnn._is_mkldnn_fp16_supported}[dtype]():
+        pytest.skip("oneDNN does not run this dtype on this CPU")
+    traced, achieved = trace_and_run(sdpa_step(dtype, None, False, 40))
+    assert traced < achieved
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last", "permuted"])

@@ -1,0 +1,40 @@
+// CPU kernels whose memory only the library that runs them knows (internal
+// to meta/): oneDNN's RNN layer, which torch 2.14's CPU LSTM runs while
+// oneDNN is on, every convolution torch gives to oneDNN or NNPACK rather
+// than to its native kernels (meta/CpuLayerModel.cpp), the bf16 and f16
+// matrix products it may give to oneDNN's matmul and the GELUs to
+// oneDNN's eltwise kernel. What they
+// hold (workspaces, weights and inputs reordered into oneDNN's layouts,
+// scratchpads) is chosen for this CPU and its threads, and libtorch hides
+// those libraries' symbols: a CPU trace runs the real kernel once per
+// distinct call, on zeros laid out as the trace's arguments, records what
+// it allocates through the CPU allocator, and follows that (a plan:
+// meta/KernelRecording.h). A recording hears the calling thread only,
+// where these kernels allocate (not their OpenMP workers).
+#pragma once
+
+#include <ATen/core/ivalue.h>
+#include <c10/util/ArrayRef.h>
+
+#include <string>
+#include <vector>
+
+#include "meta/CpuKernelModel.h"
+
+namespace metamem {
+
+// The ops a CPU trace may take from such recordings.
+const std::vector<std::string>& cpu_recorded_ops();
+
+// Whether this call of `op` (one of cpu_recorded_ops()) runs such a kernel:
+// oneDNN's RNN layer always; a convolution or its backward where torch
+// picks neither of its native kernels for it, under the process's flags;
+// a matrix product or GELU where torch may pick oneDNN's kernel.
+bool runs_a_recorded_cpu_kernel(const std::string& op, c10::ArrayRef<c10::IValue> arguments);
+
+// The plan of such a call of `op` for `arguments` (the caller's
+// MetaTensors), recorded at its first such call in the process. Real
+// torch's error, where the kernel refuses the call, is raised.
+ScratchPlan recorded_cpu_plan(const std::string& op, c10::ArrayRef<c10::IValue> arguments);
+
+}  // namespace metamem
