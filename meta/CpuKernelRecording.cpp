@@ -150,10 +150,11 @@ at::Tensor stand_in(const at::Tensor& t) {
 
 // Whether torch's choice for a CPU convolution of `input` and `weight` is
 // one of its native kernels (meta/CpuLayerModel.cpp models their memory):
-// oneDNN's, NNPACK's and XNNPACK's are recorded instead. A backward's
-// choice is asked with grad mode as it is (off, for autograd's backward),
-// where convolution_backward asks for a backend that has one: that can
-// only answer a library's kernel for a native one, recorded as it runs.
+// oneDNN's, NNPACK's and XNNPACK's are recorded instead. convolution_backward
+// asks for a backend that has a backward; asked as a forward is (grad mode
+// off in autograd's backward), torch can answer XNNPACK where the backward
+// runs a native kernel, which is then recorded as it runs, never the
+// reverse.
 bool runs_native_convolution(c10::ArrayRef<c10::IValue> arguments, bool backward) {
   using at::native::ConvBackend;
   const std::size_t first = backward ? 1 : 0;  // convolution_backward's grad_output comes first
@@ -186,14 +187,11 @@ bool runs_native_convolution(c10::ArrayRef<c10::IValue> arguments, bool backward
 
 // Whether this CPU runs oneDNN's kernels in `dtype` (torch's own checks).
 bool onednn_runs(at::ScalarType dtype) {
-  static const bool bf16 = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("mkldnn::_is_mkldnn_bf16_supported", "")
-                               .typed<bool()>()
-                               .call(),
-                    fp16 = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("mkldnn::_is_mkldnn_fp16_supported", "")
-                               .typed<bool()>()
-                               .call();
+  const auto ask = [](const char* check) {
+    OutsideMetaMode outside;  // an op without tensors, which a trace's factories would claim
+    return c10::Dispatcher::singleton().findSchemaOrThrow(check, "").typed<bool()>().call();
+  };
+  static const bool bf16 = ask("mkldnn::_is_mkldnn_bf16_supported"), fp16 = ask("mkldnn::_is_mkldnn_fp16_supported");
   return dtype == at::kBFloat16 ? bf16 : dtype == at::kHalf && fp16;
 }
 
@@ -222,20 +220,27 @@ bool may_run_onednn_eltwise(const at::Tensor& input) {
          (input.scalar_type() == at::kFloat || onednn_runs(input.scalar_type()));
 }
 
+// The products torch may give to oneDNN's matmul.
+const std::vector<std::string>& matrix_products() {
+  static const std::vector<std::string> products{"aten::mm",      "aten::addmm", "aten::bmm",
+                                                 "aten::baddbmm", "aten::addbmm", "aten::mv",
+                                                 "aten::addmv",   "aten::dot"};
+  return products;
+}
+
 bool is_matrix_product(const std::string& op) {
-  static const std::unordered_set<std::string> products{"aten::mm",     "aten::addmm", "aten::bmm",
-                                                        "aten::baddbmm", "aten::addbmm", "aten::mv",
-                                                        "aten::addmv",  "aten::dot"};
-  return products.count(op) != 0;
+  return std::find(matrix_products().begin(), matrix_products().end(), op) != matrix_products().end();
 }
 
 }  // namespace
 
 const std::vector<std::string>& cpu_recorded_ops() {
-  static const std::vector<std::string> ops{
-      "aten::mkldnn_rnn_layer", "aten::mkldnn_rnn_layer_backward", "aten::convolution", "aten::convolution_backward",
-      "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm", "aten::mv", "aten::addmv", "aten::dot",
-      "aten::gelu", "aten::gelu_backward"};
+  static const std::vector<std::string> ops = [] {
+    std::vector<std::string> ops{"aten::mkldnn_rnn_layer", "aten::mkldnn_rnn_layer_backward", "aten::convolution",
+                                 "aten::convolution_backward", "aten::gelu", "aten::gelu_backward"};
+    ops.insert(ops.end(), matrix_products().begin(), matrix_products().end());
+    return ops;
+  }();
   return ops;
 }
 
