@@ -220,37 +220,27 @@ bool may_run_onednn_eltwise(const at::Tensor& input) {
          (input.scalar_type() == at::kFloat || onednn_runs(input.scalar_type()));
 }
 
-// The products torch may give to oneDNN's matmul.
-const std::vector<std::string>& matrix_products() {
-  static const std::vector<std::string> products{"aten::mm",      "aten::addmm", "aten::bmm",
-                                                 "aten::baddbmm", "aten::addbmm", "aten::mv",
-                                                 "aten::addmv",   "aten::dot"};
-  return products;
-}
-
-bool is_matrix_product(const std::string& op) {
-  return std::find(matrix_products().begin(), matrix_products().end(), op) != matrix_products().end();
-}
-
 }  // namespace
 
-const std::vector<std::string>& cpu_recorded_ops() {
-  static const std::vector<std::string> ops = [] {
-    std::vector<std::string> ops{"aten::mkldnn_rnn_layer", "aten::mkldnn_rnn_layer_backward", "aten::convolution",
-                                 "aten::convolution_backward", "aten::gelu", "aten::gelu_backward"};
-    ops.insert(ops.end(), matrix_products().begin(), matrix_products().end());
-    return ops;
-  }();
-  return ops;
-}
-
-bool runs_a_recorded_cpu_kernel(const std::string& op, c10::ArrayRef<c10::IValue> arguments) {
-  if (op == "aten::convolution") return !runs_native_convolution(arguments, false);
-  if (op == "aten::convolution_backward") return !runs_native_convolution(arguments, true);
-  if (is_matrix_product(op)) return may_run_onednn_matmul(arguments);
-  if (op == "aten::gelu") return may_run_onednn_eltwise(arguments[0].toTensor());
-  if (op == "aten::gelu_backward") return may_run_onednn_eltwise(arguments[1].toTensor());
-  return true;
+RecordedCpuCall recorded_cpu_call(const std::string& qualified_name) {
+  using Args = c10::ArrayRef<c10::IValue>;
+  static const std::unordered_map<std::string, RecordedCpuCall> calls{
+      {"aten::mkldnn_rnn_layer", [](Args) { return true; }},
+      {"aten::mkldnn_rnn_layer_backward", [](Args) { return true; }},
+      {"aten::convolution", [](Args a) { return !runs_native_convolution(a, false); }},
+      {"aten::convolution_backward", [](Args a) { return !runs_native_convolution(a, true); }},
+      {"aten::gelu", [](Args a) { return may_run_onednn_eltwise(a[0].toTensor()); }},
+      {"aten::gelu_backward", [](Args a) { return may_run_onednn_eltwise(a[1].toTensor()); }},
+      {"aten::mm", &may_run_onednn_matmul},
+      {"aten::addmm", &may_run_onednn_matmul},
+      {"aten::bmm", &may_run_onednn_matmul},
+      {"aten::baddbmm", &may_run_onednn_matmul},
+      {"aten::addbmm", &may_run_onednn_matmul},
+      {"aten::mv", &may_run_onednn_matmul},
+      {"aten::addmv", &may_run_onednn_matmul},
+      {"aten::dot", &may_run_onednn_matmul}};
+  const auto found = calls.find(qualified_name);
+  return found == calls.end() ? nullptr : found->second;
 }
 
 ScratchPlan recorded_cpu_plan(const std::string& op, c10::ArrayRef<c10::IValue> arguments) {

@@ -17,20 +17,20 @@
 #include <c10/util/ArrayRef.h>
 
 #include <string>
-#include <vector>
 
 #include "meta/CpuKernelModel.h"
 
 namespace metamem {
 
-// The ops a CPU trace may take from such recordings.
-const std::vector<std::string>& cpu_recorded_ops();
+// Whether a call (its arguments the caller's MetaTensors) runs such a kernel.
+using RecordedCpuCall = bool (*)(c10::ArrayRef<c10::IValue> arguments);
 
-// Whether this call of `op` (one of cpu_recorded_ops()) runs such a kernel:
-// oneDNN's RNN layer always; a convolution or its backward where torch
-// picks neither of its native kernels for it, under the process's flags;
-// a matrix product or GELU where torch may pick oneDNN's kernel.
-bool runs_a_recorded_cpu_kernel(const std::string& op, c10::ArrayRef<c10::IValue> arguments);
+// The test of op `qualified_name` ("aten::convolution"), or nullptr where
+// it never runs one: oneDNN's RNN layer always does; a convolution or its
+// backward where torch picks neither of its native kernels for it, under
+// the process's flags; a matrix product or GELU where torch may pick
+// oneDNN's kernel.
+RecordedCpuCall recorded_cpu_call(const std::string& qualified_name);
 
 // The plan of such a call of `op` for `arguments` (the caller's
 // MetaTensors), recorded at its first such call in the process. Real

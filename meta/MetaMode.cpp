@@ -161,8 +161,12 @@ std::unordered_map<const c10::OperatorName*, std::string> g_recorded_ops;
 RecordedPlans g_recorded_plans;
 
 // The ops a CPU trace may take from recordings of the real CPU kernel
-// (meta/CpuKernelRecording.h), likewise.
-std::unordered_map<const c10::OperatorName*, std::string> g_cpu_recorded_ops;
+// (meta/CpuKernelRecording.h), likewise: each op's name and test of a call.
+struct CpuRecordedOp {
+  std::string name;
+  RecordedCpuCall records;
+};
+std::unordered_map<const c10::OperatorName*, CpuRecordedOp> g_cpu_recorded_ops;
 
 // metamem's own meta kernels by op, likewise.
 std::unordered_map<const c10::OperatorName*, const c10::KernelFunction*> g_own_kernels;
@@ -182,8 +186,8 @@ class KernelScratch {
       : observer_(observer) {
     if (device.is_cpu()) {
       const auto recorded = g_cpu_recorded_ops.find(&op.operator_name());
-      if (recorded != g_cpu_recorded_ops.end() && runs_a_recorded_cpu_kernel(recorded->second, arguments)) {
-        plan_ = recorded_cpu_plan(recorded->second, arguments);
+      if (recorded != g_cpu_recorded_ops.end() && recorded->second.records(arguments)) {
+        plan_ = recorded_cpu_plan(recorded->second.name, arguments);
         if (observer_ == nullptr) plan_.steps.clear();  // untraced host memory: the returns' sizes alone
       }
       return;
@@ -831,8 +835,8 @@ void register_meta_kernel() {
     if (qualified == "aten::_thnn_fused_gru_cell")
       g_allocation_orders.emplace(&op->operator_name(), c10::SmallVector<std::size_t, 8>{1, 0});
     if (qualified == kValueRead) g_value_read = &op->operator_name();
-    for (const std::string& recorded : cpu_recorded_ops())
-      if (qualified == recorded) g_cpu_recorded_ops.emplace(&op->operator_name(), qualified);
+    if (RecordedCpuCall records = recorded_cpu_call(qualified))
+      g_cpu_recorded_ops.emplace(&op->operator_name(), CpuRecordedOp{qualified, records});
     if (const c10::KernelFunction* kernel = own_meta_kernel(qualified))
       g_own_kernels.emplace(&op->operator_name(), kernel);
     if (qualified.rfind("profiler::", 0) == 0) {

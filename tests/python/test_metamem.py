@@ -237,24 +237,14 @@ def test_cpu_products_and_gelus_are_traced_as_the_real_run_takes_them(precision,
 
 def test_onednns_and_nnpacks_convolutions_hold_what_the_native_ones_do_not():
     # The check above can fail: the three paths' peaks differ.
-    make, shape = CONVOLUTIONS["conv3d"]
-
-    def step(make=make, shape=shape):
-        make()(torch.randn(*shape)).sum().backward()
-    peaks = {}
-    for onednn, nnpack in [(True, True), (False, True), (False, False)]:
+    def traced_peak(layers, onednn, nnpack):
+        make, shape = CONVOLUTIONS[layers]
         with torch.backends.mkldnn.flags(enabled=onednn), torch.backends.nnpack.flags(enabled=nnpack), \
                 metamem.trace(device="cpu") as t:
-            step()
-        peaks[onednn, nnpack] = t.peak_bytes
-    assert peaks[True, True] < 0.5 * peaks[False, False]
-    make, shape = CONVOLUTIONS["conv2d"]
-    for nnpack in (True, False):
-        with torch.backends.mkldnn.flags(enabled=False), torch.backends.nnpack.flags(enabled=nnpack), \
-                metamem.trace(device="cpu") as t:
-            step(make, shape)
-        peaks[False, nnpack] = t.peak_bytes
-    assert peaks[False, True] < 0.8 * peaks[False, False]
+            make()(torch.randn(*shape)).sum().backward()
+        return t.peak_bytes
+    assert traced_peak("conv3d", True, True) < 0.5 * traced_peak("conv3d", False, False)
+    assert traced_peak("conv2d", False, True) < 0.8 * traced_peak("conv2d", False, False)
 
 
 @pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
