@@ -91,6 +91,50 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
                          : at::Tensor()};
 }
 
+// aten::convolution is aten::_convolution with the process's cuDNN flags
+// (benchmark, deterministic, enabled, TF32); a graph made by
+// torch.jit.trace calls _convolution with the flags of the process that
+// traced it. So _convolution runs as convolution with the graph's flags
+// set for the call: on a fake cuda they choose between cuDNN and torch's
+// own kernels and cuDNN's engines; on a CPU no backend reads them. Its
+// backward (convolution_backward) reads the process's flags, on both
+// sides. TF32 stays as the process has it: torch keeps it per backend and
+// op with inherited defaults, which a scoped change could not put back
+// exactly (docs/torchscript.md).
+class CudnnFlagsForCall {
+ public:
+  CudnnFlagsForCall(bool benchmark, bool deterministic, bool enabled)
+      : benchmark_(context_.benchmarkCuDNN()),
+        deterministic_(context_.deterministicCuDNN()),
+        enabled_(context_.userEnabledCuDNN()) {
+    context_.setBenchmarkCuDNN(benchmark);
+    context_.setDeterministicCuDNN(deterministic);
+    context_.setUserEnabledCuDNN(enabled);
+  }
+  ~CudnnFlagsForCall() {
+    context_.setBenchmarkCuDNN(benchmark_);
+    context_.setDeterministicCuDNN(deterministic_);
+    context_.setUserEnabledCuDNN(enabled_);
+  }
+  CudnnFlagsForCall(const CudnnFlagsForCall&) = delete;
+  CudnnFlagsForCall& operator=(const CudnnFlagsForCall&) = delete;
+
+ private:
+  at::Context& context_ = at::globalContext();
+  const bool benchmark_, deterministic_, enabled_;
+};
+
+void convolution_with_flags(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  // _convolution's arguments: convolution's nine, then benchmark,
+  // deterministic, cudnn_enabled and allow_tf32.
+  const std::size_t flags = stack->size() - 4;
+  const CudnnFlagsForCall scope((*stack)[flags].toBool(), (*stack)[flags + 1].toBool(), (*stack)[flags + 2].toBool());
+  stack->resize(flags);
+  static const c10::OperatorHandle convolution =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::convolution", "");
+  convolution.callBoxed(stack);
+}
+
 // Norm statistics: on CUDA the accumulate type; on CPU the input's dtype,
 // or fp32 where a bf16 input meets fp32 parameters (libtorch's mixed-type
 // kernels, which autocast reaches).
@@ -687,6 +731,10 @@ const std::unordered_map<std::string, OwnKernel>& own_kernels() {
 }
 
 }  // namespace
+
+std::vector<std::pair<std::string, c10::KernelFunction>> traced_convolution_kernels() {
+  return {{"_convolution", c10::KernelFunction::makeFromBoxedFunction<&convolution_with_flags>()}};
+}
 
 void register_missing_meta_kernels() {
   auto* lib = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__,

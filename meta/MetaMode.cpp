@@ -788,12 +788,13 @@ void register_meta_kernel() {
     for (auto& [op, kernel] : packed_sequence_composites()) composites.emplace("aten::" + op, std::move(kernel));
     return composites;
   }();
-  // Kernels that read values through data_ptr, run below autograd on the
-  // caller's tensors.
-  static const auto reading = [] {
-    std::unordered_map<std::string, c10::KernelFunction> reading;
-    for (auto& [op, kernel] : packed_sequence_kernels()) reading.emplace("aten::" + op, std::move(kernel));
-    return reading;
+  // Kernels that run below autograd on the caller's tensors: those that
+  // read values through data_ptr, and _convolution as convolution.
+  static const auto below_autograd = [] {
+    std::unordered_map<std::string, c10::KernelFunction> kernels;
+    for (auto& [op, kernel] : packed_sequence_kernels()) kernels.emplace("aten::" + op, std::move(kernel));
+    for (auto& [op, kernel] : traced_convolution_kernels()) kernels.emplace("aten::" + op, std::move(kernel));
+    return kernels;
   }();
   // An op defined again (a test's scoped library) keeps the kernels it got.
   static std::unordered_set<c10::OperatorName> registered;
@@ -858,9 +859,9 @@ void register_meta_kernel() {
                                                    "metamem: a composite as traced"));
       continue;
     }
-    if (const auto kernel = reading.find(qualified); kernel != reading.end()) {
+    if (const auto kernel = below_autograd.find(qualified); kernel != below_autograd.end()) {
       handles->push_back(dispatcher.registerImpl(name, c10::DispatchKey::PrivateUse1, kernel->second, c10::nullopt,
-                                                 nullptr, "metamem: a kernel reading values"));
+                                                 nullptr, "metamem: a kernel below autograd"));
       continue;
     }
     if (runs_shared_backend_code(qualified)) {

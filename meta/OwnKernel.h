@@ -43,6 +43,12 @@ std::vector<std::pair<std::string, c10::KernelFunction>> ctc_loss_composites();
 // meta/PackedSequence.cpp).
 std::vector<std::pair<std::string, c10::KernelFunction>> packed_sequence_kernels();
 
+// aten::_convolution, which torch.jit.trace records where Python called
+// convolution, as a trace runs it below autograd: as aten::convolution,
+// whose models and recordings are metamem's, under the cuDNN flags the
+// graph carries ("_convolution"; meta/MetaKernels.cpp).
+std::vector<std::pair<std::string, c10::KernelFunction>> traced_convolution_kernels();
+
 // pad_packed_sequence's composite, which writes the lengths it answers
 // through data_ptr, as a trace runs it in autograd's place
 // ("_pad_packed_sequence").

@@ -1,5 +1,6 @@
-"""Scripts torchvision models, a transformer encoder and an LSTM for metamem's
-TorchScript conformance test: python3 script_models.py OUT_DIR."""
+"""Scripts torchvision models, a transformer encoder and an LSTM, and traces a
+ResNet-18 and a model with tensor constants, for metamem's TorchScript
+conformance test: python3 script_models.py OUT_DIR."""
 import os
 import sys
 
@@ -41,6 +42,19 @@ class Distinct(torch.nn.Module):
         return torch.unique(x) * 2
 
 
+class Scaled(torch.nn.Module):
+    """A convolution and a batch norm scaled and shifted by tensors made in
+    forward, which torch.jit.trace keeps as graph constants (three, with the
+    batch norm's count)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        return self.bn(self.conv(x)) * torch.tensor(0.5) + torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+
+
 def main(out):
     os.makedirs(out, exist_ok=True)
     models = {
@@ -53,6 +67,11 @@ def main(out):
     }
     for name, model in models.items():
         torch.jit.save(torch.jit.script(model), os.path.join(out, name + ".pt"))
+    # torch.jit.trace records aten::_convolution, with the cuDNN flags of
+    # the moment, where torch.jit.script keeps aten::conv2d.
+    traced = torch.jit.trace(torchvision.models.resnet18(), torch.randn(2, 3, 64, 64))
+    torch.jit.save(traced, os.path.join(out, "resnet18_traced.pt"))
+    torch.jit.save(torch.jit.trace(Scaled(), torch.randn(2, 3, 8, 8)), os.path.join(out, "constants_traced.pt"))
 
 
 if __name__ == "__main__":

@@ -4,11 +4,15 @@
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/csrc/jit/runtime/interpreter.h>
+#include <torch/csrc/jit/serialization/import_read.h>
 #include <torch/library.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/script.h>
 
+#include <caffe2/serialize/inline_container.h>
+
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -176,6 +180,94 @@ std::string last_line(const std::string& message) {
   return last;
 }
 
+// Each tensor constant of `block`'s nodes and of their blocks, replaced by
+// what `replace` gives for it.
+void replace_tensor_constants(torch::jit::Block* block,
+                              const std::function<at::Tensor(const at::Tensor&)>& replace) {
+  for (torch::jit::Node* node : block->nodes()) {
+    for (torch::jit::Block* inner : node->blocks()) replace_tensor_constants(inner, replace);
+    if (node->kind() == c10::prim::Constant && node->hasAttribute(c10::attr::value) &&
+        node->kindOf(c10::attr::value) == torch::jit::AttributeKind::t)
+      node->t_(c10::attr::value, replace(node->t(c10::attr::value)));
+  }
+}
+
+// Each tensor `module` and its submodules hold, replaced by what `replace`
+// gives for it (whether it is a parameter): their parameters and buffers
+// where `parameters_and_buffers`, else the tensors of other attributes
+// (nn.LSTM's _flat_weights, a list of its parameters).
+using TensorReplacement = std::function<at::Tensor(const at::Tensor&, bool parameter)>;
+void replace_module_tensors(const torch::jit::Module& module, bool parameters_and_buffers,
+                            const TensorReplacement& replace) {
+  const c10::ClassTypePtr type = module.type();
+  const c10::intrusive_ptr<c10::ivalue::Object>& object = module._ivalue();
+  for (std::size_t i = 0; i < type->numAttributes(); ++i) {
+    if ((type->is_parameter(i) || type->is_buffer(i)) != parameters_and_buffers) continue;
+    const c10::IValue value = object->getSlot(i);
+    if (value.isTensor() && value.toTensor().defined()) {
+      object->setSlot(i, replace(value.toTensor(), type->is_parameter(i)));
+    } else if (value.isList()) {  // a new list: a clone may share its lists with the module it copies
+      c10::impl::GenericList list(value.toList().elementType());
+      for (const c10::IValue& item : value.toListRef()) {
+        const bool tensor = item.isTensor() && item.toTensor().defined();
+        list.push_back(tensor ? c10::IValue(replace(item.toTensor(), false)) : item);
+      }
+      object->setSlot(i, c10::IValue(std::move(list)));
+    }
+  }
+  for (const torch::jit::Module& child : module.children())
+    replace_module_tensors(child, parameters_and_buffers, replace);
+}
+
+// A file's tensor constants (its constants.pkl), on the host.
+std::vector<at::Tensor> tensor_constants(const std::string& path) {
+  caffe2::serialize::PyTorchStreamReader reader(path);
+  std::vector<at::Tensor> constants;
+  if (!reader.hasRecord("constants.pkl")) return constants;
+  const c10::IValue table = torch::jit::readArchiveAndTensors("constants", "", "", std::nullopt, std::nullopt,
+                                                              c10::Device(c10::kCPU), reader);
+  for (const c10::IValue& constant : table.toTupleRef().elements())
+    if (constant.isTensor()) constants.push_back(constant.toTensor());
+  return constants;
+}
+
+// The file's module, its tensors on meta and its graphs' tensor constants
+// on the host. torch.jit.trace keeps what a forward made from Python values
+// as graph constants (each BatchNorm's `num_batches_tracked += 1` adds a
+// tensor `1`); real torch holds them on the host for a CPU run, and a trace
+// does too, with their values (each step's clone puts them on a fake GPU,
+// as a load onto the GPU does). A file with one tensor constant at most is
+// read onto meta, its weights never held, and the constant put back. With
+// more, torch's loader pools a graph's constants by comparing their values,
+// which meta tensors have none of: such a file is read onto the host, and
+// its module's tensors moved to meta after.
+torch::jit::Module load_onto_meta(const std::string& path) {
+  const std::vector<at::Tensor> constants = tensor_constants(path);
+  if (constants.size() > 1) {
+    torch::jit::Module module = torch::jit::load(path, c10::Device(c10::kCPU));
+    std::unordered_map<const c10::TensorImpl*, at::Tensor> moved;  // a tensor held twice stays one
+    const TensorReplacement to_meta = [&](const at::Tensor& t, bool) {
+      auto [entry, fresh] = moved.try_emplace(t.unsafeGetTensorImpl());
+      if (fresh) entry->second = t.detach().to(c10::kMeta).requires_grad_(t.requires_grad());
+      return entry->second;
+    };
+    replace_module_tensors(module, true, to_meta);
+    replace_module_tensors(module, false, to_meta);
+    return module;
+  }
+  torch::jit::Module module = torch::jit::load(path, c10::Device(c10::kMeta));
+  for (torch::jit::Function* function : module._ivalue()->compilation_unit()->get_functions()) {
+    auto* graph_function = torch::jit::tryToGraphFunction(*function);
+    if (graph_function == nullptr) continue;
+    replace_tensor_constants(graph_function->graph()->block(), [&](const at::Tensor& constant) {
+      if (!constant.is_meta()) return constant;
+      if (constants.empty()) throw std::invalid_argument("'" + path + "' has a tensor constant its constants table lacks");
+      return constants.front();
+    });
+  }
+  return module;
+}
+
 class ScriptStep final : public TrainingStep {
  public:
   ScriptStep(const torch::jit::Module& on_meta, const ScriptConfig& config)
@@ -186,6 +278,7 @@ class ScriptStep final : public TrainingStep {
         module_ = on_meta.clone();
       }
       adopt_tensors(module_);
+      constants_onto_device(module_);
     } else {
       module_ = torch::jit::load(config.path);
       // All the process holds but the model's tensors: the loader's records,
@@ -294,37 +387,32 @@ class ScriptStep final : public TrainingStep {
 
   // Each tensor the module holds becomes a MetaTensor on the fake device:
   // first every module's parameters (leaves that need gradients) and
-  // buffers, then the tensors of other attributes (nn.LSTM's
-  // _flat_weights, a list of its parameters). A tensor held twice stays one.
-  using Adopted = std::unordered_map<const c10::TensorImpl*, at::Tensor>;
-  static void adopt_tensors(torch::jit::Module& module) {
-    Adopted adopted;
-    adopt_tensors(module, adopted, /*parameters_and_buffers=*/true);
-    adopt_tensors(module, adopted, /*parameters_and_buffers=*/false);
-  }
-  static void adopt_tensors(torch::jit::Module& module, Adopted& adopted, bool parameters_and_buffers) {
-    const c10::ClassTypePtr type = module.type();
-    const c10::intrusive_ptr<c10::ivalue::Object>& object = module._ivalue();
-    auto adopt = [&](const at::Tensor& t, bool parameter) {
+  // buffers, then the tensors of other attributes. A tensor held twice
+  // stays one.
+  static void adopt_tensors(const torch::jit::Module& module) {
+    std::unordered_map<const c10::TensorImpl*, at::Tensor> adopted;
+    const TensorReplacement adopt = [&](const at::Tensor& t, bool parameter) {
       auto [entry, fresh] = adopted.try_emplace(t.unsafeGetTensorImpl());
       if (fresh) entry->second = parameter ? adopt_meta_tensor(t).requires_grad_(true) : adopt_meta_tensor(t);
       return entry->second;
     };
-    for (std::size_t i = 0; i < type->numAttributes(); ++i) {
-      if ((type->is_parameter(i) || type->is_buffer(i)) != parameters_and_buffers) continue;
-      const c10::IValue value = object->getSlot(i);
-      if (value.isTensor() && value.toTensor().defined()) {
-        object->setSlot(i, adopt(value.toTensor(), type->is_parameter(i)));
-      } else if (value.isList()) {  // a new list: the clone may share its lists with the module on meta
-        c10::impl::GenericList list(value.toList().elementType());
-        for (const c10::IValue& item : value.toListRef()) {
-          const bool tensor = item.isTensor() && item.toTensor().defined();
-          list.push_back(tensor ? c10::IValue(adopt(item.toTensor(), false)) : item);
-        }
-        object->setSlot(i, c10::IValue(std::move(list)));
-      }
-    }
-    for (torch::jit::Module child : module.children()) adopt_tensors(child, adopted, parameters_and_buffers);
+    replace_module_tensors(module, true, adopt);
+    replace_module_tensors(module, false, adopt);
+  }
+
+  // A GPU run loads the file onto the GPU, its graphs' tensor constants
+  // too, each once; a CPU run holds them on the host (load_onto_meta).
+  // The clone's methods have graphs of their own.
+  static void constants_onto_device(const torch::jit::Module& module) {
+    if (fake_device().is_cpu()) return;
+    std::unordered_map<const c10::TensorImpl*, at::Tensor> moved;
+    for (const torch::jit::Module& each : module.modules())
+      for (const torch::jit::Method& method : each.get_methods())
+        replace_tensor_constants(method.graph()->block(), [&](const at::Tensor& constant) {
+          auto [entry, fresh] = moved.try_emplace(constant.unsafeGetTensorImpl());
+          if (fresh) entry->second = constant.to(fake_device());
+          return entry->second;
+        });
   }
 
   // Bytes of the parameters' and buffers' storages, each storage once.
@@ -434,7 +522,7 @@ StepBuilder script_step(const ScriptConfig& config) {
   torch::jit::setGraphExecutorOptimize(false);
   auto on_meta = std::make_shared<torch::jit::Module>();
   try {
-    *on_meta = torch::jit::load(config.path, c10::Device(c10::kMeta));
+    *on_meta = load_onto_meta(config.path);
   } catch (const c10::Error& e) {
     throw std::invalid_argument("'" + config.path + "' is not a TorchScript file: " +
                                 last_line(e.what_without_backtrace()));

@@ -129,6 +129,44 @@ def test_metamem_fake_gpu_gives_every_trace_the_recordings(monkeypatch):
     assert peak(fake_gpu="") == own_kernels  # an empty folder turns it off
 
 
+@needs_fake_gpu
+def test_a_jit_traced_convolution_runs_under_the_cudnn_flags_its_graph_carries():
+    # torch.jit.trace records aten::_convolution with the process's cuDNN
+    # flags of that moment; real torch runs the graph's forward under them
+    # and its backward under the process's. A trace does the same.
+    import metamem
+    import torch
+
+    def peak(step):
+        with metamem.trace(device="cuda", gpu="H100-80GB", fake_gpu=ORACLE) as t:
+            step()
+        return t.reserved_peak_bytes, json.loads(t.to_json())["predicted"]["allocator_allocated_peak_bytes"]
+
+    conv, example = torch.nn.Conv2d(64, 64, 3, padding=1), torch.randn(8, 64, 56, 56)
+    with torch.backends.cudnn.flags(enabled=False):
+        traced_off = torch.jit.trace(conv, example)
+    traced_on = torch.jit.trace(conv, example)
+
+    def train(module, cudnn):
+        def step():
+            module.zero_grad(set_to_none=True)  # the traced modules share conv's parameters
+            with torch.backends.cudnn.flags(enabled=cudnn):
+                module.cuda()(torch.randn(8, 64, 56, 56, device="cuda")).sum().backward()
+        return step
+
+    def forward(module, cudnn):
+        def step():
+            with torch.no_grad(), torch.backends.cudnn.flags(enabled=cudnn):
+                module.cuda()(torch.randn(8, 64, 56, 56, device="cuda"))
+        return step
+
+    assert peak(train(traced_on, True)) == peak(train(conv, True)) != peak(train(conv, False))
+    assert peak(train(traced_off, False)) == peak(train(conv, False))
+    assert peak(forward(traced_off, True)) == peak(forward(conv, False)) != peak(forward(conv, True))
+    assert peak(forward(traced_on, False)) == peak(forward(conv, True))
+    assert torch.backends.cudnn.enabled
+
+
 # cuDNN's RNNs make a cuBLASLt handle of their own (the wheel's cuBLASLt,
 # which opens the fake driver itself and finds its functions by name) and
 # ask its heuristics for the input products.
@@ -389,7 +427,7 @@ print(json.dumps([torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reser
 
 @needs_fake_gpu
 @pytest.mark.skipif(not os.environ.get("METAMEM_BIN"), reason="the C++ command (METAMEM_BIN) is not built")
-@pytest.mark.parametrize("gpu, model", one_gpu_each(["H100-80GB", "T4"], ["resnet18", "lstm"]))
+@pytest.mark.parametrize("gpu, model", one_gpu_each(["H100-80GB", "T4"], ["resnet18", "resnet18 traced", "lstm"]))
 def test_the_cpp_front_end_follows_the_fake_gpu_as_real_torch_runs(gpu, model, tmp_path):
     # Without the fake GPU it traces torch's own convolutions and RNN
     # cells: a scripted ResNet-18 at 8x3x64x64 is 16,859,136 B under real
@@ -402,10 +440,13 @@ def test_the_cpp_front_end_follows_the_fake_gpu_as_real_torch_runs(gpu, model, t
     import zoo_fake_gpu_sweep as sweep
     from real_torch_on_fake_gpu import PROLOGUE, measure
 
-    path = str(tmp_path / f"{model}.pt")
-    module, shape, classes = ((torchvision.models.resnet18(), "8x3x64x64", 1000) if model == "resnet18"
-                              else (_ScriptedLstm(), "20x8x32", 0))
-    torch.jit.save(torch.jit.script(module), path)
+    path = str(tmp_path / "model.pt")
+    module, shape, classes = ((_ScriptedLstm(), "20x8x32", 0) if model == "lstm"
+                              else (torchvision.models.resnet18(), "8x3x64x64", 1000))
+    # A traced graph calls aten::_convolution with the cuDNN flags of its
+    # tracing, and holds a tensor constant for each BatchNorm's count.
+    traced = model.endswith("traced")
+    torch.jit.save(torch.jit.trace(module, torch.randn(8, 3, 64, 64)) if traced else torch.jit.script(module), path)
     real = measure(ORACLE, native.gpu(gpu), PROLOGUE + SCRIPT_STEP, path, shape, str(classes))
     predicted = sweep.traced(os.environ["METAMEM_BIN"], ORACLE,
                              ["--model", path, "--input", shape, "--loss",

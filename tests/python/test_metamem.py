@@ -215,6 +215,27 @@ def test_a_cpu_convolution_is_traced_as_the_real_run_takes_it_under_the_processs
 
 
 @pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "native"])
+@pytest.mark.parametrize("variant", ["f32", "no_grad"])
+def test_a_jit_traced_convolution_is_traced_as_the_real_run_takes_it(variant, onednn):
+    # torch.jit.trace records aten::_convolution, which a trace sized by
+    # torch's Python meta function alone before: no temporaries, 12,845,056 B
+    # against 19,415,040 B real with oneDNN and 70,647,808 B on the native
+    # kernels (their columns), forward under no_grad.
+    conv = torch.nn.Conv2d(64, 64, 3, padding=1)
+    traced = torch.jit.trace(conv, torch.randn(8, 64, 56, 56))
+
+    def step():
+        traced.zero_grad(set_to_none=True)
+        with torch.jit.optimized_execution(False), torch.set_grad_enabled(variant != "no_grad"):
+            y = traced(torch.randn(8, 64, 56, 56))
+        if variant != "no_grad":
+            y.sum().backward()
+    with torch.backends.mkldnn.flags(enabled=onednn):
+        traced_peak, achieved = trace_and_run(step)
+    assert traced_peak == achieved
+
+
+@pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "native"])
 @pytest.mark.parametrize("precision", ["f32", "bf16_autocast", "bf16", "f16"])
 def test_cpu_products_and_gelus_are_traced_as_the_real_run_takes_them(precision, onednn):
     # oneDNN's matmul takes bf16 and f16 products where the CPU runs them
