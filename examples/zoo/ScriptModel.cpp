@@ -219,6 +219,17 @@ void replace_module_tensors(const torch::jit::Module& module, bool parameters_an
     replace_module_tensors(child, parameters_and_buffers, replace);
 }
 
+// What `make` gives for a tensor, made once per tensor: one held twice (a
+// tied weight, a parameter in nn.LSTM's _flat_weights) stays one.
+TensorReplacement once_per_tensor(TensorReplacement make) {
+  auto made = std::make_shared<std::unordered_map<const c10::TensorImpl*, at::Tensor>>();
+  return [made, make = std::move(make)](const at::Tensor& t, bool parameter) {
+    auto [entry, fresh] = made->try_emplace(t.unsafeGetTensorImpl());
+    if (fresh) entry->second = make(t, parameter);
+    return entry->second;
+  };
+}
+
 // A file's tensor constants (its constants.pkl), on the host.
 std::vector<at::Tensor> tensor_constants(const std::string& path) {
   caffe2::serialize::PyTorchStreamReader reader(path);
@@ -245,12 +256,8 @@ torch::jit::Module load_onto_meta(const std::string& path) {
   const std::vector<at::Tensor> constants = tensor_constants(path);
   if (constants.size() > 1) {
     torch::jit::Module module = torch::jit::load(path, c10::Device(c10::kCPU));
-    std::unordered_map<const c10::TensorImpl*, at::Tensor> moved;  // a tensor held twice stays one
-    const TensorReplacement to_meta = [&](const at::Tensor& t, bool) {
-      auto [entry, fresh] = moved.try_emplace(t.unsafeGetTensorImpl());
-      if (fresh) entry->second = t.detach().to(c10::kMeta).requires_grad_(t.requires_grad());
-      return entry->second;
-    };
+    const TensorReplacement to_meta = once_per_tensor(
+        [](const at::Tensor& t, bool) { return t.detach().to(c10::kMeta).requires_grad_(t.requires_grad()); });
     replace_module_tensors(module, true, to_meta);
     replace_module_tensors(module, false, to_meta);
     return module;
@@ -390,12 +397,9 @@ class ScriptStep final : public TrainingStep {
   // buffers, then the tensors of other attributes. A tensor held twice
   // stays one.
   static void adopt_tensors(const torch::jit::Module& module) {
-    std::unordered_map<const c10::TensorImpl*, at::Tensor> adopted;
-    const TensorReplacement adopt = [&](const at::Tensor& t, bool parameter) {
-      auto [entry, fresh] = adopted.try_emplace(t.unsafeGetTensorImpl());
-      if (fresh) entry->second = parameter ? adopt_meta_tensor(t).requires_grad_(true) : adopt_meta_tensor(t);
-      return entry->second;
-    };
+    const TensorReplacement adopt = once_per_tensor([](const at::Tensor& t, bool parameter) {
+      return parameter ? adopt_meta_tensor(t).requires_grad_(true) : adopt_meta_tensor(t);
+    });
     replace_module_tensors(module, true, adopt);
     replace_module_tensors(module, false, adopt);
   }
@@ -405,14 +409,11 @@ class ScriptStep final : public TrainingStep {
   // The clone's methods have graphs of their own.
   static void constants_onto_device(const torch::jit::Module& module) {
     if (fake_device().is_cpu()) return;
-    std::unordered_map<const c10::TensorImpl*, at::Tensor> moved;
+    const TensorReplacement to_device = once_per_tensor([](const at::Tensor& t, bool) { return t.to(fake_device()); });
     for (const torch::jit::Module& each : module.modules())
       for (const torch::jit::Method& method : each.get_methods())
-        replace_tensor_constants(method.graph()->block(), [&](const at::Tensor& constant) {
-          auto [entry, fresh] = moved.try_emplace(constant.unsafeGetTensorImpl());
-          if (fresh) entry->second = constant.to(fake_device());
-          return entry->second;
-        });
+        replace_tensor_constants(method.graph()->block(),
+                                 [&](const at::Tensor& constant) { return to_device(constant, false); });
   }
 
   // Bytes of the parameters' and buffers' storages, each storage once.

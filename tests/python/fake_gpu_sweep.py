@@ -3,9 +3,9 @@ pinned torch on metamem's fake GPU (real_torch_on_fake_gpu.py), per GPU and
 precision (issue 47): max allocated and max reserved of each of two AdamW
 steps. The models are ones no one here tuned to: compiled_models.py's
 (eager), torchvision classifiers, transformers' masked LM and OPT, a
-mixer with a custom autograd.Function, the 40 architectures of
-hf_sweep.py at its reduced size and the 171 timm models of timm_sweep.py
-("timm NAME"); f32 and bf16 autocast. Convolutions
+mixer with a custom autograd.Function, diffusers_sweep.py's DiT at its
+reduced size, the 40 architectures of hf_sweep.py at its reduced size and
+the 171 timm models of timm_sweep.py ("timm NAME"); f32 and bf16 autocast. Convolutions
 and attention take cuDNN off and attention's other kernels, as
 compiled_models.py says, or with --cudnn torch's defaults: cuDNN on, cuDNN
 attention first on an H100, which the fake GPU runs since 2026-11-29; the
@@ -118,6 +118,26 @@ def timm_classifier(name):
     return build
 
 
+def diffusers_dit():
+    """diffusers_sweep's DiT (diffusers' DiTTransformer2DModel) at its reduced
+    size, on the noise-prediction loss that sweep trains it on."""
+    from diffusers import DiTTransformer2DModel
+
+    import diffusers_sweep
+
+    config = next(reduced for name, _, reduced, _ in diffusers_sweep.MODELS if name.startswith("DiT"))
+    model = DiTTransformer2DModel(**config)
+
+    def loss(model, device):
+        c = model.config
+        latents = torch.randn(BATCH, c.in_channels, c.sample_size, c.sample_size, device=device)
+        steps = torch.randint(0, 1000, (BATCH,), device=device)
+        labels = torch.randint(0, c.num_embeds_ada_norm, (BATCH,), device=device)
+        out = model(latents, timestep=steps, class_labels=labels).sample
+        return F.mse_loss(out, torch.randn_like(out))
+    return model, loss
+
+
 def transformers_model(config_class, model_class, **config):
     def build():
         import transformers
@@ -171,6 +191,7 @@ MODELS = {
     "transformers OPT": transformers_model("OPTConfig", "OPTForCausalLM", hidden_size=256, ffn_dim=1024,
                                            num_hidden_layers=2, num_attention_heads=4, word_embed_proj_dim=256),
     "mixer with a custom autograd.Function": mixer,
+    "diffusers DiTTransformer2DModel (diffusers_sweep's reduced size)": diffusers_dit,
     **{f"transformers {model_type} (hf_sweep's reduced size)": transformers_architecture(model_type)
        for model_type in hf_configs.ARCHITECTURES},
     **{f"timm {name}": timm_classifier(name) for name in timm_models.MODELS},

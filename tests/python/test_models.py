@@ -457,6 +457,7 @@ def test_diffusers_denoisers_are_exact_on_cpu(name, make_step, reduced_config, f
     ("transformers BERT masked LM (base width)", "H100-80GB", "bf16 autocast", True),
     ("transformers llama (hf_sweep's reduced size)", "H100-80GB", "bf16 autocast", True),
     ("timm sequencer2d_s", "T4", "f32", True),  # cuDNN's LSTMs, flattened as the model moves; was 1.0 GB over
+    ("diffusers DiTTransformer2DModel (diffusers_sweep's reduced size)", "A100-80GB", "bf16 autocast", True),
 ])
 def test_eager_steps_are_exact_against_real_torch_on_the_fake_gpu(name, gpu, precision, cudnn):
     # CI's subset of fake_gpu_sweep.py: max allocated and max reserved of
