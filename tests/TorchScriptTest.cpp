@@ -69,6 +69,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(ScriptCase{"resnet18", "2x3x64x64", "cross_entropy:1000"},
                       ScriptCase{"resnet18_traced", "2x3x64x64", "cross_entropy:1000"},
                       ScriptCase{"constants_traced", "2x3x8x8", "sum"},
+                      ScriptCase{"bert_traced", "2x16:i64", "sum"},
                       ScriptCase{"mobilenet_v2", "2x3x64x64", "cross_entropy:1000"},
                       ScriptCase{"vgg11", "2x3x32x32", "cross_entropy:10"},
                       ScriptCase{"transformer", "4x16x64", "cross_entropy:10"},

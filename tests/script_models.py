@@ -1,11 +1,12 @@
 """Scripts torchvision models, a transformer encoder and an LSTM, and traces a
-ResNet-18 and a model with tensor constants, for metamem's TorchScript
-conformance test: python3 script_models.py OUT_DIR."""
+ResNet-18, a model with tensor constants and a transformers BERT, for
+metamem's TorchScript conformance test: python3 script_models.py OUT_DIR."""
 import os
 import sys
 
 import torch
 import torchvision
+import transformers
 
 
 class Encoder(torch.nn.Module):
@@ -72,6 +73,13 @@ def main(out):
     traced = torch.jit.trace(torchvision.models.resnet18(), torch.randn(2, 3, 64, 64))
     torch.jit.save(traced, os.path.join(out, "resnet18_traced.pt"))
     torch.jit.save(torch.jit.trace(Scaled(), torch.randn(2, 3, 8, 8)), os.path.join(out, "constants_traced.pt"))
+    # A transformers encoder as its docs trace one (torchscript=True): its
+    # forward reads a tensor constant's value.
+    bert = transformers.BertModel(transformers.BertConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, vocab_size=1000,
+        torchscript=True, return_dict=False))
+    traced = torch.jit.trace(bert, torch.zeros(2, 16, dtype=torch.long), strict=False, check_trace=False)
+    torch.jit.save(traced, os.path.join(out, "bert_traced.pt"))
 
 
 if __name__ == "__main__":
