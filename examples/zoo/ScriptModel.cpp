@@ -192,13 +192,25 @@ void replace_tensor_constants(torch::jit::Block* block,
   }
 }
 
-// Each tensor `module` and its submodules hold, replaced by what `replace`
-// gives for it (whether it is a parameter): their parameters and buffers
-// where `parameters_and_buffers`, else the tensors of other attributes
-// (nn.LSTM's _flat_weights, a list of its parameters).
 using TensorReplacement = std::function<at::Tensor(const at::Tensor&, bool parameter)>;
-void replace_module_tensors(const torch::jit::Module& module, bool parameters_and_buffers,
-                            const TensorReplacement& replace) {
+
+// What `make` gives for a tensor, made once per tensor: one held twice (a
+// tied weight, a parameter in nn.LSTM's _flat_weights) stays one.
+TensorReplacement once_per_tensor(TensorReplacement make) {
+  auto made = std::make_shared<std::unordered_map<const c10::TensorImpl*, at::Tensor>>();
+  return [made, make = std::move(make)](const at::Tensor& t, bool parameter) {
+    auto [entry, fresh] = made->try_emplace(t.unsafeGetTensorImpl());
+    if (fresh) entry->second = make(t, parameter);
+    return entry->second;
+  };
+}
+
+// The tensors of `module`'s and its submodules' slots replaced by what
+// `replace` gives for each (whether it is a parameter): their parameters
+// and buffers where `parameters_and_buffers`, else the tensors of other
+// attributes (nn.LSTM's _flat_weights, a list of its parameters).
+void replace_slot_tensors(const torch::jit::Module& module, bool parameters_and_buffers,
+                          const TensorReplacement& replace) {
   const c10::ClassTypePtr type = module.type();
   const c10::intrusive_ptr<c10::ivalue::Object>& object = module._ivalue();
   for (std::size_t i = 0; i < type->numAttributes(); ++i) {
@@ -215,19 +227,17 @@ void replace_module_tensors(const torch::jit::Module& module, bool parameters_an
       object->setSlot(i, c10::IValue(std::move(list)));
     }
   }
-  for (const torch::jit::Module& child : module.children())
-    replace_module_tensors(child, parameters_and_buffers, replace);
+  for (const torch::jit::Module& child : module.children()) replace_slot_tensors(child, parameters_and_buffers, replace);
 }
 
-// What `make` gives for a tensor, made once per tensor: one held twice (a
-// tied weight, a parameter in nn.LSTM's _flat_weights) stays one.
-TensorReplacement once_per_tensor(TensorReplacement make) {
-  auto made = std::make_shared<std::unordered_map<const c10::TensorImpl*, at::Tensor>>();
-  return [made, make = std::move(make)](const at::Tensor& t, bool parameter) {
-    auto [entry, fresh] = made->try_emplace(t.unsafeGetTensorImpl());
-    if (fresh) entry->second = make(t, parameter);
-    return entry->second;
-  };
+// Each tensor `module` and its submodules hold, replaced by what `make`
+// gives for it, made once per tensor: first every module's parameters
+// (leaves that need gradients) and buffers, then the tensors of other
+// attributes.
+void replace_module_tensors(const torch::jit::Module& module, TensorReplacement make) {
+  const TensorReplacement replace = once_per_tensor(std::move(make));
+  replace_slot_tensors(module, true, replace);
+  replace_slot_tensors(module, false, replace);
 }
 
 // A file's tensor constants (its constants.pkl), on the host.
@@ -256,10 +266,9 @@ torch::jit::Module load_onto_meta(const std::string& path) {
   const std::vector<at::Tensor> constants = tensor_constants(path);
   if (constants.size() > 1) {
     torch::jit::Module module = torch::jit::load(path, c10::Device(c10::kCPU));
-    const TensorReplacement to_meta = once_per_tensor(
-        [](const at::Tensor& t, bool) { return t.detach().to(c10::kMeta).requires_grad_(t.requires_grad()); });
-    replace_module_tensors(module, true, to_meta);
-    replace_module_tensors(module, false, to_meta);
+    replace_module_tensors(module, [](const at::Tensor& t, bool) {
+      return t.detach().to(c10::kMeta).requires_grad_(t.requires_grad());
+    });
     return module;
   }
   torch::jit::Module module = torch::jit::load(path, c10::Device(c10::kMeta));
@@ -392,16 +401,12 @@ class ScriptStep final : public TrainingStep {
         "the model's forward must return a tensor, a tuple starting with one or a dict of them");
   }
 
-  // Each tensor the module holds becomes a MetaTensor on the fake device:
-  // first every module's parameters (leaves that need gradients) and
-  // buffers, then the tensors of other attributes. A tensor held twice
-  // stays one.
+  // Each tensor the module holds becomes a MetaTensor on the fake device,
+  // its buffer allocated in replace_module_tensors' order.
   static void adopt_tensors(const torch::jit::Module& module) {
-    const TensorReplacement adopt = once_per_tensor([](const at::Tensor& t, bool parameter) {
+    replace_module_tensors(module, [](const at::Tensor& t, bool parameter) {
       return parameter ? adopt_meta_tensor(t).requires_grad_(true) : adopt_meta_tensor(t);
     });
-    replace_module_tensors(module, true, adopt);
-    replace_module_tensors(module, false, adopt);
   }
 
   // A GPU run loads the file onto the GPU, its graphs' tensor constants
