@@ -30,6 +30,7 @@
 #include "meta/MetaKernels.h"
 #include "meta/MetaTensor.h"
 #include "meta/OwnKernel.h"
+#include "meta/PreTraceTensors.h"
 #include "meta/TensorArguments.h"
 
 namespace metamem {
@@ -376,8 +377,10 @@ at::Tensor to_inner(const at::Tensor& t, BufferList& buffers) {
     return inner;
   }
   if (t.is_meta()) return t;
-  if (auto* observer = g_mode.observer.load(std::memory_order_acquire); observer != nullptr && t.is_cpu())
+  if (auto* observer = g_mode.observer.load(std::memory_order_acquire); observer != nullptr && t.is_cpu()) {
     if (const BufferId id = observer->real_buffer(t.storage().data())) buffers.push_back(id);
+    else if (t.requires_grad() && observer->made_before_trace(t.storage().data())) keep_grad_of_leaf(t);
+  }
   if (t.unsafeGetTensorImpl()->is_wrapped_number()) return t;
   OutsideMetaMode outside;
   return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
@@ -612,10 +615,30 @@ bool all_real(const c10::FunctionSchema& schema, const torch::jit::Stack& stack)
   return any && all;
 }
 
+// An op on real tensors alone is about to run for real: what it writes of
+// the tensors from before the trace is kept, to be put back as it ends.
+void keep_real_writes(const c10::FunctionSchema& schema, const torch::jit::Stack& stack) {
+  auto* observer = g_mode.observer.load(std::memory_order_acquire);
+  if (observer == nullptr) return;
+  const auto& args = schema.arguments();
+  const std::size_t first = stack.size() - args.size();
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    if (args[i].alias_info() == nullptr || !args[i].alias_info()->isWrite()) continue;
+    for_each_tensor(stack[first + i], [&](const at::Tensor& t) {
+      if (t.defined() && t.is_cpu() && observer->made_before_trace(t.storage().data())) keep_before_real_write(t);
+    });
+  }
+}
+
 void meta_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   if (!g_mode.active.load(std::memory_order_acquire)) report(TraceEndedError(schema.name()));
-  if (holds_python_data(schema) || all_real(schema, *stack) || makes_plain_meta(schema, *stack)) {
+  if (holds_python_data(schema) || makes_plain_meta(schema, *stack)) {
+    run_for_real(op, stack);
+    return;
+  }
+  if (all_real(schema, *stack)) {
+    keep_real_writes(schema, *stack);
     run_for_real(op, stack);
     return;
   }
@@ -932,6 +955,7 @@ MetaMode::MetaMode(c10::Device fake_device, MetaObserver* observer, HostTensors 
 
 MetaMode::~MetaMode() {
   g_mode.observer.store(nullptr, std::memory_order_release);
+  restore_pre_trace_tensors();
   g_mode.cuda_only_kernels.clear();
   fake_cuda_.reset();
   g_mode.active.store(false);

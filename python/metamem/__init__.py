@@ -32,6 +32,7 @@ from ._cuda import FakeCudaRuntime, Patches
 from ._process import ProcessState
 from ._sharding import Sharding
 from ._checkpointing import Checkpointing
+from ._optimizers import OptimizersFollow
 
 __all__ = ["trace", "trace_ranks", "Sharding", "Checkpointing", "achieved_cpu", "gpus", "gpu_memory", "largest_batch", "largest_batch_by_line", "Trace", "UnsupportedOpError", "ValueReadError", "TraceEndedError",
            "UnsupportedCompileError"]
@@ -428,7 +429,8 @@ def _swapped(modules, device, moved=None):
     are made in the order `module.to(device)` makes them, which decides
     where the caching allocator puts them; `moved(sub)` then does what that
     move does next for the submodule (an RNN flattens its weights for
-    cuDNN). An RNN's list of its weights is put back too."""
+    cuDNN). An RNN's list of its weights is put back too. Yields
+    replacement(tensor): the tensor's replacement while it lives, else None."""
     saved = []
     fakes = {}  # id of each tensor replaced: its replacement
     made = set()  # ids of the replacements
@@ -454,9 +456,15 @@ def _swapped(modules, device, moved=None):
     # Only the modules hold the replacements, as only a moved module holds
     # its tensors: one the model lets go (a buffer it replaces in forward,
     # ConViT's relative positions) is freed then.
+    replaced = {key: weakref.ref(fake) for key, fake in fakes.items()}
     fakes.clear()
+
+    def replacement(tensor):
+        found = replaced.get(id(tensor))
+        return None if found is None else found()
+
     try:
-        yield
+        yield replacement
     finally:
         for store, name, tensor in reversed(saved):
             store[name] = tensor
@@ -793,7 +801,8 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
                     stack.enter_context(_metamem.PlaceholderValues())
                 scopes = stack.enter_context(_ModuleScopes(session))
                 stack.enter_context(CompiledCode(session, scopes, runtime, ranks=world_size is not None))
-                stack.enter_context(_swapped(modules, device, runtime.rnns.moved if runtime else None))
+                replacement = stack.enter_context(_swapped(modules, device, runtime.rnns.moved if runtime else None))
+                stack.enter_context(OptimizersFollow(replacement))
                 for module in modules:
                     scopes.adopt(module)
                 stack.enter_context(_backward_marked(session, scopes))

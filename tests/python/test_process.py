@@ -167,6 +167,87 @@ def test_a_traced_tensor_raises_when_used_after_its_block(device):
         loss.backward()
 
 
+def small_batch_norm_net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.BatchNorm1d(32), torch.nn.Linear(32, 4))
+
+
+def test_a_model_trained_on_a_fake_cpu_without_modules_is_as_it_was_after_the_block():
+    # Its real parameters take traced gradients in backward, and the ops on
+    # its real tensors alone run for real: BatchNorm counts its batches,
+    # AdamW decays the weights, and makes its state. Before, the next real
+    # backward stopped accumulating into the traced .grad (TraceEndedError).
+    model = small_batch_norm_net()
+    opt = torch.optim.AdamW(model.parameters(), weight_decay=0.5)
+    before = {name: t.clone() for name, t in model.state_dict().items()}
+
+    def step():
+        model(torch.randn(16, 32)).sum().backward()
+        opt.step()
+
+    with metamem.trace(device="cpu") as t:
+        step()
+        step()
+    assert t.peak_bytes > 0
+    assert all(torch.equal(t, before[name]) for name, t in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters()) and len(opt.state) == 0
+    step()  # trains for real, from where it was
+    assert model[1].num_batches_tracked.item() == 1 and opt.state[model[0].weight]["step"].item() == 1
+
+
+def test_a_real_gradient_from_before_the_block_is_kept():
+    model = small_batch_norm_net()
+    model(torch.randn(16, 32)).sum().backward()
+    grads = [p.grad for p in model.parameters()]
+    kept = [g.clone() for g in grads]
+    with metamem.trace(device="cpu"):
+        model(torch.randn(16, 32)).sum().backward()  # accumulates into them in a real run
+        model.zero_grad()
+    assert all(p.grad is g and torch.equal(g, k) for p, g, k in zip(model.parameters(), grads, kept))
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_an_optimizer_built_before_the_block_steps_the_modules_it_moved(device):
+    # With modules=[model] the block's model holds fakes; an optimizer built
+    # with it holds the real parameters, which have no gradient there: it
+    # stepped nothing, and the trace missed AdamW's moments (47,184 B
+    # traced against 110,252 B of the real CPU run at 64 features).
+    def build():
+        model = small_batch_norm_net()
+        opt = torch.optim.AdamW(model.parameters())
+        return model, opt, torch.optim.lr_scheduler.StepLR(opt, 1)
+
+    def steps(model, opt, sched):
+        for _ in range(2):
+            opt.zero_grad()
+            model(torch.randn(16, 32, device=device)).sum().backward()
+            opt.step()
+            sched.step()
+
+    model, opt, sched = build()
+    params = list(model.parameters())
+    with metamem.trace(device=device, modules=[model]) as before:
+        steps(model, opt, sched)
+    assert opt.param_groups[0]["params"] == params and len(opt.state) == 0
+    fresh, *_ = build()
+    with metamem.trace(device=device, modules=[fresh]) as inside:
+        opt_inside = torch.optim.AdamW(fresh.parameters())
+        steps(fresh, opt_inside, torch.optim.lr_scheduler.StepLR(opt_inside, 1))
+    assert before.step_peaks == inside.step_peaks
+    assert before.json()["model_states"] == inside.json()["model_states"]
+    if device == "cpu":
+        real = build()
+        assert before.peak_bytes == metamem.achieved_cpu(lambda: steps(*real), modules=[real[0]])
+
+    opt.zero_grad()
+    model(torch.randn(4, 32)).sum().backward()
+    opt.step()
+    with pytest.raises(ValueError, match="AdamW stepped in the block holds state from before it"):
+        with metamem.trace(device=device, modules=[model]):
+            opt.step()
+    assert model[0].weight is params[0] and opt.param_groups[0]["params"] == params
+
+
 # --- out of memory ----------------------------------------------------------
 
 def test_a_caught_out_of_memory_error_leaves_the_peak_as_what_was_live():
