@@ -33,6 +33,7 @@ from ._process import ProcessState
 from ._sharding import Sharding
 from ._checkpointing import Checkpointing
 from ._optimizers import OptimizersFollow
+from ._script_modules import patch_script_modules
 
 __all__ = ["trace", "trace_ranks", "Sharding", "Checkpointing", "achieved_cpu", "gpus", "gpu_memory", "largest_batch", "largest_batch_by_line", "Trace", "UnsupportedOpError", "ValueReadError", "TraceEndedError",
            "UnsupportedCompileError"]
@@ -412,12 +413,13 @@ def _in_apply_order(module):
 
 
 def _fake_like(tensor, device):
-    """A tensor (a Parameter for a Parameter) of `tensor`'s shape, strides
-    and dtype on the fake `device`."""
+    """A tensor (a Parameter for a Parameter) of `tensor`'s shape, strides,
+    dtype and requires_grad on the fake `device`. A ScriptModule's
+    parameters are plain tensors that require grad."""
     fake = torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype, device=device)
     if isinstance(tensor, torch.nn.Parameter):
         return torch.nn.Parameter(fake, requires_grad=tensor.requires_grad)
-    return fake
+    return fake.requires_grad_(tensor.requires_grad)
 
 
 @contextlib.contextmanager
@@ -789,6 +791,7 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
                 _patch_truncated_normal(patches)
                 _patch_fake_tensor_mode(patches)
                 _patch_data_loader_workers(patches)
+                patch_script_modules(patches, on_host=device == "cpu" or host_tensors == "host")
                 if device == "cuda":
                     _patch_autograd_multithreading(patches)
                 if recordings is not None:

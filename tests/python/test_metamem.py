@@ -235,6 +235,50 @@ def test_a_jit_traced_convolution_is_traced_as_the_real_run_takes_it(variant, on
     assert traced_peak == achieved
 
 
+def test_a_script_module_loaded_before_or_in_the_block_trains_in_it(tmp_path):
+    # A ScriptModule's parameters are plain tensors that require grad: the
+    # replacements modules= made for them did not (backward stopped: "element
+    # 0 of tensors does not require grad").
+    scripted = torch.jit.script(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16)))
+    scripted.save(str(tmp_path / "net.pt"))
+
+    def build():
+        module = torch.jit.load(str(tmp_path / "net.pt"))
+        return module, torch.optim.AdamW(module.parameters())
+
+    def steps(module, opt):
+        for _ in range(2):
+            opt.zero_grad()
+            with torch.jit.optimized_execution(False):
+                module(torch.randn(64, 8)).sum().backward()
+            opt.step()
+
+    module, opt = build()
+    with metamem.trace(device="cpu", modules=[module]) as t:
+        steps(module, opt)
+    real = build()
+    assert t.peak_bytes == metamem.achieved_cpu(lambda: steps(*real), modules=[real[0]])
+    assert all(p.requires_grad and p.grad is None for p in module.parameters()) and len(opt.state) == 0
+
+    # Loaded and moved in the block: torch's loader stopped there ("Attempted
+    # to set the storage of a tensor on device meta to a storage on different
+    # device cpu"), and a ScriptModule's .cuda() in Module._apply ("param must
+    # be a Parameter").
+    def loading(device):
+        module = torch.jit.load(str(tmp_path / "net.pt")).to(device)
+        steps(module, torch.optim.AdamW(module.parameters()))
+    with metamem.trace(device="cpu") as t:
+        loading("cpu")
+    assert t.peak_bytes == metamem.achieved_cpu(lambda: loading("cpu"))
+    with metamem.trace(device="cuda") as loaded:
+        with torch.device("cuda"):
+            loading("cuda")
+    module, opt = build()
+    with metamem.trace(device="cuda", modules=[module]) as moved, torch.device("cuda"):
+        steps(module, torch.optim.AdamW(module.parameters()))
+    assert loaded.step_peaks == moved.step_peaks
+
+
 @pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "native"])
 @pytest.mark.parametrize("precision", ["f32", "bf16_autocast", "bf16", "f16"])
 def test_cpu_products_and_gelus_are_traced_as_the_real_run_takes_them(precision, onednn):
