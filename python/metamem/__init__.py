@@ -33,6 +33,7 @@ from ._process import ProcessState
 from ._sharding import Sharding
 from ._checkpointing import Checkpointing
 from ._optimizers import OptimizersFollow
+from ._replacements import Replacements
 from ._script_modules import patch_script_modules
 
 __all__ = ["trace", "trace_ranks", "Sharding", "Checkpointing", "achieved_cpu", "gpus", "gpu_memory", "largest_batch", "largest_batch_by_line", "Trace", "UnsupportedOpError", "ValueReadError", "TraceEndedError",
@@ -422,25 +423,22 @@ def _fake_like(tensor, device):
     return fake.requires_grad_(tensor.requires_grad)
 
 
-@contextlib.contextmanager
-def _swapped(modules, device, moved=None):
+def _swapped(modules, device, replacements, moved=None):
     """Each module's parameters and buffers replaced by fake-device ones of the
-    same shape (no data is copied), the originals put back afterwards. A
-    tensor that two modules share (a language model's head tied to its
-    embedding) is replaced by one fake tensor: tied weights stay tied. They
-    are made in the order `module.to(device)` makes them, which decides
-    where the caching allocator puts them; `moved(sub)` then does what that
-    move does next for the submodule (an RNN flattens its weights for
-    cuDNN). An RNN's list of its weights is put back too. Yields
-    replacement(tensor): the tensor's replacement while it lives, else None."""
-    saved = []
+    same shape (no data is copied) in `replacements`, which puts the
+    originals back. A tensor that two modules share (a language model's head
+    tied to its embedding) is replaced by one fake tensor: tied weights stay
+    tied. They are made in the order `module.to(device)` makes them, which
+    decides where the caching allocator puts them; `moved(sub)` then does
+    what that move does next for the submodule (an RNN flattens its weights
+    for cuDNN). An RNN's list of its weights is put back too."""
     fakes = {}  # id of each tensor replaced: its replacement
     made = set()  # ids of the replacements
     for module in modules:
         for sub in _in_apply_order(module):
             if isinstance(sub, torch.nn.RNNBase):
-                saved.append((sub.__dict__, "_flat_weights", sub._flat_weights))
-                saved.append((sub.__dict__, "_flat_weight_refs", sub._flat_weight_refs))
+                replacements.set(sub.__dict__, "_flat_weights", sub._flat_weights)
+                replacements.set(sub.__dict__, "_flat_weight_refs", sub._flat_weight_refs)
             for store in (sub._parameters, sub._buffers):
                 for name, tensor in list(store.items()):
                     # A module that two parents hold (CoaT's position
@@ -448,28 +446,12 @@ def _swapped(modules, device, moved=None):
                     # holding its replacements.
                     if tensor is None or id(tensor) in made:
                         continue
-                    saved.append((store, name, tensor))
                     if id(tensor) not in fakes:
                         fakes[id(tensor)] = _fake_like(tensor, device)
                         made.add(id(fakes[id(tensor)]))
-                    store[name] = fakes[id(tensor)]
+                    replacements.replace(store, name, fakes[id(tensor)])
             if moved is not None:
                 moved(sub)
-    # Only the modules hold the replacements, as only a moved module holds
-    # its tensors: one the model lets go (a buffer it replaces in forward,
-    # ConViT's relative positions) is freed then.
-    replaced = {key: weakref.ref(fake) for key, fake in fakes.items()}
-    fakes.clear()
-
-    def replacement(tensor):
-        found = replaced.get(id(tensor))
-        return None if found is None else found()
-
-    try:
-        yield replacement
-    finally:
-        for store, name, tensor in reversed(saved):
-            store[name] = tensor
 
 
 def _dtype_name(module):
@@ -791,7 +773,6 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
                 _patch_truncated_normal(patches)
                 _patch_fake_tensor_mode(patches)
                 _patch_data_loader_workers(patches)
-                patch_script_modules(patches, on_host=device == "cpu" or host_tensors == "host")
                 if device == "cuda":
                     _patch_autograd_multithreading(patches)
                 if recordings is not None:
@@ -804,8 +785,12 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
                     stack.enter_context(_metamem.PlaceholderValues())
                 scopes = stack.enter_context(_ModuleScopes(session))
                 stack.enter_context(CompiledCode(session, scopes, runtime, ranks=world_size is not None))
-                replacement = stack.enter_context(_swapped(modules, device, runtime.rnns.moved if runtime else None))
-                stack.enter_context(OptimizersFollow(replacement))
+                replacements = Replacements()
+                stack.callback(replacements.restore)
+                replacements.patch_module_moves(patches)
+                patch_script_modules(patches, replacements, on_host=device == "cpu" or host_tensors == "host")
+                _swapped(modules, device, replacements, runtime.rnns.moved if runtime else None)
+                stack.enter_context(OptimizersFollow(replacements.of))
                 for module in modules:
                     scopes.adopt(module)
                 stack.enter_context(_backward_marked(session, scopes))

@@ -6,7 +6,7 @@ import torch
 from . import _metamem
 
 
-def patch_script_modules(patches, on_host):
+def patch_script_modules(patches, replacements, on_host):
     """torch.jit.load and a ScriptModule's .to(), .cuda() in a block.
 
     torch's loader sets each tensor's storage to the one it read from the
@@ -23,7 +23,8 @@ def patch_script_modules(patches, on_host):
     Module._apply moves a parameter it cannot move in place (a traced tensor
     is not a real one's kind) by making a new Parameter, and asserts that the
     old one was: a ScriptModule's are plain tensors. A ScriptModule moves
-    each of its tensors into its slot, requiring grad as it did."""
+    each of its tensors into its slot, requiring grad as it did; those of a
+    module loaded before the block are put back as it ends (`replacements`)."""
     load = torch.jit.load
 
     def traced_load(f, map_location=None, _extra_files=None, **kwargs):
@@ -33,19 +34,22 @@ def patch_script_modules(patches, on_host):
             device = torch.device(map_location)
         else:
             device = torch.device("cpu" if on_host else "cuda")
-        return _moved(module, lambda tensor: torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype,
-                                                                device=device))
+        def made(tensor):
+            return torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype, device=device)
+        return _moved(module, made, put=lambda store, name, tensor: store.__setitem__(name, tensor))
 
     def apply(self, fn, recurse=True):
-        return _moved(self, fn, recurse)
+        return _moved(self, fn, recurse, put=replacements.put)
 
     patches.set(torch.jit, "load", traced_load)
     patches.set(torch.jit.RecursiveScriptModule, "_apply", apply)
 
 
-def _moved(module, fn, recurse=True):
+def _moved(module, fn, recurse=True, *, put):
     """The ScriptModule with each parameter and buffer (its submodules' too)
-    replaced by fn(tensor), each made once, requiring grad as it did."""
+    replaced by fn(tensor), each made once, requiring grad as it did:
+    put(store, name, replacement) for each that fn does not return as it
+    is (a real tensor that stays on the CPU, a traced one on its device)."""
     made = {}
     for sub in (module.modules() if recurse else [module]):
         for store in (sub._parameters, sub._buffers):
@@ -55,5 +59,6 @@ def _moved(module, fn, recurse=True):
                 if id(tensor) not in made:
                     with torch.no_grad():
                         made[id(tensor)] = (tensor, fn(tensor).requires_grad_(tensor.requires_grad))
-                store[name] = made[id(tensor)][1]
+                if made[id(tensor)][1] is not tensor:
+                    put(store, name, made[id(tensor)][1])
     return module

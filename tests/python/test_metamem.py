@@ -277,6 +277,13 @@ def test_a_script_module_loaded_before_or_in_the_block_trains_in_it(tmp_path):
     with metamem.trace(device="cuda", modules=[module]) as moved, torch.device("cuda"):
         steps(module, torch.optim.AdamW(module.parameters()))
     assert loaded.step_peaks == moved.step_peaks
+    addresses = [p.data_ptr() for p in module.parameters()]
+    with metamem.trace(device="cuda") as moved_in_the_block:
+        steps(module.cuda(), opt)
+    assert moved_in_the_block.step_peaks == moved.step_peaks
+    assert [p.data_ptr() for p in module.parameters()] == addresses and len(opt.state) == 0
+    with torch.jit.optimized_execution(False):
+        module(torch.randn(4, 8)).sum().backward()  # on the CPU, as before the block
 
 
 @pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "native"])

@@ -248,6 +248,39 @@ def test_an_optimizer_built_before_the_block_steps_the_modules_it_moved(device):
     assert model[0].weight is params[0] and opt.param_groups[0]["params"] == params
 
 
+def test_a_model_built_before_the_block_and_moved_in_it_is_as_it_was_after_it():
+    # .cuda() in the block makes new Parameters where torch moves a real
+    # one in place (a traced tensor is not a real one's kind): the optimizer
+    # built before the move stepped nothing (67,953,744 B traced where its
+    # moments make 68,478,120 B at 256 features), and the model held the
+    # trace's tensors after the block (TraceEndedError).
+    def build():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.BatchNorm1d(256), torch.nn.Linear(256, 8))
+        return model, torch.optim.AdamW(model.parameters())
+
+    def steps(model, opt):
+        for _ in range(2):
+            opt.zero_grad()
+            model(torch.randn(16, 256, device="cuda")).sum().backward()
+            opt.step()
+
+    model, opt = build()
+    params = list(model.parameters())
+    with metamem.trace(device="cuda") as before_the_move:
+        steps(model.cuda(), opt)
+    assert [p is q for p, q in zip(model.parameters(), params)] == [True] * len(params)
+    assert opt.param_groups[0]["params"] == params and len(opt.state) == 0
+    model(torch.randn(4, 256)).sum().backward()  # on the CPU, as before the block
+    opt.step()
+
+    fresh, _ = build()
+    with metamem.trace(device="cuda") as after_the_move:
+        fresh.cuda()
+        steps(fresh, torch.optim.AdamW(fresh.parameters()))
+    assert before_the_move.step_peaks == after_the_move.step_peaks
+
+
 # --- out of memory ----------------------------------------------------------
 
 def test_a_caught_out_of_memory_error_leaves_the_peak_as_what_was_live():

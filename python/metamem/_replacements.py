@@ -1,0 +1,74 @@
+"""The tensors from before a block that its modules hold replacements of in
+it, put back as it ends."""
+
+import weakref
+
+import torch
+
+from . import _metamem
+
+
+class Replacements:
+    """Module slots (a module's parameters and buffers) whose tensor from
+    before the block stands replaced in it: by `modules=` at its start, or
+    by a module's .to(), .cuda() in it, which make new tensors where torch
+    would move a real one in place (a traced tensor is not of a real one's
+    kind). Each slot is put back when the block ends, so the module runs
+    after it as before; of(tensor) answers where an optimizer built before
+    the block holds the tensor it replaced."""
+
+    def __init__(self):
+        self.slots = []  # (store, name, what it held): put back in reverse
+        self.replaced = {}  # id of a tensor from before the block: a weak reference to its replacement
+
+    def set(self, store, name, value):
+        """store[name] = value until restore()."""
+        self.slots.append((store, name, store[name]))
+        store[name] = value
+
+    def replace(self, store, name, replacement):
+        """store[name], a tensor, replaced by `replacement` until restore().
+        Only the modules hold replacements, as only a moved module holds its
+        tensors: one the model lets go (a buffer it replaces in forward) is
+        freed then."""
+        self.replaced[id(store[name])] = weakref.ref(replacement)
+        self.set(store, name, replacement)
+
+    def put(self, store, name, replacement):
+        """store[name] = replacement, put back by restore() where store[name]
+        is from before the block (a real tensor; a traced one is the block's)."""
+        if _metamem.is_traced(store[name]):
+            store[name] = replacement
+        else:
+            self.replace(store, name, replacement)
+
+    def of(self, tensor):
+        """The tensor's replacement while it lives, else None."""
+        found = self.replaced.get(id(tensor))
+        return None if found is None else found()
+
+    def restore(self):
+        for store, name, value in reversed(self.slots):
+            store[name] = value
+        self.slots.clear()
+        self.replaced.clear()
+
+    def patch_module_moves(self, patches):
+        """nn.Module._apply (.to(), .cuda(), .half()) in the block records
+        what it replaced of the module's own tensors from before the block
+        (its children's calls record theirs)."""
+        apply = torch.nn.Module._apply
+        replacements = self
+
+        def moving(self, fn, recurse=True):
+            before = [(store, name, tensor) for store in (self._parameters, self._buffers)
+                      for name, tensor in store.items() if tensor is not None]
+            result = apply(self, fn, recurse)
+            for store, name, tensor in before:
+                if store.get(name) is not tensor:
+                    moved = store[name]
+                    store[name] = tensor  # as it was, for put() to keep
+                    replacements.put(store, name, moved)
+            return result
+
+        patches.set(torch.nn.Module, "_apply", moving)
