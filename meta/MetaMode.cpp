@@ -625,7 +625,8 @@ void keep_real_writes(const c10::FunctionSchema& schema, const torch::jit::Stack
   for (std::size_t i = 0; i < args.size(); ++i) {
     if (args[i].alias_info() == nullptr || !args[i].alias_info()->isWrite()) continue;
     for_each_tensor(stack[first + i], [&](const at::Tensor& t) {
-      if (t.defined() && t.is_cpu() && observer->made_before_trace(t.storage().data())) keep_before_real_write(t);
+      if (t.defined() && t.is_cpu() && t.has_storage() && observer->made_before_trace(t.storage().data()))
+        keep_before_real_write(t);
     });
   }
 }

@@ -45,8 +45,9 @@ void keep_grad_of_leaf(const at::Tensor& t) {
   const at::Tensor leaf = t.is_view() ? at::Tensor(t._base()) : t;
   if (!leaf.is_leaf()) return;
   std::lock_guard<std::mutex> lock(g_mutex);
-  g_grads.try_emplace(leaf.unsafeGetTensorImpl(),
-                      KeptGrad{c10::weak_intrusive_ptr<c10::TensorImpl>(leaf.getIntrusivePtr()), leaf.grad()});
+  if (g_grads.count(leaf.unsafeGetTensorImpl()) != 0) return;
+  g_grads.emplace(leaf.unsafeGetTensorImpl(),
+                  KeptGrad{c10::weak_intrusive_ptr<c10::TensorImpl>(leaf.getIntrusivePtr()), leaf.grad()});
 }
 
 void restore_pre_trace_tensors() {
