@@ -30,7 +30,8 @@ class Replacements:
         """store[name], a tensor, replaced by `replacement` until restore().
         Only the modules hold replacements, as only a moved module holds its
         tensors: one the model lets go (a buffer it replaces in forward) is
-        freed then."""
+        freed then. It takes the tensor's hooks (_carry_hooks)."""
+        _carry_hooks(store[name], replacement)
         self.replaced[id(store[name])] = weakref.ref(replacement)
         self.set(store, name, replacement)
 
@@ -72,3 +73,16 @@ class Replacements:
             return result
 
         patches.set(torch.nn.Module, "_apply", moving)
+
+
+def _carry_hooks(original, replacement):
+    """The hooks registered on a parameter before the block, on its
+    replacement, as they stay on a parameter torch moves in place: those on
+    its gradient as they are, those run after its gradient accumulates (an
+    optimizer stepped in backward) called with the parameter they were
+    registered on, by which such a hook finds its optimizer (which steps
+    the replacement, _optimizers)."""
+    for hook in (original._backward_hooks or {}).values():
+        replacement.register_hook(hook)
+    for hook in (original._post_accumulate_grad_hooks or {}).values():
+        replacement.register_post_accumulate_grad_hook(lambda _, hook=hook: hook(original))
