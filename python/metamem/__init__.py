@@ -790,7 +790,7 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
                 replacements.patch_module_moves(patches)
                 patch_script_modules(patches, replacements, on_host=device == "cpu" or host_tensors == "host")
                 _swapped(modules, device, replacements, runtime.rnns.moved if runtime else None)
-                stack.enter_context(OptimizersFollow(replacements.of))
+                stack.enter_context(OptimizersFollow(replacements))
                 for module in modules:
                     scopes.adopt(module)
                 stack.enter_context(_backward_marked(session, scopes))

@@ -26,8 +26,8 @@ class OptimizersFollow:
     tensors would have to be the device's from the start of the block, and
     the trace cannot know them until the optimizer first runs there."""
 
-    def __init__(self, replacement):
-        self.replacement = replacement  # a parameter -> its replacement in the block, or None
+    def __init__(self, replacements):
+        self.replacements = replacements
         self.owner = threading.get_ident()
         self.patches = Patches()
         self.groups = []  # (group, its params as they were)
@@ -62,13 +62,13 @@ class OptimizersFollow:
                 self.made_in_the_block.add(optimizer)
                 return
             self._adopt(optimizer)
-        if any(self.replacement(p) is not None for p in optimizer.state):
+        if any(self.replacements.of(p) is not None for p in optimizer.state):
             raise ValueError(
                 f"metamem: the {type(optimizer).__name__} stepped in the block holds state from before it for "
                 "parameters that the block replaced (modules=, a .cuda() in it), state the trace cannot place "
                 "on the device: build the optimizer in the block, or trace before its first step")
         for group in optimizer.param_groups:
-            group["params"] = [_either(self.replacement(p), p) for p in group["params"]]
+            group["params"] = [self.replacements.current(p) for p in group["params"]]
 
     def _adopt(self, optimizer):
         self.adopted.add(optimizer)
@@ -76,7 +76,3 @@ class OptimizersFollow:
         state = collections.defaultdict(dict)  # as torch's
         state.update((p, dict(entry)) for p, entry in optimizer.state.items())
         self.patches.set(optimizer, "state", state)
-
-
-def _either(replacement, tensor):
-    return tensor if replacement is None else replacement

@@ -31,8 +31,10 @@ class Replacements:
         Only the modules hold replacements, as only a moved module holds its
         tensors: one the model lets go (a buffer it replaces in forward) is
         freed then. It takes the tensor's hooks (_carry_hooks)."""
-        _carry_hooks(store[name], replacement)
-        self.replaced[id(store[name])] = weakref.ref(replacement)
+        original = store[name]
+        if self.of(original) is not replacement:  # met again in a second slot (tied weights)
+            _carry_hooks(original, replacement)
+            self.replaced[id(original)] = weakref.ref(replacement)
         self.set(store, name, replacement)
 
     def put(self, store, name, replacement):
@@ -48,6 +50,10 @@ class Replacements:
         found = self.replaced.get(id(tensor))
         return None if found is None else found()
 
+    def current(self, tensor):
+        """What stands for the tensor in the block: its replacement, or itself."""
+        return _either(self.of(tensor), tensor)
+
     def restore(self):
         for store, name, value in reversed(self.slots):
             store[name] = value
@@ -57,7 +63,9 @@ class Replacements:
     def patch_module_moves(self, patches):
         """nn.Module._apply (.to(), .cuda(), .half()) in the block records
         what it replaced of the module's own tensors from before the block
-        (its children's calls record theirs)."""
+        (its children's calls record theirs). A tensor two modules share (a
+        head tied to its embedding), which torch moves in place once, has
+        one replacement: the first made."""
         apply = torch.nn.Module._apply
         replacements = self
 
@@ -69,10 +77,14 @@ class Replacements:
                 if store.get(name) is not tensor:
                     moved = store[name]
                     store[name] = tensor  # as it was, for put() to keep
-                    replacements.put(store, name, moved)
+                    replacements.put(store, name, _either(replacements.of(tensor), moved))
             return result
 
         patches.set(torch.nn.Module, "_apply", moving)
+
+
+def _either(replacement, tensor):
+    return tensor if replacement is None else replacement
 
 
 def _carry_hooks(original, replacement):

@@ -666,6 +666,19 @@ def test_tied_weights_of_a_model_built_before_the_block_stay_tied():
     assert traced == achieved
     assert model.head.weight is model.embedding.weight
 
+    # Moved in the block, where torch moves the shared weight in place once:
+    # two new Parameters before (untied), one now, with its hook run once.
+    hooked = []
+    model.embedding.weight.register_hook(lambda grad: hooked.append(grad.shape))
+    with metamem.trace(device="cuda") as moved:
+        model.cuda()
+        assert model.head.weight is model.embedding.weight
+        step()
+    assert len(hooked) == 1 and model.head.weight is model.embedding.weight
+    with metamem.trace(device="cuda", modules=[model]) as handed:
+        step()
+    assert moved.step_peaks == handed.step_peaks and len(hooked) == 2
+
 
 def test_a_module_two_parents_hold_is_replaced_once():
     # CoaT's blocks hold their stage's position encodings, which the model
