@@ -74,8 +74,9 @@ class Replacements:
                       for name, tensor in store.items() if tensor is not None]
             result = apply(self, fn, recurse)
             for store, name, tensor in before:
-                if store.get(name) is not tensor:
-                    moved = store[name]
+                # A ScriptModule's stores (OrderedDictWrapper) have no get().
+                moved = store[name] if name in store else tensor
+                if moved is not tensor:
                     store[name] = tensor  # as it was, for put() to keep
                     replacements.put(store, name, _either(replacements.of(tensor), moved))
             return result
