@@ -70,15 +70,17 @@ class Replacements:
         replacements = self
 
         def moving(self, fn, recurse=True):
+            # Only those from before the block are held here: a traced buffer
+            # the move replaces is freed as torch frees it, before the next is made.
             before = [(store, name, tensor) for store in (self._parameters, self._buffers)
-                      for name, tensor in store.items() if tensor is not None]
+                      for name, tensor in store.items() if tensor is not None and not _metamem.is_traced(tensor)]
             result = apply(self, fn, recurse)
             for store, name, tensor in before:
                 # A ScriptModule's stores (OrderedDictWrapper) have no get().
                 moved = store[name] if name in store else tensor
                 if moved is not tensor:
-                    store[name] = tensor  # as it was, for put() to keep
-                    replacements.put(store, name, _either(replacements.of(tensor), moved))
+                    store[name] = tensor  # as it was, for replace() to keep
+                    replacements.replace(store, name, _either(replacements.of(tensor), moved))
             return result
 
         patches.set(torch.nn.Module, "_apply", moving)
