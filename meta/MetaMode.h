@@ -60,9 +60,9 @@ class MetaObserver {
   // The buffer of a real CPU allocation at `data` the observer recorded
   // (a fake cpu's real tensors), or 0.
   virtual BufferId real_buffer(const void* data) { return 0; }
-  // Whether the real CPU allocation at `data` was made before the trace:
-  // known where the observer hears every real allocation (a fake cpu's).
-  virtual bool made_before_trace(const void* data) { return false; }
+  // Whether the observer hears every real CPU allocation (a fake cpu's):
+  // then a real CPU tensor without a real_buffer was made before the trace.
+  virtual bool hears_real_allocations() const { return false; }
 };
 
 // An op has no meta kernel: tracing cannot continue. A NotImplementedError,

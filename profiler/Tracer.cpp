@@ -99,7 +99,7 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
     return found == real_.end() ? 0 : found->second;
   }
 
-  bool made_before_trace(const void* data) override { return listens_ && real_buffer(data) == 0; }
+  bool hears_real_allocations() const override { return listens_; }
 
   void on_alloc(BufferId id, std::size_t bytes) override {
     std::lock_guard<std::mutex> lock(mutex_);
