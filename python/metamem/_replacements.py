@@ -18,12 +18,13 @@ class Replacements:
     the block holds the tensor it replaced."""
 
     def __init__(self):
-        self.slots = []  # (store, name, what it held): put back in reverse
+        self.undo = []  # callables putting back what the block changed, called in reverse
         self.replaced = {}  # id of a tensor from before the block: a weak reference to its replacement
 
     def set(self, store, name, value):
         """store[name] = value until restore()."""
-        self.slots.append((store, name, store[name]))
+        before = store[name]
+        self.undo.append(lambda: store.__setitem__(name, before))
         store[name] = value
 
     def replace(self, store, name, replacement):
@@ -55,9 +56,9 @@ class Replacements:
         return _either(self.of(tensor), tensor)
 
     def restore(self):
-        for store, name, value in reversed(self.slots):
-            store[name] = value
-        self.slots.clear()
+        for undo in reversed(self.undo):
+            undo()
+        self.undo.clear()
         self.replaced.clear()
 
     def patch_module_moves(self, patches):
@@ -72,18 +73,50 @@ class Replacements:
         def moving(self, fn, recurse=True):
             # Only those from before the block are held here: a traced buffer
             # the move replaces is freed as torch frees it, before the next is made.
-            before = [(store, name, tensor) for store in (self._parameters, self._buffers)
+            before = [(store, name, tensor, _Contents(tensor)) for store in (self._parameters, self._buffers)
                       for name, tensor in store.items() if tensor is not None and not _metamem.is_traced(tensor)]
             result = apply(self, fn, recurse)
-            for store, name, tensor in before:
+            for store, name, tensor, contents in before:
                 # A ScriptModule's stores (OrderedDictWrapper) have no get().
                 moved = store[name] if name in store else tensor
                 if moved is not tensor:
                     store[name] = tensor  # as it was, for replace() to keep
                     replacements.replace(store, name, _either(replacements.of(tensor), moved))
+                elif contents.changed():
+                    replacements.undo.append(contents.put_back)
             return result
 
         patches.set(torch.nn.Module, "_apply", moving)
+
+
+class _Contents:
+    """What a real tensor from before the block holds: its data and its
+    gradient. A move that runs for real on it (.half() or .to(dtype) of a
+    model left real, on a fake cpu) sets both in place (`param.data = ...`),
+    as torch does where the new tensor is of the old one's kind; they are
+    put back as the block ends."""
+
+    def __init__(self, tensor):
+        self.tensor, self.data, self.grad = tensor, tensor.data, tensor.grad
+        self.grad_data = None if self.grad is None else self.grad.data
+
+    def changed(self):
+        grad = self.tensor.grad
+        return (not _same(self.tensor, self.data) or grad is not self.grad
+                or (grad is not None and not _same(grad, self.grad_data)))
+
+    def put_back(self):
+        # The data first: a gradient is set only on a tensor of its kind.
+        self.tensor.data = self.data
+        if self.grad is not None:
+            self.grad.data = self.grad_data
+        self.tensor.grad = self.grad
+
+
+def _same(tensor, data):
+    """Whether `tensor` still holds the real `data` it held."""
+    return (not _metamem.is_traced(tensor) and tensor.dtype == data.dtype and tensor.device == data.device
+            and tensor.data_ptr() == data.data_ptr())
 
 
 def _either(replacement, tensor):

@@ -206,6 +206,32 @@ def test_a_real_gradient_from_before_the_block_is_kept():
     assert all(p.grad is g and torch.equal(g, k) for p, g, k in zip(model.parameters(), grads, kept))
 
 
+def test_a_dtype_move_of_a_model_from_before_the_block_is_undone():
+    # On a fake cpu, .double() of a model left real runs for real and sets
+    # each parameter's data and gradient in place (param.data = ...), as
+    # torch does: the model stayed float64 after the block, and a second
+    # trace of the same block moved nothing.
+    model = small_batch_norm_net()
+    model(torch.randn(16, 32)).sum().backward()
+    params = list(model.parameters())
+    grads = [p.grad for p in params]
+    kept = {"state": {name: t.clone() for name, t in model.state_dict().items()}, "grads": [g.clone() for g in grads]}
+
+    def step():
+        model.double()(torch.randn(16, 32, dtype=torch.float64)).sum().backward()
+
+    with metamem.trace(device="cpu") as first:
+        step()
+    state = model.state_dict()
+    assert all(state[name].dtype == t.dtype and torch.equal(state[name], t) for name, t in kept["state"].items())
+    assert [p is q and p.grad is g for p, q, g in zip(model.parameters(), params, grads)] == [True] * len(params)
+    assert all(g.dtype == torch.float32 and torch.equal(g, k) for g, k in zip(grads, kept["grads"]))
+    with metamem.trace(device="cpu") as second:
+        step()
+    assert first.peak_bytes == second.peak_bytes
+    model(torch.randn(16, 32)).sum().backward()  # in float32, as before the block
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_an_optimizer_built_before_the_block_steps_the_modules_it_moved(device):
     # With modules=[model] the block's model holds fakes; an optimizer built
