@@ -784,13 +784,14 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
                 if values == "placeholder":
                     stack.enter_context(_metamem.PlaceholderValues())
                 scopes = stack.enter_context(_ModuleScopes(session))
-                stack.enter_context(CompiledCode(session, scopes, runtime, ranks=world_size is not None))
                 replacements = Replacements()
+                optimizers = OptimizersFollow(replacements)
+                stack.enter_context(CompiledCode(session, scopes, optimizers, runtime, ranks=world_size is not None))
                 stack.callback(replacements.restore)
                 replacements.patch_module_moves(patches)
                 patch_script_modules(patches, replacements, on_host=device == "cpu" or host_tensors == "host")
                 _swapped(modules, device, replacements, runtime.rnns.moved if runtime else None)
-                stack.enter_context(OptimizersFollow(replacements))
+                stack.enter_context(optimizers)
                 for module in modules:
                     scopes.adopt(module)
                 stack.enter_context(_backward_marked(session, scopes))

@@ -46,6 +46,7 @@ import weakref
 import torch
 
 from . import _compile_cuda, _metamem
+from ._optimizers import OptimizerRefused
 from ._cuda import Patches
 
 # The `call` of each wrapper loaded for a trace that has ended, while
@@ -66,14 +67,14 @@ _HOOKS_WARNING = r"Using `torch.compile\(module\)` when there are global hooks"
 
 
 def _traced(args):
-    for arg in args:
-        if isinstance(arg, torch.Tensor):
-            return _metamem.is_traced(arg)
-    return False
+    """Whether any of `args` is a traced tensor: compiled code mixes them
+    with real ones where the block runs a model from before it (a fake
+    cpu's real parameters, with traced gradients and optimizer states)."""
+    return any(isinstance(arg, torch.Tensor) and _metamem.is_traced(arg) for arg in args)
 
 
 def _instead_on_traced(original, instead):
-    """`original`, but `instead` where its first tensor argument is traced."""
+    """`original`, but `instead` where a tensor argument is traced."""
     def chosen(*args, **kwargs):
         return (instead if _traced(args) else original)(*args, **kwargs)
     return chosen
@@ -250,10 +251,11 @@ class CompiledCode(CompilingAside):
     (`cuda`, the trace's metamem._cuda.FakeCudaRuntime), Inductor compiles
     for the traced GPU (metamem._compile_cuda)."""
 
-    def __init__(self, session, scopes, cuda=None, ranks=False):
+    def __init__(self, session, scopes, optimizers, cuda=None, ranks=False):
         super().__init__(_outside_the_trace)
         self.session = session
         self.scopes = scopes
+        self.optimizers = optimizers  # the block's _optimizers.OptimizersFollow
         self.cuda = cuda
         # In a trace of one rank (`ranks`), the graphs compiled name its
         # process groups, which end with it: a trace of another rank in
@@ -386,6 +388,8 @@ class CompiledCode(CompilingAside):
         @functools.wraps(compile_)
         def afresh(*args, **kwargs):
             self.optimizer = None
+            if threading.get_ident() == self.owner:
+                self.optimizers.before_compiling()
             return aside(*args, **kwargs)
         return afresh
 
@@ -399,6 +403,7 @@ class CompiledCode(CompilingAside):
             if name != "_init_group" or threading.get_ident() != self.owner:
                 return call_method(variable, tx, name, *args, **kwargs)
             self.optimizer = type(variable.value).__name__
+            self.optimizers.compiling_step(variable.value)
             with _metamem.InsideTrace():
                 return call_method(variable, tx, name, *args, **kwargs)
         return call
@@ -423,6 +428,10 @@ class CompiledCode(CompilingAside):
         return built
 
     def refused(self, error):
+        # Dynamo rewraps what making an optimizer's state raised as it
+        # compiled ("raise InternalTorchDynamoError(...) from None").
+        if isinstance(error.__context__, OptimizerRefused):
+            return error.__context__
         return _compile_cuda.refused(error) if self.cuda is not None else None
 
     def _unbuilt(self, build):

@@ -1,6 +1,7 @@
 """Optimizers built before a trace's block and stepped in it."""
 
 import collections
+import gc
 import threading
 import weakref
 
@@ -9,6 +10,10 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from . import _metamem
 from ._cuda import Patches
+
+
+class OptimizerRefused(ValueError):
+    """An optimizer from before the block that the trace cannot step."""
 
 
 class OptimizersFollow:
@@ -30,9 +35,10 @@ class OptimizersFollow:
         self.replacements = replacements
         self.owner = threading.get_ident()
         self.patches = Patches()
-        self.groups = []  # (group, its params as they were)
+        self.groups = []  # (group, the entries of it the block changes, as they were)
         self.adopted = weakref.WeakSet()
         self.made_in_the_block = weakref.WeakSet()
+        self.existing = None  # the optimizers alive at the block's first compile
 
     def __enter__(self):
         self.handle = register_optimizer_step_pre_hook(
@@ -48,31 +54,77 @@ class OptimizersFollow:
 
     def __exit__(self, *exc):
         self.handle.remove()
-        for group, params in reversed(self.groups):
-            group["params"] = params
+        for group, entries in reversed(self.groups):
+            group.update(entries)
         self.patches.restore()
 
+    def before_compiling(self):
+        """As a torch.compile'd frame starts compiling in the block: every
+        optimizer holding a parameter the block replaced is followed, as at
+        its step() or zero_grad(), for a step Dynamo compiles reads the
+        groups as they stand (the step pre-hook runs as Dynamo traces, where
+        it cannot change them). Which exist is asked of the garbage
+        collector once per block, at its first compile: those made later in
+        it hold its tensors. One that would be refused (_refused) is left
+        alone: the block may not step it."""
+        if self.existing is None:
+            self.existing = weakref.WeakSet(o for o in gc.get_objects() if issubclass(type(o), torch.optim.Optimizer))
+        for optimizer in list(self.existing):
+            if optimizer in self.adopted or (not self._refused(optimizer) and any(
+                    self.replacements.of(p) is not None for group in optimizer.param_groups for p in group["params"])):
+                self._follow(optimizer)
+
+    def compiling_step(self, optimizer):
+        """As Dynamo, on the block's thread, makes the state of an optimizer
+        whose step it compiles: that state is the block's, where the
+        optimizer is from before it (a fake cpu's model, whose parameters
+        stay real). One that would be refused is refused here."""
+        if optimizer not in self.adopted and not self._made_in_the_block(optimizer):
+            self._adopt(optimizer)
+        if self._refused(optimizer):
+            raise self._refusal(optimizer)
+
     def _follow(self, optimizer):
-        # Another thread's optimizers are its own; a step Dynamo compiles
-        # runs this hook as it traces, where it would break the graph.
-        if threading.get_ident() != self.owner or torch.compiler.is_compiling() or optimizer in self.made_in_the_block:
+        # A step Dynamo compiles runs this hook as it traces, where it would
+        # break the graph (before_compiling ran as it began); asked first, as
+        # Dynamo cannot trace get_ident. Another thread's optimizers are its own.
+        if torch.compiler.is_compiling() or threading.get_ident() != self.owner:
             return
         if optimizer not in self.adopted:
-            if all(_metamem.is_traced(p) for group in optimizer.param_groups for p in group["params"]):
-                self.made_in_the_block.add(optimizer)
+            if self._made_in_the_block(optimizer):
                 return
             self._adopt(optimizer)
-        if any(self.replacements.of(p) is not None for p in optimizer.state):
-            raise ValueError(
-                f"metamem: the {type(optimizer).__name__} stepped in the block holds state from before it for "
-                "parameters that the block replaced (modules=, a .cuda() in it), state the trace cannot place "
-                "on the device: build the optimizer in the block, or trace before its first step")
+        if self._refused(optimizer):
+            raise self._refusal(optimizer)
         for group in optimizer.param_groups:
             group["params"] = [self.replacements.current(p) for p in group["params"]]
 
+    def _refused(self, optimizer):
+        """Whether it holds state from before the block for a parameter the
+        block replaced."""
+        return any(self.replacements.of(p) is not None for p in optimizer.state)
+
+    @staticmethod
+    def _refusal(optimizer):
+        return OptimizerRefused(
+            f"metamem: the {type(optimizer).__name__} stepped in the block holds state from before it for "
+            "parameters that the block replaced (modules=, a .cuda() in it), state the trace cannot place "
+            "on the device: build the optimizer in the block, or trace before its first step")
+
+    def _made_in_the_block(self, optimizer):
+        if optimizer in self.made_in_the_block:
+            return True
+        if all(_metamem.is_traced(p) for group in optimizer.param_groups for p in group["params"]):
+            self.made_in_the_block.add(optimizer)
+            return True
+        return False
+
     def _adopt(self, optimizer):
         self.adopted.add(optimizer)
-        self.groups += [(group, group["params"]) for group in optimizer.param_groups]
+        # Dynamo compiling its step on the GPU makes it capturable (its step
+        # counters on the device), which a real step on the CPU refuses.
+        self.groups += [(group, {key: group[key] for key in ("params", "capturable") if key in group})
+                        for group in optimizer.param_groups]
         state = collections.defaultdict(dict)  # as torch's
         state.update((p, dict(entry)) for p, entry in optimizer.state.items())
         self.patches.set(optimizer, "state", state)

@@ -62,6 +62,63 @@ def test_a_compiled_optimizer_step_is_exact(how):
     assert max(t.step_peaks) == real
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_an_optimizer_built_before_the_block_has_its_compiled_step_follow_the_block(device):
+    # The step pre-hook by which a trace follows an optimizer from before the
+    # block runs while Dynamo traces the step, where it cannot change the
+    # groups: with modules=[model] and no zero_grad() of the optimizer before
+    # its first step, the compiled step read the real parameters, which have
+    # no gradient there, and made no state: 43,560 B traced where the real
+    # CPU run holds 78,936 B.
+    def build():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+        return model, torch.optim.AdamW(model.parameters())
+
+    def steps(model, optimizer):
+        optimizer_step = torch.compile(optimizer.step)
+        for _ in range(2):
+            model.zero_grad()
+            model(torch.randn(16, 64, device=device)).sum().backward()
+            optimizer_step()
+
+    model, optimizer = build()
+    params = list(model.parameters())
+    with metamem.trace(device=device, modules=[model]) as before:
+        steps(model, optimizer)
+    assert optimizer.param_groups[0]["params"] == params and len(optimizer.state) == 0
+    fresh, _ = build()
+    with metamem.trace(device=device, modules=[fresh]) as inside:
+        steps(fresh, torch.optim.AdamW(fresh.parameters()))
+    assert before.step_peaks == inside.step_peaks
+    if device == "cpu":
+        real = build()
+        assert max(before.step_peaks) == metamem.achieved_cpu(lambda: steps(*real), modules=[real[0]])
+        # Without modules=, a fake cpu's model from before the block is real,
+        # its gradients and the optimizer's state traced: the compiled step's
+        # kernels, given a real parameter first, raised "a kernel loaded for
+        # a trace, unbuilt, is called on real tensors". The state the step
+        # makes is the block's.
+        with metamem.trace(device="cpu") as real_model:
+            steps(model, optimizer)
+        assert len(optimizer.state) == 0 and all(p.grad is None for p in params)
+        real = build()
+        assert max(real_model.step_peaks) == metamem.achieved_cpu(lambda: steps(*real))
+
+    # One that has stepped is refused as its compiled step makes its state,
+    # with the error its eager step raises; one the block does not step is
+    # left alone while other code compiles.
+    model(torch.randn(4, 64)).sum().backward()
+    optimizer.step()  # on the CPU: a fake cuda's compile made the groups capturable, put back as it ended
+    with metamem.trace(device=device, modules=[model]):
+        fresh_optimizer = torch.optim.AdamW(model.parameters())
+        steps(model, fresh_optimizer)
+    with pytest.raises(ValueError, match="the AdamW stepped in the block holds state from before it"):
+        with metamem.trace(device=device, modules=[model]):
+            steps(model, optimizer)
+    assert model[0].weight is params[0] and optimizer.param_groups[0]["params"] == params
+
+
 def test_a_compiled_model_compiles_once_however_many_steps_the_trace_runs():
     # Dynamo's guards hold the thread's dispatch keys: built while compiling
     # (outside the trace) and checked in it, they must agree, or each call
