@@ -378,8 +378,9 @@ at::Tensor to_inner(const at::Tensor& t, BufferList& buffers) {
   }
   if (t.is_meta()) return t;
   if (auto* observer = g_mode.observer.load(std::memory_order_acquire); observer != nullptr && t.is_cpu()) {
-    if (const BufferId id = observer->real_buffer(t.storage().data())) buffers.push_back(id);
-    else if (t.requires_grad() && observer->hears_real_allocations()) keep_grad_of_leaf(t);
+    const auto real = observer->real_allocation(t.storage().data());
+    if (real.buffer != 0) buffers.push_back(real.buffer);
+    else if (real.made_before_trace && t.requires_grad()) keep_grad_of_leaf(t);
   }
   if (t.unsafeGetTensorImpl()->is_wrapped_number()) return t;
   OutsideMetaMode outside;
@@ -619,13 +620,13 @@ bool all_real(const c10::FunctionSchema& schema, const torch::jit::Stack& stack)
 // the tensors from before the trace is kept, to be put back as it ends.
 void keep_real_writes(const c10::FunctionSchema& schema, const torch::jit::Stack& stack) {
   auto* observer = g_mode.observer.load(std::memory_order_acquire);
-  if (observer == nullptr || !observer->hears_real_allocations()) return;
+  if (observer == nullptr) return;
   const auto& args = schema.arguments();
   const std::size_t first = stack.size() - args.size();
   for (std::size_t i = 0; i < args.size(); ++i) {
     if (args[i].alias_info() == nullptr || !args[i].alias_info()->isWrite()) continue;
     for_each_tensor(stack[first + i], [&](const at::Tensor& t) {
-      if (t.defined() && t.is_cpu() && t.has_storage() && observer->real_buffer(t.storage().data()) == 0)
+      if (t.defined() && t.is_cpu() && t.has_storage() && observer->real_allocation(t.storage().data()).made_before_trace)
         keep_before_real_write(t);
     });
   }

@@ -57,12 +57,15 @@ class MetaObserver {
   virtual void on_op(const c10::OperatorHandle& op, c10::ArrayRef<BufferId> inputs,
                      c10::ArrayRef<BufferId> outputs, c10::ArrayRef<c10::IValue> arguments,
                      c10::ArrayRef<c10::IValue> returns) = 0;
-  // The buffer of a real CPU allocation at `data` the observer recorded
-  // (a fake cpu's real tensors), or 0.
-  virtual BufferId real_buffer(const void* data) { return 0; }
-  // Whether the observer hears every real CPU allocation (a fake cpu's):
-  // then a real CPU tensor without a real_buffer was made before the trace.
-  virtual bool hears_real_allocations() const { return false; }
+  // What the observer knows of the real CPU allocation at `data`, which it
+  // hears of as it is made: the buffer it recorded (a fake cpu's real
+  // tensors are the step's memory; 0 where not recorded), and whether it
+  // was made before the trace (a model from before the block).
+  struct RealAllocation {
+    BufferId buffer = 0;
+    bool made_before_trace = false;
+  };
+  virtual RealAllocation real_allocation(const void* data) { return {}; }
 };
 
 // An op has no meta kernel: tracing cannot continue. A NotImplementedError,

@@ -59,14 +59,14 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
  public:
   using RestoredBlock = Tracer::RestoredBlock;
 
-  TraceRecorder(c10::Device device, HostTensors host) : listens_(device.is_cpu()) {
+  TraceRecorder(c10::Device device, HostTensors host) : records_real_(device.is_cpu()) {
     trace_.scopes.push_back("");
     scope_stack_.push_back(0);
     node_callback_ = at::addGlobalCallback(
         at::RecordFunctionCallback(&enter_node, &leave_node)
             .scopes({at::RecordScope::BACKWARD_FUNCTION}));
     mode_.emplace(device, this, host);
-    if (listens_) CpuMemoryCounter::set_listener(this);
+    CpuMemoryCounter::set_listener(this);
   }
 
   ~TraceRecorder() override { stop(); }
@@ -79,6 +79,10 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
   void on_cpu_alloc(void* data, std::size_t bytes) override {
     if (!hears_allocations_now() || bytes == 0) return;
     std::lock_guard<std::mutex> lock(mutex_);
+    if (!records_real_) {
+      real_[data] = 0;  // host memory, not the device's: made in the trace, not recorded
+      return;
+    }
     const BufferId id = new_buffer_id();
     real_[data] = id;
     record_alloc(id, bytes);
@@ -90,16 +94,14 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
     if (found == real_.end()) return;
     const BufferId id = found->second;
     real_.erase(found);
-    record_free(id);
+    if (id != 0) record_free(id);
   }
 
-  BufferId real_buffer(const void* data) override {
+  RealAllocation real_allocation(const void* data) override {
     std::lock_guard<std::mutex> lock(mutex_);
     const auto found = real_.find(data);
-    return found == real_.end() ? 0 : found->second;
+    return found == real_.end() ? RealAllocation{0, true} : RealAllocation{found->second, false};
   }
-
-  bool hears_real_allocations() const override { return listens_; }
 
   void on_alloc(BufferId id, std::size_t bytes) override {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -463,7 +465,7 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
 
   void stop() {
     if (!mode_) return;
-    if (listens_) CpuMemoryCounter::set_listener(nullptr);
+    CpuMemoryCounter::set_listener(nullptr);
     mode_.reset();
     at::removeCallback(node_callback_);
   }
@@ -473,7 +475,7 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
     if (is_meta_tensor(t)) return index_of(buffer_of(t));
     if (!t.defined() || !t.is_cpu()) return std::nullopt;
     const auto found = real_.find(t.storage().data());
-    return found == real_.end() ? std::nullopt : index_of(found->second);
+    return found == real_.end() || found->second == 0 ? std::nullopt : index_of(found->second);
   }
 
   std::optional<std::uint32_t> index_of(BufferId id) const {
@@ -536,8 +538,11 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
   std::optional<std::uint32_t> record_stream_op_;  // its op name index, once seen
   at::CallbackHandle node_callback_ = 0;
   std::optional<MetaMode> mode_;
-  bool listens_;                                    // to real CPU allocations (a fake cpu)
-  std::unordered_map<const void*, BufferId> real_;  // their buffers, by data pointer
+  bool records_real_;  // real CPU allocations as the step's memory (a fake cpu)
+  // Every real CPU allocation made in the trace, by data pointer: its
+  // buffer where recorded, else 0 (a fake cuda's host memory). One not
+  // here was made before the trace.
+  std::unordered_map<const void*, BufferId> real_;
 };
 
 }  // namespace detail

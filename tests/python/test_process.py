@@ -2,6 +2,7 @@
 traced objects after the block, a caught OOM, the first distributed trace,
 and the command line's errors (issue 45)."""
 
+import copy
 import gc
 import json
 import os
@@ -193,6 +194,30 @@ def test_a_model_trained_on_a_fake_cpu_without_modules_is_as_it_was_after_the_bl
     assert all(p.grad is None for p in model.parameters()) and len(opt.state) == 0
     step()  # trains for real, from where it was
     assert model[1].num_batches_tracked.item() == 1 and opt.state[model[0].weight]["step"].item() == 1
+
+
+def test_host_tensors_from_before_a_fake_cuda_block_are_as_they_were_after_it():
+    # An average of the weights kept on the CPU (timm's ModelEmaV2 with
+    # device="cpu") and a step count: their ops on real tensors alone run
+    # for real, and on fake cuda nothing put back what they wrote. After
+    # the block the average had decayed twice and the count was 2.
+    model = small_batch_norm_net()
+    average = copy.deepcopy(model)
+    count = torch.zeros((), dtype=torch.int64)
+    before = {name: t.clone() for name, t in average.state_dict().items()}
+    with metamem.trace(device="cuda") as t:
+        model.cuda()
+        opt = torch.optim.AdamW(model.parameters())
+        for _ in range(2):
+            model(torch.randn(16, 32, device="cuda")).sum().backward()
+            opt.step()
+            with torch.no_grad():
+                for kept, now in zip(average.parameters(), model.parameters()):
+                    kept.mul_(0.9).add_(now.cpu(), alpha=0.1)
+            count += 1
+    assert len(t.step_peaks) == 2
+    assert all(torch.equal(t, before[name]) for name, t in average.state_dict().items())
+    assert count.item() == 0
 
 
 def test_a_real_gradient_from_before_the_block_is_kept():
