@@ -65,8 +65,11 @@ class OptimizersFollow:
         groups as they stand (the step pre-hook runs as Dynamo traces, where
         it cannot change them). Which exist is asked of the garbage
         collector once per block, at its first compile: those made later in
-        it hold its tensors. One that would be refused (_refused) is left
-        alone: the block may not step it."""
+        it hold its tensors; and only once the block has replaced something
+        (a model built in it, as torchtitan's, replaces nothing). One that
+        would be refused (_refused) is left alone: the block may not step it."""
+        if not self.replacements.replaced:
+            return
         if self.existing is None:
             self.existing = weakref.WeakSet(o for o in gc.get_objects() if issubclass(type(o), torch.optim.Optimizer))
         for optimizer in list(self.existing):
