@@ -114,9 +114,12 @@ class _Contents:
 
 
 def _same(tensor, data):
-    """Whether `tensor` still holds the real `data` it held."""
-    return (not _metamem.is_traced(tensor) and tensor.dtype == data.dtype and tensor.device == data.device
-            and tensor.data_ptr() == data.data_ptr())
+    """Whether `tensor` still holds the real `data` it held. A tensor
+    without storage (a sparse one, whose data_ptr() raises) is compared
+    by its kind alone."""
+    if _metamem.is_traced(tensor) or tensor.dtype != data.dtype or tensor.device != data.device:
+        return False
+    return not torch._C._has_storage(tensor) or tensor.data_ptr() == data.data_ptr()
 
 
 def _either(replacement, tensor):

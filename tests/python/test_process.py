@@ -196,6 +196,17 @@ def test_a_model_trained_on_a_fake_cpu_without_modules_is_as_it_was_after_the_bl
     assert model[1].num_batches_tracked.item() == 1 and opt.state[model[0].weight]["step"].item() == 1
 
 
+def test_a_move_of_a_model_with_a_sparse_buffer_from_before_the_block():
+    # Telling whether a move set a tensor's data in place read its data_ptr(),
+    # which a sparse tensor does not have.
+    model = torch.nn.Linear(4, 4)
+    model.register_buffer("mask", torch.eye(4).to_sparse())
+    with metamem.trace(device="cpu") as t:
+        model.to(torch.float32)
+        model(torch.randn(2, 4)).sum().backward()
+    assert t.peak_bytes > 0 and model.mask.is_sparse and torch.equal(model.mask.to_dense(), torch.eye(4))
+
+
 def test_host_tensors_from_before_a_fake_cuda_block_are_as_they_were_after_it():
     # An average of the weights kept on the CPU (timm's ModelEmaV2 with
     # device="cpu") and a step count: their ops on real tensors alone run
