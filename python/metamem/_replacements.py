@@ -73,7 +73,7 @@ class Replacements:
         def moving(self, fn, recurse=True):
             # Only those from before the block are held here: a traced buffer
             # the move replaces is freed as torch frees it, before the next is made.
-            before = [(store, name, tensor, _Contents(tensor)) for store in (self._parameters, self._buffers)
+            before = [(store, name, tensor, _Contents.of(tensor)) for store in (self._parameters, self._buffers)
                       for name, tensor in store.items() if tensor is not None and not _metamem.is_traced(tensor)]
             result = apply(self, fn, recurse)
             for store, name, tensor, contents in before:
@@ -82,7 +82,7 @@ class Replacements:
                 if moved is not tensor:
                     store[name] = tensor  # as it was, for replace() to keep
                     replacements.replace(store, name, _either(replacements.of(tensor), moved))
-                elif contents.changed():
+                elif contents is not None and contents.changed():
                     replacements.undo.append(contents.put_back)
             return result
 
@@ -95,6 +95,14 @@ class _Contents:
     model left real, on a fake cpu) sets both in place (`param.data = ...`),
     as torch does where the new tensor is of the old one's kind; they are
     put back as the block ends."""
+
+    @classmethod
+    def of(cls, tensor):
+        """Those of a plain tensor with values, on the CPU, else None. A meta
+        one (torchtitan builds its model on the meta device in the block,
+        and FSDP makes its parameters DTensors) has no values to put back."""
+        plain = type(tensor) in (torch.Tensor, torch.nn.Parameter)
+        return cls(tensor) if plain and tensor.device.type == "cpu" else None
 
     def __init__(self, tensor):
         self.tensor, self.data, self.grad = tensor, tensor.data, tensor.grad
