@@ -403,7 +403,9 @@ class CompiledCode(CompilingAside):
             if name != "_init_group" or threading.get_ident() != self.owner:
                 return call_method(variable, tx, name, *args, **kwargs)
             self.optimizer = type(variable.value).__name__
-            self.optimizers.compiling_step(variable.value)
+            # Its state is the block's, where it is from before the block
+            # (a fake cpu's model, whose parameters stay real).
+            self.optimizers.take(variable.value)
             with _metamem.InsideTrace():
                 return call_method(variable, tx, name, *args, **kwargs)
         return call

@@ -73,19 +73,9 @@ class OptimizersFollow:
         if self.existing is None:
             self.existing = weakref.WeakSet(o for o in gc.get_objects() if issubclass(type(o), torch.optim.Optimizer))
         for optimizer in list(self.existing):
-            if optimizer in self.adopted or (not self._refused(optimizer) and any(
-                    self.replacements.of(p) is not None for group in optimizer.param_groups for p in group["params"])):
+            if not self._refused(optimizer) and any(self.replacements.of(p) is not None
+                                                    for group in optimizer.param_groups for p in group["params"]):
                 self._follow(optimizer)
-
-    def compiling_step(self, optimizer):
-        """As Dynamo, on the block's thread, makes the state of an optimizer
-        whose step it compiles: that state is the block's, where the
-        optimizer is from before it (a fake cpu's model, whose parameters
-        stay real). One that would be refused is refused here."""
-        if optimizer not in self.adopted and not self._made_in_the_block(optimizer):
-            self._adopt(optimizer)
-        if self._refused(optimizer):
-            raise self._refusal(optimizer)
 
     def _follow(self, optimizer):
         # A step Dynamo compiles runs this hook as it traces, where it would
@@ -93,26 +83,31 @@ class OptimizersFollow:
         # Dynamo cannot trace get_ident. Another thread's optimizers are its own.
         if torch.compiler.is_compiling() or threading.get_ident() != self.owner:
             return
+        if self.take(optimizer):
+            for group in optimizer.param_groups:
+                group["params"] = [self.replacements.current(p) for p in group["params"]]
+
+    def take(self, optimizer):
+        """Adopts an optimizer from before the block, the first time (its
+        state is the block's from then), and refuses it where _refused;
+        False for one made in the block, which holds its tensors already.
+        Called at its step() and zero_grad(), and as Dynamo makes its state
+        while compiling its step."""
         if optimizer not in self.adopted:
             if self._made_in_the_block(optimizer):
-                return
+                return False
             self._adopt(optimizer)
         if self._refused(optimizer):
-            raise self._refusal(optimizer)
-        for group in optimizer.param_groups:
-            group["params"] = [self.replacements.current(p) for p in group["params"]]
+            raise OptimizerRefused(
+                f"metamem: the {type(optimizer).__name__} stepped in the block holds state from before it for "
+                "parameters that the block replaced (modules=, a .cuda() in it), state the trace cannot place "
+                "on the device: build the optimizer in the block, or trace before its first step")
+        return True
 
     def _refused(self, optimizer):
         """Whether it holds state from before the block for a parameter the
         block replaced."""
         return any(self.replacements.of(p) is not None for p in optimizer.state)
-
-    @staticmethod
-    def _refusal(optimizer):
-        return OptimizerRefused(
-            f"metamem: the {type(optimizer).__name__} stepped in the block holds state from before it for "
-            "parameters that the block replaced (modules=, a .cuda() in it), state the trace cannot place "
-            "on the device: build the optimizer in the block, or trace before its first step")
 
     def _made_in_the_block(self, optimizer):
         if optimizer in self.made_in_the_block:
