@@ -20,11 +20,11 @@ class CountingAllocator final : public c10::Allocator {
     if (nbytes == 0) return {nullptr, nullptr, &release, c10::Device(c10::kCPU)};
     void* data = c10::GetDefaultCPUAllocator()->raw_allocate(nbytes);
     if (t_uncounted > 0) {
-      auto* listener = listener_.load();
+      bool heard = true;
+      tell_listener([&](CpuAllocationListener& listener) { heard = listener.hears_allocations_now(); });
       std::lock_guard<std::mutex> lock(mutex_);
       sizes_[data] = 0;  // counted only if it outlives the guard, and the listener hears of it now
-      if (listener == nullptr || listener->hears_allocations_now())
-        deferred_[data] = {nbytes, std::this_thread::get_id()};
+      if (heard) deferred_[data] = {nbytes, std::this_thread::get_id()};
     } else {
       {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -42,7 +42,7 @@ class CountingAllocator final : public c10::Allocator {
 
   static void release(void* data) {
     if (data == nullptr) return;
-    if (auto* listener = listener_.load()) listener->on_cpu_free(data);
+    tell_listener([&](CpuAllocationListener& listener) { listener.on_cpu_free(data); });
     std::size_t nbytes = 0;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -79,7 +79,13 @@ class CountingAllocator final : public c10::Allocator {
   static std::int64_t live() { return live_.load(); }
   static std::int64_t peak() { return peak_.load(); }
   static void reset_peak() { peak_.store(live_.load()); }
-  static void set_listener(CpuAllocationListener* listener) { listener_.store(listener); }
+  // Returns once no thread can still be telling the listener it replaced:
+  // a recorder unset at the end of a trace is destroyed next, while a
+  // DataLoader's pin-memory thread or the user's own may be allocating.
+  static void set_listener(CpuAllocationListener* listener) {
+    listener_.store(listener);
+    while (tellers_.load() != 0) std::this_thread::yield();
+  }
 
  private:
   static void count(void* data, std::size_t nbytes) {
@@ -88,7 +94,20 @@ class CountingAllocator final : public c10::Allocator {
     std::int64_t peak = peak_.load();
     while (live > peak && !peak_.compare_exchange_weak(peak, live)) {
     }
-    if (auto* listener = listener_.load()) listener->on_cpu_alloc(data, nbytes);
+    tell_listener([&](CpuAllocationListener& listener) { listener.on_cpu_alloc(data, nbytes); });
+  }
+
+  // Counted from before the listener is read until its call returns, so
+  // that set_listener can wait for every call that read the old one. The
+  // count and the pointer are sequentially consistent: a teller that read
+  // the old listener has its count seen by the set_listener that replaced it.
+  template <typename Tell>
+  static void tell_listener(Tell&& tell) {
+    struct Teller {
+      Teller() { tellers_.fetch_add(1); }
+      ~Teller() { tellers_.fetch_sub(1); }
+    } teller;
+    if (auto* listener = listener_.load()) tell(*listener);
   }
 
   static std::mutex mutex_;
@@ -98,6 +117,7 @@ class CountingAllocator final : public c10::Allocator {
   static std::atomic<std::int64_t> live_;
   static std::atomic<std::int64_t> peak_;
   static std::atomic<CpuAllocationListener*> listener_;
+  static std::atomic<int> tellers_;
 };
 
 thread_local int CountingAllocator::t_uncounted = 0;
@@ -107,6 +127,7 @@ std::unordered_map<void*, std::pair<std::size_t, std::thread::id>> CountingAlloc
 std::atomic<std::int64_t> CountingAllocator::live_{0};
 std::atomic<std::int64_t> CountingAllocator::peak_{0};
 std::atomic<CpuAllocationListener*> CountingAllocator::listener_{nullptr};
+std::atomic<int> CountingAllocator::tellers_{0};
 
 void install_once() {
   static std::once_flag once;

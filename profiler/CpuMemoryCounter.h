@@ -37,7 +37,8 @@ class UncountedCpuAllocations {
 class CpuMemoryCounter {
  public:
   // Installs the counting allocator (once: it stays for the process) and
-  // sets the listener, or unsets it with nullptr.
+  // sets the listener, or unsets it with nullptr. Returns once no thread is
+  // still calling the listener it replaced, which may then be destroyed.
   static void set_listener(CpuAllocationListener* listener);
 
   // Installs the counting allocator the first time (it stays installed for
