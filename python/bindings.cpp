@@ -21,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <unordered_map>
+#include <utility>
 
 #include "estimator/AllocatorEvents.h"
 #include "estimator/CachingAllocator.h"
@@ -729,6 +730,15 @@ PYBIND11_MODULE(_metamem, m) {
         if (t.defined() && metamem::is_meta_tensor(t)) metamem::forget_values(metamem::buffer_of(t));
       },
       py::arg("tensor"), "The trace no longer knows the values of the tensor's buffer (another rank wrote them).");
+  m.def(
+      "exchange_grad",
+      [](const at::Tensor& t, std::optional<at::Tensor> grad) -> std::optional<at::Tensor> {
+        at::Tensor had = std::exchange(t.mutable_grad(), grad.value_or(at::Tensor()));
+        return had.defined() ? std::optional<at::Tensor>(had) : std::nullopt;
+      },
+      py::arg("tensor"), py::arg("grad"),
+      "Sets a tensor's .grad without torch's checks of its device and kind, and returns the one it had: a "
+      "parameter on the host lends the gradient of its fake-cuda replacement to a hook.");
   m.def("known_values", [](const at::Tensor& t) -> std::optional<at::Tensor> { return metamem::known_values(t); },
         py::arg("tensor"), "A traced tensor's values as a real CPU tensor, if the trace knows them; else None.");
   // A trace follows the fake GPU's recordings inside `with recordings:`.

@@ -140,8 +140,24 @@ def _carry_hooks(original, replacement):
     its gradient as they are, those run after its gradient accumulates (an
     optimizer stepped in backward) called with the parameter they were
     registered on, by which such a hook finds its optimizer (which steps
-    the replacement, _optimizers)."""
+    the replacement, _optimizers), lent the replacement's gradient."""
     for hook in (original._backward_hooks or {}).values():
         replacement.register_hook(hook)
     for hook in (original._post_accumulate_grad_hooks or {}).values():
-        replacement.register_post_accumulate_grad_hook(lambda _, hook=hook: hook(original))
+        replacement.register_post_accumulate_grad_hook(
+            lambda _, hook=hook: _run_with_lent_grad(hook, original, replacement))
+
+
+def _run_with_lent_grad(hook, original, replacement):
+    """hook(original), with original.grad the replacement's as the hook runs
+    (a hook reads p.grad: a norm logged, a sum kept). A gradient the hook
+    sets on it (None, to free it) becomes the replacement's. The lending
+    skips torch's checks: on fake cuda the original stays on the host."""
+    lent = replacement.grad
+    had = _metamem.exchange_grad(original, lent)
+    try:
+        hook(original)
+    finally:
+        left = _metamem.exchange_grad(original, had)
+        if left is not lent:
+            replacement.grad = left

@@ -377,6 +377,49 @@ def test_hooks_on_parameters_from_before_the_block_run_on_their_replacements():
     assert all(len(o.state) == 0 for o in optimizers.values()) and all(p.grad is None for p in model.parameters())
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_hook_after_accumulation_reads_the_gradient_of_the_parameter_it_was_given(device):
+    # The hook gets the parameter it was registered on, from before the
+    # block, whose .grad was None there (AttributeError on p.grad.norm()):
+    # it is lent its replacement's as the hook runs, and the None the hook
+    # sets frees the replacement's.
+    def keeping_norms(norms):
+        def keep(p):
+            norms.append(p.grad.norm())
+            p.grad = None
+        return keep
+
+    def build(norms):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)])
+        for p in model.parameters():
+            p.register_post_accumulate_grad_hook(keeping_norms(norms))
+        return model
+
+    def steps(model, device="cpu"):
+        for _ in range(2):
+            model(torch.randn(64, 512, device=device)).sum().backward()
+
+    norms = []
+    model = build(norms)
+    with metamem.trace(device=device, modules=[model]) as t:
+        steps(model.to(device), device)
+    assert len(norms) == 16 and all(p.grad is None for p in model.parameters())
+    if device == "cpu":
+        real_norms = []
+        real = build(real_norms)
+        assert t.peak_bytes == metamem.achieved_cpu(lambda: steps(real), modules=[real]) == 6_037_544
+        assert len(real_norms) == 16
+    else:  # as the same hook registered in the block, on the moved model
+        model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(4)])
+        with metamem.trace(device="cuda", modules=[model]) as registered_in_block:
+            model.cuda()
+            for p in model.parameters():
+                p.register_post_accumulate_grad_hook(keeping_norms([]))
+            steps(model, "cuda")
+        assert t.peak_bytes == registered_in_block.peak_bytes
+
+
 # --- out of memory ----------------------------------------------------------
 
 def test_a_caught_out_of_memory_error_leaves_the_peak_as_what_was_live():
