@@ -616,8 +616,10 @@ bool all_real(const c10::FunctionSchema& schema, const torch::jit::Stack& stack)
   return any && all;
 }
 
-// An op on real tensors alone is about to run for real: what it writes of
-// the tensors from before the trace is kept, to be put back as it ends.
+// An op is about to run for real: on real tensors alone, or on a real one
+// beside traced ones whose values the trace knows (learn_values: `h.add_(g)`
+// writes into h). What it writes of the real tensors from before the trace
+// is kept, to be put back as it ends.
 void keep_real_writes(const c10::FunctionSchema& schema, const torch::jit::Stack& stack) {
   auto* observer = g_mode.observer.load(std::memory_order_acquire);
   if (observer == nullptr) return;
@@ -626,7 +628,8 @@ void keep_real_writes(const c10::FunctionSchema& schema, const torch::jit::Stack
   for (std::size_t i = 0; i < args.size(); ++i) {
     if (args[i].alias_info() == nullptr || !args[i].alias_info()->isWrite()) continue;
     for_each_tensor(stack[first + i], [&](const at::Tensor& t) {
-      if (t.defined() && t.is_cpu() && t.has_storage() && observer->real_allocation(t.storage().data()).made_before_trace)
+      if (t.defined() && t.is_cpu() && !is_meta_tensor(t) && t.has_storage() &&
+          observer->real_allocation(t.storage().data()).made_before_trace)
         keep_before_real_write(t);
     });
   }
@@ -692,6 +695,7 @@ void meta_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   scratch.free();
   report_reduction_staging(op, original_args, returns, device_observer);
   if (observer != nullptr) observer->on_op(op, inputs, outputs, original_args, returns);
+  keep_real_writes(schema, original_args);
   learn_values(op, original_args, returns);
 }
 

@@ -231,6 +231,20 @@ def test_host_tensors_from_before_a_fake_cuda_block_are_as_they_were_after_it():
     assert count.item() == 0
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_tensor_from_before_the_block_written_with_values_the_trace_knows_is_as_it_was_after_it(device):
+    # A count of tokens kept in a tensor from before the block, added to
+    # from token ids the trace knows: the op runs for real for its values,
+    # and nothing put back what it wrote (the count was 24 after the block).
+    seen = torch.zeros(2, dtype=torch.int64)
+    with metamem.trace(device=device):
+        for _ in range(2):
+            ids = torch.randint(0, 4, (3, 4), device=device)
+            seen.add_((ids >= 0).sum())
+        inside = seen.tolist()
+    assert inside == [24, 24] and seen.tolist() == [0, 0]
+
+
 def test_a_real_gradient_from_before_the_block_is_kept():
     model = small_batch_norm_net()
     model(torch.randn(16, 32)).sum().backward()
