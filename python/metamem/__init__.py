@@ -629,6 +629,20 @@ def _patch_truncated_normal(patches):
     patches.set(init, "_no_grad_trunc_normal_", first_draw)
 
 
+def _patch_grad_scaler(patches):
+    """GradScaler checks for inf and NaN gradients by reading a value (on
+    the GPU, and on the CPU with torch.amp.GradScaler("cpu")): in a trace
+    it finds none and steps, as a healthy step does."""
+    scaler = torch.amp.grad_scaler.GradScaler
+    check = scaler._maybe_opt_step
+
+    def finding_none(*args, **kwargs):
+        with _metamem.PlaceholderValues():
+            return check(*args, **kwargs)
+
+    patches.set(scaler, "_maybe_opt_step", finding_none)
+
+
 def _patch_fake_tensor_mode(patches):
     """FakeTensorMode inside a block (DTensor's sharding propagation finds
     its outputs' shapes with it) computes on plain meta tensors, as outside
@@ -771,6 +785,7 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
                 _patch_traced_storages(patches, session if device == "cuda" else None)
                 _patch_deepcopy(patches)
                 _patch_truncated_normal(patches)
+                _patch_grad_scaler(patches)
                 _patch_fake_tensor_mode(patches)
                 _patch_data_loader_workers(patches)
                 if device == "cuda":

@@ -483,10 +483,6 @@ class FakeCudaRuntime:
                  lambda tensor: not _metamem.is_traced(tensor) and acceptable(tensor))
             self.rnns = _Rnns(torch.nn.modules.rnn._VF)
             set_(torch.nn.modules.rnn, "_VF", self.rnns)
-            # GradScaler checks for inf and NaN gradients by reading a value:
-            # in a trace it finds none and steps, as a healthy step does.
-            scaler = torch.amp.grad_scaler.GradScaler
-            set_(scaler, "_maybe_opt_step", _placeholder_reads(scaler._maybe_opt_step))
             self.kernels_for.__enter__()
         except BaseException:
             self.patches.restore()
@@ -640,9 +636,3 @@ def _flatten_for_cudnn(module):
             offset += w.numel()
     return True
 
-
-def _placeholder_reads(method):
-    def reading_zeros(*args, **kwargs):
-        with _metamem.PlaceholderValues():
-            return method(*args, **kwargs)
-    return reading_zeros

@@ -425,6 +425,27 @@ def test_autocast_and_grad_scaler():
             assert (mlp().cuda()(torch.randn(4, 64, device="cuda"))).dtype == torch.bfloat16
 
 
+def test_a_grad_scaler_on_the_cpu_steps_as_the_real_run_does():
+    # torch.amp.GradScaler("cpu") reads whether a gradient overflowed, as on
+    # the GPU: on a fake cpu that read stopped the block (ValueReadError).
+    def step():
+        torch.manual_seed(0)
+        model = mlp()
+        opt = torch.optim.AdamW(model.parameters())
+        scaler = torch.amp.GradScaler("cpu")
+        for _ in range(2):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = model(torch.randn(32, 64))
+            scaler.scale(out.float().sum()).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+        assert len(opt.state) == 4
+
+    traced, real = trace_and_run(step)
+    assert traced == real
+
+
 class Blocks(torch.nn.Module):
     def __init__(self, form):
         super().__init__()
