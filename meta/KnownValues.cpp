@@ -4,9 +4,11 @@
 #include <ATen/core/enum_tag.h>
 #include <ATen/core/stack.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/WrapDimMinimal.h>
 #include <c10/util/SmallVector.h>
+#include <torch/csrc/autograd/anomaly_mode.h>
 
 #include <algorithm>
 #include <atomic>
@@ -204,6 +206,15 @@ void keep(const at::Tensor& traced, const at::Tensor& real, c10::ArrayRef<c10::I
   view_of(new_values(traced), traced).copy_(real);
 }
 
+// Anomaly mode checks every gradient backward makes for NaN,
+// isnan(grad)._is_any_true().item(), on values a trace does not know: the
+// check finds none, as in the healthy step a trace stands for (the NaN it
+// hunts is in values, which a trace has not).
+bool is_anomaly_nan_check(const c10::FunctionSchema& schema) {
+  return torch::autograd::AnomalyMode::is_enabled() && torch::autograd::AnomalyMode::should_check_nan() &&
+         schema.name() == "aten::_is_any_true";
+}
+
 bool is_integer(const at::Tensor& t) { return c10::isIntegralType(t.scalar_type(), /*includeBool=*/false); }
 
 // Index arithmetic: a comparison of integer tensors (`position_diff != 1`).
@@ -310,6 +321,7 @@ void learn_values(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> argu
   torch::jit::Stack stack;
   for (std::size_t i = 0; i < arguments.size(); ++i) {
     auto value = real_argument(arguments[i], overwrites(op, i), budget);
+    if (!value && is_anomaly_nan_check(schema)) return keep(returns[0].toTensor(), at::zeros({}, at::kBool), arguments);
     if (!value) return forget_written(schema, arguments);
     stack.push_back(std::move(*value));
   }

@@ -446,6 +446,25 @@ def test_a_grad_scaler_on_the_cpu_steps_as_the_real_run_does():
     assert traced == real
 
 
+def test_anomaly_mode_checks_each_gradient_for_nan_and_finds_none():
+    # Backward under anomaly mode reads isnan(grad)._is_any_true() for every
+    # gradient: a value a trace does not have (ValueReadError). The check
+    # finds none, as in a healthy step; its temporaries are the real run's.
+    def step():
+        torch.manual_seed(0)
+        model = mlp()
+        with torch.autograd.detect_anomaly():
+            model(torch.randn(32, 64)).sum().backward()
+
+    traced, real = trace_and_run(step)
+    assert traced == real
+    with metamem.trace(device="cuda"), torch.autograd.detect_anomaly():
+        loss = mlp().cuda()(torch.randn(32, 64, device="cuda")).sum()
+        loss.backward()
+        with pytest.raises(metamem.ValueReadError):  # the user's own read still has no value
+            loss.item()
+
+
 class Blocks(torch.nn.Module):
     def __init__(self, form):
         super().__init__()
