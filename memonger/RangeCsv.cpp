@@ -25,11 +25,29 @@ std::vector<std::string_view> split(std::string_view line) {
   }
 }
 
+// A field as an error message shows it: bytes that are not printable ASCII
+// as \xNN, and no more than 40 of them (a binary file's first line is one
+// field of thousands of bytes).
+std::string shown(std::string_view field) {
+  constexpr std::size_t kShown = 40;
+  std::string text;
+  for (const char c : field.substr(0, kShown)) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte >= 0x20 && byte < 0x7f) {
+      text += c;
+    } else {
+      constexpr char kHex[] = "0123456789abcdef";
+      text += {'\\', 'x', kHex[byte >> 4], kHex[byte & 0xf]};
+    }
+  }
+  return field.size() > kShown ? text + "..." : text;
+}
+
 std::int64_t parse_integer(std::string_view field, const char* what, const std::string& at) {
   std::int64_t value = 0;
   const auto [end, error] = std::from_chars(field.data(), field.data() + field.size(), value);
   if (field.empty() || error != std::errc() || end != field.data() + field.size())
-    throw InputError(at + what + " is not an integer: '" + std::string(field) + "'");
+    throw InputError(at + what + " is not an integer: '" + shown(field) + "'");
   return value;
 }
 
@@ -40,6 +58,8 @@ RangeTable read_ranges_csv(std::istream& in) {
   std::unordered_map<std::int64_t, std::size_t> line_of_id;
   std::string text;
   for (std::size_t line = 1; std::getline(in, text); ++line) {
+    // A spreadsheet's UTF-8 export begins with a byte-order mark.
+    if (line == 1 && text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);
     const std::string at = "line " + std::to_string(line) + ": ";
     const std::string_view content = trim(text);
     if (content.empty() || content.front() == '#') continue;

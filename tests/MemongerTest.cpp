@@ -346,6 +346,14 @@ TEST(RangeCsv, ReadsMiniMallocLayoutWithUpperExcluded) {
   EXPECT_EQ(out.str(), "id,lower,upper,size,offset\n0,0,3,4,0\n1,3,9,4,0\n");
 }
 
+TEST(RangeCsv, ReadsASpreadsheetsExportWithItsByteOrderMarkAndCrlf) {
+  std::istringstream in("\xEF\xBB\xBFid,lower,upper,size\r\n0,0,3,4\r\n");
+  const RangeTable table = read_ranges_csv(in);
+  EXPECT_EQ(table.layout, RangeLayout::kMiniMalloc);
+  ASSERT_EQ(table.ranges.size(), 1u);
+  EXPECT_EQ(table.ranges[0].bytes, 4);
+}
+
 TEST(RangeCsv, RoundTrips) {
   const std::vector<LiveRange> ranges = {{3, 0, 4, 1024, false}, {9, 2, 2, 0, true}};
   std::stringstream csv;
@@ -381,6 +389,8 @@ TEST(RangeCsv, NamesTheBadLine) {
   EXPECT_EQ(csv_error("id,lower,upper,size\n1,0,4,8,1\n"), "line 2: expected id,lower,upper,size, got 5 fields");
   EXPECT_EQ(csv_error("1,0,1,99999999999999999999\n"),
             "line 1: bytes is not an integer: '99999999999999999999'");
+  EXPECT_EQ(csv_error("1,0,1,\x80\x01" + std::string(50, 'y') + "\n"),
+            "line 1: bytes is not an integer: '\\x80\\x01" + std::string(38, 'y') + "...'");
 }
 
 // Random bytes and mutated valid files: an InputError or ranges, never a crash.
