@@ -321,7 +321,8 @@ void learn_values(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> argu
   torch::jit::Stack stack;
   for (std::size_t i = 0; i < arguments.size(); ++i) {
     auto value = real_argument(arguments[i], overwrites(op, i), budget);
-    if (!value && is_anomaly_nan_check(schema)) return keep(returns[0].toTensor(), at::zeros({}, at::kBool), arguments);
+    if (!value && is_anomaly_nan_check(schema))
+      return keep(returns[0].toTensor(), at::zeros({}, at::kBool), arguments);
     if (!value) return forget_written(schema, arguments);
     stack.push_back(std::move(*value));
   }
