@@ -14,6 +14,7 @@ import contextlib
 import os
 import runpy
 import sys
+import traceback
 
 import torch
 from torch.nn.modules.module import register_module_forward_pre_hook
@@ -32,6 +33,12 @@ class StepsDone(BaseException):
     """Ends the script after its last traced optimizer step. A
     BaseException, as KeyboardInterrupt is, so that the script's own
     `except Exception` lets it through."""
+
+
+class ScriptError(Exception):
+    """The script ended on an error of its own (an exception metamem did
+    not raise, or a non-zero exit status), as `python SCRIPT` would have
+    ended on it: named by the script's line, not taken for bad input."""
 
 
 class ScriptRun:
@@ -76,6 +83,29 @@ def _caller():
     while frame.f_back is not None and frame.f_code.co_filename.startswith(_LIBRARIES):
         frame = frame.f_back
     return f"{os.path.relpath(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def _script_error(script, error):
+    """A ScriptError for what the script raised, named by the innermost
+    line of its traceback outside torch, metamem and runpy (the script's,
+    or its libraries'), or by the script where none is (a syntax error)."""
+    own = [frame for frame in traceback.extract_tb(error.__traceback__)
+           if not frame.filename.startswith(_LIBRARIES) and frame.filename != runpy.__file__]
+    where = f"{os.path.relpath(own[-1].filename)}:{own[-1].lineno}" if own else script
+    return ScriptError(f"{where} raised {type(error).__name__}: {error}")
+
+
+def _exit_raising(patches):
+    """os._exit in the script ends it as sys.exit does, so that the steps it
+    took are reported (a script may end so, past threads that would not
+    stop). A child the script forks ends as os._exit ends it."""
+    exit_now, tracing = os._exit, os.getpid()
+
+    def exiting(status):
+        if os.getpid() != tracing:
+            exit_now(status)
+        raise SystemExit(status)
+    patches.set(os, "_exit", exiting)
 
 
 def _counting_reads(run, patches):
@@ -138,6 +168,7 @@ def trace_script(script, argv, steps, device, gpu, values, world_size=None, rank
         with trace(device=device, gpu=gpu, values=values, world_size=world_size, rank=rank,
                    nproc_per_node=nproc_per_node, host_tensors="host") as t:
             patches.set(torch, "save", save_nothing)
+            _exit_raising(patches)
             _counting_reads(run, patches)
             hook = register_optimizer_step_post_hook(after_step)
             try:
@@ -149,7 +180,11 @@ def trace_script(script, argv, steps, device, gpu, values, world_size=None, rank
                 pass
             except SystemExit as exit:
                 if exit.code not in (None, 0):
-                    raise RuntimeError(f"{script} exited with status {exit.code}") from None
+                    raise ScriptError(f"{script} exited with status {exit.code}") from None
+            except Exception as error:
+                if type(error).__module__.startswith(__package__):  # metamem's own: what it cannot trace
+                    raise
+                raise _script_error(script, error) from error
             finally:
                 hook.remove()
                 patches.restore()

@@ -26,6 +26,7 @@ from . import (Sharding, UnsupportedOpError, _metamem, achieved_cpu, gpu_memory,
                trace)
 from . import torchtitan as titan
 from ._checkpointing import SOLVERS, Checkpointing, least_recompute
+from ._run import ScriptError
 from ._search import each_apart
 from ._sharding import ranks_that_differ
 
@@ -756,6 +757,8 @@ def failure(error):
     line = lines[0] if len(lines[0]) <= 300 else lines[0][:300] + "..."
     if isinstance(error, UnsupportedOpError):  # ValueReadError too; its message names metamem
         return 1, line
+    if isinstance(error, ScriptError):  # the script's own error, as Python would have ended on it
+        return 1, f"metamem: {line} (--debug prints the traceback)"
     if isinstance(error, (UsageError, ValueError, TypeError, KeyError, OSError, ImportError)):
         return 2, f"metamem: {line}"
     return 1, f"metamem: {type(error).__name__}: {line} (--debug prints the traceback)"

@@ -164,6 +164,29 @@ def test_what_a_run_cannot_do_is_named(tmp_path, capsys):
     assert "metamem" in capsys.readouterr().err
 
 
+def test_a_script_that_fails_is_named_by_its_line_and_one_ended_by_os_exit_is_reported(tmp_path, capsys):
+    # The script's own error was taken for bad input (exit 2, "metamem:
+    # mat1 and mat2 ...", no line), and os._exit ended the process with no
+    # report. A child the script forks still ends by the real os._exit.
+    failing = tmp_path / "failing.py"
+    failing.write_text("import torch\nmodel = torch.nn.Linear(4, 4)\nmodel(torch.randn(2, 5))\n")
+    assert metamem.cli.main(["run", str(failing)]) == 1
+    assert (f"metamem: {os.path.relpath(failing)}:3 raised RuntimeError: mat1 and mat2 shapes cannot be "
+            "multiplied (2x5 and 4x4)") in capsys.readouterr().err
+    exiting = tmp_path / "exiting.py"
+    exiting.write_text(
+        "import multiprocessing, os, torch\n"
+        "child = multiprocessing.get_context('fork').Process(target=print, args=('child',))\n"
+        "child.start(); child.join(); assert child.exitcode == 0\n"
+        "model = torch.nn.Linear(8, 8).cuda(); opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "model(torch.randn(2, 8, device='cuda')).sum().backward(); opt.step()\n"
+        "os._exit(0)\n")
+    assert metamem.cli.main(["run", "--format", "json", str(exiting)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["run"]["optimizer_steps"] == 1 and not report["run"]["stopped"]
+    assert report["predicted"]["peak_bytes"] > 0
+
+
 def test_a_torchrun_script_is_traced_as_each_rank_exact_against_real_processes(capsys):
     # Four ranks on a node, as `torchrun --nproc-per-node 4` starts them:
     # gloo on a CPU, 64 samples and two steps each. The last layer's 10
