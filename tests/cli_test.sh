@@ -169,6 +169,12 @@ expect 2 "cross_entropy:10 needs an output of shape \\[batch, 10\\] or \\[batch,
   profile --model "$models/resnet18.pt" --input 2x3x64x64 --loss cross_entropy:10
 expect 2 "--dtype is for zoo models" profile --model "$models/resnet18.pt" --input 2x3x64x64 --dtype bf16
 expect 2 "--input is for TorchScript models" profile --model mlp --input 2x3
+# A shape flag the model does not take was ignored: the answer was the default model's.
+expect 2 "--width is for the zoo's gpt2 and llama, not mlp" profile --model mlp --batch 2 --width 64
+expect 2 "--seq is for the zoo's gpt2 and llama, not resnet50" fit --model resnet50 --seq 128
+expect 2 "--kv-heads is for the zoo's llama, not gpt2" checkpoint --model gpt2 --kv-heads 4 --budget 1GiB
+expect 2 "--image is for the zoo's resnet18 and resnet50: a TorchScript model's shapes are its --input" \
+  profile --model "$models/resnet18.pt" --input 2x3x64x64 --image 32
 expect 1 "no meta kernel for aten::_unique2" profile --model "$models/unsupported_op.pt" --input 16
 expect 0 "achieved peak \(real CPU\).*\(\+0 B\)" profile --model mlp --batch 2 --device cpu --amp f16 --achieved --optimizer adam
 expect 2 "--amp must be none\\|bf16\\|f16" profile --model mlp --batch 2 --amp f8

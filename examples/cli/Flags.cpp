@@ -29,12 +29,13 @@ std::vector<std::string> Flags::parse(const std::vector<std::string>& args) cons
       positionals.push_back(flag);
       continue;
     }
+    const bool takes_value = ints_.count(flag) || strings_.count(flag) || lists_.count(flag);
+    if (!takes_value && !switches_.count(flag)) throw UsageError("unknown flag '" + flag + "'");
+    if (given_ != nullptr) given_->insert(flag);
     if (auto s = switches_.find(flag); s != switches_.end()) {
       *s->second = true;
       continue;
     }
-    const bool takes_value = ints_.count(flag) || strings_.count(flag) || lists_.count(flag);
-    if (!takes_value) throw UsageError("unknown flag '" + flag + "'");
     if (i + 1 >= args.size()) throw UsageError(flag + " needs a value");
     const std::string& value = args[++i];
     if (auto list = lists_.find(flag); list != lists_.end()) {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -23,6 +24,8 @@ class Flags {
   void add_switch(const std::string& name, bool* value) { switches_[name] = value; }
   // May be given several times; each value is appended.
   void add_list(const std::string& name, std::vector<std::string>* values) { lists_[name] = values; }
+  // parse() adds the name of each flag it meets to *given.
+  void record_given(std::set<std::string>* given) { given_ = given; }
 
   // Parses args (the command name excluded); returns the positionals.
   std::vector<std::string> parse(const std::vector<std::string>& args) const;
@@ -36,6 +39,7 @@ class Flags {
   std::map<std::string, Choice> strings_;
   std::map<std::string, bool*> switches_;
   std::map<std::string, std::vector<std::string>*> lists_;
+  std::set<std::string>* given_ = nullptr;
 };
 
 }  // namespace metamem::cli

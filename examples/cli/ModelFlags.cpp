@@ -1,11 +1,40 @@
 #include "examples/cli/ModelFlags.h"
 
+#include <algorithm>
+#include <utility>
+#include <vector>
+
 #include "estimator/Units.h"
 #include "examples/cli/Commands.h"
 
 namespace metamem::cli {
+namespace {
+
+// The zoo's shape flags and the models that take them. One given to
+// another model (--width to mlp, --seq to resnet50; any to a TorchScript
+// file, whose shapes are its --input) would be ignored: the answer would
+// not be for the model asked about.
+void check_shape_flags(const std::string& model, bool script, const std::set<std::string>& given) {
+  const std::vector<std::string>& zoo = zoo_models();
+  if (!script && std::find(zoo.begin(), zoo.end(), model) == zoo.end()) return;  // zoo_step names it
+  static const std::vector<std::pair<std::string, std::vector<std::string>>> takers = {
+      {"--image", {"resnet18", "resnet50"}}, {"--seq", {"gpt2", "llama"}},     {"--layers", {"gpt2", "llama"}},
+      {"--width", {"gpt2", "llama"}},        {"--heads", {"gpt2", "llama"}},   {"--vocab", {"gpt2", "llama"}},
+      {"--kv-heads", {"llama"}},             {"--ffn", {"llama"}}};
+  for (const auto& [flag, models] : takers) {
+    if (given.count(flag) == 0 || (!script && std::find(models.begin(), models.end(), model) != models.end()))
+      continue;
+    std::string takes;
+    for (const std::string& name : models) takes += (takes.empty() ? "" : " and ") + name;
+    throw std::invalid_argument(flag + " is for the zoo's " + takes +
+                                (script ? ": a TorchScript model's shapes are its --input" : ", not " + model));
+  }
+}
+
+}  // namespace
 
 void ModelFlags::add_to(Flags& flags) {
+  flags.record_given(&given);
   flags.add("--model", &zoo.model);
   for (auto [name, value] :
        {std::pair{"--batch", &zoo.batch}, {"--seq", &zoo.seq}, {"--image", &zoo.image}, {"--layers", &zoo.layers},
@@ -146,6 +175,7 @@ StepOptions ModelFlags::step_options() const {
 }
 
 ZooConfig ModelFlags::config() const {
+  check_shape_flags(zoo.model, is_script(), given);
   ZooConfig config = zoo;
   config.dtype = parse_dtype(dtype);
   config.checkpoint = parse_policy(policy);

@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "estimator/CachingAllocator.h"
@@ -50,6 +51,7 @@ struct ModelFlags {
   bool forward_prefetch = false;     // ZeRO stage 3 / FSDP: gather the next unit in forward too
   std::int64_t gpus_per_node = 8;
   std::int64_t rank = -1;            // the traced rank; -1: the busiest
+  std::set<std::string> given;       // the flags given (Flags::record_given)
 
   void add_to(Flags& flags);
   // Validate what add_to could not (throw std::invalid_argument).
