@@ -88,9 +88,11 @@ def _caller():
 def _script_error(script, error):
     """A ScriptError for what the script raised, named by the innermost
     line of its traceback outside torch, metamem and runpy (the script's,
-    or its libraries'), or by the script where none is (a syntax error)."""
+    or its libraries'), or by the script where none is (a syntax error).
+    runpy's frames are named "<frozen runpy>" where it is frozen."""
     own = [frame for frame in traceback.extract_tb(error.__traceback__)
-           if not frame.filename.startswith(_LIBRARIES) and frame.filename != runpy.__file__]
+           if not frame.filename.startswith(_LIBRARIES) and frame.filename != runpy.__file__
+           and not frame.filename.startswith("<frozen ")]
     where = f"{os.path.relpath(own[-1].filename)}:{own[-1].lineno}" if own else script
     return ScriptError(f"{where} raised {type(error).__name__}: {error}")
 

@@ -173,6 +173,9 @@ def test_a_script_that_fails_is_named_by_its_line_and_one_ended_by_os_exit_is_re
     assert metamem.cli.main(["run", str(failing)]) == 1
     assert (f"metamem: {os.path.relpath(failing)}:3 raised RuntimeError: mat1 and mat2 shapes cannot be "
             "multiplied (2x5 and 4x4)") in capsys.readouterr().err
+    failing.write_text("def step(:\n")  # no line of its own ran: named by the file
+    assert metamem.cli.main(["run", str(failing)]) == 1
+    assert f"metamem: {failing} raised SyntaxError: " in capsys.readouterr().err
     exiting = tmp_path / "exiting.py"
     exiting.write_text(
         "import multiprocessing, os, torch\n"
