@@ -756,6 +756,7 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
     (metamem._process.SETTINGS lists them), the CPU generator's state
     included: real runs after it draw as before. The trace is its
     thread's: other threads' tensors and autograd are their own."""
+    device, modules = _device_name(device), _modules_of(modules)
     if values not in ("error", "placeholder"):
         raise ValueError(f"values must be 'error' or 'placeholder', got {values!r}")
     if host_tensors not in ("device", "host"):
@@ -839,6 +840,35 @@ def _traced_rank(step, world_size, rank, options):
     return t
 
 
+def _device_name(device):
+    """"cpu" or "cuda" for a device as torch names it: a string or a
+    torch.device, cuda's index 0 or none (a trace is one GPU; a job's ranks
+    are world_size's)."""
+    try:
+        named = torch.device(device)
+    except (RuntimeError, TypeError):
+        named = None
+    if named is None or named.type not in ("cpu", "cuda") or named.index not in (None, 0):
+        raise ValueError(f"device must be 'cpu' or 'cuda' (or a torch.device of either), got {device!r}")
+    return named.type
+
+
+def _modules_of(modules):
+    """`modules` as a tuple of nn.Modules: one module, or an iterable of
+    them. Anything else is a TypeError naming what it is, where it failed
+    inside the trace's set-up ('int' object has no attribute 'children')."""
+    listed = (modules,) if isinstance(modules, torch.nn.Module) else None
+    if listed is None and not isinstance(modules, (str, bytes)):
+        try:
+            listed = tuple(modules)
+        except TypeError:
+            pass
+    wrong = modules if listed is None else next((m for m in listed if not isinstance(m, torch.nn.Module)), None)
+    if listed is None or wrong is not None:
+        raise TypeError(f"modules must be torch.nn.Module objects (one, or a list of them), got {type(wrong).__name__}")
+    return listed
+
+
 def achieved_cpu(step, modules=()):
     """Runs `step` for real on CPU (code written for CUDA included) and
     returns the peak bytes it held through the CPU allocator, leaving out
@@ -848,7 +878,7 @@ def achieved_cpu(step, modules=()):
     # Garbage of earlier code (compiled graphs keep cycles) freed by a
     # collection during the step would lower its peak: collected first.
     gc.collect()
-    states = _state_bytes(modules)
+    states = _state_bytes(_modules_of(modules))
     # Compiling (torch.compile in the step) is not the step, as in a trace.
     with _CudaOnCpu(), CompilingAside(_metamem.UncountedCpu):
         return states + _metamem.achieved_cpu(step)

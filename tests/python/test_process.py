@@ -611,6 +611,31 @@ def test_bad_input_is_one_line_and_exit_2(args, names):
     assert run.stderr.count("\n") == 1 and names in run.stderr and len(run.stderr) < 400
 
 
+def test_a_trace_takes_devices_and_modules_as_torch_names_them_and_names_what_it_cannot_take():
+    # torch.device("cuda") stopped in pybind11's overload list, modules=[3]
+    # with "'int' object has no attribute 'children'"; a single module
+    # given without a list was iterated for its children.
+    model = torch.nn.Linear(8, 8)
+
+    def step():
+        model(torch.randn(2, 8)).sum().backward()
+
+    with metamem.trace(device=torch.device("cpu"), modules=model) as one:
+        step()
+    with metamem.trace(device="cpu", modules=[model]) as listed:
+        step()
+    assert one.peak_bytes == listed.peak_bytes == metamem.achieved_cpu(step, modules=model)
+    with metamem.trace(device=torch.device("cuda", 0)) as t:
+        torch.empty(256, device="cuda")
+    assert t.peak_bytes == 1024
+    for device in ("gpu", "cuda:1", 3):
+        with pytest.raises(ValueError, match=f"device must be 'cpu' or 'cuda' .*, got {re.escape(repr(device))}$"):
+            metamem.trace(device=device).__enter__()
+    for modules, kind in (([model, 3], "int"), ("model", "str"), (None, "NoneType")):
+        with pytest.raises(TypeError, match=f"modules must be torch.nn.Module objects .*, got {kind}$"):
+            metamem.trace(device="cpu", modules=modules).__enter__()
+
+
 def test_a_bad_config_file_is_named(tmp_path):
     malformed, unknown = tmp_path / "malformed.json", tmp_path / "unknown.json"
     malformed.write_text('{"model_type": "gpt2",')
