@@ -901,6 +901,8 @@ def largest_batch(fits, most=1 << 16):
     when fits(1) is not: doubling, then bisection, each size asked once. A
     size whose trace reads a value it does not know stops the search with
     ValueReadError, naming that size and the largest that fit."""
+    if most < 1:
+        return 0
     asked = _naming_the_batch(fits)
     return _largest_from(asked, 1, None, most) if asked(1) else 0
 

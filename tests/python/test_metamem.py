@@ -963,6 +963,12 @@ def test_the_largest_batch_is_read_off_the_line_of_two_batches_and_verified(rese
     assert len(asked) <= len(bisection_asked) + 2
 
 
+@pytest.mark.parametrize("search", [metamem.largest_batch, metamem.largest_batch_by_line])
+def test_the_largest_batch_is_never_above_most(search):
+    # largest_batch gave 1 for most=0, where every batch fit.
+    assert [_searched(search, lambda b: 1000, 2000, most=most)[0] for most in (0, 1, 5)] == [0, 1, 5]
+
+
 def ctc_step(lengths, targets_dtype=torch.long, reduction="mean", zero_infinity=False, device="cpu"):
     """CTC loss of 50 steps, batch 16, 20 classes, targets padded to 30,
     forward and backward; `lengths` "lists" or the dtype of length tensors."""
