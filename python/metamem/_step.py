@@ -16,6 +16,14 @@ def checked(dtype, optimizer):
     return DTYPES[dtype]
 
 
+def positive(**sizes):
+    """ValueError naming the first of `sizes` that is not a positive int (a
+    batch of 0 traced a step of empty tensors, and looked like an answer)."""
+    for name, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
 def train(model, forward_backward, optimizer, steps):
     """`steps` times: forward_backward(), then the optimizer's step and
     zero_grad (AdamW at its defaults, SGD at lr 0.01, or none)."""

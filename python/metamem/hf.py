@@ -22,7 +22,7 @@ from ._checkpointing import Checkpointing
 from ._hf_tasks import TASKS, inputs, task_of
 from ._pipeline import Pipeline, pipeline_refusal, stage_module
 from ._sharding import ranks_that_differ
-from ._step import checked, train
+from ._step import checked, positive, train
 from . import largest_batch_by_line
 
 __all__ = ["config", "training_step", "trace_step", "checkpoint_layers", "TASKS"]
@@ -168,6 +168,7 @@ def training_step(cfg, batch=1, seq=128, device="cuda", dtype="f32", optimizer="
     one rank of that job (trace(world_size=...), or in a process group)."""
     transformers = _transformers()
     torch_dtype = checked(dtype, optimizer)
+    positive(batch=batch, seq=seq, steps=steps)
     task, architecture = task_of(cfg)
     model_class = getattr(transformers, architecture)
     built_with = {"dtype": torch_dtype}

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from . import trace
 # checkpoint_blocks: the blocks a Checkpointing recomputes, as for any model.
 from ._checkpointing import Checkpointing, checkpoint_blocks, recomputing
-from ._step import checked, train
+from ._step import checked, positive, train
 
 
 def create(name, **kwargs):
@@ -48,6 +48,7 @@ def training_step(model, batch=2, device="cuda", dtype="f32", optimizer="adamw",
     a metamem.Checkpointing, the first of checkpoint_blocks(model), whole or
     selectively."""
     torch_dtype = checked(dtype, optimizer)
+    positive(batch=batch, steps=steps)
     input_size = model.pretrained_cfg["input_size"]
 
     def head_loss(out, y):

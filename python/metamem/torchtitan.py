@@ -29,6 +29,7 @@ from . import gpu_memory
 from . import largest_batch_by_line
 from . import trace as metamem_trace
 from ._sharding import ranks_that_differ
+from ._step import positive
 
 __all__ = ["PRESETS", "Preset", "trainer_config", "stages_told_their_shapes", "training_step", "trace",
            "largest_batch", "ranks_that_differ"]
@@ -117,6 +118,13 @@ def _stand_ins():
     return RandomTokens, NoTokenizer
 
 
+def _preset(flavor):
+    """PRESETS[flavor], or ValueError naming the flavors."""
+    if flavor not in PRESETS:
+        raise ValueError(f"unknown flavor {flavor!r}: one of {', '.join(PRESETS)}")
+    return PRESETS[flavor]
+
+
 def trainer_config(flavor, local_batch_size=None, seq_len=None, tensor_parallel=None, activation_checkpoint=None,
                    compile=None, float8=None, cuda_graphs=None, pipeline_parallel=None, microbatches=None):
     """torchtitan's Trainer.Config for Llama 3 `flavor` (a key of PRESETS)
@@ -134,11 +142,12 @@ def trainer_config(flavor, local_batch_size=None, seq_len=None, tensor_parallel=
     from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
     from torchtitan.models.llama3 import config_registry, model_registry
 
-    if flavor not in PRESETS:
-        raise ValueError(f"unknown flavor {flavor!r}: one of {', '.join(PRESETS)}")
+    preset = _preset(flavor)
     if activation_checkpoint not in (None, "none", "selective", "full"):
         raise ValueError(f"activation_checkpoint {activation_checkpoint!r}: none, selective or full")
-    preset = PRESETS[flavor]
+    given = {"local_batch_size": local_batch_size, "seq_len": seq_len, "tensor_parallel": tensor_parallel,
+             "pipeline_parallel": pipeline_parallel}
+    positive(**{name: value for name, value in given.items() if value is not None})
     config = getattr(config_registry, preset.registry)()
     if compile is not None:
         config.compile.enable = compile
@@ -263,7 +272,7 @@ def trace(flavor, world_size=None, rank=0, gpu="H100-80GB", steps=2, **overrides
     placeholders; initialization's truncated normals read zeros. The
     loader's batches stay on the host until train_step copies them, as
     in torchtitan's own run (metamem.trace's host_tensors="host")."""
-    world_size = world_size or PRESETS[flavor].world_size
+    world_size = world_size or _preset(flavor).world_size
     with metamem_trace(device="cuda", gpu=gpu, world_size=world_size, rank=rank, values="placeholder",
                        host_tensors="host") as t:
         training_step(flavor, steps, **overrides)()
@@ -280,7 +289,7 @@ def largest_batch(flavor, world_size=None, gpu="H100-80GB", memory=None, most=64
     takes) of one sequence, then two, and so on; its last pipeline rank's
     first rank is traced too, and the larger figures count."""
     capacity = gpu_memory(gpu, memory)["allocator_bytes"]
-    world_size = world_size or PRESETS[flavor].world_size
+    world_size = world_size or _preset(flavor).world_size
     pipeline = overrides.get("pipeline_parallel") or 1
     if pipeline > 1:
         overrides.setdefault("microbatches", pipeline)

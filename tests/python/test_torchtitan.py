@@ -77,6 +77,11 @@ def test_float8_is_refused_where_the_gpu_has_none():
 def test_bad_presets_are_refused():
     with pytest.raises(ValueError, match="unknown flavor"):
         titan.trainer_config("7B")
+    with pytest.raises(ValueError, match="unknown flavor '9B': one of debugmodel, 8B"):  # was KeyError: '9B'
+        titan.trace("9B")
+    # 0 took the preset's batch: a trace of another batch than the one asked.
+    with pytest.raises(ValueError, match="local_batch_size must be a positive int, got 0"):
+        titan.trainer_config("debugmodel", local_batch_size=0)
     with pytest.raises(ValueError, match="none, selective or full"):
         titan.trainer_config("debugmodel", activation_checkpoint="op")
 
