@@ -291,7 +291,7 @@ void check_known_indices(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValu
 }
 
 void learn_values(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
-                  c10::ArrayRef<c10::IValue> returns) {
+                  c10::ArrayRef<c10::IValue> returns, c10::function_ref<void()> before_running) {
   const c10::FunctionSchema& schema = op.schema();
   // set_ points a tensor at another buffer and writes no bytes: the values
   // stay with their buffers (copy.deepcopy sets a tensor on a copied one).
@@ -326,6 +326,7 @@ void learn_values(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> argu
     if (!value) return forget_written(schema, arguments);
     stack.push_back(std::move(*value));
   }
+  before_running();
   try {
     op.callBoxed(stack);
   } catch (const std::exception&) {  // a kernel refusing what the meta kernel took

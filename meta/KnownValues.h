@@ -10,6 +10,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 #include <c10/util/ArrayRef.h>
+#include <c10/util/FunctionRef.h>
 
 #include <cstdint>
 #include <optional>
@@ -40,9 +41,11 @@ inline constexpr std::int64_t kKnownIndicesLimit = std::int64_t{8} << 20;
 // After `op` ran on MetaTensors (`arguments` and `returns` as the caller
 // sees them): the values of its new buffers when every tensor it reads has
 // known values, none is random or uninitialised and all fit the limit; the
-// buffers it writes otherwise lose theirs.
+// buffers it writes otherwise lose theirs. The op then runs for real on
+// those values and on the real tensors among the arguments, and writes
+// those it writes: `before_running` is called first.
 void learn_values(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arguments,
-                  c10::ArrayRef<c10::IValue> returns);
+                  c10::ArrayRef<c10::IValue> returns, c10::function_ref<void()> before_running);
 
 // Before `op` runs: raises the real kernel's error where it indexes with
 // indices the trace knows and one is out of range (embedding, index_select,

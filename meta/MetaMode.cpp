@@ -618,8 +618,9 @@ bool all_real(const c10::FunctionSchema& schema, const torch::jit::Stack& stack)
 
 // An op is about to run for real: on real tensors alone, or on a real one
 // beside traced ones whose values the trace knows (learn_values: `h.add_(g)`
-// writes into h). What it writes of the real tensors from before the trace
-// is kept, to be put back as it ends.
+// writes into h; where g's values are unknown nothing runs, and a real
+// model's parameters are not copied for nothing). What it writes of the
+// real tensors from before the trace is kept, to be put back as it ends.
 void keep_real_writes(const c10::FunctionSchema& schema, const torch::jit::Stack& stack) {
   auto* observer = g_mode.observer.load(std::memory_order_acquire);
   if (observer == nullptr) return;
@@ -695,8 +696,7 @@ void meta_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   scratch.free();
   report_reduction_staging(op, original_args, returns, device_observer);
   if (observer != nullptr) observer->on_op(op, inputs, outputs, original_args, returns);
-  keep_real_writes(schema, original_args);
-  learn_values(op, original_args, returns);
+  learn_values(op, original_args, returns, [&] { keep_real_writes(schema, original_args); });
 }
 
 // Whether an op gets the meta kernel as its own PrivateUse1 kernel, beside
