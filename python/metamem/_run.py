@@ -184,7 +184,8 @@ def trace_script(script, argv, steps, device, gpu, values, world_size=None, rank
                 if exit.code not in (None, 0):
                     raise ScriptError(f"{script} exited with status {exit.code}") from None
             except Exception as error:
-                if type(error).__module__.startswith(__package__):  # metamem's own: what it cannot trace
+                module = type(error).__module__
+                if module == __package__ or module.startswith(__package__ + "."):  # metamem's: what it cannot trace
                     raise
                 raise _script_error(script, error) from error
             finally:
