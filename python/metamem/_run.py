@@ -76,23 +76,27 @@ class ScriptRun:
         return out
 
 
+def _runs_the_script(filename):
+    """Whether a frame of `filename` runs the script rather than the
+    script's own code: torch, metamem and runpy (named "<frozen runpy>"
+    where it is frozen)."""
+    return filename.startswith(_LIBRARIES) or filename == runpy.__file__ or filename.startswith("<frozen ")
+
+
 def _caller():
     """file:line of the script's (or its libraries') line that led here:
-    the innermost frame outside torch and metamem."""
+    the innermost frame of its own code."""
     frame = sys._getframe(1)
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_LIBRARIES):
+    while frame.f_back is not None and _runs_the_script(frame.f_code.co_filename):
         frame = frame.f_back
     return f"{os.path.relpath(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
 def _script_error(script, error):
     """A ScriptError for what the script raised, named by the innermost
-    line of its traceback outside torch, metamem and runpy (the script's,
-    or its libraries'), or by the script where none is (a syntax error).
-    runpy's frames are named "<frozen runpy>" where it is frozen."""
-    own = [frame for frame in traceback.extract_tb(error.__traceback__)
-           if not frame.filename.startswith(_LIBRARIES) and frame.filename != runpy.__file__
-           and not frame.filename.startswith("<frozen ")]
+    line of its own code in the traceback (the script's, or its
+    libraries'), or by the script where none is (a syntax error)."""
+    own = [frame for frame in traceback.extract_tb(error.__traceback__) if not _runs_the_script(frame.filename)]
     where = f"{os.path.relpath(own[-1].filename)}:{own[-1].lineno}" if own else script
     return ScriptError(f"{where} raised {type(error).__name__}: {error}")
 
