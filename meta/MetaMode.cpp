@@ -951,6 +951,7 @@ MetaMode::MetaMode(c10::Device fake_device, MetaObserver* observer, HostTensors 
                       ? c10::Device(c10::kCUDA, 0)
                       : fake_device;
   g_mode.keeps_host = g_mode.device.is_cuda() && host == HostTensors::OnHost;
+  set_host_beside_gpu(g_mode.keeps_host);
   g_mode.observer.store(observer, std::memory_order_release);
   g_mode.cublas_workspace_bytes.store(-1, std::memory_order_relaxed);
   if (g_mode.device.is_cuda()) {
@@ -965,6 +966,7 @@ MetaMode::~MetaMode() {
   g_mode.cuda_only_kernels.clear();
   fake_cuda_.reset();
   g_mode.active.store(false);
+  set_host_beside_gpu(false);
   retire_meta_tensors();
   forget_all_values();
 }

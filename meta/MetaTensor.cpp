@@ -3,6 +3,7 @@
 #include <c10/core/TensorImpl.h>
 #include <c10/util/intrusive_ptr.h>
 
+#include <atomic>
 #include <mutex>
 #include <unordered_map>
 
@@ -68,6 +69,8 @@ constexpr c10::DispatchKeySet kMetaTensorKeys{c10::DispatchKey::PrivateUse1,
 
 class MetaTensorImpl;
 
+std::atomic<bool> g_host_beside_gpu{false};
+
 // Every MetaTensorImpl alive, linked through themselves (a trace makes and
 // frees them by the million): retire_meta_tensors() walks them.
 std::mutex g_alive_mutex;
@@ -85,8 +88,17 @@ class MetaTensorImpl final : public c10::TensorImpl {
     }
     // A PrivateUse1 tensor gets PrivateUse1's autocast key, which
     // autocast("cuda") and autocast("cpu") do not enable: add the one a real
-    // tensor of the fake device has, so autocast casts as it would.
-    key_set_ = key_set_.add(fake_device.is_cuda() ? c10::DispatchKey::AutocastCUDA : c10::DispatchKey::AutocastCPU);
+    // tensor of the fake device has, so autocast casts as it would. Beside
+    // host tensors, a tensor of either device has both, so that host and
+    // GPU tensors are of one kind, as a real CPU and CUDA tensor are:
+    // `param.data = moved` and Module._apply move a parameter in place
+    // across them (a head tied to its embedding stays tied). Each autocast
+    // casts only tensors of its own device, so the other key changes no cast.
+    key_set_ = key_set_ | (g_host_beside_gpu.load(std::memory_order_relaxed)
+                               ? c10::DispatchKeySet({c10::DispatchKey::AutocastCPU, c10::DispatchKey::AutocastCUDA})
+                               : c10::DispatchKeySet(fake_device.is_cuda() ? c10::DispatchKey::AutocastCUDA
+                                                                           : c10::DispatchKey::AutocastCPU));
+    follow_inference(inner_.is_inference());
     sync();
   }
 
@@ -97,6 +109,23 @@ class MetaTensorImpl final : public c10::TensorImpl {
   }
 
   const at::Tensor& inner() const { return inner_; }
+
+  // TensorImpl's constructor makes every tensor made in inference mode an
+  // inference tensor (no autograd keys, no version counter). torch makes a
+  // view of a normal tensor with its base's keys even there, and autograd
+  // then gives it the base's version counter, which an inference tensor
+  // refuses. The op made the inner tensor as torch makes it: be what it is.
+  void follow_inference(bool inference) {
+    if (inference == is_inference()) return;
+    const c10::DispatchKeySet autograd = c10::autograd_dispatch_keyset_with_ADInplaceOrView;
+    if (inference) {
+      key_set_ = key_set_ - autograd;
+      version_counter_ = c10::VariableVersion(c10::VariableVersion::DISABLED);
+    } else {
+      key_set_ = key_set_ | c10::getAutogradRelatedKeySetFromBackend(c10::BackendComponent::PrivateUse1Bit);
+      version_counter_ = c10::VariableVersion(0);
+    }
+  }
 
   static void retire_all() {
     std::lock_guard<std::mutex> lock(g_alive_mutex);
@@ -147,7 +176,8 @@ class MetaTensorImpl final : public c10::TensorImpl {
   c10::intrusive_ptr<TensorImpl> detached_copy(Version&& version_counter,
                                                bool allow_tensor_metadata_change) const {
     auto inner_copy = inner_.unsafeGetTensorImpl()->shallow_copy_and_detach(
-        c10::VariableVersion(0), true);
+        inner_.is_inference() ? c10::VariableVersion(c10::VariableVersion::DISABLED) : c10::VariableVersion(0),
+        true);
     auto impl = c10::make_intrusive<MetaTensorImpl>(at::Tensor(std::move(inner_copy)),
                                                     *device_opt_);
     copy_tensor_metadata(this, impl.get(), std::forward<Version>(version_counter),
@@ -183,6 +213,8 @@ const at::Tensor& inner_tensor(const at::Tensor& t) { return impl_of(t)->inner()
 void sync_meta_tensor(const at::Tensor& t) { impl_of(t)->sync(); }
 
 void retire_meta_tensors() { MetaTensorImpl::retire_all(); }
+
+void set_host_beside_gpu(bool on) { g_host_beside_gpu.store(on, std::memory_order_relaxed); }
 
 bool is_meta_storage(const c10::Storage& storage) {
   c10::StorageImpl* impl = storage.unsafeGetStorageImpl();

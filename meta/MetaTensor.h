@@ -41,6 +41,12 @@ c10::StorageImpl* inner_storage(const c10::Storage& storage);
 // answers, and the op then raises TraceEndedError.
 void retire_meta_tensors();
 
+// Whether the MetaTensors made from now on stand beside host tensors (a
+// fake-cuda trace that keeps them on the host): then those of both devices
+// answer both autocasts, and are of one kind for torch, as a real CPU and
+// CUDA tensor are (Tensor.data set across them).
+void set_host_beside_gpu(bool on);
+
 // Re-reads sizes, strides and offset from the inner tensor after an in-place
 // op changed them (resize_, out= variants, t_, ...).
 void sync_meta_tensor(const at::Tensor& t);
