@@ -65,6 +65,7 @@ const EntryPoint kEntryPoints[] = {
     METAMEM_ENTRY(cuMemHostGetFlags), METAMEM_ENTRY(cuMemHostRegister), METAMEM_ENTRY(cuMemHostUnregister),
     METAMEM_ENTRY(cuMemsetD8),
     METAMEM_ENTRY(cuMemsetD32), METAMEM_ENTRY(cuMemsetD8Async), METAMEM_ENTRY(cuMemsetD32Async),
+    METAMEM_ENTRY(cuMemcpy), METAMEM_ENTRY(cuMemcpy2DAsync),
     METAMEM_ENTRY(cuMemcpyAsync), METAMEM_ENTRY(cuMemcpyHtoD), METAMEM_ENTRY(cuMemcpyDtoH),
     METAMEM_ENTRY(cuMemcpyHtoDAsync), METAMEM_ENTRY(cuMemcpyDtoHAsync), METAMEM_ENTRY(cuMemcpyDtoDAsync),
     METAMEM_ENTRY(cuPointerGetAttribute), METAMEM_ENTRY(cuStreamCreate), METAMEM_ENTRY(cuStreamCreateWithPriority),
