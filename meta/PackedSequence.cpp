@@ -2,13 +2,13 @@
 // libtorch's kernel reads the lengths on the host, as a trace reads the
 // values it knows of them (made from Python numbers or host data), and
 // answers the batch sizes as a host tensor, which the RNN and unpacking
-// read in turn. The packed data is one new tensor, as the kernel's cat of
-// the time steps makes it. The kernel runs on the caller's tensors, below
+// read in turn. The packed data is made as the kernel makes it: each run of
+// time steps with one batch size copied contiguous (where it is not), then
+// all concatenated. The kernel runs on the caller's tensors, below
 // autograd (which records its backward), where the lengths are still the
 // host tensor the caller gave.
 #include <ATen/ATen.h>
 
-#include <numeric>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -55,9 +55,16 @@ std::tuple<at::Tensor, at::Tensor> pack_padded_sequence(const at::Tensor& input,
   std::int64_t* sizes = batch_sizes.data_ptr<std::int64_t>();
   for (std::int64_t t = 0; t < length.front(); ++t)
     sizes[t] = std::count_if(length.begin(), length.end(), [t](std::int64_t l) { return l > t; });
-  std::vector<std::int64_t> data_sizes = steps_first.sizes().slice(1).vec();
-  data_sizes[0] = std::accumulate(length.begin(), length.end(), std::int64_t{0});
-  return {input.new_empty(data_sizes), batch_sizes};
+  std::vector<std::int64_t> step_shape = steps_first.sizes().slice(1).vec();
+  step_shape[0] = -1;
+  std::vector<at::Tensor> steps;
+  for (std::int64_t i = 0, previous = 0; i < batch; ++i) {
+    const std::int64_t l = length[batch - 1 - i];
+    if (l == previous) continue;
+    steps.push_back(steps_first.slice(0, previous, l).slice(1, 0, batch - i).contiguous().view(step_shape));
+    previous = l;
+  }
+  return {at::cat(steps), batch_sizes};
 }
 
 // Unpacking: libtorch's composite, its steps as it takes them (a padded
