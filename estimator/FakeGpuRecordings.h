@@ -47,9 +47,12 @@ const std::vector<std::string>& recorded_ops();
 
 // One recording (the child's answer, JSON) as the plan a trace follows:
 // the returns where they were made ("output"), each temporary made and
-// freed in its place, and a first cuBLAS call where the recording kept a
+// freed in its place, the allocator's cache emptied where the call emptied
+// it ("empty_cache"), and a first cuBLAS call where the recording kept a
 // block that no return holds (cuBLAS's workspace). An answer that is real
-// torch's error raises it (std::runtime_error).
+// torch's error raises it (std::runtime_error). With cuDNN's benchmark on,
+// the answer also holds the call made again ("repeat": the engine found is
+// kept, no search), which a trace follows after its first such call.
 ScratchPlan recorded_plan(const std::string& recording);
 
 // The fake GPU's recordings made `gpu`: one child, started at the first

@@ -32,7 +32,8 @@ using ScratchModel = std::int64_t (*)(c10::ArrayRef<c10::IValue> arguments,
 // left is freed, the last made first, as the kernel returns.
 struct ScratchPlan {
   struct Step {
-    enum class Kind : std::uint8_t { Make, Free, Output, CublasCall };
+    // EmptyCache: the kernel empties the caching allocator's cache.
+    enum class Kind : std::uint8_t { Make, Free, Output, CublasCall, EmptyCache };
     Kind kind = Kind::Make;
     std::int64_t bytes = 0;  // Make: the piece's bytes (none if 0)
     std::size_t index = 0;   // Free: the piece, numbered from 0 as made; Output: the op's return
@@ -55,6 +56,7 @@ struct ScratchPlan {
   void free(std::size_t piece) { steps.push_back({Step::Kind::Free, 0, piece}); }
   void output(std::size_t return_index) { steps.push_back({Step::Kind::Output, 0, return_index}); }
   void cublas_call() { steps.push_back({Step::Kind::CublasCall, 0, 0}); }
+  void empty_cache() { steps.push_back({Step::Kind::EmptyCache, 0, 0}); }
 };
 // What t.contiguous(format) allocates: a copy unless it already is (none
 // for an undefined tensor). For the models and plans of every family.

@@ -40,7 +40,8 @@ class AllocationRecorder final : public c10::MemoryReportingInfoBase {
     const auto address = reinterpret_cast<std::int64_t>(ptr);
     if (!device.is_cpu() || alloc_size == 0 || (alloc_size < 0 && made_.erase(address) == 0)) return;
     if (alloc_size > 0) made_.insert(address);
-    events.push_back({alloc_size > 0, address, std::abs(alloc_size)});
+    events.push_back({alloc_size > 0 ? KernelRecording::Event::Kind::Alloc : KernelRecording::Event::Kind::Free,
+                      address, std::abs(alloc_size)});
   }
   std::vector<KernelRecording::Event> events;
 

@@ -15,11 +15,12 @@ ScratchPlan plan_of(const KernelRecording& call, const std::string& recorder) {
   const auto& events = call.events;
   std::vector<bool> kept(events.size());
   std::unordered_set<std::int64_t> freed;
+  using Kind = KernelRecording::Event::Kind;
   for (std::size_t i = events.size(); i-- > 0;) {
-    if (events[i].alloc) {
+    if (events[i].kind == Kind::Alloc) {
       kept[i] = !freed.contains(events[i].address);
       freed.erase(events[i].address);
-    } else {
+    } else if (events[i].kind == Kind::Free) {
       freed.insert(events[i].address);
     }
   }
@@ -31,7 +32,9 @@ ScratchPlan plan_of(const KernelRecording& call, const std::string& recorder) {
   std::unordered_set<std::size_t> placed;
   for (std::size_t i = 0; i < events.size(); ++i) {
     const std::int64_t address = events[i].address;
-    if (!events[i].alloc) {
+    if (events[i].kind == Kind::EmptyCache) {
+      plan.empty_cache();
+    } else if (events[i].kind == Kind::Free) {
       const auto piece = pieces.find(address);
       if (piece == pieces.end()) throw std::runtime_error("metamem: " + recorder + " frees a block it did not make");
       plan.free(piece->second);

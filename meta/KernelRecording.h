@@ -1,5 +1,5 @@
 // A real kernel's call as it was recorded: the blocks it made and freed, in
-// order, and where its returns lie. Real torch on the fake GPU records
+// order, where it emptied the allocator's cache, and where its returns lie. Real torch on the fake GPU records
 // cuDNN's calls (estimator/FakeGpuRecordings.h); a CPU trace records
 // oneDNN's RNN layer on the CPU itself (meta/OneDnnRnn.cpp). A trace follows
 // the plan made of it (plan_of): each return made where its block was, each
@@ -16,7 +16,10 @@ namespace metamem {
 
 struct KernelRecording {
   struct Event {
-    bool alloc = true;
+    // EmptyCache: the caching allocator gave its cached segments back (cuDNN's
+    // benchmark, after its search for the fastest engine).
+    enum class Kind : std::uint8_t { Alloc, Free, EmptyCache };
+    Kind kind = Kind::Alloc;
     std::int64_t address = 0;
     std::int64_t bytes = 0;
   };

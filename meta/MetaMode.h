@@ -52,6 +52,9 @@ class MetaObserver {
   // once per handle and stream. `handle_thread` is the host thread whose
   // handle the call takes, std::thread::id() for autograd's device thread.
   virtual void on_workspace(std::size_t bytes, std::thread::id handle_thread) {}
+  // The kernel running empties the caching allocator's cache, as
+  // torch.cuda.empty_cache() does (cuDNN's benchmark after its search).
+  virtual void on_empty_cache() {}
   // After `op` ran; buffers it created were reported by on_alloc just before.
   // `arguments` and `returns` are the op's MetaTensors and other values.
   virtual void on_op(const c10::OperatorHandle& op, c10::ArrayRef<BufferId> inputs,

@@ -129,6 +129,8 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
     trace_.buffers.back().category = Category::Workspace;
   }
 
+  void on_empty_cache() override { empty_cache(); }
+
   // `pool`: the private pool that serves it, where it is not the routing's.
   void record_alloc(BufferId id, std::size_t bytes, std::optional<int> pool = std::nullopt) {
     if (trace_.buffers.empty()) first_id_ = id;

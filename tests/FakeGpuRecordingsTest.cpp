@@ -40,6 +40,20 @@ TEST(FakeGpuRecordings, ARecordingIsTheKernelsStepsInTheirOrder) {
   EXPECT_EQ(plan.return_strides, (std::vector<std::vector<std::int64_t>>{{1}, {}, {1}}));
 }
 
+TEST(FakeGpuRecordings, TheCacheIsEmptiedWhereTheCallEmptiedIt) {
+  // cuDNN's benchmark: its search's workspace, the cache emptied, then the
+  // engine found run with its own.
+  const ScratchPlan plan = recorded_plan(
+      R"({"events": [["alloc", 256, 64], ["alloc", 4096, 165871616], ["free_requested", 4096, 165871616],)"
+      R"( ["empty_cache", 0, 0], ["alloc", 8192, 18464527], ["free_requested", 8192, 18464527]],)"
+      R"( "returns": [256], "sizes": [[16]], "strides": [[1]]})");
+  const std::vector<Kind> expected{Kind::Output, Kind::Make, Kind::Free, Kind::EmptyCache, Kind::Make, Kind::Free};
+  ASSERT_EQ(plan.steps.size(), expected.size());
+  for (std::size_t i = 0; i < expected.size(); ++i) EXPECT_EQ(plan.steps[i].kind, expected[i]) << "step " << i;
+  EXPECT_EQ(plan.steps[4].bytes, 18464527);
+  EXPECT_EQ(plan.steps[5].index, 1u);  // the second piece made
+}
+
 TEST(FakeGpuRecordings, AListOfReturnsIsMadeWhereItsFirstBufferIs) {
   // cuDNN's RNN weight gradients: one return, a list of buffers.
   const ScratchPlan plan = recorded_plan(
