@@ -206,13 +206,19 @@ void keep(const at::Tensor& traced, const at::Tensor& real, c10::ArrayRef<c10::I
   view_of(new_values(traced), traced).copy_(real);
 }
 
-// Anomaly mode checks every gradient backward makes for NaN,
-// isnan(grad)._is_any_true().item(), on values a trace does not know: the
-// check finds none, as in the healthy step a trace stands for (the NaN it
-// hunts is in values, which a trace has not).
-bool is_anomaly_nan_check(const c10::FunctionSchema& schema) {
-  return torch::autograd::AnomalyMode::is_enabled() && torch::autograd::AnomalyMode::should_check_nan() &&
-         schema.name() == "aten::_is_any_true";
+// Two ops torch calls to check a condition, on values a trace does not
+// know, answered as the healthy step a trace stands for answers them (the
+// fault they hunt is in values, which a trace has not): anomaly mode's
+// check of every gradient backward makes for NaN,
+// isnan(grad)._is_any_true().item(), finds none; _is_all_true, which
+// torch.distributions' checks of their arguments and samples and
+// torch._check_tensor_all read, holds.
+std::optional<bool> healthy_check(const c10::FunctionSchema& schema) {
+  if (schema.name() == "aten::_is_all_true") return true;
+  if (schema.name() == "aten::_is_any_true" && torch::autograd::AnomalyMode::is_enabled() &&
+      torch::autograd::AnomalyMode::should_check_nan())
+    return false;
+  return std::nullopt;
 }
 
 bool is_integer(const at::Tensor& t) { return c10::isIntegralType(t.scalar_type(), /*includeBool=*/false); }
@@ -321,8 +327,9 @@ void learn_values(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> argu
   torch::jit::Stack stack;
   for (std::size_t i = 0; i < arguments.size(); ++i) {
     auto value = real_argument(arguments[i], overwrites(op, i), budget);
-    if (!value && is_anomaly_nan_check(schema))
-      return keep(returns[0].toTensor(), at::zeros({}, at::kBool), arguments);
+    if (!value)
+      if (const std::optional<bool> healthy = healthy_check(schema))
+        return keep(returns[0].toTensor(), at::zeros({}, at::kBool).fill_(*healthy), arguments);
     if (!value) return forget_written(schema, arguments);
     stack.push_back(std::move(*value));
   }
