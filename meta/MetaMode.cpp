@@ -274,7 +274,9 @@ class KernelScratch {
   }
 
   void take(const ScratchPlan::Step& step) {
-    if (step.kind == ScratchPlan::Step::Kind::Free) {
+    if (step.kind == ScratchPlan::Step::Kind::EmptyCache) {
+      observer_->on_empty_cache();
+    } else if (step.kind == ScratchPlan::Step::Kind::Free) {
       BufferId& id = made_[step.index];
       if (id != kNone) observer_->on_free(id);
       id = kNone;
@@ -437,6 +439,18 @@ c10::optional<std::size_t> written_argument(const c10::FunctionSchema& schema,
   return c10::nullopt;
 }
 
+std::atomic<ErrorReporter> g_reporter{nullptr};
+
+template <typename Error>
+[[noreturn]] void report(const Error& error) {
+  if (ErrorReporter reporter = g_reporter.load()) reporter(error);
+  throw error;
+}
+
+[[noreturn]] void unsupported(const c10::FunctionSchema& schema, const std::string& why) {
+  report(UnsupportedOpError(schema.name(), c10::toString(schema), why));
+}
+
 at::Tensor wrap_output(const at::Tensor& inner, c10::Device device, BufferList& outputs) {
   if (!inner.defined()) return inner;
   // An argument this kernel does not unwrap sent the op back through MetaMode,
@@ -456,6 +470,15 @@ const c10::SmallVector<std::size_t, 8>* allocation_order(const c10::OperatorHand
   return it == g_allocation_orders.end() ? nullptr : &it->second;
 }
 
+// A MetaTensor is strided: one that stood for a sparse tensor (the gradient
+// of nn.Embedding(sparse=True)) would be read as one by the ops after it,
+// which look for a sparse tensor's indices where it has none.
+void refuse_sparse(const c10::FunctionSchema& schema, const at::Tensor& t) {
+  if (t.defined() && t.is_meta() && t.layout() != c10::kStrided)
+    unsupported(schema, "it returns a " + c10::str(t.layout()) + " tensor, and a trace follows strided ones only "
+                        "(nn.Embedding(sparse=True) and nn.EmbeddingBag(sparse=True) make sparse gradients)");
+}
+
 // Return r on the stack becomes the caller's MetaTensor on `device`, its
 // storage tracked.
 void wrap_return(const c10::FunctionSchema& schema, torch::jit::Stack& stack,
@@ -470,27 +493,20 @@ void wrap_return(const c10::FunctionSchema& schema, torch::jit::Stack& stack,
     }
     value = wrapper;
   } else if (value.isTensor()) {
+    refuse_sparse(schema, value.toTensor());
     value = wrap_output(value.toTensor(), device, outputs);
   } else if (value.isTensorList()) {
     c10::List<at::Tensor> wrapped;
-    for (const at::Tensor& t : value.toTensorList()) wrapped.push_back(wrap_output(t, device, outputs));
+    for (const at::Tensor& t : value.toTensorList()) {
+      refuse_sparse(schema, t);
+      wrapped.push_back(wrap_output(t, device, outputs));
+    }
     value = std::move(wrapped);
   }
 }
 
 // Runs the op on the inner meta tensors with the thread's keys as they were
 // outside MetaMode.
-std::atomic<ErrorReporter> g_reporter{nullptr};
-
-template <typename Error>
-[[noreturn]] void report(const Error& error) {
-  if (ErrorReporter reporter = g_reporter.load()) reporter(error);
-  throw error;
-}
-
-[[noreturn]] void unsupported(const c10::FunctionSchema& schema, const std::string& why) {
-  report(UnsupportedOpError(schema.name(), c10::toString(schema), why));
-}
 
 thread_local int t_meta_calls = 0;
 

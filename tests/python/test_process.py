@@ -680,3 +680,16 @@ def test_a_block_restores_every_global_it_changed(device, exit):
     with metamem.trace(device="cuda") as t:
         torch.empty(1024, device="cuda")
     assert t.peak_bytes == 4096
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_sparse_gradient_is_refused_by_name(device):
+    # A MetaTensor is strided: one standing for a sparse gradient was read
+    # as sparse by the ops after it, and the process died (SIGSEGV).
+    with pytest.raises(metamem.UnsupportedOpError, match="returns a Sparse tensor.*Embedding\\(sparse=True\\)"):
+        with metamem.trace(device=device):
+            embedding = torch.nn.Embedding(1000, 16, sparse=True).to(device)
+            embedding(torch.randint(0, 1000, (8, 4)).to(device)).sum().backward()
+    real = torch.nn.Embedding(1000, 16, sparse=True)
+    real(torch.randint(0, 1000, (8, 4))).sum().backward()  # the process goes on
+    assert real.weight.grad.is_sparse
