@@ -10,10 +10,12 @@ with the real run's Python frames and the trace's ops.
     PYTHONPATH=build/python .venv/bin/python tests/python/allocation_order.py build/oracle \\
         "timm ViT-Ti/16 at 64 px" [--eager | --precision "bf16 autocast" [--cudnn] | --mode reduce-overhead] \\
         [--evaluate] [--gpu H100-80GB] [--context 8]
+    PYTHONPATH=build/python .venv/bin/python tests/python/allocation_order.py build/oracle "anomaly mode" --idiom
 
 The model is one of compiled_models.py's, built and stepped as
 compile_sweep.py does (with --mode, four steps compiled in that mode); with
---precision, one of fake_gpu_sweep.py's, eager, as that sweep steps it. Found this way: FlashAttention's backward
+--precision, one of fake_gpu_sweep.py's, eager, as that sweep steps it; with --idiom,
+one of idiom_steps.py's, as it traces and runs them. Found this way: FlashAttention's backward
 temporaries, made one by one (docs/compile.md); group norm's, layer norm's,
 a reduced loss's and the native convolutions' (docs/accuracy.md).
 """
@@ -27,6 +29,7 @@ import tempfile
 import metamem
 import metamem._metamem as native
 import fake_gpu_sweep
+import idiom_steps
 from compile_sweep import CHILD as COMPILE_CHILD, cold_cache
 from compiled_models import two_adamw_steps
 from real_torch_on_fake_gpu import PROLOGUE, measure
@@ -56,15 +59,18 @@ def compiled_steps(mode, evaluate=False):
 
 def real_events(oracle, gpu, name, how, mode=None, evaluate=False, cudnn=False):
     """[(kind, bytes, where)] of the real run: kind "alloc" or "free".
-    `how`: compiled (True or False, in `mode`), or fake_gpu_sweep's precision."""
-    if isinstance(how, str):
+    `how`: compiled (True or False, in `mode`), fake_gpu_sweep's precision,
+    or "idiom"."""
+    if how == "idiom":
+        child, arguments = idiom_steps.CHILD, name
+    elif isinstance(how, str):
         child, arguments = fake_gpu_sweep.CHILD, [name, how, cudnn]
     else:
         child, arguments = COMPILE_CHILD, [name, how, mode, *compiled_steps(mode, evaluate)]
     with tempfile.TemporaryDirectory() as folder:
         os.environ["METAMEM_HISTORY"] = history = os.path.join(folder, "history.pickle")
         cold_cache()
-        measure(oracle, native.gpu(gpu), recording(child), json.dumps(arguments))
+        measure(oracle, native.gpu(gpu), recording(child), arguments if how == "idiom" else json.dumps(arguments))
         entries = pickle.load(open(history, "rb"))
     live, events = {}, []
     for entry in entries:
@@ -85,12 +91,16 @@ def traced_events(gpu, name, how, mode=None, evaluate=False, cudnn=False, oracle
     each allocation's op and module from its snapshot. With cuDNN on, its
     convolutions are the fake GPU's recordings (fake_gpu_sweep.py --cudnn)."""
     cold_cache()
-    if isinstance(how, str):
-        model, run = fake_gpu_sweep.two_steps(name, how, cudnn)
+    if how == "idiom":
+        with idiom_steps.traced(gpu, oracle) as t:
+            idiom_steps.run(name)
     else:
-        model, run = two_adamw_steps(name, "cuda", how, mode, *compiled_steps(mode, evaluate))
-    with metamem.trace(device="cuda", gpu=gpu, modules=[model], fake_gpu=oracle if cudnn else "") as t:
-        run()
+        if isinstance(how, str):
+            model, run = fake_gpu_sweep.two_steps(name, how, cudnn)
+        else:
+            model, run = two_adamw_steps(name, "cuda", how, mode, *compiled_steps(mode, evaluate))
+        with metamem.trace(device="cuda", gpu=gpu, modules=[model], fake_gpu=oracle if cudnn else "") as t:
+            run()
     with tempfile.TemporaryDirectory() as folder:
         t.save_allocator_events(os.path.join(folder, "events.txt"))
         t.snapshot(os.path.join(folder, "snapshot.pickle"))
@@ -143,7 +153,8 @@ def first_difference(real, traced):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("oracle", help="the fake GPU's libraries (build/oracle)")
-    parser.add_argument("model", help="a model of compiled_models.py")
+    parser.add_argument("model", help="a model of compiled_models.py (or an idiom of idiom_steps.py, --idiom)")
+    parser.add_argument("--idiom", action="store_true", help="the model is an idiom of idiom_steps.py")
     parser.add_argument("--eager", action="store_true", help="the eager step (default: compiled)")
     parser.add_argument("--precision", choices=fake_gpu_sweep.PRECISIONS,
                         help="a model of fake_gpu_sweep.py, eager, in this precision")
@@ -153,7 +164,7 @@ def main():
     parser.add_argument("--gpu", default="H100-80GB")
     parser.add_argument("--context", type=int, default=8, help="events shown before and after")
     args = parser.parse_args()
-    how = args.precision or not args.eager
+    how = "idiom" if args.idiom else args.precision or not args.eager
     real = real_events(args.oracle, args.gpu, args.model, how, args.mode, args.evaluate, args.cudnn)
     traced = traced_events(args.gpu, args.model, how, args.mode, args.evaluate, args.cudnn, args.oracle)
     print(f"{len(real)} real events, {len(traced)} traced")

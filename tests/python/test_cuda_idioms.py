@@ -11,7 +11,9 @@ import pytest
 import torch
 import torch.utils.checkpoint as cp
 
+import idiom_steps
 import metamem
+from ci_subset import one_gpu_each
 
 MiB = 1024 * 1024
 
@@ -718,3 +720,79 @@ def test_reading_a_value_is_a_named_error_unless_placeholders_are_asked():
         with metamem.trace(device="cuda", values="zeros"):
             pass
     assert torch.ones(2).sum().item() == 2.0  # real tensors read real values after the block
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_inference_mode_makes_inference_tensors_and_views_of_normal_ones(device):
+    # torch makes a view of a normal tensor in inference mode with its
+    # base's keys, and autograd gives it the base's version counter: the
+    # trace's view of a weight stopped every inference-mode forward.
+    def step():
+        model = mlp().to(device)
+        with torch.inference_mode():
+            out = model(torch.randn(8, 64).to(device))
+            assert out.is_inference() and not model[0].weight.t().is_inference()
+            out.view(-1)[:4].add_(1)  # an inference tensor is written in inference mode
+        with pytest.raises(RuntimeError, match="Inplace update to inference tensor outside InferenceMode"):
+            out.add_(1)
+        model(torch.randn(8, 64).to(device)).sum().backward()
+
+    with metamem.trace(device=device) as t:
+        step()
+    if device == "cpu":
+        assert t.peak_bytes == metamem.achieved_cpu(step)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_distributions_check_their_arguments_and_find_them_valid(device):
+    # torch.distributions checks each argument and sample it is given
+    # (torch._is_all_true of the constraint), on values a trace does not
+    # know: the check holds, as in a healthy step. It read a value before.
+    def step():
+        encoder = torch.nn.Linear(64, 32).to(device)
+        mean, log_std = encoder(torch.randn(16, 64).to(device)).chunk(2, dim=1)
+        posterior = torch.distributions.Normal(mean, log_std.exp())
+        prior = torch.distributions.Normal(torch.zeros_like(mean), torch.ones_like(mean))
+        sample = posterior.rsample()
+        (torch.distributions.kl_divergence(posterior, prior).sum() - posterior.log_prob(sample).sum()).backward()
+
+    with metamem.trace(device=device) as t:
+        step()
+    if device == "cpu":
+        assert t.peak_bytes == metamem.achieved_cpu(step)
+    with pytest.raises(ValueError, match="Expected parameter scale"):  # a real tensor is checked for real
+        torch.distributions.Normal(torch.zeros(2), -torch.ones(2))
+
+
+def test_a_tied_weight_moves_once_beside_host_tensors():
+    # Host and device tensors are of one kind, as real CPU and CUDA ones:
+    # Module._apply moves a parameter in place, and a head tied to its
+    # embedding stays tied (it was moved twice, and trained as two).
+    with metamem.trace(device="cuda", host_tensors="host"):
+        embed = torch.nn.Embedding(1024, 512)
+        head = torch.nn.Linear(512, 1024, bias=False)
+        head.weight = embed.weight
+        weight = embed.weight
+        torch.nn.ModuleList([embed, head]).cuda()
+        assert head.weight is embed.weight is weight and weight.is_cuda
+        assert torch.cuda.memory_allocated() == 1024 * 512 * 4
+        host = torch.randn(4, 4)
+        host.data = host.data.cuda()
+        assert host.is_cuda
+        with torch.autocast("cuda", torch.bfloat16):  # each autocast casts its own device's tensors
+            assert (host @ host).dtype == torch.bfloat16
+            assert (torch.randn(4, 4) @ torch.randn(4, 4)).dtype == torch.float32
+        with torch.autocast("cpu", torch.bfloat16):
+            assert (host @ host).dtype == torch.float32
+            assert (torch.randn(4, 4) @ torch.randn(4, 4)).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("gpu, idiom", one_gpu_each(idiom_steps.GPUS, list(idiom_steps.IDIOMS)))
+def test_each_idiom_of_a_training_script_is_exact_against_real_torch_on_the_fake_gpu(gpu, idiom):
+    # Two steps, max allocated and max reserved, cuDNN on, traced as
+    # `metamem run` traces (idiom_steps.py; the table in docs/accuracy.md).
+    oracle = os.environ.get("METAMEM_ORACLE", "")
+    if not os.path.exists(os.path.join(oracle, "libmetamem_fake_cuda_preload.so")):
+        pytest.skip(f"METAMEM_ORACLE={oracle!r} holds no fake GPU to run real torch on")
+    row = idiom_steps.compare(idiom, gpu, oracle)
+    assert row["traced"] == row["real"]
