@@ -29,6 +29,19 @@ at::Tensor iterator_output(std::initializer_list<at::Tensor> operands) {
 
 at::Tensor unary(const at::Tensor& self) { return iterator_output({self}); }
 
+// abs of a complex tensor is of its real value type, laid out as
+// empty_like lays it (libtorch's unary_op_impl_with_complex_to_float: a
+// spectrogram's magnitude, torch.stft(...).abs()); of a real one, as
+// TensorIterator lays its output.
+at::Tensor abs(const at::Tensor& self) {
+  if (self.is_complex()) return at::empty_like(self, self.options().dtype(c10::toRealValueType(self.scalar_type())));
+  return unary(self);
+}
+at::Tensor& abs_(at::Tensor& self) {
+  TORCH_CHECK(!self.is_complex(), "In-place abs is not supported for complex tensors.");
+  return self;
+}
+
 // where(condition, self, other) promotes self and other only; its out=
 // form (which _safe_softmax calls) lays out a resized out the same way.
 at::Tensor& where_out(const at::Tensor& condition, const at::Tensor& self, const at::Tensor& other,
@@ -256,10 +269,10 @@ at::Tensor isnan(const at::Tensor& self) {
 
 std::vector<OwnKernelEntry> layer_kernels() {
   return {
-      own("abs", TORCH_FN(unary)),
+      own("abs", TORCH_FN(abs)),
       own("where.self", TORCH_FN(where)),
       own("where.self_out", TORCH_FN(where_out)),
-      own("abs_", TORCH_FN(in_place)),
+      own("abs_", TORCH_FN(abs_)),
       own("hardtanh", TORCH_FN(hardtanh)),
       own("hardtanh_", TORCH_FN(hardtanh_)),
       own("hardswish", TORCH_FN(unary)),

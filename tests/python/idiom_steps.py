@@ -487,6 +487,82 @@ def data_parallel_on_one_gpu():
     return trained(model, optimizer, lambda model, i: classified(model, *batch()))
 
 
+def attention_with_a_padding_mask():
+    # nn.MultiheadAttention as scripts call it: need_weights left True, a
+    # key padding mask from the batch's lengths.
+    attention = torch.nn.MultiheadAttention(256, 4, batch_first=True).cuda()
+    head = torch.nn.Linear(256, 10).cuda()
+    optimizer = torch.optim.AdamW([*attention.parameters(), *head.parameters()])
+
+    def step(i):
+        x = torch.randn(32, 64, 256).cuda()
+        padding = (torch.arange(64)[None, :] >= torch.randint(16, 64, (32, 1))).cuda()
+        out, weights = attention(x, x, x, key_padding_mask=padding)
+        F.cross_entropy(head(out.mean(1)), torch.randint(0, 10, (32,)).cuda()).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return steps(step)
+
+
+def ranking_metric_by_argsort():
+    # A ranking loss's order and a metric's: argsort and cumsum on the GPU.
+    model = mlp().cuda()
+    optimizer = torch.optim.AdamW(model.parameters())
+    logged = []
+
+    def step(i):
+        x, y = batch(4096)
+        scores = model(x.cuda())[:, 0]
+        labels = (y.cuda() > 4).float()
+        order = scores.argsort(descending=True)
+        hits = labels[order].cumsum(0)
+        F.binary_cross_entropy_with_logits(scores, labels).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        logged.append((hits / torch.arange(1, 4097, device="cuda")).mean().item())
+    return steps(step)
+
+
+def spectral_norm_critic():
+    sn = torch.nn.utils.parametrizations.spectral_norm
+    critic = torch.nn.Sequential(sn(torch.nn.Conv2d(3, 32, 4, 2, 1)), torch.nn.LeakyReLU(0.2),
+                                 sn(torch.nn.Conv2d(32, 64, 4, 2, 1)), torch.nn.LeakyReLU(0.2), torch.nn.Flatten(),
+                                 sn(torch.nn.Linear(64 * 8 * 8, 1))).cuda()
+    optimizer = torch.optim.Adam(critic.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    return trained(critic, optimizer, lambda model, i: F.softplus(-model(torch.randn(32, 3, 32, 32).cuda())).mean())
+
+
+def embedding_bag_recommender():
+    bags = torch.nn.EmbeddingBag(100000, 64, mode="sum").cuda()
+    head = torch.nn.Linear(64, 1).cuda()
+    optimizer = torch.optim.Adagrad([*bags.parameters(), *head.parameters()])
+
+    def step(i):
+        ids = torch.randint(0, 100000, (2048,)).cuda()
+        offsets = torch.arange(0, 2048, 8).cuda()
+        F.binary_cross_entropy_with_logits(head(bags(ids, offsets))[:, 0], torch.rand(256).cuda()).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return steps(step)
+
+
+def spatial_transformer():
+    # A localization net's affine grid, sampled by grid_sample.
+    locate = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 6)).cuda()
+    classify = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                                   torch.nn.Linear(16 * 30 * 30, 10)).cuda()
+    optimizer = torch.optim.AdamW([*locate.parameters(), *classify.parameters()])
+
+    def step(i):
+        x = torch.randn(64, 3, 32, 32).cuda()
+        grid = F.affine_grid(locate(x).view(-1, 2, 3), list(x.shape), align_corners=False)
+        warped = F.grid_sample(x, grid, align_corners=False)
+        F.cross_entropy(classify(warped), torch.randint(0, 10, (64,)).cuda()).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return steps(step)
+
+
 IDIOMS = {
     "f16 autocast + GradScaler + clipping": f16_autocast_grad_scaler,
     "checkpoint (reentrant)": checkpointed("reentrant"),
@@ -523,6 +599,11 @@ IDIOMS = {
     "VAE with torch.distributions": vae_with_distributions,
     "U-Net denoiser (GroupNorm + ConvTranspose2d + bilinear upsampling)": unet_denoiser,
     "DataParallel on one GPU": data_parallel_on_one_gpu,
+    "MultiheadAttention with a key padding mask": attention_with_a_padding_mask,
+    "ranking metric by argsort and cumsum": ranking_metric_by_argsort,
+    "spectral_norm critic": spectral_norm_critic,
+    "EmbeddingBag recommender (Adagrad)": embedding_bag_recommender,
+    "spatial transformer (affine_grid + grid_sample)": spatial_transformer,
 }
 
 

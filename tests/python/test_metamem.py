@@ -307,6 +307,23 @@ def test_cpu_products_and_gelus_are_traced_as_the_real_run_takes_them(precision,
     assert traced == achieved
 
 
+def test_a_spectrograms_magnitude_is_real_valued():
+    # abs of a complex tensor is float32: a trace had kept complex64, and a
+    # convolution over a spectrogram's magnitude stopped on its dtype.
+    def step():
+        audio = torch.randn(4, 16000, requires_grad=True)
+        spectrum = torch.stft(audio, 400, 160, window=torch.hann_window(400), return_complex=True)
+        magnitude = spectrum.abs()
+        assert magnitude.dtype == torch.float32 and spectrum.dtype == torch.complex64
+        magnitude.add(1e-6).log().sum().backward()
+
+    traced, achieved = trace_and_run(step)
+    assert traced == achieved
+    with metamem.trace(device="cuda"):
+        with pytest.raises(RuntimeError, match="In-place abs is not supported for complex tensors"):
+            torch.randn(4, dtype=torch.complex64, device="cuda").abs_()
+
+
 def test_onednns_and_nnpacks_convolutions_hold_what_the_native_ones_do_not():
     # The check above can fail: the three paths' peaks differ.
     def traced_peak(layers, onednn, nnpack):
