@@ -288,9 +288,10 @@ ScratchPlan recorded_plan(const std::string& text) {
   if (recording.contains("error")) throw std::runtime_error(recording["error"].get<std::string>());
   KernelRecording call;
   using Kind = KernelRecording::Event::Kind;
-  for (const json& event : recording.at("events"))
-    call.events.push_back({event[0] == "alloc" ? Kind::Alloc : event[0] == "empty_cache" ? Kind::EmptyCache : Kind::Free,
-                           event[1].get<std::int64_t>(), event[2].get<std::int64_t>()});
+  for (const json& event : recording.at("events")) {
+    const Kind kind = event[0] == "alloc" ? Kind::Alloc : event[0] == "empty_cache" ? Kind::EmptyCache : Kind::Free;
+    call.events.push_back({kind, event[1].get<std::int64_t>(), event[2].get<std::int64_t>()});
+  }
   for (const json& addresses : recording.at("returns"))
     call.returns.push_back(addresses.is_array() ? addresses.get<std::vector<std::int64_t>>()
                                                 : std::vector<std::int64_t>{addresses.get<std::int64_t>()});

@@ -1,7 +1,8 @@
 // A real kernel's call as it was recorded: the blocks it made and freed, in
-// order, where it emptied the allocator's cache, and where its returns lie. Real torch on the fake GPU records
-// cuDNN's calls (estimator/FakeGpuRecordings.h); a CPU trace records
-// oneDNN's RNN layer on the CPU itself (meta/OneDnnRnn.cpp). A trace follows
+// order, where it emptied the allocator's cache, and where its returns lie.
+// Real torch on the fake GPU records cuDNN's calls
+// (estimator/FakeGpuRecordings.h); a CPU trace records oneDNN's RNN layer
+// on the CPU itself (meta/OneDnnRnn.cpp). A trace follows
 // the plan made of it (plan_of): each return made where its block was, each
 // temporary made and freed in its place.
 #pragma once

@@ -327,10 +327,11 @@ void learn_values(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> argu
   torch::jit::Stack stack;
   for (std::size_t i = 0; i < arguments.size(); ++i) {
     auto value = real_argument(arguments[i], overwrites(op, i), budget);
-    if (!value)
+    if (!value) {
       if (const std::optional<bool> healthy = healthy_check(schema))
         return keep(returns[0].toTensor(), at::zeros({}, at::kBool).fill_(*healthy), arguments);
-    if (!value) return forget_written(schema, arguments);
+      return forget_written(schema, arguments);
+    }
     stack.push_back(std::move(*value));
   }
   before_running();

@@ -505,9 +505,6 @@ void wrap_return(const c10::FunctionSchema& schema, torch::jit::Stack& stack,
   }
 }
 
-// Runs the op on the inner meta tensors with the thread's keys as they were
-// outside MetaMode.
-
 thread_local int t_meta_calls = 0;
 
 // Whether the kernel running on this thread follows a recording.

@@ -10,10 +10,10 @@ It serves one request a line: an op and its arguments (tensors as sizes,
 strides and dtype), run on the fake GPU with no cuBLAS workspace kept (so
 that a first cuBLAS call shows the workspace it makes); it answers the
 allocations and frees inside, where it emptied the allocator's cache, and
-the addresses of the op's returns, or the error real torch raised; with
-cuDNN's benchmark on, the same of the call made again ("repeat"), which
-runs the engine the first one found; to {"facts": true}, what torch's CUDA library
-says of cuDNN. (On a stream of its own, cuDNN's convolutions stop
+the addresses of the op's returns, or the error real torch raised (with
+cuDNN's benchmark on, the same of the call made again, "repeat", which
+runs the engine the first one found); to {"facts": true}, what torch's
+CUDA library says of cuDNN. (On a stream of its own, cuDNN's convolutions stop
 the fake GPU: SIGSEGV.)
 """
 
@@ -101,8 +101,8 @@ _SIDE = None
 def _recorded(op, arguments, options):
     """One call: its allocations and frees, where it emptied the cache (a
     segment given back: the allocator gives segments back only then, and
-    the side stream's makes the first time seen), the addresses of its
-    returns; or real torch's error."""
+    the side stream's free one is there to be given back the first time),
+    the addresses of its returns; or real torch's error."""
     import torch
 
     torch._C._cuda_clearCublasWorkspaces()
