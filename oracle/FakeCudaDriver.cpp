@@ -506,6 +506,7 @@ CUresult cuMemcpy2DAsync(const CUDA_MEMCPY2D* copy, CUstream stream) {
                   copy->WidthInBytes);
   return launched(stream);
 }
+CUresult cuMemcpy2D(const CUDA_MEMCPY2D* copy) { return cuMemcpy2DAsync(copy, nullptr); }
 CUresult cuPointerGetAttributes(unsigned int count, CUpointer_attribute* attributes, void** data, CUdeviceptr pointer) {
   for (unsigned int i = 0; i < count; ++i)
     if (const CUresult result = cuPointerGetAttribute(data[i], attributes[i], pointer); result != CUDA_SUCCESS)
