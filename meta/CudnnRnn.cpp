@@ -48,9 +48,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> cudnn_rnn
 // initial states (whatever is asked: libtorch's backward of the input runs
 // unconditionally, since it writes the reserve space), and of the weights:
 // views of one buffer of the flat weights' size where cuDNN's layout is the
-// weights' own (weights and biases, weight_stride0 4), else each copied out
-// of it into a buffer of its own (the copy's source is a temporary of the
-// recording).
+// weights' own (weights and biases: weight_stride0 4, or 5 with an LSTM's
+// projections), else each copied out of it into a buffer of its own (the
+// copy's source is a temporary of the recording).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, std::vector<at::Tensor>> cudnn_rnn_backward(
     const at::Tensor& input, at::TensorList weight, int64_t weight_stride0, const at::Tensor& weight_buf,
     const at::Tensor& hx,
@@ -64,7 +64,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, std::vector<at::Tensor>> cudnn_rn
   if (!given(grad_output) && !given(grad_hy) && !given(grad_cy))
     return {at::Tensor(), at::Tensor(), at::Tensor(), std::vector<at::Tensor>(weight.size())};
   std::vector<at::Tensor> weight_grads;
-  if (output_mask[3] && weight_stride0 == 4) {
+  if (output_mask[3] && (weight_stride0 == 4 || weight_stride0 == 5)) {
     const at::Tensor flat = at::empty_like(weight_buf, at::MemoryFormat::Contiguous).view(-1);
     int64_t offset = 0;
     for (const at::Tensor& w : weight) {

@@ -563,6 +563,64 @@ def spatial_transformer():
     return steps(step)
 
 
+def attention_with_dropout():
+    # Attention dropout in training, as GPT-style models call it.
+    model = TinyLM().cuda()
+    optimizer = torch.optim.AdamW(model.parameters())
+
+    def loss_of(model, i):
+        tokens = torch.randint(0, 2048, (8, 257)).cuda()
+        x = model.embed(tokens[:, :-1])
+        q, k, v = model.qkv(model.norm(x)).unflatten(-1, (3, model.heads, -1)).permute(2, 0, 3, 1, 4)
+        with torch.autocast("cuda", torch.bfloat16):
+            attended = F.scaled_dot_product_attention(q, k, v, dropout_p=0.1, is_causal=True)
+        x = x + model.out(attended.transpose(1, 2).flatten(2).float())
+        return F.cross_entropy(model.head(x).flatten(0, 1), tokens[:, 1:].flatten())
+    return trained(model, optimizer, loss_of)
+
+
+def lstm_with_projections(bias):
+    def run():
+        model = torch.nn.LSTM(128, 256, num_layers=2, proj_size=64, bias=bias, batch_first=True).cuda()
+        optimizer = torch.optim.AdamW(model.parameters())
+        return trained(model, optimizer, lambda model, i: model(torch.randn(16, 50, 128).cuda())[0].square().mean())
+    return run
+
+
+def video_conv3d():
+    model = torch.nn.Sequential(torch.nn.Conv3d(3, 16, 3, padding=1), torch.nn.BatchNorm3d(16), torch.nn.ReLU(),
+                                torch.nn.MaxPool3d(2), torch.nn.Conv3d(16, 32, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.AdaptiveAvgPool3d(1), torch.nn.Flatten(), torch.nn.Linear(32, 10)).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    return trained(model, optimizer, lambda model, i: F.cross_entropy(
+        model(torch.randn(4, 3, 8, 32, 32).cuda()), torch.randint(0, 10, (4,)).cuda()))
+
+
+def text_cnn():
+    embed = torch.nn.Embedding(20000, 128, padding_idx=0)
+    convs = torch.nn.ModuleList(torch.nn.Conv1d(128, 64, k) for k in (3, 4, 5))
+    model = torch.nn.ModuleDict({"embed": embed, "convs": convs, "head": torch.nn.Linear(192, 2)}).cuda()
+    optimizer = torch.optim.AdamW(model.parameters())
+
+    def loss_of(model, i):
+        x = model["embed"](torch.randint(0, 20000, (64, 100)).cuda()).transpose(1, 2)
+        pooled = torch.cat([F.adaptive_max_pool1d(F.relu(conv(x)), 1)[..., 0] for conv in model["convs"]], 1)
+        return F.cross_entropy(model["head"](F.dropout(pooled, 0.5)), torch.randint(0, 2, (64,)).cuda())
+    return trained(model, optimizer, loss_of)
+
+
+def encoder_decoder_transformer():
+    model = torch.nn.Transformer(d_model=128, nhead=4, num_encoder_layers=2, num_decoder_layers=2,
+                                 dim_feedforward=256, batch_first=True).cuda()
+    optimizer = torch.optim.AdamW(model.parameters())
+
+    def loss_of(model, i):
+        source, target = torch.randn(16, 40, 128).cuda(), torch.randn(16, 30, 128).cuda()
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(30, device="cuda")
+        return model(source, target, tgt_mask=mask, tgt_is_causal=True).square().mean()
+    return trained(model, optimizer, loss_of)
+
+
 IDIOMS = {
     "f16 autocast + GradScaler + clipping": f16_autocast_grad_scaler,
     "checkpoint (reentrant)": checkpointed("reentrant"),
@@ -604,6 +662,12 @@ IDIOMS = {
     "spectral_norm critic": spectral_norm_critic,
     "EmbeddingBag recommender (Adagrad)": embedding_bag_recommender,
     "spatial transformer (affine_grid + grid_sample)": spatial_transformer,
+    "attention dropout (SDPA in bf16 autocast)": attention_with_dropout,
+    "LSTM with projections": lstm_with_projections(True),
+    "LSTM with projections and no biases": lstm_with_projections(False),
+    "video Conv3d": video_conv3d,
+    "text CNN (Conv1d + max pooling)": text_cnn,
+    "encoder-decoder Transformer with a causal mask": encoder_decoder_transformer,
 }
 
 
