@@ -1,10 +1,10 @@
 """The idioms of ordinary training scripts on a GPU, two steps each, traced
 on fake cuda as `metamem run` traces a script (host tensors on the host,
-placeholder values, cuDNN's convolutions from the fake GPU's recordings)
-against the same steps run by the pinned torch on metamem's fake GPU
-(real_torch_on_fake_gpu.py), cuDNN on as torch has it (issue 47): max
-allocated and max reserved of each step. test_cuda_idioms.py runs them on
-an H100; this script on every GPU asked:
+placeholder values, cuDNN's convolutions and RNNs from the fake GPU's
+recordings) against the same steps run by the pinned torch on metamem's
+fake GPU (real_torch_on_fake_gpu.py), cuDNN on as torch has it (issue 47):
+max allocated and max reserved of each step. test_cuda_idioms.py runs each
+on one of GPUS; this script on every GPU asked:
 
     METAMEM_ORACLE=build/oracle PYTHONPATH=build/python:tests/python .venv/bin/python \\
         tests/python/idiom_steps.py [--idioms "anomaly mode,Adagrad"] [--gpus H100-80GB,T4] [--markdown]
@@ -225,7 +225,7 @@ def fused_adamw_with_a_schedule():
     return steps(step)
 
 
-def optimizer(make):
+def stepped_by(make):
     def run():
         model = mlp().cuda()
         return trained(model, make(model.parameters()), lambda model, i: classified(model, *batch()))
@@ -635,12 +635,12 @@ IDIOMS = {
     "EMA of the weights (AveragedModel)": ema_of_the_weights,
     "validation after the step (no_grad or inference_mode)": validation_after_the_step,
     "fused AdamW + one-cycle schedule": fused_adamw_with_a_schedule,
-    "SGD with Nesterov momentum (for-loop)": optimizer(
+    "SGD with Nesterov momentum (for-loop)": stepped_by(
         lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True, foreach=False)),
-    "Adam with AMSGrad": optimizer(lambda ps: torch.optim.Adam(ps, amsgrad=True)),
-    "RMSprop (centered)": optimizer(lambda ps: torch.optim.RMSprop(ps, centered=True)),
-    "Adagrad": optimizer(torch.optim.Adagrad),
-    "Adafactor": optimizer(torch.optim.Adafactor),
+    "Adam with AMSGrad": stepped_by(lambda ps: torch.optim.Adam(ps, amsgrad=True)),
+    "RMSprop (centered)": stepped_by(lambda ps: torch.optim.RMSprop(ps, centered=True)),
+    "Adagrad": stepped_by(torch.optim.Adagrad),
+    "Adafactor": stepped_by(torch.optim.Adafactor),
     "frozen backbone": frozen_backbone,
     "mixup + label smoothing": mixup_with_label_smoothing,
     "two losses through one graph (retain_graph)": two_losses_through_one_graph,
