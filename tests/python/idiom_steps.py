@@ -490,18 +490,15 @@ def data_parallel_on_one_gpu():
 def attention_with_a_padding_mask():
     # nn.MultiheadAttention as scripts call it: need_weights left True, a
     # key padding mask from the batch's lengths.
-    attention = torch.nn.MultiheadAttention(256, 4, batch_first=True).cuda()
-    head = torch.nn.Linear(256, 10).cuda()
-    optimizer = torch.optim.AdamW([*attention.parameters(), *head.parameters()])
+    model = torch.nn.ModuleDict({"attention": torch.nn.MultiheadAttention(256, 4, batch_first=True),
+                                 "head": torch.nn.Linear(256, 10)}).cuda()
 
-    def step(i):
+    def loss_of(model, i):
         x = torch.randn(32, 64, 256).cuda()
         padding = (torch.arange(64)[None, :] >= torch.randint(16, 64, (32, 1))).cuda()
-        out, weights = attention(x, x, x, key_padding_mask=padding)
-        F.cross_entropy(head(out.mean(1)), torch.randint(0, 10, (32,)).cuda()).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    return steps(step)
+        out, weights = model["attention"](x, x, x, key_padding_mask=padding)
+        return F.cross_entropy(model["head"](out.mean(1)), torch.randint(0, 10, (32,)).cuda())
+    return trained(model, torch.optim.AdamW(model.parameters()), loss_of)
 
 
 def ranking_metric_by_argsort():
@@ -533,34 +530,30 @@ def spectral_norm_critic():
 
 
 def embedding_bag_recommender():
-    bags = torch.nn.EmbeddingBag(100000, 64, mode="sum").cuda()
-    head = torch.nn.Linear(64, 1).cuda()
-    optimizer = torch.optim.Adagrad([*bags.parameters(), *head.parameters()])
+    model = torch.nn.ModuleDict({"bags": torch.nn.EmbeddingBag(100000, 64, mode="sum"),
+                                 "head": torch.nn.Linear(64, 1)}).cuda()
 
-    def step(i):
+    def loss_of(model, i):
         ids = torch.randint(0, 100000, (2048,)).cuda()
         offsets = torch.arange(0, 2048, 8).cuda()
-        F.binary_cross_entropy_with_logits(head(bags(ids, offsets))[:, 0], torch.rand(256).cuda()).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    return steps(step)
+        scores = model["head"](model["bags"](ids, offsets))[:, 0]
+        return F.binary_cross_entropy_with_logits(scores, torch.rand(256).cuda())
+    return trained(model, torch.optim.Adagrad(model.parameters()), loss_of)
 
 
 def spatial_transformer():
     # A localization net's affine grid, sampled by grid_sample.
-    locate = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 6)).cuda()
-    classify = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.ReLU(), torch.nn.Flatten(),
-                                   torch.nn.Linear(16 * 30 * 30, 10)).cuda()
-    optimizer = torch.optim.AdamW([*locate.parameters(), *classify.parameters()])
+    model = torch.nn.ModuleDict({
+        "locate": torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 6)),
+        "classify": torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                                        torch.nn.Linear(16 * 30 * 30, 10))}).cuda()
 
-    def step(i):
+    def loss_of(model, i):
         x = torch.randn(64, 3, 32, 32).cuda()
-        grid = F.affine_grid(locate(x).view(-1, 2, 3), list(x.shape), align_corners=False)
+        grid = F.affine_grid(model["locate"](x).view(-1, 2, 3), list(x.shape), align_corners=False)
         warped = F.grid_sample(x, grid, align_corners=False)
-        F.cross_entropy(classify(warped), torch.randint(0, 10, (64,)).cuda()).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    return steps(step)
+        return F.cross_entropy(model["classify"](warped), torch.randint(0, 10, (64,)).cuda())
+    return trained(model, torch.optim.AdamW(model.parameters()), loss_of)
 
 
 def attention_with_dropout():
