@@ -177,6 +177,20 @@ json described(const c10::IValue& value) {
                               " cannot be sent to the fake GPU");
 }
 
+// Whether what the call allocates depends on the values of its tensors,
+// which the fake GPU does not compute (it reads zeros): indexing by a
+// boolean mask allocates by its count of trues. Such a call is traced by
+// metamem's own models.
+bool sized_by_values(const std::string& op, c10::ArrayRef<c10::IValue> arguments) {
+  if (op.find("index_put") == std::string::npos) return false;
+  for (const c10::IValue& index : arguments[1].toListRef()) {
+    if (!index.isTensor()) continue;
+    const c10::ScalarType dtype = index.toTensor().scalar_type();
+    if (dtype == c10::ScalarType::Bool || dtype == c10::ScalarType::Byte) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 std::string fake_device_json(const GpuSpec& gpu) {
@@ -278,8 +292,16 @@ void check_fake_gpu(const std::string& folder) {
 }
 
 const std::vector<std::string>& recorded_ops() {
-  static const std::vector<std::string> ops{"aten::convolution", "aten::convolution_backward", "aten::_cudnn_rnn",
-                                            "aten::_cudnn_rnn_backward", "aten::_cudnn_init_dropout_state"};
+  // cuDNN's calls; and sorting, whose temporaries cub sizes by its tuning
+  // for the GPU's architecture (radix sort's extra buffers, bins and
+  // look-back tiles: 3,204,607 B for 262,144 floats on an H100), as topk
+  // over large slices (its radix selection's counts, sized by the GPU's
+  // SMs), the median of a whole tensor and index_put_ accumulating (the
+  // gradient of rows gathered by ids) do.
+  static const std::vector<std::string> ops{
+      "aten::convolution", "aten::convolution_backward", "aten::_cudnn_rnn", "aten::_cudnn_rnn_backward",
+      "aten::_cudnn_init_dropout_state", "aten::sort", "aten::sort.stable", "aten::topk", "aten::median",
+      "aten::nanmedian", "aten::index_put_", "aten::_index_put_impl_"};
   return ops;
 }
 
@@ -326,7 +348,7 @@ FollowRecordingsScope::FollowRecordingsScope(const FakeGpuRecordings& recordings
     : cudnn_([&] { return recordings.kernels_->cudnn_build(); }) {
   set_recorded_plans(recorded_ops(), [kernels = recordings.kernels_](const std::string& op,
                                                                      c10::ArrayRef<c10::IValue> arguments) {
-    return kernels->plan(op, arguments);
+    return sized_by_values(op, arguments) ? std::nullopt : kernels->plan(op, arguments);
   });
 }
 

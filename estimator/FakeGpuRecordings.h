@@ -6,9 +6,10 @@
 // torch allocates, and cuDNN's own heuristics choose its engines and size
 // their workspaces for the GPU named. While a FollowRecordingsScope lives,
 // traces ask it, once per distinct call, what the kernels whose temporaries
-// only cuDNN knows (convolutions and RNNs: recorded_ops()) allocate inside,
-// and follow that recording (set_recorded_plans). Both front ends use it:
-// Python's trace(fake_gpu=...) and the C++ CLI with METAMEM_FAKE_GPU set.
+// only cuDNN or cub knows (convolutions, RNNs, sorting: recorded_ops())
+// allocate inside, and follow that recording (set_recorded_plans). Both
+// front ends use it: Python's trace(fake_gpu=...) and the C++ CLI with
+// METAMEM_FAKE_GPU set.
 #pragma once
 
 #include <memory>

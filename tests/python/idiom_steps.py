@@ -614,6 +614,38 @@ def encoder_decoder_transformer():
     return trained(model, optimizer, loss_of)
 
 
+def magnitude_pruning():
+    # torch.nn.utils.prune before each step, a layer at a time: it selects
+    # the weights of least magnitude by topk (over 131,072 and 262,144 of
+    # them), and the layer then trains through weight_orig * weight_mask.
+    # (Pruning a layer again selects among the weights left by a boolean
+    # mask, whose size is a value: torch's nonzero.)
+    from torch.nn.utils import prune
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+                                torch.nn.ReLU(), torch.nn.Linear(512, 10)).cuda()
+    optimizer = torch.optim.AdamW(model.parameters())
+
+    def step(i):
+        prune.l1_unstructured(model[2 * i], "weight", amount=0.1)
+        classified(model, *batch()).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return steps(step)
+
+
+def hard_pixel_mining():
+    # Online hard example mining in segmentation: the loss of each pixel,
+    # and the mean of the hardest quarter, chosen by topk (sorted by sort).
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(32, 21, 1)).cuda()
+
+    def loss_of(model, i):
+        losses = F.cross_entropy(model(torch.randn(8, 3, 128, 128).cuda()),
+                                 torch.randint(0, 21, (8, 128, 128)).cuda(), reduction="none")
+        return losses.flatten().topk(losses.numel() // 4).values.mean()
+    return trained(model, torch.optim.AdamW(model.parameters()), loss_of)
+
+
 IDIOMS = {
     "f16 autocast + GradScaler + clipping": f16_autocast_grad_scaler,
     "checkpoint (reentrant)": checkpointed("reentrant"),
@@ -661,6 +693,8 @@ IDIOMS = {
     "video Conv3d": video_conv3d,
     "text CNN (Conv1d + max pooling)": text_cnn,
     "encoder-decoder Transformer with a causal mask": encoder_decoder_transformer,
+    "magnitude pruning between steps": magnitude_pruning,
+    "hard pixel mining (topk of per-pixel losses)": hard_pixel_mining,
 }
 
 

@@ -451,6 +451,47 @@ REDUCTION_CASES = {
 }
 
 
+def cuda_randn(*size, dtype=torch.float32):
+    return torch.randn(size, device="cuda", dtype=dtype)
+
+
+# Sorting, topk over large slices and a whole tensor's median: cub's
+# temporaries, sized by its tuning for the GPU's architecture, which a
+# trace takes from the fake GPU's recordings (test_cuda_kernels.py).
+SORT_CASES = {
+    # Slices of up to 4,096 sort in place, beside an arange of the slice's indices.
+    "sort of 16 x 2048, f32": freed_step(lambda: cuda_randn(16, 2048).sort(-1)),
+    # One slice: cub's radix sort of values and indices.
+    "sort of 262,144, f32": freed_step(lambda: cuda_randn(262144).sort()),
+    "stable sort of 100,000 int64": freed_step(
+        lambda: torch.randint(0, 1000, (100000,), device="cuda").sort(stable=True)),
+    # Under 128 slices: one sort of all, then by slice; from 128, cub's segmented sort.
+    "argsort of 8 x 30,000 descending, f16": freed_step(
+        lambda: cuda_randn(8, 30000, dtype=torch.float16).argsort(-1, descending=True)),
+    "argsort of 64 x 8192, f32": freed_step(lambda: cuda_randn(64, 8192).argsort(-1)),
+    "argsort of 256 x 8192, f32": freed_step(lambda: cuda_randn(256, 8192).argsort(-1)),
+    # topk: small slices select in one block each; large ones by a radix
+    # selection across blocks (counts per block, sized by the GPU's SMs),
+    # then sort what they selected.
+    "topk 5 of 16 x 1000, f32": freed_step(lambda: cuda_randn(16, 1000).topk(5, 1)),
+    "topk 2 of 4096 x 8, f32": freed_step(lambda: cuda_randn(4096, 8).topk(2, -1)),
+    "topk 26,214 of 262,144, f32": freed_step(lambda: cuda_randn(262144).topk(26214)),
+    "topk 26,214 of 262,144 unsorted, f32": freed_step(lambda: cuda_randn(262144).topk(26214, sorted=False)),
+    "topk 50 of 64 x 50,257, f32": freed_step(lambda: cuda_randn(64, 50257).topk(50, -1)),
+    "kthvalue 100 of 8 x 4096, f32": freed_step(lambda: cuda_randn(8, 4096).kthvalue(100, -1)),
+    # The median of a whole tensor sorts it; along a dimension, it selects.
+    "median of 262,144, f32": freed_step(lambda: cuda_randn(262144).median()),
+    "nanmedian of 100,000, bf16": freed_step(lambda: cuda_randn(100000, dtype=torch.bfloat16).nanmedian()),
+    "median over rows of 512 x 3000, f32": freed_step(lambda: cuda_randn(512, 3000).median(-1)),
+    "gradient of rows gathered by 20,000 ids, f32": freed_step(lambda: cuda_randn(
+        1000, 64).requires_grad_()[torch.randint(0, 1000, (20000,), device="cuda")].sum().backward()),
+    "index_put_ accumulating 20,000 rows, bf16": freed_step(lambda: torch.zeros(
+        1000, 64, device="cuda", dtype=torch.bfloat16).index_put_(
+        (torch.randint(0, 1000, (20000,), device="cuda"),), cuda_randn(20000, 64, dtype=torch.bfloat16),
+        accumulate=True)),
+}
+
+
 GROUP_NORM_CASES = {
     "group norm 320 channels, 8 x 32², f32": group_norm(),
     "group norm 320 channels, 8 x 32², bf16": group_norm(torch.bfloat16),
@@ -625,13 +666,14 @@ CASES = {
        for how in ("eager", "compiled")},
     **EFFICIENT_CASES,
     **LIBTORCH_KERNEL_CASES,
+    **SORT_CASES,
 }
 
 
 # The cases whose allocations and frees are recorded (measure_one's events):
 # what the kernels the fake GPU cannot run allocate inside, in order.
 EVENT_CASES = {name for name in CASES if name.startswith(("efficient", "sdpa", "conv", "batch norm", "LSTM"))} | \
-    set(LIBTORCH_KERNEL_CASES) | {
+    set(LIBTORCH_KERNEL_CASES) | set(SORT_CASES) | {
     "resnet18 f32 cuDNN on", "resnet18 bf16 autocast cuDNN on", "mobilenet_v2 f32 cuDNN on",
     "resnet18 bf16 autocast channels-last cuDNN on"}
 
@@ -759,11 +801,11 @@ def on_fake_gpu(oracle, gpu, name, torch_site=None):
         return {"error": str(error).strip().splitlines()[-1]}
 
 
-def traced(gpu, name):
+def traced(gpu, name, fake_gpu=None):
     import metamem
     try:
         torch._dynamo.reset()
-        with cold_inductor_cache(), metamem.trace(device="cuda", gpu=gpu) as t:
+        with cold_inductor_cache(), metamem.trace(device="cuda", gpu=gpu, fake_gpu=fake_gpu) as t:
             CASES[name](lambda: None)
     except Exception as error:  # a case metamem cannot trace is a finding of the table
         return {"error": f"{type(error).__name__}: {str(error).splitlines()[0]}"}
