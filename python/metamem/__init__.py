@@ -152,7 +152,11 @@ class Trace:
 
 def _local(tensor):
     """A DTensor's shard on this rank (FSDP2's and tensor parallelism's
-    parameters and gradients), any other tensor itself."""
+    parameters and gradients); the tensor a torch.func transform wraps (a
+    model called by functional_call inside grad or vmap holds the
+    transform's wrappers as parameters); any other tensor itself."""
+    while torch._C._functorch.is_functorch_wrapped_tensor(tensor):
+        tensor = torch._C._functorch.get_unwrapped(tensor)
     return getattr(tensor, "_local_tensor", tensor)
 
 

@@ -787,6 +787,32 @@ def test_a_tied_weight_moves_once_beside_host_tensors():
             assert (torch.randn(4, 4) @ torch.randn(4, 4)).dtype == torch.bfloat16
 
 
+def test_per_sample_gradients_by_torch_func_trace_on_cuda_and_are_exact_on_cpu():
+    # Before: functional_call inside grad and vmap gives the model the
+    # transforms' wrappers as parameters, and the trace, marking a model's
+    # parameters as it first runs, stopped reading their data.
+    from torch.func import functional_call, grad, vmap
+
+    def step(device):
+        torch.manual_seed(0)
+        model = mlp().to(device)
+        params = {name: p.detach() for name, p in model.named_parameters()}
+
+        def loss(p, x, y):
+            return torch.nn.functional.cross_entropy(functional_call(model, p, (x[None],)), y[None])
+
+        x, y = torch.randn(32, 64, device=device), torch.randint(0, 64, (32,), device=device)
+        grads = vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
+        for name, g in grads.items():
+            params[name] = params[name] - 0.1 * g.sum(0)
+
+    with metamem.trace(device="cuda") as t:
+        step("cuda")
+    assert t.peak_bytes > 32 * 4 * sum(p.numel() for p in mlp().parameters())  # a gradient per sample
+    traced, achieved = trace_and_run(lambda: step("cpu"))
+    assert traced == achieved
+
+
 @pytest.mark.parametrize("gpu, idiom", one_gpu_each(idiom_steps.GPUS, list(idiom_steps.IDIOMS)))
 def test_each_idiom_of_a_training_script_is_exact_against_real_torch_on_the_fake_gpu(gpu, idiom):
     # Two steps, max allocated and max reserved, cuDNN on, traced as
