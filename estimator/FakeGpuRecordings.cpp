@@ -296,12 +296,22 @@ const std::vector<std::string>& recorded_ops() {
   // for the GPU's architecture (radix sort's extra buffers, bins and
   // look-back tiles: 3,204,607 B for 262,144 floats on an H100), as topk
   // over large slices (its radix selection's counts, sized by the GPU's
-  // SMs), the median of a whole tensor and index_put_ accumulating (the
-  // gradient of rows gathered by ids) do.
-  static const std::vector<std::string> ops{
-      "aten::convolution", "aten::convolution_backward", "aten::_cudnn_rnn", "aten::_cudnn_rnn_backward",
-      "aten::_cudnn_init_dropout_state", "aten::sort", "aten::sort.stable", "aten::topk", "aten::median",
-      "aten::nanmedian", "aten::index_put_", "aten::_index_put_impl_"};
+  // SMs), the median of a whole tensor, index_put_ accumulating (the
+  // gradient of rows gathered by ids) and an embedding's gradient past
+  // 3,072 ids do.
+  static const std::vector<std::string> ops{"aten::convolution",
+                                            "aten::convolution_backward",
+                                            "aten::_cudnn_rnn",
+                                            "aten::_cudnn_rnn_backward",
+                                            "aten::_cudnn_init_dropout_state",
+                                            "aten::sort",
+                                            "aten::sort.stable",
+                                            "aten::topk",
+                                            "aten::median",
+                                            "aten::nanmedian",
+                                            "aten::index_put_",
+                                            "aten::_index_put_impl_",
+                                            "aten::embedding_dense_backward"};
   return ops;
 }
 

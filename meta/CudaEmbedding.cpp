@@ -1,9 +1,15 @@
 // What CUDA's embedding lookup and its gradient hold beside their outputs,
 // in their order. Recorded from real torch 2.14.1 on the fake GPU (a BERT's
-// token type embedding, whose ids are an expanded buffer).
+// token type embedding, whose ids are an expanded buffer; GPT-2's and
+// BERT's embeddings over 4,096 to 16,384 ids).
 #include <ATen/ATen.h>
+#include <ATen/Context.h>
+#include <ATen/OpMathType.h>
 #include <ATen/TensorUtils.h>
 
+#include <algorithm>
+
+#include "meta/CudaAttention.h"
 #include "meta/CudaKernelPlans.h"
 
 namespace metamem {
@@ -23,16 +29,64 @@ ScratchPlan embedding_plan(c10::ArrayRef<c10::IValue> arguments) {
   return plan;
 }
 
+// Past 3,072 ids, or scaled by frequency, CUDA sorts the ids (with their
+// positions) and sums the gradient's rows by runs of equal ids
+// (embedding_backward_cuda_kernel). It sizes every buffer by the number of
+// ids and of weights, not by how many are distinct (it reads nothing
+// back): runs of at most min(ids, weights) segments, split into partial
+// segments of 10 rows. Where few segments would leave the GPU's SMs idle
+// (a token-type embedding of 2 rows), it accumulates the partial segments
+// into the weight's gradient by atomics instead, in float for 16-bit
+// weights. cub's temporary storage for the sort, the run-length pass and
+// the prefix sum (a few hundred kilobytes, sized by its tuning for the
+// GPU's architecture) is not modelled: a trace given the fake GPU takes
+// this op from its recordings (estimator/FakeGpuRecordings.cpp).
+void sort_and_sum_by_id(ScratchPlan& plan, const at::Tensor& grad, const at::Tensor& indices,
+                        std::int64_t num_weights, bool scale_grad_by_freq) {
+  constexpr std::int64_t kRowsPerThread = 10, kWarp = 32, kMaxBlock = 1024, kAtomicBlocksPerSm = 4;
+  const std::int64_t ids = indices.numel(), id_bytes = static_cast<std::int64_t>(indices.element_size());
+  const std::int64_t index_list = ids * id_bytes;
+  plan.make(index_list);                           // the sorted ids
+  plan.make(index_list);                           // their positions
+  plan.free(plan.make(index_list));                // the positions in order, sorted with them
+  if (scale_grad_by_freq) plan.make(index_list);  // each id's count
+  plan.output(0);                                  // the weight's gradient, zeros
+  plan.make(index_list);                           // where each run of equal ids begins
+  plan.make(8);                                    // how many runs
+  plan.free(plan.make(index_list));                // the runs' ids
+  const std::int64_t segments = std::min(ids, num_weights);
+  plan.make(segments * id_bytes);  // partial segments per run
+  plan.make(segments * id_bytes);  // their offsets
+  plan.make(8);                    // how many partial segments
+  const std::int64_t partials = ids / kRowsPerThread + segments;
+  plan.make(partials * id_bytes);  // where each begins
+  const std::int64_t width = grad.size(-1), warped = (width + kWarp - 1) / kWarp * kWarp;
+  const std::int64_t block = std::min(warped, kMaxBlock), scatter_grid = (segments * warped + block - 1) / block;
+  const bool atomics = scatter_grid < std::int64_t{traced_gpu().multi_processor_count} * kAtomicBlocksPerSm &&
+                       partials > scatter_grid * 4 && !at::globalContext().deterministicAlgorithms();
+  const at::ScalarType accumulate = at::toOpMathType(grad.scalar_type());
+  const std::int64_t accumulate_bytes = static_cast<std::int64_t>(c10::elementSize(accumulate));
+  if (!atomics) {
+    plan.make(partials * width * accumulate_bytes);  // each partial segment's sum
+    return;
+  }
+  plan.make(partials * id_bytes);  // each partial segment's run
+  if (accumulate != grad.scalar_type()) plan.free(plan.make(num_weights * width * accumulate_bytes));
+}
+
 // aten::embedding_dense_backward(grad_output, indices, num_weights,
 // padding_idx, scale_grad_by_freq): the ids, then the gradient, made
-// contiguous before the weight's gradient. Past 3,072 ids, or scaled by
-// frequency, CUDA then sorts them and sizes further buffers by how many
-// are distinct, which it reads back from the GPU: not modelled.
+// contiguous before the weight's gradient; past 3,072 ids, or scaled by
+// frequency, sorted and summed by id.
 ScratchPlan embedding_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
   ScratchPlan plan;
-  plan.make(copy_unless_contiguous(arguments[1].toTensor()));
-  plan.make(copy_unless_contiguous(arguments[0].toTensor()));
+  const at::Tensor &grad = arguments[0].toTensor(), &indices = arguments[1].toTensor();
+  plan.make(copy_unless_contiguous(indices));
+  plan.make(copy_unless_contiguous(grad));
   plan.before_outputs = plan.steps.size();
+  const bool scale_grad_by_freq = arguments[4].toBool();
+  if (indices.numel() > 3072 || scale_grad_by_freq)
+    sort_and_sum_by_id(plan, grad, indices, arguments[2].toInt(), scale_grad_by_freq);
   return plan;
 }
 

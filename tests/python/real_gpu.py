@@ -127,10 +127,10 @@ def cublas_threads(step_end):
 
 def embedding_backward(distinct):
     """GPT-2's embedding (50,257 x 768) over 2 x 256 token ids, forward and
-    backward, with distinct ids or all 0: up to 3,072 ids CUDA's
-    embedding_dense_backward reads no value (the real H200 holds the same
-    either way); past that it sorts them and sizes buffers by how many are
-    distinct, which the fake GPU, reading zeros, cannot show."""
+    backward, with distinct ids or all 0: CUDA's embedding_dense_backward
+    reads no value (the real H200 holds the same either way); past 3,072
+    ids it sorts them, in buffers sized by the number of ids and of weights
+    (SORT_CASES)."""
     def run(step_end):
         torch.manual_seed(0)
         embedding = torch.nn.Embedding(50257, 768).cuda()
@@ -485,6 +485,14 @@ SORT_CASES = {
     "median over rows of 512 x 3000, f32": freed_step(lambda: cuda_randn(512, 3000).median(-1)),
     "gradient of rows gathered by 20,000 ids, f32": freed_step(lambda: cuda_randn(
         1000, 64).requires_grad_()[torch.randint(0, 1000, (20000,), device="cuda")].sum().backward()),
+    "embedding backward, 4,096 ids of 5,000, f32": freed_step(lambda: torch.nn.Embedding(5000, 128).cuda()(
+        torch.randint(0, 5000, (4, 1024), device="cuda")).sum().backward()),
+    "embedding backward, 16,384 ids of 50,257, bf16": freed_step(lambda: torch.nn.Embedding(50257, 768).cuda().to(
+        torch.bfloat16)(torch.randint(0, 50257, (8, 2048), device="cuda")).float().sum().backward()),
+    "embedding backward, 8,192 ids of 2 (token types), bf16": freed_step(lambda: torch.nn.Embedding(2, 768).cuda().to(
+        torch.bfloat16)(torch.randint(0, 2, (16, 512), device="cuda")).float().sum().backward()),
+    "embedding backward scaled by frequency, 1,024 ids of 5,000, f32": freed_step(lambda: torch.nn.Embedding(
+        5000, 128, scale_grad_by_freq=True).cuda()(torch.randint(0, 5000, (4, 256), device="cuda")).sum().backward()),
     "index_put_ accumulating 20,000 rows, bf16": freed_step(lambda: torch.zeros(
         1000, 64, device="cuda", dtype=torch.bfloat16).index_put_(
         (torch.randint(0, 1000, (20000,), device="cuda"),), cuda_randn(20000, 64, dtype=torch.bfloat16),
