@@ -646,6 +646,235 @@ def hard_pixel_mining():
     return trained(model, torch.optim.AdamW(model.parameters()), loss_of)
 
 
+def clip_contrastive_loss():
+    # CLIP: two towers, normalized embeddings, a learned temperature, and
+    # cross entropy over the batch's similarities both ways.
+    model = torch.nn.ModuleDict({"image": torch.nn.Sequential(torch.nn.Linear(512, 256), torch.nn.GELU(),
+                                                              torch.nn.Linear(256, 128)),
+                                 "text": torch.nn.Sequential(torch.nn.Embedding(5000, 128), torch.nn.Flatten(),
+                                                             torch.nn.Linear(128 * 16, 128))}).cuda()
+    scale = torch.nn.Parameter(torch.tensor(2.659).cuda())
+    optimizer = torch.optim.AdamW([*model.parameters(), scale])
+
+    def loss_of(model, i):
+        images = F.normalize(model["image"](torch.randn(256, 512).cuda()), dim=-1)
+        texts = F.normalize(model["text"](torch.randint(0, 5000, (256, 16)).cuda()), dim=-1)
+        logits = scale.exp() * images @ texts.t()
+        labels = torch.arange(256, device="cuda")
+        return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels)) / 2
+    return trained(model, optimizer, loss_of)
+
+
+def distillation_from_a_frozen_teacher():
+    teacher, student = mlp(0.0).cuda().eval(), torch.nn.Sequential(torch.nn.Linear(256, 10)).cuda()
+    teacher.requires_grad_(False)
+    optimizer = torch.optim.AdamW(student.parameters())
+
+    def loss_of(model, i):
+        x, y = batch()
+        x = x.cuda()
+        with torch.no_grad():
+            soft = F.softmax(teacher(x) / 4.0, dim=-1)
+        logits = model(x)
+        kd = F.kl_div(F.log_softmax(logits / 4.0, dim=-1), soft, reduction="batchmean") * 16.0
+        return kd + F.cross_entropy(logits, y.cuda())
+    return trained(student, optimizer, loss_of)
+
+
+def sharpness_aware_minimization():
+    # SAM: a step to the worst nearby weights, a second gradient there, the
+    # weights put back, then the optimizer's step.
+    model = mlp().cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def step(i):
+        x, y = batch()
+        classified(model, x, y).backward()
+        params = [p for p in model.parameters() if p.grad is not None]
+        norm = torch.norm(torch.stack([p.grad.norm(2) for p in params]), 2)
+        moved = []
+        with torch.no_grad():
+            for p in params:
+                e = p.grad * (0.05 / (norm + 1e-12))
+                p.add_(e)
+                moved.append(e)
+        optimizer.zero_grad()
+        classified(model, x, y).backward()
+        with torch.no_grad():
+            for p, e in zip(params, moved):
+                p.sub_(e)
+        optimizer.step()
+        optimizer.zero_grad()
+    return steps(step)
+
+
+def per_sample_gradients_by_vmap():
+    # torch.func: each sample's gradient by vmap over grad, clipped and
+    # noised as DP-SGD does, then applied by hand.
+    from torch.func import functional_call, grad, vmap
+    model = torch.nn.Sequential(torch.nn.Linear(256, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).cuda()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def loss(p, x, y):
+        return F.cross_entropy(functional_call(model, p, (x[None],)), y[None])
+
+    def step(i):
+        x, y = batch(64)
+        grads = vmap(grad(loss), in_dims=(None, 0, 0))(params, x.cuda(), y.cuda())
+        norms = torch.stack([g.flatten(1).norm(dim=1) for g in grads.values()]).norm(dim=0)
+        factor = (1.0 / (norms + 1e-6)).clamp(max=1.0)
+        for name, g in grads.items():
+            clipped = (g * factor.view(-1, *[1] * (g.dim() - 1))).sum(0)
+            params[name] = params[name] - 0.1 * (clipped + torch.randn_like(clipped)) / 64
+    return steps(step)
+
+
+def lora_adapters_on_a_frozen_base():
+    class LoRALinear(torch.nn.Module):
+        def __init__(self, base, rank=8):
+            super().__init__()
+            self.base = base.requires_grad_(False)
+            self.a = torch.nn.Parameter(torch.randn(rank, base.in_features) * 0.01)
+            self.b = torch.nn.Parameter(torch.zeros(base.out_features, rank))
+
+        def forward(self, x):
+            return self.base(x) + F.dropout(x, 0.05) @ self.a.t() @ self.b.t() * 2.0
+
+    model = torch.nn.Sequential(LoRALinear(torch.nn.Linear(256, 1024)), torch.nn.GELU(),
+                                LoRALinear(torch.nn.Linear(1024, 10))).cuda()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+    return trained(model, optimizer, lambda model, i: classified(model, *batch()))
+
+
+def stochastic_depth_blocks():
+    # Residual blocks dropped per sample (torchvision's stochastic_depth),
+    # with LayerScale.
+    from torchvision.ops import stochastic_depth
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mlp, self.gamma = mlp(0.0)[:4], torch.nn.Parameter(torch.full((256,), 1e-4))
+
+        def forward(self, x):
+            return x + stochastic_depth(self.gamma * self.mlp(x), 0.2, "row", self.training)
+
+    model = torch.nn.Sequential(*[Block() for _ in range(4)], torch.nn.Linear(256, 10)).cuda()
+    return trained(model, torch.optim.AdamW(model.parameters()), lambda model, i: classified(model, *batch()))
+
+
+def gumbel_softmax_codebook():
+    # A discrete bottleneck: straight-through Gumbel-softmax over a codebook.
+    model = torch.nn.ModuleDict({"encode": torch.nn.Linear(256, 512), "codebook": torch.nn.Embedding(512, 64),
+                                 "decode": torch.nn.Linear(64, 256)}).cuda()
+
+    def loss_of(model, i):
+        x = torch.randn(128, 256).cuda()
+        codes = F.gumbel_softmax(model["encode"](x), tau=1.0, hard=True)
+        return F.mse_loss(model["decode"](codes @ model["codebook"].weight), x)
+    return trained(model, torch.optim.AdamW(model.parameters()), loss_of)
+
+
+def triplet_loss_with_hardest_negatives():
+    model = mlp().cuda()[:5]
+
+    def loss_of(model, i):
+        x, y = batch(256)
+        emb = F.normalize(model(x.cuda()), dim=-1)
+        y = y.cuda()
+        distances = torch.cdist(emb, emb)
+        same = y[:, None] == y[None, :]
+        hardest_positive = (distances * same).max(1).values
+        hardest_negative = distances.masked_fill(same, float("inf")).min(1).values
+        return F.relu(hardest_positive - hardest_negative + 0.2).mean()
+    return trained(model, torch.optim.AdamW(model.parameters()), loss_of)
+
+
+def super_resolution_pixel_shuffle():
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 5, padding=2, padding_mode="reflect"), torch.nn.Tanh(),
+                                torch.nn.Conv2d(64, 32, 3, padding=1, padding_mode="circular"), torch.nn.Tanh(),
+                                torch.nn.Conv2d(32, 3 * 9, 3, padding=1), torch.nn.PixelShuffle(3)).cuda()
+
+    def loss_of(model, i):
+        low = torch.randn(16, 3, 32, 32).cuda()
+        return F.l1_loss(model(low), F.interpolate(low, scale_factor=3, mode="bicubic", align_corners=False))
+    return trained(model, torch.optim.Adam(model.parameters()), loss_of)
+
+
+def style_transfer_gram_matrices():
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.InstanceNorm2d(32, affine=True),
+                                torch.nn.ReLU(), torch.nn.Conv2d(32, 3, 3, padding=1)).cuda()
+    features = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 3, padding=1), torch.nn.ReLU()).cuda().requires_grad_(False)
+
+    def gram(x):
+        f = x.flatten(2)
+        return torch.bmm(f, f.transpose(1, 2)) / f.shape[-1]
+
+    def loss_of(model, i):
+        content, style = torch.randn(4, 3, 64, 64).cuda(), torch.randn(4, 3, 64, 64).cuda()
+        out = model(content)
+        return F.mse_loss(features(out), features(content)) + F.mse_loss(gram(features(out)), gram(features(style)))
+    return trained(model, torch.optim.Adam(model.parameters()), loss_of)
+
+
+def grouped_query_attention_block():
+    # SDPA with enable_gqa (4 query heads per key and value head), bf16
+    # autocast, RMSNorm and SwiGLU as Llama-style blocks write them.
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.q, self.kv = torch.nn.RMSNorm(256), torch.nn.Linear(256, 256), torch.nn.Linear(256, 128)
+            self.o, self.up, self.down = torch.nn.Linear(256, 256), torch.nn.Linear(256, 1024), torch.nn.Linear(512, 256)
+
+        def forward(self, x):
+            h = self.norm(x)
+            q = self.q(h).unflatten(-1, (8, 32)).transpose(1, 2)
+            k, v = self.kv(h).unflatten(-1, (2, 2, 32)).permute(2, 0, 3, 1, 4)
+            x = x + self.o(F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+                           .transpose(1, 2).flatten(2))
+            gate, up = self.up(self.norm(x)).chunk(2, -1)
+            return x + self.down(F.silu(gate) * up)
+
+    model = torch.nn.Sequential(Block(), Block()).cuda()
+
+    def loss_of(model, i):
+        with torch.autocast("cuda", torch.bfloat16):
+            return model(torch.randn(8, 128, 256).cuda()).float().square().mean()
+    return trained(model, torch.optim.AdamW(model.parameters()), loss_of)
+
+
+def r_drop_consistency():
+    # R-Drop: two passes with dropout, cross entropy and their symmetric KL.
+    model = mlp(0.3).cuda()
+
+    def loss_of(model, i):
+        x, y = batch()
+        a, b = model(x.cuda()), model(x.cuda())
+        kl = F.kl_div(a.log_softmax(-1), b.log_softmax(-1), log_target=True, reduction="batchmean") + \
+            F.kl_div(b.log_softmax(-1), a.log_softmax(-1), log_target=True, reduction="batchmean")
+        return F.cross_entropy(a, y.cuda()) + F.cross_entropy(b, y.cuda()) + kl
+    return trained(model, torch.optim.AdamW(model.parameters()), loss_of)
+
+
+def user_written_foreach_optimizer():
+    # Lion written by hand with torch._foreach_* ops, as research code does.
+    model = mlp().cuda()
+    params = list(model.parameters())
+    moments = [torch.zeros_like(p) for p in params]
+
+    def step(i):
+        classified(model, *batch()).backward()
+        grads = [p.grad for p in params]
+        with torch.no_grad():
+            update = torch._foreach_lerp(moments, grads, 0.1)
+            torch._foreach_sign_(update)
+            torch._foreach_mul_(params, 1 - 1e-4 * 0.01)
+            torch._foreach_add_(params, update, alpha=-1e-4)
+            torch._foreach_lerp_(moments, grads, 0.01)
+        model.zero_grad()
+    return steps(step)
+
+
 IDIOMS = {
     "f16 autocast + GradScaler + clipping": f16_autocast_grad_scaler,
     "checkpoint (reentrant)": checkpointed("reentrant"),
@@ -695,6 +924,19 @@ IDIOMS = {
     "encoder-decoder Transformer with a causal mask": encoder_decoder_transformer,
     "magnitude pruning between steps": magnitude_pruning,
     "hard pixel mining (topk of per-pixel losses)": hard_pixel_mining,
+    "CLIP contrastive loss with a learned temperature": clip_contrastive_loss,
+    "distillation from a frozen teacher (KL divergence)": distillation_from_a_frozen_teacher,
+    "sharpness-aware minimization (two backward passes)": sharpness_aware_minimization,
+    "per-sample gradients by torch.func vmap (DP-SGD)": per_sample_gradients_by_vmap,
+    "LoRA adapters on a frozen base": lora_adapters_on_a_frozen_base,
+    "stochastic depth + LayerScale": stochastic_depth_blocks,
+    "straight-through Gumbel-softmax codebook": gumbel_softmax_codebook,
+    "triplet loss with hardest negatives (cdist)": triplet_loss_with_hardest_negatives,
+    "super-resolution (reflect and circular padding + PixelShuffle + bicubic)": super_resolution_pixel_shuffle,
+    "style transfer (InstanceNorm + Gram matrices)": style_transfer_gram_matrices,
+    "grouped-query attention + RMSNorm + SwiGLU (bf16 autocast)": grouped_query_attention_block,
+    "R-Drop (two dropout passes + symmetric KL)": r_drop_consistency,
+    "Lion written with torch._foreach ops": user_written_foreach_optimizer,
 }
 
 
