@@ -297,8 +297,8 @@ const std::vector<std::string>& recorded_ops() {
   // look-back tiles: 3,204,607 B for 262,144 floats on an H100), as topk
   // over large slices (its radix selection's counts, sized by the GPU's
   // SMs), the median of a whole tensor, index_put_ accumulating (the
-  // gradient of rows gathered by ids) and an embedding's gradient past
-  // 3,072 ids do.
+  // gradient of rows gathered by ids), an embedding's gradient past 3,072
+  // ids and an EmbeddingBag's do.
   static const std::vector<std::string> ops{"aten::convolution",
                                             "aten::convolution_backward",
                                             "aten::_cudnn_rnn",
@@ -311,7 +311,8 @@ const std::vector<std::string>& recorded_ops() {
                                             "aten::nanmedian",
                                             "aten::index_put_",
                                             "aten::_index_put_impl_",
-                                            "aten::embedding_dense_backward"};
+                                            "aten::embedding_dense_backward",
+                                            "aten::_embedding_bag_dense_backward"};
   return ops;
 }
 

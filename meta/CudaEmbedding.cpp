@@ -29,6 +29,16 @@ ScratchPlan embedding_plan(c10::ArrayRef<c10::IValue> arguments) {
   return plan;
 }
 
+// aten::_embedding_bag and _embedding_bag_forward_only (weight, indices,
+// offsets, ...): CUDA makes the bags' sizes, then each id's bag, then the
+// output, then (max pooling) the maximum's positions, where it returns the
+// output first.
+ScratchPlan embedding_bag_plan(c10::ArrayRef<c10::IValue>) {
+  ScratchPlan plan;
+  for (const std::size_t r : {2, 1, 0, 3}) plan.output(r);
+  return plan;
+}
+
 // Past 3,072 ids, or scaled by frequency, CUDA sorts the ids (with their
 // positions) and sums the gradient's rows by runs of equal ids
 // (embedding_backward_cuda_kernel). It sizes every buffer by the number of
@@ -41,8 +51,9 @@ ScratchPlan embedding_plan(c10::ArrayRef<c10::IValue> arguments) {
 // the prefix sum (a few hundred kilobytes, sized by its tuning for the
 // GPU's architecture) is not modelled: a trace given the fake GPU takes
 // this op from its recordings (estimator/FakeGpuRecordings.cpp).
+// With `bags` (EmbeddingBag's sum and mean), always by the partial sums.
 void sort_and_sum_by_id(ScratchPlan& plan, const at::Tensor& grad, const at::Tensor& indices,
-                        std::int64_t num_weights, bool scale_grad_by_freq) {
+                        std::int64_t num_weights, bool scale_grad_by_freq, bool bags) {
   constexpr std::int64_t kRowsPerThread = 10, kWarp = 32, kMaxBlock = 1024, kAtomicBlocksPerSm = 4;
   const std::int64_t ids = indices.numel(), id_bytes = static_cast<std::int64_t>(indices.element_size());
   const std::int64_t index_list = ids * id_bytes;
@@ -62,7 +73,8 @@ void sort_and_sum_by_id(ScratchPlan& plan, const at::Tensor& grad, const at::Ten
   plan.make(partials * id_bytes);  // where each begins
   const std::int64_t width = grad.size(-1), warped = (width + kWarp - 1) / kWarp * kWarp;
   const std::int64_t block = std::min(warped, kMaxBlock), scatter_grid = (segments * warped + block - 1) / block;
-  const bool atomics = scatter_grid < std::int64_t{traced_gpu().multi_processor_count} * kAtomicBlocksPerSm &&
+  const bool atomics = !bags &&
+                       scatter_grid < std::int64_t{traced_gpu().multi_processor_count} * kAtomicBlocksPerSm &&
                        partials > scatter_grid * 4 && !at::globalContext().deterministicAlgorithms();
   const at::ScalarType accumulate = at::toOpMathType(grad.scalar_type());
   const std::int64_t accumulate_bytes = static_cast<std::int64_t>(c10::elementSize(accumulate));
@@ -86,7 +98,23 @@ ScratchPlan embedding_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
   plan.before_outputs = plan.steps.size();
   const bool scale_grad_by_freq = arguments[4].toBool();
   if (indices.numel() > 3072 || scale_grad_by_freq)
-    sort_and_sum_by_id(plan, grad, indices, arguments[2].toInt(), scale_grad_by_freq);
+    sort_and_sum_by_id(plan, grad, indices, arguments[2].toInt(), scale_grad_by_freq, /*bags=*/false);
+  return plan;
+}
+
+// aten::_embedding_bag_dense_backward(grad, indices, offset2bag, bag_size,
+// maximum_indices, num_weights, scale_grad_by_freq, mode,
+// per_sample_weights, padding_idx): the gradient made contiguous, then for
+// sums and means the ids sorted and summed by id whatever their number;
+// max pooling scatters the gradient by the maximum's positions alone.
+ScratchPlan embedding_bag_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
+  constexpr std::int64_t kMax = 2;
+  ScratchPlan plan;
+  const at::Tensor &grad = arguments[0].toTensor(), &indices = arguments[1].toTensor();
+  plan.make(copy_unless_contiguous(grad));
+  plan.before_outputs = plan.steps.size();
+  if (arguments[7].toInt() != kMax && indices.numel() > 0)
+    sort_and_sum_by_id(plan, grad, indices, arguments[5].toInt(), arguments[6].toBool(), /*bags=*/true);
   return plan;
 }
 
@@ -94,6 +122,9 @@ ScratchPlan embedding_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
 
 ScratchPlanModel cuda_embedding_plan_model(const std::string& qualified_name) {
   if (qualified_name == "aten::embedding") return &embedding_plan;
+  if (qualified_name == "aten::_embedding_bag" || qualified_name == "aten::_embedding_bag_forward_only")
+    return &embedding_bag_plan;
+  if (qualified_name == "aten::_embedding_bag_dense_backward") return &embedding_bag_backward_plan;
   return qualified_name == "aten::embedding_dense_backward" ? &embedding_backward_plan : nullptr;
 }
 

@@ -126,8 +126,9 @@ class LaunchShape {
 };
 
 // aten::sum, aten::mean and their dim_IntList overloads (self, dim,
-// keepdim, ...), and aten::linalg_vector_norm (self, ord, dim, keepdim,
-// dtype; ConvNeXt-V2's global response norm over height and width): the
+// keepdim, ...), sum's out overload (logsumexp's), aten::amax and amin,
+// and aten::linalg_vector_norm (self, ord, dim, keepdim, dtype;
+// ConvNeXt-V2's global response norm over height and width): the
 // reduction into the op's result.
 template <CudaReduction kind>
 ReductionStaging reduction_staging(c10::ArrayRef<c10::IValue> arguments, c10::ArrayRef<c10::IValue> returns) {
@@ -145,8 +146,9 @@ ReductionStaging reduction_staging(c10::ArrayRef<c10::IValue> arguments, c10::Ar
 
 // The iterator torch's sum_out, mean_out and linalg_vector_norm_out build
 // (make_reduction), over plain meta tensors of the same layout, and the
-// kernel for the input type: 16-bit floats accumulate in float; sum's load
-// 8 of them at once (sum_kernel_cuda), mean's and the norms' 4.
+// kernel for the input type: 16-bit floats accumulate in float (in their
+// own type for amax and amin); sum's load 8 of them at once
+// (sum_kernel_cuda), the others' 4.
 ReductionStaging cuda_reduction_staging(CudaReduction kind, const at::Tensor& self, const at::Tensor& result,
                                         at::OptionalIntArrayRef dims, bool keepdim) {
   const bool low_precision = self.scalar_type() == at::kHalf || self.scalar_type() == at::kBFloat16;
@@ -173,7 +175,8 @@ ReductionStaging cuda_reduction_staging(CudaReduction kind, const at::Tensor& se
   const int input_bytes = static_cast<int>(input.element_size());
   const bool complex_double = input.scalar_type() == at::kComplexDouble;
   const int vec_size = kind == CudaReduction::Sum && input_bytes == 2 ? 8 : 4;
-  const Kernel kernel{low_precision ? 4 : input_bytes, input_bytes, vec_size, complex_double ? 256 : 512};
+  const int accumulator_bytes = low_precision && kind != CudaReduction::Extremum ? 4 : input_bytes;
+  const Kernel kernel{accumulator_bytes, input_bytes, vec_size, complex_double ? 256 : 512};
   ReductionStaging staging =
       LaunchShape(iter, cast == 0 ? self.storage_offset() : 0, kernel, traced_gpu()).staging();
   staging.cast = cast;
@@ -228,8 +231,11 @@ ScratchPlanModel cuda_reduction_plan_model(const std::string& qualified_name) {
 }
 
 ReductionStagingModel cuda_reduction_staging_model(const std::string& qualified_name) {
-  if (qualified_name == "aten::sum" || qualified_name == "aten::sum.dim_IntList")
+  if (qualified_name == "aten::sum" || qualified_name == "aten::sum.dim_IntList" ||
+      qualified_name == "aten::sum.IntList_out")
     return &reduction_staging<CudaReduction::Sum>;
+  if (qualified_name == "aten::amax" || qualified_name == "aten::amin")
+    return &reduction_staging<CudaReduction::Extremum>;
   if (qualified_name == "aten::mean" || qualified_name == "aten::mean.dim")
     return &reduction_staging<CudaReduction::Mean>;
   if (qualified_name == "aten::linalg_vector_norm") return &reduction_staging<CudaReduction::Norm>;

@@ -36,10 +36,11 @@ using ReductionStagingModel = ReductionStaging (*)(c10::ArrayRef<c10::IValue> ar
 void add_staging(ScratchPlan& plan, const ReductionStaging& staging);
 
 // Norm: linalg_vector_norm's kernels (norm_kernel_cuda), which load as
-// mean's do.
-enum class CudaReduction { Sum, Mean, Norm };
+// mean's do; Extremum: amax's and amin's, which load as mean's do and
+// accumulate in the input's dtype.
+enum class CudaReduction { Sum, Mean, Norm, Extremum };
 
-// What a sum, mean or norm of `self` over `dims` into `result` holds on the
+// What a sum, mean, norm or extremum of `self` over `dims` into `result` holds on the
 // traced GPU: for kernels that reduce through torch's own functions (layer
 // norm's backward, a loss's mean).
 ReductionStaging cuda_reduction_staging(CudaReduction kind, const at::Tensor& self, const at::Tensor& result,

@@ -728,7 +728,8 @@ bool runs_as_one_op(const c10::OperatorHandle& op, const std::string& qualified)
       "aten::soft_margin_loss", "aten::soft_margin_loss.out",
       "aten::soft_margin_loss_backward", "aten::soft_margin_loss_backward.grad_input",
       "aten::_safe_softmax",   "aten::_unsafe_masked_index",
-      "aten::_unsafe_masked_index_put_accumulate", "aten::allclose"};
+      "aten::_unsafe_masked_index_put_accumulate", "aten::allclose",
+      "aten::logsumexp",       "aten::logsumexp.out"};
   if (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))
     return op.hasKernelForDispatchKey(c10::DispatchKey::CPU);
   // Functional collectives (DTensor's redistributions) run their own code,

@@ -294,6 +294,10 @@ def freed_step(body):
     return run
 
 
+def cuda_randn(*size, dtype=torch.float32):
+    return torch.randn(size, device="cuda", dtype=dtype)
+
+
 def expanded_ids_embedding():
     # transformers' token type ids: a (1, 512) buffer expanded to the batch.
     table = torch.nn.Embedding(2, 768).cuda()
@@ -417,7 +421,9 @@ OTHER_KERNEL_CASES = {
 }
 
 # Cases no H200 has run (docs/accuracy.md's lent H200 ran the others).
-NOT_RUN_ON_THE_H200 = {"batch norm backward of bf16 and f16 inputs, float statistics, cuDNN off"}
+NOT_RUN_ON_THE_H200 = {"batch norm backward of bf16 and f16 inputs, float statistics, cuDNN off",
+                       "logsumexp over 64 x 50,257, f32", "logsumexp of 4 x 1,000,000 over all, bf16",
+                       "amax and amin over rows of 8192 x 256, f32 and f16"}
 
 
 def reduction(make, shape, dtype=torch.float32):
@@ -448,11 +454,13 @@ REDUCTION_CASES = {
     "sum of 16 x 64 bools": freed_step(lambda: torch.ones(16, 64, device="cuda", dtype=torch.bool).sum()),
     "sum over rows of 4096 x 1024 bools": freed_step(
         lambda: torch.ones(4096, 1024, device="cuda", dtype=torch.bool).sum(0)),
+    # logsumexp subtracts the maxima from a copy of its input before it sums.
+    "logsumexp over 64 x 50,257, f32": freed_step(lambda: cuda_randn(64, 50257).logsumexp(-1)),
+    "logsumexp of 4 x 1,000,000 over all, bf16": freed_step(
+        lambda: cuda_randn(4, 1000000, dtype=torch.bfloat16).logsumexp((0, 1))),
+    "amax and amin over rows of 8192 x 256, f32 and f16": freed_step(
+        lambda: (cuda_randn(8192, 256).amax(0), cuda_randn(8192, 256, dtype=torch.float16).amin(0))),
 }
-
-
-def cuda_randn(*size, dtype=torch.float32):
-    return torch.randn(size, device="cuda", dtype=dtype)
 
 
 # Sorting, topk over large slices and a whole tensor's median: cub's
@@ -493,11 +501,19 @@ SORT_CASES = {
         torch.bfloat16)(torch.randint(0, 2, (16, 512), device="cuda")).float().sum().backward()),
     "embedding backward scaled by frequency, 1,024 ids of 5,000, f32": freed_step(lambda: torch.nn.Embedding(
         5000, 128, scale_grad_by_freq=True).cuda()(torch.randint(0, 5000, (4, 256), device="cuda")).sum().backward()),
+    # EmbeddingBag's sums and means sort their ids whatever their number.
+    "embedding_bag sum backward, 4,096 ids": freed_step(lambda: torch.nn.EmbeddingBag(5000, 64, mode="sum").cuda()(
+        torch.randint(0, 5000, (4096,), device="cuda"), torch.arange(0, 4096, 8, device="cuda")).sum().backward()),
+    "embedding_bag mean backward, 1,024 ids": freed_step(lambda: torch.nn.EmbeddingBag(5000, 64, mode="mean").cuda()(
+        torch.randint(0, 5000, (1024,), device="cuda"), torch.arange(0, 1024, 8, device="cuda")).sum().backward()),
+    "embedding_bag max backward, 1,024 ids": freed_step(lambda: torch.nn.EmbeddingBag(5000, 64, mode="max").cuda()(
+        torch.randint(0, 5000, (1024,), device="cuda"), torch.arange(0, 1024, 8, device="cuda")).sum().backward()),
     "index_put_ accumulating 20,000 rows, bf16": freed_step(lambda: torch.zeros(
         1000, 64, device="cuda", dtype=torch.bfloat16).index_put_(
         (torch.randint(0, 1000, (20000,), device="cuda"),), cuda_randn(20000, 64, dtype=torch.bfloat16),
         accumulate=True)),
 }
+
 
 
 GROUP_NORM_CASES = {
