@@ -30,14 +30,18 @@ def in_runs(events):
     return runs + ([("free", tuple(sorted(frees)))] if frees else [])
 
 
-def assert_as_real_torch(gpu, case, fake_gpu=None):
+def assert_as_real_torch(gpu, case, fake_gpu=None, without_cub=False):
+    """Traced (following the fake GPU `fake_gpu`'s recordings, if given) as
+    real torch runs `case`; `without_cub`: all but cub's temporary storage
+    (without_cubs_storage), which a trace without recordings does not make."""
     if not os.path.exists(os.path.join(ORACLE, "libmetamem_fake_cuda_preload.so")):
         pytest.skip(f"METAMEM_ORACLE={ORACLE!r} holds no fake GPU to run real torch on")
     import metamem._metamem as native
     real = real_gpu.on_fake_gpu(ORACLE, native.gpu(gpu), case)
     traced = real_gpu.traced(gpu, case, fake_gpu)
     assert "error" not in real and "error" not in traced, (real, traced)
-    assert in_runs(traced["events"]) == in_runs(real["events"][0])
+    real_events = without_cubs_storage(real["events"][0], traced["events"]) if without_cub else real["events"][0]
+    assert in_runs(traced["events"]) == in_runs(real_events)
     assert (traced["allocated"], traced["reserved"]) == tuple(real["steps"][0])
 
 
@@ -98,13 +102,7 @@ def test_an_embeddings_gradient_past_3072_ids_holds_what_real_torch_holds_withou
     # EmbeddingBag's sum or mean sorts whatever the number of ids (4,096
     # summed: 2,634,752 B traced, 4,120,576 B real), and makes its bags'
     # sizes and ids' bags before its output.
-    if not os.path.exists(os.path.join(ORACLE, "libmetamem_fake_cuda_preload.so")):
-        pytest.skip(f"METAMEM_ORACLE={ORACLE!r} holds no fake GPU to run real torch on")
-    import metamem._metamem as native
-    real = real_gpu.on_fake_gpu(ORACLE, native.gpu(gpu), case)
-    traced = real_gpu.traced(gpu, case, fake_gpu="")
-    assert in_runs(traced["events"]) == in_runs(without_cubs_storage(real["events"][0], traced["events"]))
-    assert (traced["allocated"], traced["reserved"]) == tuple(real["steps"][0])
+    assert_as_real_torch(gpu, case, fake_gpu="", without_cub=True)
 
 
 def test_an_index_by_a_boolean_mask_is_not_taken_from_the_fake_gpus_zeros():
