@@ -55,6 +55,18 @@ def steps(step):
     return peaks
 
 
+def autograd_thread_let_go():
+    """Return once autograd's CUDA thread has let go of the last graph it ran.
+
+    torch.func.grad's graph (create_graph) is held, once grad returns, by
+    that thread alone, until it next runs; on a busy host (CI's ctest -j2)
+    real torch held it into the next step's forward, a trace never
+    (docs/accuracy.md). A backward of an empty tensor runs on that thread
+    after it lets go, and allocates nothing."""
+    empty = torch.empty(0, device="cuda", requires_grad=True)
+    torch.autograd.grad(empty.view(0), empty, torch.empty(0, device="cuda"))
+
+
 def trained(model, optimizer, loss_of):
     """Steps of `optimizer` on the loss `loss_of(model, i)` gives."""
     def step(i):
@@ -721,6 +733,7 @@ def per_sample_gradients_by_vmap():
     def step(i):
         x, y = batch(64)
         grads = vmap(grad(loss), in_dims=(None, 0, 0))(params, x.cuda(), y.cuda())
+        autograd_thread_let_go()
         norms = torch.stack([g.flatten(1).norm(dim=1) for g in grads.values()]).norm(dim=0)
         factor = (1.0 / (norms + 1e-6)).clamp(max=1.0)
         for name, g in grads.items():
