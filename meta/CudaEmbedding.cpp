@@ -11,6 +11,7 @@
 
 #include "meta/CudaAttention.h"
 #include "meta/CudaKernelPlans.h"
+#include "meta/CudaSort.h"
 
 namespace metamem {
 namespace {
@@ -39,6 +40,14 @@ ScratchPlan embedding_bag_plan(c10::ArrayRef<c10::IValue>) {
   return plan;
 }
 
+// The bits the ids of `num_weights` weights take (cub::get_num_bits), on
+// which CUDA sorts them.
+int bits_of(std::int64_t num_weights) {
+  int bits = 1;
+  for (std::int64_t key = num_weights; key > 1; key >>= 1) ++bits;
+  return bits;
+}
+
 // Past 3,072 ids, or scaled by frequency, CUDA sorts the ids (with their
 // positions) and sums the gradient's rows by runs of equal ids
 // (embedding_backward_cuda_kernel). It sizes every buffer by the number of
@@ -47,10 +56,10 @@ ScratchPlan embedding_bag_plan(c10::ArrayRef<c10::IValue>) {
 // segments of 10 rows. Where few segments would leave the GPU's SMs idle
 // (a token-type embedding of 2 rows), it accumulates the partial segments
 // into the weight's gradient by atomics instead, in float for 16-bit
-// weights. cub's temporary storage for the sort, the run-length pass and
-// the prefix sum (a few hundred kilobytes, sized by its tuning for the
-// GPU's architecture) is not modelled: a trace given the fake GPU takes
-// this op from its recordings (estimator/FakeGpuRecordings.cpp).
+// weights. cub's temporary storage for the sort as cub sizes it for the
+// GPU (meta/CudaSort.h); for the run-length pass and the prefix sum (a
+// kilobyte or two each) it is not modelled: a trace given the fake GPU
+// takes this op from its recordings (estimator/FakeGpuRecordings.cpp).
 // With `bags` (EmbeddingBag's sum and mean), always by the partial sums.
 void sort_and_sum_by_id(ScratchPlan& plan, const at::Tensor& grad, const at::Tensor& indices,
                         std::int64_t num_weights, bool scale_grad_by_freq, bool bags) {
@@ -59,7 +68,11 @@ void sort_and_sum_by_id(ScratchPlan& plan, const at::Tensor& grad, const at::Ten
   const std::int64_t index_list = ids * id_bytes;
   plan.make(index_list);                           // the sorted ids
   plan.make(index_list);                           // their positions
-  plan.free(plan.make(index_list));                // the positions in order, sorted with them
+  const std::size_t in_order = plan.make(index_list);  // the positions in order, sorted with them
+  // cub's storage, the sort on the bits ids of num_weights take
+  if (const auto cub = cub_radix_sort_bytes(ids, id_bytes, id_bytes, bits_of(num_weights), /*float_keys=*/false))
+    plan.free(plan.make(*cub));
+  plan.free(in_order);
   if (scale_grad_by_freq) plan.make(index_list);  // each id's count
   plan.output(0);                                  // the weight's gradient, zeros
   plan.make(index_list);                           // where each run of equal ids begins

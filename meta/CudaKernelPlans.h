@@ -35,6 +35,9 @@ ScratchPlanModel cuda_pooling_plan_model(const std::string& qualified_name);
 // Roll (meta/CudaRoll.cpp).
 ScratchPlanModel cuda_roll_plan_model(const std::string& qualified_name);
 
+// Sorts: libtorch's buffers and cub's temporary storage (meta/CudaSort.cpp).
+ScratchPlanModel cuda_sort_plan_model(const std::string& qualified_name);
+
 // Kernels that reduce a temporary of their own: a loss's mean over its
 // elementwise values (meta/CudaReduction.cpp).
 ScratchPlanModel cuda_reduction_plan_model(const std::string& qualified_name);

@@ -478,6 +478,15 @@ SORT_CASES = {
         lambda: cuda_randn(8, 30000, dtype=torch.float16).argsort(-1, descending=True)),
     "argsort of 64 x 8192, f32": freed_step(lambda: cuda_randn(64, 8192).argsort(-1)),
     "argsort of 256 x 8192, f32": freed_step(lambda: cuda_randn(256, 8192).argsort(-1)),
+    # A mixture of experts' routing: 8,192 tokens' top-8 experts in order.
+    "stable argsort of 65,536 expert ids": freed_step(
+        lambda: torch.randint(0, 64, (8192, 8), device="cuda").view(-1).argsort(stable=True)),
+    # Along a dimension not innermost: the input copied with it innermost,
+    # the outputs sorted into copies.
+    "sort along dim 0 of 5000 x 3, f32": freed_step(lambda: cuda_randn(5000, 3).sort(0)),
+    "sort of 2 x 1,000,000, f32": freed_step(lambda: cuda_randn(2, 1000000).sort(-1)),
+    "sort of 300,000, bf16": freed_step(lambda: cuda_randn(300000, dtype=torch.bfloat16).sort()),
+    "sort of 200 x 5000, f64": freed_step(lambda: cuda_randn(200, 5000, dtype=torch.float64).sort(-1)),
     # topk: small slices select in one block each; large ones by a radix
     # selection across blocks (counts per block, sized by the GPU's SMs),
     # then sort what they selected.

@@ -1,0 +1,173 @@
+// What CUDA's sort holds beside its outputs, in its order: libtorch's own
+// buffers (torch 2.14.1's Sort.cpp and SortStable.cu) and the temporary
+// storage cub asks for, computed as cub 3.0 (the CUDA 13.0 wheel's, the
+// toolkit's headers here) computes it from its tuning for the GPU's
+// architecture. Checked allocation by allocation against real torch on the
+// fake GPU, on the H100, the A100 and the T4 (test_cuda_kernels.py).
+#include <ATen/ATen.h>
+#include <c10/core/WrapDimMinimal.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <vector>
+
+#include "meta/CudaAttention.h"
+#include "meta/CudaKernelPlans.h"
+#include "meta/CudaSort.h"
+
+namespace metamem {
+namespace {
+
+constexpr std::int64_t kIndexBytes = 8;  // the indices' int64, and the int2 (index, slice) pairs
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+// cub's AliasTemporaries: each piece rounded up to 256 bytes, and 255
+// more to align the whole.
+std::int64_t aliased(std::initializer_list<std::int64_t> pieces) {
+  constexpr std::int64_t kAlign = 256;
+  std::int64_t bytes = kAlign - 1;
+  for (const std::int64_t piece : pieces) bytes += ceil_div(piece, kAlign) * kAlign;
+  return bytes;
+}
+
+}  // namespace
+
+std::optional<std::int64_t> cub_radix_sort_bytes(std::int64_t n, std::int64_t key_bytes, std::int64_t value_bytes,
+                                                 int bits, bool float_keys) {
+  constexpr std::int64_t kDigits = 256, kOffsetBytes = 8, kAtomicBytes = 4, kSharedMemory = 48 * 1024;
+  // cub's RegBoundScaling: items per thread scaled down for 8-byte keys or
+  // values, threads to what fits in a block's shared memory.
+  const std::int64_t dominant = std::max({key_bytes, value_bytes, std::int64_t{1}});
+  const auto tile = [&](std::int64_t threads, std::int64_t items) {
+    items = std::max<std::int64_t>(1, items * 4 / std::max<std::int64_t>(4, dominant));
+    return std::min(threads, ceil_div(kSharedMemory / (dominant * items), 32) * 32) * items;
+  };
+  if (n <= tile(256, 19)) return 1;  // one block sorts all: cub asks for a byte
+  const GpuTraits gpu = traced_gpu();
+  const int arch = gpu.major * 100 + gpu.minor * 10;
+  const bool keys_only = value_bytes == 0;
+  std::int64_t threads = 384, items = 0;
+  if (arch >= 900 && key_bytes < 4) {
+    // sm90_small_key_tuning for 8-byte values and offsets: torch's 1- and
+    // 2-byte keys with their indices.
+    if (value_bytes != 8) return std::nullopt;
+    threads = key_bytes == 1 ? 384 : 512, items = key_bytes == 1 ? 18 : 23;
+  } else if (key_bytes < 4 || arch < 700) {
+    return std::nullopt;
+  } else if (arch >= 900) {
+    items = key_bytes == 8 ? (value_bytes < 8 ? 30 : 24)
+            : keys_only    ? 20 - 1 - (float_keys ? 1 : 0)
+                           : (value_bytes < 8 ? 17 : 29);
+  } else if (arch >= 800) {
+    items = key_bytes == 4 && !keys_only ? 17 : 21;
+  } else {
+    threads = 256, items = key_bytes == 4 && value_bytes == 4 ? 46 : 23;
+  }
+  const std::int64_t tile_items = tile(threads, items);
+  const std::int64_t portion = ((std::int64_t{1} << 28) - 1) / tile_items * tile_items;
+  const std::int64_t portions = ceil_div(n, portion), blocks = ceil_div(std::min(n, portion), tile_items);
+  const std::int64_t passes = ceil_div(bits, 8);
+  const bool alternates = passes > 1;
+  return aliased({portions * passes * kDigits * kOffsetBytes, blocks * kDigits * kAtomicBytes,
+                  alternates ? n * key_bytes : 0, alternates ? n * value_bytes : 0, portions * passes * kAtomicBytes});
+}
+
+namespace {
+
+// cub's temporary storage, made and freed at once; none where it is not
+// known (cub_radix_sort_bytes).
+void cub_storage(ScratchPlan& plan, std::optional<std::int64_t> bytes) {
+  if (bytes) plan.free(plan.make(*bytes));
+}
+
+// The slices' strides with `dim` innermost and the others in the order of
+// self's strides (torch's infer_dense_strides_dim_last).
+std::vector<std::int64_t> dense_strides_dim_last(const at::Tensor& self, std::int64_t dim) {
+  const std::int64_t rank = self.dim();
+  std::vector<std::int64_t> order(rank);
+  for (std::int64_t d = 0; d < rank; ++d) order[d] = d;
+  const auto key = [&](std::int64_t d) { return d == dim ? -1 : self.stride(d); };
+  std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) { return key(a) > key(b); });
+  std::vector<std::int64_t> strides(rank);
+  std::int64_t step = 1;
+  for (std::int64_t i = rank - 1; i >= 0; --i) {
+    strides[order[i]] = step;
+    step *= self.size(order[i]);
+  }
+  return strides;
+}
+
+// aten::sort(self, dim, descending) and aten::sort.stable(self, stable,
+// dim, descending); CUDA's sort is stable either way. Slices of up to 4,096
+// sort in place beside an arange of one slice's indices. Longer ones go to
+// cub, in batches of up to INT_MAX elements, from a copy of the input with
+// the slice innermost where it is not so (and copies of the outputs where
+// their strides differ from the copy's):
+// - one slice, or slices of a million or more: each by DeviceRadixSort,
+//   from one slice's indices;
+// - under 128 slices: all at once, the (index, slice) pairs as values,
+//   then the pairs by slice (a sort of int64 keys on the slice's bits);
+// - from 128: DeviceSegmentedRadixSort, from every slice's indices.
+ScratchPlan sort_plan(c10::ArrayRef<c10::IValue> arguments, std::size_t dim_argument) {
+  const at::Tensor& self = arguments[0].toTensor();
+  ScratchPlan plan;
+  if (self.dim() == 0 || self.numel() == 0) return plan;
+  const std::int64_t dim = c10::maybe_wrap_dim(arguments[dim_argument].toInt(), self.dim());
+  const std::int64_t nsort = self.size(dim), numel = self.numel();
+  const std::int64_t key_bytes = static_cast<std::int64_t>(self.element_size());
+  if (nsort <= 4096) {
+    plan.free(plan.make(nsort * kIndexBytes));
+    return plan;
+  }
+  const bool in_place = self.is_non_overlapping_and_dense() && self.stride(dim) == 1;
+  const std::vector<std::int64_t> sorted_strides = in_place ? self.strides().vec() : dense_strides_dim_last(self, dim);
+  const std::vector<std::int64_t> output_strides = self.is_non_overlapping_and_dense()
+                                                       ? self.strides().vec()
+                                                       : at::infer_dense_strides(self.sizes(), self.strides());
+  if (!in_place) plan.make(numel * key_bytes);
+  if (output_strides != sorted_strides) {
+    plan.make(numel * key_bytes);
+    plan.make(numel * kIndexBytes);
+  }
+  const bool float_keys = self.scalar_type() == at::kFloat;
+  const int key_bits = static_cast<int>(key_bytes * 8);
+  const std::int64_t batch = std::min<std::int64_t>(numel, std::numeric_limits<int>::max()) / nsort * nsort;
+  for (std::int64_t remaining = numel; remaining > 0; remaining -= std::min(remaining, batch)) {
+    const std::int64_t n = std::min(remaining, batch), slices = n / nsort;
+    if (slices == 1 || nsort >= 1000000) {
+      const std::size_t indices = plan.make(nsort * kIndexBytes);
+      for (std::int64_t s = 0; s < slices; ++s)
+        cub_storage(plan, cub_radix_sort_bytes(nsort, key_bytes, kIndexBytes, key_bits, float_keys));
+      plan.free(indices);
+    } else if (slices < 128) {
+      const int slice_bits = std::max(1, static_cast<int>(std::ceil(std::log2(static_cast<double>(slices)))));
+      const std::size_t pairs = plan.make(n * kIndexBytes), sorted_pairs = plan.make(n * kIndexBytes);
+      const std::size_t keys_out = plan.make(n * key_bytes);
+      cub_storage(plan, cub_radix_sort_bytes(n, key_bytes, kIndexBytes, key_bits, float_keys));
+      plan.free(keys_out);
+      cub_storage(plan, cub_radix_sort_bytes(n, kIndexBytes, 0, slice_bits, false));
+      plan.free(sorted_pairs);
+      plan.free(pairs);
+    } else {
+      const std::size_t indices = plan.make(n * kIndexBytes);
+      plan.free(plan.make(aliased({n * key_bytes, n * kIndexBytes})));
+      plan.free(indices);
+    }
+  }
+  return plan;
+}
+
+ScratchPlan sort_default_plan(c10::ArrayRef<c10::IValue> arguments) { return sort_plan(arguments, 1); }
+ScratchPlan sort_stable_plan(c10::ArrayRef<c10::IValue> arguments) { return sort_plan(arguments, 2); }
+
+}  // namespace
+
+ScratchPlanModel cuda_sort_plan_model(const std::string& qualified_name) {
+  if (qualified_name == "aten::sort") return &sort_default_plan;
+  return qualified_name == "aten::sort.stable" ? &sort_stable_plan : nullptr;
+}
+
+}  // namespace metamem
