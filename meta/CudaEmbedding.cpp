@@ -70,7 +70,7 @@ void sort_and_sum_by_id(ScratchPlan& plan, const at::Tensor& grad, const at::Ten
   plan.make(index_list);                           // their positions
   const std::size_t in_order = plan.make(index_list);  // the positions in order, sorted with them
   // cub's storage, the sort on the bits ids of num_weights take
-  if (const auto cub = cub_radix_sort_bytes(ids, id_bytes, id_bytes, bits_of(num_weights), /*float_keys=*/false))
+  if (const auto cub = cub_radix_sort_bytes(ids, id_bytes, id_bytes, bits_of(num_weights)))
     plan.free(plan.make(*cub));
   plan.free(in_order);
   if (scale_grad_by_freq) plan.make(index_list);  // each id's count

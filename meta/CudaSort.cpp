@@ -36,7 +36,7 @@ std::int64_t aliased(std::initializer_list<std::int64_t> pieces) {
 }  // namespace
 
 std::optional<std::int64_t> cub_radix_sort_bytes(std::int64_t n, std::int64_t key_bytes, std::int64_t value_bytes,
-                                                 int bits, bool float_keys) {
+                                                 int bits) {
   constexpr std::int64_t kDigits = 256, kOffsetBytes = 8, kAtomicBytes = 4, kSharedMemory = 48 * 1024;
   // cub's RegBoundScaling: items per thread scaled down for 8-byte keys or
   // values, threads to what fits in a block's shared memory.
@@ -58,9 +58,9 @@ std::optional<std::int64_t> cub_radix_sort_bytes(std::int64_t n, std::int64_t ke
   } else if (key_bytes < 4 || arch < 700) {
     return std::nullopt;
   } else if (arch >= 900) {
-    items = key_bytes == 8 ? (value_bytes < 8 ? 30 : 24)
-            : keys_only    ? 20 - 1 - (float_keys ? 1 : 0)
-                           : (value_bytes < 8 ? 17 : 29);
+    // 4-byte keys alone as integers (cub gives f32 keys one item fewer;
+    // libtorch sorts none alone).
+    items = key_bytes == 8 ? (value_bytes < 8 ? 30 : 24) : keys_only ? 19 : (value_bytes < 8 ? 17 : 29);
   } else if (arch >= 800) {
     items = key_bytes == 4 && !keys_only ? 17 : 21;
   } else {
@@ -132,7 +132,6 @@ ScratchPlan sort_plan(c10::ArrayRef<c10::IValue> arguments, std::size_t dim_argu
     plan.make(numel * key_bytes);
     plan.make(numel * kIndexBytes);
   }
-  const bool float_keys = self.scalar_type() == at::kFloat;
   const int key_bits = static_cast<int>(key_bytes * 8);
   const std::int64_t batch = std::min<std::int64_t>(numel, std::numeric_limits<int>::max()) / nsort * nsort;
   for (std::int64_t remaining = numel; remaining > 0; remaining -= std::min(remaining, batch)) {
@@ -140,15 +139,15 @@ ScratchPlan sort_plan(c10::ArrayRef<c10::IValue> arguments, std::size_t dim_argu
     if (slices == 1 || nsort >= 1000000) {
       const std::size_t indices = plan.make(nsort * kIndexBytes);
       for (std::int64_t s = 0; s < slices; ++s)
-        cub_storage(plan, cub_radix_sort_bytes(nsort, key_bytes, kIndexBytes, key_bits, float_keys));
+        cub_storage(plan, cub_radix_sort_bytes(nsort, key_bytes, kIndexBytes, key_bits));
       plan.free(indices);
     } else if (slices < 128) {
       const int slice_bits = std::max(1, static_cast<int>(std::ceil(std::log2(static_cast<double>(slices)))));
       const std::size_t pairs = plan.make(n * kIndexBytes), sorted_pairs = plan.make(n * kIndexBytes);
       const std::size_t keys_out = plan.make(n * key_bytes);
-      cub_storage(plan, cub_radix_sort_bytes(n, key_bytes, kIndexBytes, key_bits, float_keys));
+      cub_storage(plan, cub_radix_sort_bytes(n, key_bytes, kIndexBytes, key_bits));
       plan.free(keys_out);
-      cub_storage(plan, cub_radix_sort_bytes(n, kIndexBytes, 0, slice_bits, false));
+      cub_storage(plan, cub_radix_sort_bytes(n, kIndexBytes, 0, slice_bits));
       plan.free(sorted_pairs);
       plan.free(pairs);
     } else {
