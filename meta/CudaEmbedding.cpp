@@ -11,7 +11,6 @@
 
 #include "meta/CudaAttention.h"
 #include "meta/CudaKernelPlans.h"
-#include "meta/CudaSort.h"
 
 namespace metamem {
 namespace {
@@ -57,7 +56,7 @@ int bits_of(std::int64_t num_weights) {
 // (a token-type embedding of 2 rows), it accumulates the partial segments
 // into the weight's gradient by atomics instead, in float for 16-bit
 // weights. cub's temporary storage for the sort as cub sizes it for the
-// GPU (meta/CudaSort.h); for the run-length pass and the prefix sum (a
+// GPU (meta/CudaSort.cpp); for the run-length pass and the prefix sum (a
 // kilobyte or two each) it is not modelled: a trace given the fake GPU
 // takes this op from its recordings (estimator/FakeGpuRecordings.cpp).
 // With `bags` (EmbeddingBag's sum and mean), always by the partial sums.
@@ -69,9 +68,7 @@ void sort_and_sum_by_id(ScratchPlan& plan, const at::Tensor& grad, const at::Ten
   plan.make(index_list);                           // the sorted ids
   plan.make(index_list);                           // their positions
   const std::size_t in_order = plan.make(index_list);  // the positions in order, sorted with them
-  // cub's storage, the sort on the bits ids of num_weights take
-  if (const auto cub = cub_radix_sort_bytes(ids, id_bytes, id_bytes, bits_of(num_weights)))
-    plan.free(plan.make(*cub));
+  make_cub_radix_sort_storage(plan, ids, id_bytes, id_bytes, bits_of(num_weights));  // on the ids' bits alone
   plan.free(in_order);
   if (scale_grad_by_freq) plan.make(index_list);  // each id's count
   plan.output(0);                                  // the weight's gradient, zeros

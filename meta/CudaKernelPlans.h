@@ -38,6 +38,16 @@ ScratchPlanModel cuda_roll_plan_model(const std::string& qualified_name);
 // Sorts: libtorch's buffers and cub's temporary storage (meta/CudaSort.cpp).
 ScratchPlanModel cuda_sort_plan_model(const std::string& qualified_name);
 
+// For the plans of kernels that sort through cub (sorts, an embedding's
+// gradient): the temporary storage cub 3.0's DeviceRadixSort asks for to
+// sort `n` keys of `key_bytes` on `bits` of each, with values of
+// `value_bytes` (0 for keys alone), on the traced GPU's architecture, n
+// passed as int64_t as libtorch passes it; made and freed at once. None
+// where cub sizes it by its kernels' occupancy, which a trace cannot know
+// (keys under 4 bytes before sm90).
+void make_cub_radix_sort_storage(ScratchPlan& plan, std::int64_t n, std::int64_t key_bytes, std::int64_t value_bytes,
+                                 int bits);
+
 // Kernels that reduce a temporary of their own: a loss's mean over its
 // elementwise values (meta/CudaReduction.cpp).
 ScratchPlanModel cuda_reduction_plan_model(const std::string& qualified_name);

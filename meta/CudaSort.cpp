@@ -5,6 +5,7 @@
 // architecture. Checked allocation by allocation against real torch on the
 // fake GPU, on the H100, the A100 and the T4 (test_cuda_kernels.py).
 #include <ATen/ATen.h>
+#include <ATen/ceil_div.h>
 #include <c10/core/WrapDimMinimal.h>
 
 #include <algorithm>
@@ -15,26 +16,25 @@
 
 #include "meta/CudaAttention.h"
 #include "meta/CudaKernelPlans.h"
-#include "meta/CudaSort.h"
 
 namespace metamem {
 namespace {
 
 constexpr std::int64_t kIndexBytes = 8;  // the indices' int64, and the int2 (index, slice) pairs
 
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
-
 // cub's AliasTemporaries: each piece rounded up to 256 bytes, and 255
 // more to align the whole.
 std::int64_t aliased(std::initializer_list<std::int64_t> pieces) {
   constexpr std::int64_t kAlign = 256;
   std::int64_t bytes = kAlign - 1;
-  for (const std::int64_t piece : pieces) bytes += ceil_div(piece, kAlign) * kAlign;
+  for (const std::int64_t piece : pieces) bytes += at::round_up(piece, kAlign);
   return bytes;
 }
 
-}  // namespace
-
+// The temporary storage cub 3.0's DeviceRadixSort asks for (see
+// make_cub_radix_sort_storage). nullopt where cub sizes it by its kernels'
+// occupancy (keys under 4 bytes before sm90, past one block's tile), and
+// for keys under 4 bytes with values other than libtorch's 8-byte indices.
 std::optional<std::int64_t> cub_radix_sort_bytes(std::int64_t n, std::int64_t key_bytes, std::int64_t value_bytes,
                                                  int bits) {
   constexpr std::int64_t kDigits = 256, kOffsetBytes = 8, kAtomicBytes = 4, kSharedMemory = 48 * 1024;
@@ -43,7 +43,7 @@ std::optional<std::int64_t> cub_radix_sort_bytes(std::int64_t n, std::int64_t ke
   const std::int64_t dominant = std::max({key_bytes, value_bytes, std::int64_t{1}});
   const auto tile = [&](std::int64_t threads, std::int64_t items) {
     items = std::max<std::int64_t>(1, items * 4 / std::max<std::int64_t>(4, dominant));
-    return std::min(threads, ceil_div(kSharedMemory / (dominant * items), 32) * 32) * items;
+    return std::min(threads, at::round_up(kSharedMemory / (dominant * items), std::int64_t{32})) * items;
   };
   if (n <= tile(256, 19)) return 1;  // one block sorts all: cub asks for a byte
   const GpuTraits gpu = traced_gpu();
@@ -68,20 +68,21 @@ std::optional<std::int64_t> cub_radix_sort_bytes(std::int64_t n, std::int64_t ke
   }
   const std::int64_t tile_items = tile(threads, items);
   const std::int64_t portion = ((std::int64_t{1} << 28) - 1) / tile_items * tile_items;
-  const std::int64_t portions = ceil_div(n, portion), blocks = ceil_div(std::min(n, portion), tile_items);
-  const std::int64_t passes = ceil_div(bits, 8);
+  const std::int64_t portions = at::ceil_div(n, portion), blocks = at::ceil_div(std::min(n, portion), tile_items);
+  const std::int64_t passes = at::ceil_div(bits, 8);
   const bool alternates = passes > 1;
   return aliased({portions * passes * kDigits * kOffsetBytes, blocks * kDigits * kAtomicBytes,
                   alternates ? n * key_bytes : 0, alternates ? n * value_bytes : 0, portions * passes * kAtomicBytes});
 }
 
-namespace {
+}  // namespace
 
-// cub's temporary storage, made and freed at once; none where it is not
-// known (cub_radix_sort_bytes).
-void cub_storage(ScratchPlan& plan, std::optional<std::int64_t> bytes) {
-  if (bytes) plan.free(plan.make(*bytes));
+void make_cub_radix_sort_storage(ScratchPlan& plan, std::int64_t n, std::int64_t key_bytes, std::int64_t value_bytes,
+                                 int bits) {
+  if (const auto bytes = cub_radix_sort_bytes(n, key_bytes, value_bytes, bits)) plan.free(plan.make(*bytes));
 }
+
+namespace {
 
 // The slices' strides with `dim` innermost and the others in the order of
 // self's strides (torch's infer_dense_strides_dim_last).
@@ -139,15 +140,15 @@ ScratchPlan sort_plan(c10::ArrayRef<c10::IValue> arguments, std::size_t dim_argu
     if (slices == 1 || nsort >= 1000000) {
       const std::size_t indices = plan.make(nsort * kIndexBytes);
       for (std::int64_t s = 0; s < slices; ++s)
-        cub_storage(plan, cub_radix_sort_bytes(nsort, key_bytes, kIndexBytes, key_bits));
+        make_cub_radix_sort_storage(plan, nsort, key_bytes, kIndexBytes, key_bits);
       plan.free(indices);
     } else if (slices < 128) {
       const int slice_bits = std::max(1, static_cast<int>(std::ceil(std::log2(static_cast<double>(slices)))));
       const std::size_t pairs = plan.make(n * kIndexBytes), sorted_pairs = plan.make(n * kIndexBytes);
       const std::size_t keys_out = plan.make(n * key_bytes);
-      cub_storage(plan, cub_radix_sort_bytes(n, key_bytes, kIndexBytes, key_bits));
+      make_cub_radix_sort_storage(plan, n, key_bytes, kIndexBytes, key_bits);
       plan.free(keys_out);
-      cub_storage(plan, cub_radix_sort_bytes(n, kIndexBytes, 0, slice_bits));
+      make_cub_radix_sort_storage(plan, n, kIndexBytes, 0, slice_bits);
       plan.free(sorted_pairs);
       plan.free(pairs);
     } else {
