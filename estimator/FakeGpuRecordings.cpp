@@ -152,15 +152,17 @@ class Child {
   std::FILE* errors_ = nullptr;
 };
 
-// An argument as the child makes it again: a tensor by its sizes, strides
-// and dtype (torch's Python name); a device is the child's one GPU.
+// An argument as the child makes it again: a tensor by its sizes, strides,
+// dtype (torch's Python name) and whether it is on the host (indices may
+// be); a device is the child's one GPU.
 json described(const c10::IValue& value) {
   if (value.isTensor()) {
     const at::Tensor& t = value.toTensor();
     if (!t.defined()) return nullptr;
     return {{"size", t.sizes().vec()},
             {"stride", t.strides().vec()},
-            {"dtype", std::string(c10::getDtypeNames(t.scalar_type()).first)}};
+            {"dtype", std::string(c10::getDtypeNames(t.scalar_type()).first)},
+            {"on_host", t.is_cpu()}};
   }
   if (value.isList()) {
     json items = json::array();
@@ -223,6 +225,11 @@ class KernelRecordings {
                         {"benchmark", context.benchmarkCuDNN()},
                         {"deterministic", context.deterministicCuDNN()},
                         {"allow_tf32", context.allowTF32CuDNN()}};
+    // Deterministic algorithms change paths (index_put_ sorts) and fill
+    // what resize_ grows (through a tensor of one element).
+    request["algorithms"] = {{"deterministic", context.deterministicAlgorithms()},
+                             {"warn_only", context.deterministicAlgorithmsWarnOnly()},
+                             {"fill_uninitialized_memory", context.deterministicFillUninitializedMemory()}};
     const std::string key = request.dump();
     std::lock_guard<std::mutex> hold(lock_);  // backward asks from autograd's thread
     auto found = plans_.find(key);

@@ -4,6 +4,7 @@
 // (the layers' in CpuLayerModel.cpp, linear algebra's in CpuLinalgModel.cpp).
 #include "meta/CpuKernelModel.h"
 
+#include <ATen/Context.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -411,6 +412,12 @@ ScratchModel elementwise_model(const std::string& op) {
 
 std::int64_t copy_unless_contiguous(const at::Tensor& t, at::MemoryFormat format) {
   return t.defined() && !t.is_contiguous(format) ? bytes_of(t) : 0;
+}
+
+std::int64_t deterministic_resize_fill(const at::Tensor& grown) {
+  const at::Context& context = at::globalContext();
+  const bool fills = context.deterministicAlgorithms() && context.deterministicFillUninitializedMemory();
+  return fills && grown.numel() > 0 ? static_cast<std::int64_t>(grown.element_size()) : 0;
 }
 
 ScratchModel cpu_scratch_model(const std::string& qualified_name) {

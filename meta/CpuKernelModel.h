@@ -61,6 +61,11 @@ struct ScratchPlan {
 // What t.contiguous(format) allocates: a copy unless it already is (none
 // for an undefined tensor). For the models and plans of every family.
 std::int64_t copy_unless_contiguous(const at::Tensor& t, at::MemoryFormat format = at::MemoryFormat::Contiguous);
+// What resize_ makes where it grows `grown`'s storage under deterministic
+// algorithms (fill_resize_deterministic_): a 0-dim tensor of its dtype on its
+// device, made and freed at once, through which the new elements are
+// filled. 0 otherwise.
+std::int64_t deterministic_resize_fill(const at::Tensor& grown);
 
 // From the op's arguments alone: pieces made before the outputs are.
 using ScratchPlanModel = ScratchPlan (*)(c10::ArrayRef<c10::IValue> arguments);

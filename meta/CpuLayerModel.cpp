@@ -539,11 +539,17 @@ ScratchModel cpu_layer_scratch_model(const std::string& qualified_name) {
   return it == models.end() ? nullptr : it->second;
 }
 
+// arange makes its result empty, then resizes it to its length.
+std::int64_t arange(Args, Args returns) { return deterministic_resize_fill(returns[0].toTensor()); }
+
 ScratchModel cuda_native_scratch_model(const std::string& qualified_name) {
   // host_softmax reads its input contiguous, as the CPU kernel does: a
   // copy of a transposed view (CoaT's keys) beside the output. Its
   // backward has a plan (meta/CudaNormalization.cpp).
-  return qualified_name == "aten::_softmax" || qualified_name == "aten::_log_softmax" ? &softmax : nullptr;
+  if (qualified_name == "aten::_softmax" || qualified_name == "aten::_log_softmax") return &softmax;
+  const bool arange_op = qualified_name == "aten::arange" || qualified_name == "aten::arange.start" ||
+                         qualified_name == "aten::arange.start_step";
+  return arange_op ? &arange : nullptr;
 }
 
 }  // namespace metamem

@@ -39,14 +39,6 @@ ScratchPlan embedding_bag_plan(c10::ArrayRef<c10::IValue>) {
   return plan;
 }
 
-// The bits the ids of `num_weights` weights take (cub::get_num_bits), on
-// which CUDA sorts them.
-int bits_of(std::int64_t num_weights) {
-  int bits = 1;
-  for (std::int64_t key = num_weights; key > 1; key >>= 1) ++bits;
-  return bits;
-}
-
 // Past 3,072 ids, or scaled by frequency, CUDA sorts the ids (with their
 // positions) and sums the gradient's rows by runs of equal ids
 // (embedding_backward_cuda_kernel). It sizes every buffer by the number of
@@ -68,7 +60,7 @@ void sort_and_sum_by_id(ScratchPlan& plan, const at::Tensor& grad, const at::Ten
   plan.make(index_list);                           // the sorted ids
   plan.make(index_list);                           // their positions
   const std::size_t in_order = plan.make(index_list);  // the positions in order, sorted with them
-  make_cub_radix_sort_storage(plan, ids, id_bytes, id_bytes, bits_of(num_weights));  // on the ids' bits alone
+  make_cub_radix_sort_storage(plan, ids, id_bytes, id_bytes, cub_num_bits(num_weights));  // on the ids' bits alone
   plan.free(in_order);
   if (scale_grad_by_freq) plan.make(index_list);  // each id's count
   plan.output(0);                                  // the weight's gradient, zeros

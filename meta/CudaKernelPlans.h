@@ -22,6 +22,10 @@ ScratchPlanModel cuda_convolution_plan_model(const std::string& qualified_name);
 // Embedding lookups (meta/CudaEmbedding.cpp).
 ScratchPlanModel cuda_embedding_plan_model(const std::string& qualified_name);
 
+// index_put_ where it sorts its indices: accumulating, or deterministic
+// (meta/CudaIndexing.cpp).
+ScratchPlanModel cuda_indexing_plan_model(const std::string& qualified_name);
+
 // Matrix products' operand copies (meta/CudaMatmul.cpp).
 ScratchPlanModel cuda_matmul_plan_model(const std::string& qualified_name);
 
@@ -47,6 +51,10 @@ ScratchPlanModel cuda_sort_plan_model(const std::string& qualified_name);
 // (keys under 4 bytes before sm90).
 void make_cub_radix_sort_storage(ScratchPlan& plan, std::int64_t n, std::int64_t key_bytes, std::int64_t value_bytes,
                                  int bits);
+
+// The bits keys of up to `max_key` take (cub::get_num_bits), on which
+// libtorch sorts ids it knows the range of.
+int cub_num_bits(std::int64_t max_key);
 
 // Kernels that reduce a temporary of their own: a loss's mean over its
 // elementwise values (meta/CudaReduction.cpp).

@@ -175,7 +175,9 @@ ReductionStaging cuda_reduction_staging(CudaReduction kind, const at::Tensor& se
   const int input_bytes = static_cast<int>(input.element_size());
   const bool complex_double = input.scalar_type() == at::kComplexDouble;
   const int vec_size = kind == CudaReduction::Sum && input_bytes == 2 ? 8 : 4;
-  const int accumulator_bytes = low_precision && kind != CudaReduction::Extremum ? 4 : input_bytes;
+  const bool own_dtype = kind == CudaReduction::Extremum || kind == CudaReduction::MinMax;
+  const int accumulator_bytes =
+      (low_precision && !own_dtype ? 4 : input_bytes) * (kind == CudaReduction::MinMax ? 2 : 1);
   const Kernel kernel{accumulator_bytes, input_bytes, vec_size, complex_double ? 256 : 512};
   ReductionStaging staging =
       LaunchShape(iter, cast == 0 ? self.storage_offset() : 0, kernel, traced_gpu()).staging();

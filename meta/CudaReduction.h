@@ -37,8 +37,9 @@ void add_staging(ScratchPlan& plan, const ReductionStaging& staging);
 
 // Norm: linalg_vector_norm's kernels (norm_kernel_cuda), which load as
 // mean's do; Extremum: amax's and amin's, which load as mean's do and
-// accumulate in the input's dtype.
-enum class CudaReduction { Sum, Mean, Norm, Extremum };
+// accumulate in the input's dtype; MinMax: aminmax's of a whole tensor,
+// which accumulate a (min, max) pair of it.
+enum class CudaReduction { Sum, Mean, Norm, Extremum, MinMax };
 
 // What a sum, mean, norm or extremum of `self` over `dims` into `result` holds on the
 // traced GPU: for kernels that reduce through torch's own functions (layer

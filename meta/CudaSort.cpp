@@ -82,6 +82,12 @@ void make_cub_radix_sort_storage(ScratchPlan& plan, std::int64_t n, std::int64_t
   if (const auto bytes = cub_radix_sort_bytes(n, key_bytes, value_bytes, bits)) plan.free(plan.make(*bytes));
 }
 
+int cub_num_bits(std::int64_t max_key) {
+  int bits = 1;
+  for (; max_key > 1; max_key >>= 1) ++bits;
+  return bits;
+}
+
 namespace {
 
 // The slices' strides with `dim` innermost and the others in the order of

@@ -59,6 +59,11 @@ def _answer(request):
     def made(value):
         if isinstance(value, dict) and "device" in value:
             return torch.device(value["device"])
+        if isinstance(value, dict) and value["on_host"]:
+            # Zeros, as the fake GPU reads: the host computes on them (index_put checks its indices' range).
+            made_on_host = torch.empty_strided(value["size"], value["stride"], dtype=getattr(torch, value["dtype"]))
+            made_on_host.untyped_storage().fill_(0)
+            return made_on_host
         if isinstance(value, dict):
             return torch.empty_strided(value["size"], value["stride"], dtype=getattr(torch, value["dtype"]),
                                        device="cuda")
@@ -66,6 +71,9 @@ def _answer(request):
 
     for flag, value in request["cudnn"].items():
         setattr(torch.backends.cudnn, flag, value)
+    algorithms = request["algorithms"]
+    torch.use_deterministic_algorithms(algorithms["deterministic"], warn_only=algorithms["warn_only"])
+    torch._C._set_deterministic_fill_uninitialized_memory(algorithms["fill_uninitialized_memory"])
     name, _, overload = request["op"].split("::")[1].partition(".")
     op = getattr(getattr(torch.ops.aten, name), overload or "default")
     schema = op._schema.arguments

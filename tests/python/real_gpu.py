@@ -521,7 +521,54 @@ SORT_CASES = {
         1000, 64, device="cuda", dtype=torch.bfloat16).index_put_(
         (torch.randint(0, 1000, (20000,), device="cuda"),), cuda_randn(20000, 64, dtype=torch.bfloat16),
         accumulate=True)),
+    # Swin's relative position bias: a 7 x 7 window's 2,401 positions gather
+    # rows of 6 heads from a table of 169.
+    "gradient of a relative position table, 2,401 ids of 169 x 6, f32": freed_step(lambda: cuda_randn(
+        169, 6).requires_grad_()[torch.randint(0, 169, (2401,), device="cuda")].sum().backward()),
+    "gradient of points gathered by two indices, f32": freed_step(lambda: cuda_randn(300, 400).requires_grad_()[
+        torch.randint(0, 300, (5000,), device="cuda"), torch.randint(0, 400, (5000,), device="cuda")].sum().backward()),
+    # Indices of dimensions not adjacent: self transposed with them to the front, copied.
+    "gradient of x[ids, :, ids], f32": freed_step(lambda: cuda_randn(50, 8, 60).requires_grad_()[
+        torch.randint(0, 50, (3000,), device="cuda"), :,
+        torch.randint(0, 60, (3000,), device="cuda")].sum().backward()),
+    "gradient of x[:, ids] over 16 x 1000 x 8, bf16": freed_step(lambda: cuda_randn(
+        16, 1000, 8, dtype=torch.bfloat16).requires_grad_()[:, torch.randint(0, 1000, (6000,), device="cuda")].float()
+        .sum().backward()),
+    "_unsafe_index_put accumulating 20,000 rows, f32": freed_step(lambda: torch.ops.aten._unsafe_index_put(
+        torch.zeros(1000, 64, device="cuda"), [torch.randint(0, 1000, (20000,), device="cuda")],
+        cuda_randn(20000, 64), True)),
+    "index_put_ accumulating by int32 ids, f32": freed_step(lambda: torch.zeros(1000, 64, device="cuda").index_put_(
+        (torch.randint(0, 1000, (20000,), device="cuda", dtype=torch.int32),), cuda_randn(20000, 64),
+        accumulate=True)),
+    "index_put_ accumulating one row broadcast, into a transposed self, f32": freed_step(lambda: torch.zeros(
+        64, 1000, device="cuda").t().index_put_((torch.randint(0, 1000, (20000,), device="cuda"),),
+                                                cuda_randn(64), accumulate=True)),
+    # 200,000 ids: their range check's minimum and maximum split across blocks.
+    "index_put_ accumulating 200,000 ids into 100,000, f32": freed_step(lambda: torch.zeros(
+        100000, device="cuda").index_put_((torch.randint(0, 100000, (200000,), device="cuda"),),
+                                          cuda_randn(200000), accumulate=True)),
+    "arange of 20,000 under deterministic algorithms": freed_step(lambda: deterministically(
+        lambda: torch.arange(20000, device="cuda"))),
+    "index_put_ under deterministic algorithms, f32": freed_step(lambda: deterministically(
+        lambda: torch.zeros(1000, 64, device="cuda").index_put_(
+            (torch.randint(0, 1000, (20000,), device="cuda"),), cuda_randn(20000, 64)))),
+    "index_put_ accumulating by host ids, f32": freed_step(lambda: torch.zeros(1000, 64, device="cuda").index_put_(
+        (torch.randint(0, 1000, (20000,)),), cuda_randn(20000, 64), accumulate=True)),
 }
+
+
+# Cases whose tensors made on the host stay there, as in the real run
+# (metamem.trace's host_tensors="host").
+HOST_TENSOR_CASES = {"index_put_ accumulating by host ids, f32"}
+
+
+def deterministically(body):
+    """body() under torch.use_deterministic_algorithms, restored after."""
+    torch.use_deterministic_algorithms(True)
+    try:
+        return body()
+    finally:
+        torch.use_deterministic_algorithms(False)
 
 
 
@@ -836,9 +883,11 @@ def on_fake_gpu(oracle, gpu, name, torch_site=None):
 
 def traced(gpu, name, fake_gpu=None):
     import metamem
+    host_tensors = "host" if name in HOST_TENSOR_CASES else "device"
     try:
         torch._dynamo.reset()
-        with cold_inductor_cache(), metamem.trace(device="cuda", gpu=gpu, fake_gpu=fake_gpu) as t:
+        with cold_inductor_cache(), metamem.trace(device="cuda", gpu=gpu, fake_gpu=fake_gpu,
+                                                  host_tensors=host_tensors) as t:
             CASES[name](lambda: None)
     except Exception as error:  # a case metamem cannot trace is a finding of the table
         return {"error": f"{type(error).__name__}: {str(error).splitlines()[0]}"}
