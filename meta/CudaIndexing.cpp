@@ -79,7 +79,7 @@ ScratchPlan index_put_plan(c10::ArrayRef<c10::IValue> arguments) {
     return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
   };
   // index_put's clone keeps self's strides where they are dense.
-  const bool self_contiguous = kFunctional && !self.is_non_overlapping_and_dense() ? true : self.is_contiguous();
+  const bool self_contiguous = (kFunctional && !self.is_non_overlapping_and_dense()) || self.is_contiguous();
   const std::int64_t self_bytes = self.numel() * static_cast<std::int64_t>(self.element_size());
   plan.make(self_contiguous ? 0 : self_bytes);  // self made contiguous, copied back at the end
 

@@ -59,14 +59,12 @@ def _answer(request):
     def made(value):
         if isinstance(value, dict) and "device" in value:
             return torch.device(value["device"])
-        if isinstance(value, dict) and value["on_host"]:
-            # Zeros, as the fake GPU reads: the host computes on them (index_put checks its indices' range).
-            made_on_host = torch.empty_strided(value["size"], value["stride"], dtype=getattr(torch, value["dtype"]))
-            made_on_host.untyped_storage().fill_(0)
-            return made_on_host
         if isinstance(value, dict):
-            return torch.empty_strided(value["size"], value["stride"], dtype=getattr(torch, value["dtype"]),
-                                       device="cuda")
+            tensor = torch.empty_strided(value["size"], value["stride"], dtype=getattr(torch, value["dtype"]),
+                                         device="cpu" if value["on_host"] else "cuda")
+            if value["on_host"]:  # zeros, as the fake GPU reads: the host computes on them (index_put's range check)
+                tensor.untyped_storage().fill_(0)
+            return tensor
         return [made(item) for item in value] if isinstance(value, list) else value
 
     for flag, value in request["cudnn"].items():
