@@ -343,6 +343,14 @@ std::int64_t cdist_forward(Args args, Args) {
   return matmul ? 0 : cdist_operands(x1, x2);
 }
 
+// cumsum and cumprod scan self.to(the result's dtype) (impl_func_cum_ops):
+// a copy where the dtypes differ (an integer input's sum in int64).
+std::int64_t cumulative_cast(Args args, Args returns) {
+  const at::Tensor& self = args[0].toTensor();
+  const at::Tensor& result = returns[0].toTensor();
+  return self.dim() > 0 && self.scalar_type() != result.scalar_type() ? bytes_of(result) : 0;
+}
+
 // histc keeps bins + 1 edges and counts through one bins-long buffer per
 // thread; with min == max it first finds the input's range (two 0-dim).
 std::int64_t histc(Args args, Args) {
@@ -466,6 +474,10 @@ ScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::_cdist_backward", &cdist_backward},
       {"aten::grid_sampler_2d_backward", &contiguous_first},
       {"aten::histc", &histc},
+      {"aten::cumsum", &cumulative_cast},
+      {"aten::cumsum.out", &cumulative_cast},
+      {"aten::cumprod", &cumulative_cast},
+      {"aten::cumprod.out", &cumulative_cast},
       {"aten::_upsample_bilinear2d_aa_backward", &contiguous_first},
       {"aten::_upsample_bicubic2d_aa_backward", &contiguous_first},
       {"aten::upsample_nearest1d_backward", &contiguous_first},

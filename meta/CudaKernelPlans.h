@@ -3,6 +3,8 @@
 // of op `qualified_name` ("aten::convolution"), or nullptr.
 #pragma once
 
+#include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "meta/CpuKernelModel.h"
@@ -39,6 +41,10 @@ ScratchPlanModel cuda_pooling_plan_model(const std::string& qualified_name);
 // Roll (meta/CudaRoll.cpp).
 ScratchPlanModel cuda_roll_plan_model(const std::string& qualified_name);
 
+// Cumulative sums, products and log-sum-exps: casts, contiguous copies and
+// cub's scan storage (meta/CudaScan.cpp).
+ScratchPlanModel cuda_scan_plan_model(const std::string& qualified_name);
+
 // Sorts: libtorch's buffers and cub's temporary storage (meta/CudaSort.cpp).
 ScratchPlanModel cuda_sort_plan_model(const std::string& qualified_name);
 
@@ -51,6 +57,10 @@ ScratchPlanModel cuda_sort_plan_model(const std::string& qualified_name);
 // (keys under 4 bytes before sm90).
 void make_cub_radix_sort_storage(ScratchPlan& plan, std::int64_t n, std::int64_t key_bytes, std::int64_t value_bytes,
                                  int bits);
+
+// cub's AliasTemporaries: the bytes a blob of these pieces takes, each
+// rounded up to 256 bytes and 255 more to align the whole.
+std::int64_t cub_alias_temporaries(std::initializer_list<std::int64_t> pieces);
 
 // The bits keys of up to `max_key` take (cub::get_num_bits), on which
 // libtorch sorts ids it knows the range of.

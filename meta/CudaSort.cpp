@@ -22,15 +22,6 @@ namespace {
 
 constexpr std::int64_t kIndexBytes = 8;  // the indices' int64, and the int2 (index, slice) pairs
 
-// cub's AliasTemporaries: each piece rounded up to 256 bytes, and 255
-// more to align the whole.
-std::int64_t aliased(std::initializer_list<std::int64_t> pieces) {
-  constexpr std::int64_t kAlign = 256;
-  std::int64_t bytes = kAlign - 1;
-  for (const std::int64_t piece : pieces) bytes += at::round_up(piece, kAlign);
-  return bytes;
-}
-
 // The temporary storage cub 3.0's DeviceRadixSort asks for (see
 // make_cub_radix_sort_storage). nullopt where cub sizes it by its kernels'
 // occupancy (keys under 4 bytes before sm90, past one block's tile), and
@@ -71,11 +62,18 @@ std::optional<std::int64_t> cub_radix_sort_bytes(std::int64_t n, std::int64_t ke
   const std::int64_t portions = at::ceil_div(n, portion), blocks = at::ceil_div(std::min(n, portion), tile_items);
   const std::int64_t passes = at::ceil_div(bits, 8);
   const bool alternates = passes > 1;
-  return aliased({portions * passes * kDigits * kOffsetBytes, blocks * kDigits * kAtomicBytes,
+  return cub_alias_temporaries({portions * passes * kDigits * kOffsetBytes, blocks * kDigits * kAtomicBytes,
                   alternates ? n * key_bytes : 0, alternates ? n * value_bytes : 0, portions * passes * kAtomicBytes});
 }
 
 }  // namespace
+
+std::int64_t cub_alias_temporaries(std::initializer_list<std::int64_t> pieces) {
+  constexpr std::int64_t kAlign = 256;
+  std::int64_t bytes = kAlign - 1;
+  for (const std::int64_t piece : pieces) bytes += at::round_up(piece, kAlign);
+  return bytes;
+}
 
 void make_cub_radix_sort_storage(ScratchPlan& plan, std::int64_t n, std::int64_t key_bytes, std::int64_t value_bytes,
                                  int bits) {
@@ -159,7 +157,7 @@ ScratchPlan sort_plan(c10::ArrayRef<c10::IValue> arguments, std::size_t dim_argu
       plan.free(pairs);
     } else {
       const std::size_t indices = plan.make(n * kIndexBytes);
-      plan.free(plan.make(aliased({n * key_bytes, n * kIndexBytes})));
+      plan.free(plan.make(cub_alias_temporaries({n * key_bytes, n * kIndexBytes})));
       plan.free(indices);
     }
   }

@@ -852,7 +852,7 @@ void register_meta_kernel() {
     for (auto plans : {&cuda_attention_plan_model, &cuda_convolution_plan_model, &cuda_ctc_loss_plan_model,
                        &cuda_embedding_plan_model, &cuda_indexing_plan_model, &cuda_matmul_plan_model,
                        &cuda_normalization_plan_model, &cuda_pooling_plan_model, &cuda_reduction_plan_model,
-                       &cuda_roll_plan_model, &cuda_sort_plan_model})
+                       &cuda_roll_plan_model, &cuda_scan_plan_model, &cuda_sort_plan_model})
       if (ScratchPlanModel model = plans(qualified)) g_cuda_scratch_plans.emplace(&op->operator_name(), model);
     if (ScratchModel model = cuda_native_scratch_model(qualified)) g_cuda_scratch.emplace(&op->operator_name(), model);
     if (ReductionStagingModel model = cuda_reduction_staging_model(qualified))

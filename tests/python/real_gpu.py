@@ -571,6 +571,50 @@ def deterministically(body):
         torch.use_deterministic_algorithms(False)
 
 
+# Cumulative sums, products and log-sum-exps: an input cast to the result's
+# dtype (an integer one's sum in int64), contiguous copies, and for a scan of
+# one slice cub's DeviceScan storage (its tiles' states) or, under
+# deterministic algorithms, libtorch's per-block sums. Scans of many slices
+# hold nothing more.
+SCAN_CASES = {
+    "cumsum of 100,000, f32": freed_step(lambda: cuda_randn(100000).cumsum(0)),
+    "cumsum of 1,000,000, bf16": freed_step(lambda: cuda_randn(1000000, dtype=torch.bfloat16).cumsum(0)),
+    "cumsum of 100,000, f64": freed_step(lambda: cuda_randn(100000, dtype=torch.float64).cumsum(0)),
+    "cumsum of 100, f16": freed_step(lambda: cuda_randn(100, dtype=torch.float16).cumsum(0)),
+    "cumsum of 20,000, complex64": freed_step(lambda: cuda_randn(20000, dtype=torch.complex64).cumsum(0)),
+    "cumsum of 1 x 4096 along dim 1, f32": freed_step(lambda: cuda_randn(1, 4096).cumsum(1)),
+    # More than 2^30 values: cub scans them in parts, each after the carry.
+    "cumsum of 2^30 + 5,000, f16": freed_step(lambda: cuda_randn(2 ** 30 + 5000, dtype=torch.float16).cumsum(0)),
+    # A mask's running count: bools and integers summed as int64.
+    "cumsum of 50,000 bools": freed_step(lambda: torch.ones(50000, device="cuda", dtype=torch.bool).cumsum(0)),
+    "cumsum of 50,000 int32": freed_step(lambda: torch.ones(50000, device="cuda", dtype=torch.int32).cumsum(0)),
+    "cumsum of 100,000 f32 as f64": freed_step(lambda: cuda_randn(100000).cumsum(0, dtype=torch.float64)),
+    "cumprod of 30,000 f16 as f32": freed_step(
+        lambda: cuda_randn(30000, dtype=torch.float16).cumprod(0, dtype=torch.float32)),
+    "cumsum of 40,000 int32 into a strided int64 out=": freed_step(lambda: torch.cumsum(
+        torch.ones(40000, device="cuda", dtype=torch.int32), 0,
+        out=torch.empty(40000, 2, device="cuda", dtype=torch.long)[:, 0])),
+    "cumsum of a column of 50,000 x 2, f32": freed_step(lambda: cuda_randn(50000, 2)[:, 0].cumsum(0)),
+    "cumsum of a transposed 300 x 200 along dim 0, f32": freed_step(lambda: cuda_randn(200, 300).t().cumsum(0)),
+    "cumsum_ in place of a transposed 300 x 200 along dim 1, f32": freed_step(
+        lambda: cuda_randn(200, 300).t().cumsum_(1)),
+    # transformers' position ids from an attention mask: rows, libtorch's own kernel.
+    "cumsum over rows of 8 x 2048 int64": freed_step(
+        lambda: torch.ones(8, 2048, device="cuda", dtype=torch.long).cumsum(-1)),
+    "cumprod of 100,000, f32": freed_step(lambda: cuda_randn(100000).cumprod(0)),
+    "logcumsumexp of 100,000, f32": freed_step(lambda: cuda_randn(100000).logcumsumexp(0)),
+    "cummax of 100,000, f32": freed_step(lambda: cuda_randn(100000).cummax(0)),
+    "cumsum's gradient over 100,000, f32": freed_step(
+        lambda: cuda_randn(100000).requires_grad_().cumsum(0).sum().backward()),
+    "cumsum of 2,048 under deterministic algorithms, f32": freed_step(lambda: deterministically(
+        lambda: cuda_randn(2048).cumsum(0))),
+    "cumsum of 2,000,000 under deterministic algorithms, f64": freed_step(lambda: deterministically(
+        lambda: cuda_randn(2000000, dtype=torch.float64).cumsum(0))),
+    "cumsum over rows of 4 x 512 under deterministic algorithms, bf16": freed_step(lambda: deterministically(
+        lambda: cuda_randn(4, 512, dtype=torch.bfloat16).cumsum(-1))),
+}
+
+
 
 GROUP_NORM_CASES = {
     "group norm 320 channels, 8 x 32², f32": group_norm(),
@@ -747,13 +791,14 @@ CASES = {
     **EFFICIENT_CASES,
     **LIBTORCH_KERNEL_CASES,
     **SORT_CASES,
+    **SCAN_CASES,
 }
 
 
 # The cases whose allocations and frees are recorded (measure_one's events):
 # what the kernels the fake GPU cannot run allocate inside, in order.
 EVENT_CASES = {name for name in CASES if name.startswith(("efficient", "sdpa", "conv", "batch norm", "LSTM"))} | \
-    set(LIBTORCH_KERNEL_CASES) | set(SORT_CASES) | {
+    set(LIBTORCH_KERNEL_CASES) | set(SORT_CASES) | set(SCAN_CASES) | {
     "resnet18 f32 cuDNN on", "resnet18 bf16 autocast cuDNN on", "mobilenet_v2 f32 cuDNN on",
     "resnet18 bf16 autocast channels-last cuDNN on"}
 

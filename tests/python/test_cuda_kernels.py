@@ -142,6 +142,18 @@ def test_an_index_put_that_sorts_holds_what_real_torch_holds_without_the_fake_gp
     assert_as_real_torch(gpu, case, fake_gpu="")
 
 
+@pytest.mark.parametrize("gpu, case", one_gpu_each(["H100-80GB", "A100-80GB", "T4"], list(real_gpu.SCAN_CASES)))
+def test_a_cumulative_sum_holds_what_real_torch_holds_without_the_fake_gpu(gpu, case):
+    # The input cast to the result's dtype, contiguous copies of a strided
+    # input and out=, and for one slice cub's scan storage, the same on
+    # every architecture for libtorch's operators, or under deterministic
+    # algorithms a sum per block, as many blocks as the GPU has SMs at most
+    # (meta/CudaScan.cpp). Before: the outputs alone (a running count of
+    # 50,000 bools 450,560 B against 852,992 B; a column's sum 600,576 B
+    # against 801,792 B; 100,000 floats' 800,768 B against 802,304 B).
+    assert_as_real_torch(gpu, case, fake_gpu="")
+
+
 def test_an_index_by_a_boolean_mask_is_not_taken_from_the_fake_gpus_zeros():
     # index_put_ by a mask allocates by its count of trues, a value the fake
     # GPU does not compute (its mask reads all false): the call is traced by
