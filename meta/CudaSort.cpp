@@ -16,6 +16,7 @@
 
 #include "meta/CudaAttention.h"
 #include "meta/CudaKernelPlans.h"
+#include "meta/MetaMode.h"
 
 namespace metamem {
 namespace {
@@ -63,7 +64,8 @@ std::optional<std::int64_t> cub_radix_sort_bytes(std::int64_t n, std::int64_t ke
   const std::int64_t passes = at::ceil_div(bits, 8);
   const bool alternates = passes > 1;
   return cub_alias_temporaries({portions * passes * kDigits * kOffsetBytes, blocks * kDigits * kAtomicBytes,
-                  alternates ? n * key_bytes : 0, alternates ? n * value_bytes : 0, portions * passes * kAtomicBytes});
+                                alternates ? n * key_bytes : 0, alternates ? n * value_bytes : 0,
+                                portions * passes * kAtomicBytes});
 }
 
 }  // namespace
@@ -116,16 +118,14 @@ std::vector<std::int64_t> dense_strides_dim_last(const at::Tensor& self, std::in
 // - under 128 slices: all at once, the (index, slice) pairs as values,
 //   then the pairs by slice (a sort of int64 keys on the slice's bits);
 // - from 128: DeviceSegmentedRadixSort, from every slice's indices.
-ScratchPlan sort_plan(c10::ArrayRef<c10::IValue> arguments, std::size_t dim_argument) {
-  const at::Tensor& self = arguments[0].toTensor();
-  ScratchPlan plan;
-  if (self.dim() == 0 || self.numel() == 0) return plan;
-  const std::int64_t dim = c10::maybe_wrap_dim(arguments[dim_argument].toInt(), self.dim());
+void plan_sort(ScratchPlan& plan, const at::Tensor& self, std::int64_t dim) {
+  if (self.dim() == 0 || self.numel() == 0) return;
+  dim = c10::maybe_wrap_dim(dim, self.dim());
   const std::int64_t nsort = self.size(dim), numel = self.numel();
   const std::int64_t key_bytes = static_cast<std::int64_t>(self.element_size());
   if (nsort <= 4096) {
     plan.free(plan.make(nsort * kIndexBytes));
-    return plan;
+    return;
   }
   const bool in_place = self.is_non_overlapping_and_dense() && self.stride(dim) == 1;
   const std::vector<std::int64_t> sorted_strides = in_place ? self.strides().vec() : dense_strides_dim_last(self, dim);
@@ -161,17 +161,89 @@ ScratchPlan sort_plan(c10::ArrayRef<c10::IValue> arguments, std::size_t dim_argu
       plan.free(indices);
     }
   }
+}
+
+template <std::size_t dim_argument>
+ScratchPlan sort_op_plan(c10::ArrayRef<c10::IValue> arguments) {
+  ScratchPlan plan;
+  plan_sort(plan, arguments[0].toTensor(), arguments[dim_argument].toInt());
   return plan;
 }
 
-ScratchPlan sort_default_plan(c10::ArrayRef<c10::IValue> arguments) { return sort_plan(arguments, 1); }
-ScratchPlan sort_stable_plan(c10::ArrayRef<c10::IValue> arguments) { return sort_plan(arguments, 2); }
+// Whether topk selects across blocks (mbtopk) rather than a block a slice:
+// torch's heuristic, by the number of slices and their size.
+bool selects_across_blocks(std::int64_t slices, std::int64_t slice) {
+  return (slices <= 20 && slice >= 20000) || (slices > 20 && slices <= 40 && slice >= 10000) ||
+         (slices > 40 && slices <= 80 && slice >= 8000) || (slices > 80 && slices < 200 && slice >= 5000) ||
+         (slices >= 200 && slices < 800 && slice >= 3000) || (slices >= 800 && slices <= 4000 && slice >= 800) ||
+         (slices > 4000 && slice >= 400);
+}
+
+// aten::topk(self, k, dim, largest, sorted) after its outputs: the input
+// made contiguous, then over large slices mbtopk's radix selection, each
+// pass counting digits per block (blocks of 256 threads, as many items a
+// thread as spread the input over six blocks per SM, 4 to 64), the blocks'
+// counts scanned by slice through cub (InclusiveSumByKey, one tile of keys
+// here). Sorted results of more than 4,096 per slice are sorted again into
+// copies, and the indices gathered through them.
+ScratchPlan topk_plan(c10::ArrayRef<c10::IValue> arguments) {
+  const at::Tensor& self = arguments[0].toTensor();
+  const std::int64_t k = arguments[1].toInt();
+  const bool sorted = arguments[4].toBool();
+  ScratchPlan plan;
+  if (k == 0 || self.numel() == 0) return plan;
+  const std::int64_t dim = c10::maybe_wrap_dim(arguments[2].toInt(), std::max<std::int64_t>(self.dim(), 1));
+  const std::int64_t slice = self.dim() == 0 ? 1 : self.size(dim), slices = self.numel() / slice;
+  const std::int64_t value_bytes = static_cast<std::int64_t>(self.element_size());
+  const std::size_t input = plan.make(copy_unless_contiguous(self));
+  if (selects_across_blocks(slices, slice)) {
+    constexpr std::int64_t kThreads = 256, kDigits = 256, kBlocksPerSm = 6, kCountBytes = 2, kWordBytes = 4;
+    const std::int64_t radix_bytes = value_bytes <= 4 ? 4 : 8;
+    const std::int64_t spread = traced_gpu().multi_processor_count * kBlocksPerSm * kThreads;
+    const std::int64_t items = std::clamp<std::int64_t>(at::ceil_div(self.numel(), spread), 4, 64);
+    const std::int64_t blocks = slices * at::ceil_div(slice, items * kThreads);
+    std::vector<std::size_t> pieces = {plan.make(slices * value_bytes),
+                                       plan.make(2 * slices * kWordBytes),
+                                       plan.make(2 * slices * radix_bytes),
+                                       plan.make(blocks * kDigits * kCountBytes),
+                                       plan.make(slices * kDigits * kWordBytes),
+                                       plan.make(blocks * kWordBytes),
+                                       plan.make(blocks * kWordBytes)};
+    // InclusiveSumByKey's storage: 32 tile states and one a tile, a (key,
+    // value) pair in 16 bytes, and each tile's last key; the same bytes up
+    // to 16 tiles, which every architecture's tiles (256 threads x 9 items
+    // at least) cover up to 36,864 blocks. Past them its tiles differ by
+    // architecture: not modelled.
+    constexpr std::int64_t kSmallestTile = 256 * 9, kTiles = 16;
+    if (blocks <= kSmallestTile * kTiles)
+      for (int scan = 0; scan < 2; ++scan)
+        plan.free(plan.make(cub_alias_temporaries({(kTiles + 32) * 16, (kTiles + 1) * kWordBytes})));
+    for (auto piece = pieces.rbegin(); piece != pieces.rend(); ++piece) plan.free(*piece);
+  }
+  plan.free(input);
+  if (!sorted || k * slices <= 1 || k <= 4096) return plan;
+  std::vector<std::int64_t> sizes = self.sizes().vec();
+  if (!sizes.empty()) sizes[dim] = k;
+  at::Tensor values;
+  {
+    OutsideMetaMode outside;
+    values = at::empty(sizes, self.options().device(c10::kMeta));
+  }
+  plan.make(values.numel() * kIndexBytes);
+  plan.make(values.numel() * value_bytes);
+  const std::size_t sort_pieces = plan.pieces;
+  plan_sort(plan, values, dim);
+  for (std::size_t piece = plan.pieces; piece-- > sort_pieces;) plan.free(piece);  // as the sort returns
+  plan.free(plan.make(values.numel() * kIndexBytes));  // indices.gather(dim, sortedIndices)
+  return plan;
+}
 
 }  // namespace
 
 ScratchPlanModel cuda_sort_plan_model(const std::string& qualified_name) {
-  if (qualified_name == "aten::sort") return &sort_default_plan;
-  return qualified_name == "aten::sort.stable" ? &sort_stable_plan : nullptr;
+  if (qualified_name == "aten::sort") return &sort_op_plan<1>;
+  if (qualified_name == "aten::sort.stable") return &sort_op_plan<2>;
+  return qualified_name == "aten::topk" ? &topk_plan : nullptr;
 }
 
 }  // namespace metamem

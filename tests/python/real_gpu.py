@@ -495,6 +495,11 @@ SORT_CASES = {
     "topk 26,214 of 262,144, f32": freed_step(lambda: cuda_randn(262144).topk(26214)),
     "topk 26,214 of 262,144 unsorted, f32": freed_step(lambda: cuda_randn(262144).topk(26214, sorted=False)),
     "topk 50 of 64 x 50,257, f32": freed_step(lambda: cuda_randn(64, 50257).topk(50, -1)),
+    # Many slices: the blocks' counts scanned by slice in more than one of cub's tiles.
+    "topk 10 of 6000 x 500, f32": freed_step(lambda: cuda_randn(6000, 500).topk(10, -1)),
+    "topk 5,000 along dim 0 of a transposed 2 x 100,000, f64": freed_step(
+        lambda: cuda_randn(2, 100000, dtype=torch.float64).t().topk(5000, 0)),
+    "topk 8,192 of 65,536, bf16": freed_step(lambda: cuda_randn(65536, dtype=torch.bfloat16).topk(8192)),
     "kthvalue 100 of 8 x 4096, f32": freed_step(lambda: cuda_randn(8, 4096).kthvalue(100, -1)),
     # The median of a whole tensor sorts it; along a dimension, it selects.
     "median of 262,144, f32": freed_step(lambda: cuda_randn(262144).median()),
