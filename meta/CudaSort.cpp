@@ -16,6 +16,7 @@
 
 #include "meta/CudaAttention.h"
 #include "meta/CudaKernelPlans.h"
+#include "meta/CudaReduction.h"
 #include "meta/MetaMode.h"
 
 namespace metamem {
@@ -163,6 +164,14 @@ void plan_sort(ScratchPlan& plan, const at::Tensor& self, std::int64_t dim) {
   }
 }
 
+// A sort inside another kernel (topk's, median's), which frees the
+// copies the sort holds until it returns before the kernel goes on.
+void plan_inner_sort(ScratchPlan& plan, const at::Tensor& self, std::int64_t dim) {
+  const std::size_t first = plan.pieces;
+  plan_sort(plan, self, dim);
+  for (std::size_t piece = plan.pieces; piece-- > first;) plan.free(piece);
+}
+
 template <std::size_t dim_argument>
 ScratchPlan sort_op_plan(c10::ArrayRef<c10::IValue> arguments) {
   ScratchPlan plan;
@@ -231,10 +240,54 @@ ScratchPlan topk_plan(c10::ArrayRef<c10::IValue> arguments) {
   }
   plan.make(values.numel() * kIndexBytes);
   plan.make(values.numel() * value_bytes);
-  const std::size_t sort_pieces = plan.pieces;
-  plan_sort(plan, values, dim);
-  for (std::size_t piece = plan.pieces; piece-- > sort_pieces;) plan.free(piece);  // as the sort returns
+  plan_inner_sort(plan, values, dim);
   plan.free(plan.make(values.numel() * kIndexBytes));  // indices.gather(dim, sortedIndices)
+  return plan;
+}
+
+// aten::median(self) and aten::nanmedian(self) of a whole tensor, as
+// median_impl runs them: self.flatten() (a copy where self is not
+// contiguous) sorted, the sort's indices dropped; then median answers
+// where(sorted[-1].isnan(), sorted[-1], sorted[k]) (a 0-dim bool before
+// the result), nanmedian indexes sorted at (size - 1 - count of NaNs) / 2,
+// counted through isnan, a sum of bools (its int64 copy and staging),
+// rsub, a true division and a cast to int64.
+template <bool ignore_nan>
+ScratchPlan median_plan(c10::ArrayRef<c10::IValue> arguments) {
+  const at::Tensor& self = arguments[0].toTensor();
+  ScratchPlan plan;
+  const std::int64_t n = self.numel();
+  if (n == 0) return plan;
+  at::Tensor flat, nans, count;
+  {
+    OutsideMetaMode outside;
+    // flatten() keeps a vector as it is, strided or not; sort copies that itself.
+    flat = self.dim() == 1 ? at::empty_strided(self.sizes(), self.strides(), self.options().device(c10::kMeta))
+                           : at::empty({n}, self.options().device(c10::kMeta));
+    nans = at::empty({n}, flat.options().dtype(at::kBool));
+    count = at::empty({}, flat.options().dtype(at::kLong));
+  }
+  const std::size_t flattened = plan.make(self.dim() > 1 && !self.is_contiguous() ? n * self.element_size() : 0);
+  const std::size_t sorted = plan.make(n * static_cast<std::int64_t>(self.element_size()));
+  const std::size_t indices = plan.make(n * kIndexBytes);
+  plan_inner_sort(plan, flat, 0);
+  plan.free(indices);
+  plan.free(flattened);
+  if (!ignore_nan) {
+    const std::size_t last_is_nan = plan.make(1);
+    plan.output(0);
+    plan.free(last_is_nan);
+  } else {
+    const std::size_t is_nan = plan.make(n), sum = plan.make(kIndexBytes);
+    add_staging(plan, cuda_reduction_staging(CudaReduction::Sum, nans, count, std::nullopt, false));
+    const std::size_t rsub = plan.make(kIndexBytes);
+    const std::size_t half = plan.make(static_cast<std::int64_t>(at::get_default_dtype().itemsize()));
+    const std::size_t k = plan.make(kIndexBytes);
+    for (const std::size_t piece : {half, rsub, sum, is_nan}) plan.free(piece);
+    plan.output(0);
+    plan.free(k);
+  }
+  plan.free(sorted);
   return plan;
 }
 
@@ -243,6 +296,8 @@ ScratchPlan topk_plan(c10::ArrayRef<c10::IValue> arguments) {
 ScratchPlanModel cuda_sort_plan_model(const std::string& qualified_name) {
   if (qualified_name == "aten::sort") return &sort_op_plan<1>;
   if (qualified_name == "aten::sort.stable") return &sort_op_plan<2>;
+  if (qualified_name == "aten::median") return &median_plan<false>;
+  if (qualified_name == "aten::nanmedian") return &median_plan<true>;
   return qualified_name == "aten::topk" ? &topk_plan : nullptr;
 }
 

@@ -504,6 +504,10 @@ SORT_CASES = {
     # The median of a whole tensor sorts it; along a dimension, it selects.
     "median of 262,144, f32": freed_step(lambda: cuda_randn(262144).median()),
     "nanmedian of 100,000, bf16": freed_step(lambda: cuda_randn(100000, dtype=torch.bfloat16).nanmedian()),
+    "median of a transposed 300 x 200, f16": freed_step(lambda: cuda_randn(200, 300, dtype=torch.float16).t().median()),
+    "nanmedian of every other of 20,000, f64": freed_step(lambda: cuda_randn(20000, dtype=torch.float64)[::2].nanmedian()),
+    "median of 3,000 int64": freed_step(lambda: torch.randint(0, 100, (3000,), device="cuda").median()),
+    "nanmedian of 2,000,000, f32": freed_step(lambda: cuda_randn(2000000).nanmedian()),
     "median over rows of 512 x 3000, f32": freed_step(lambda: cuda_randn(512, 3000).median(-1)),
     "gradient of rows gathered by 20,000 ids, f32": freed_step(lambda: cuda_randn(
         1000, 64).requires_grad_()[torch.randint(0, 1000, (20000,), device="cuda")].sum().backward()),

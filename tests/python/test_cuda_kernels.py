@@ -81,16 +81,19 @@ def test_sorting_holds_cubs_temporaries_as_real_torch_from_the_fake_gpus_recordi
 
 
 @pytest.mark.parametrize("gpu, case", one_gpu_each(["H100-80GB", "A100-80GB", "T4"], [
-    case for case in real_gpu.SORT_CASES if case.startswith(("sort", "stable", "argsort", "topk", "kthvalue"))]))
-def test_a_sort_or_a_topk_holds_what_real_torch_holds_without_the_fake_gpu(gpu, case):
+    case for case in real_gpu.SORT_CASES if case.startswith(("sort", "stable", "argsort", "topk", "kthvalue", "median",
+                                                               "nanmedian"))]))
+def test_a_sort_topk_or_median_holds_what_real_torch_holds_without_the_fake_gpu(gpu, case):
     # libtorch's buffers (one slice's indices, the (index, slice) pairs, a
     # copy with the slice innermost) and cub's temporary storage, sized as
     # cub 3.0 sizes it for the GPU's architecture (meta/CudaSort.cpp);
     # topk's radix selection across blocks (per-block digit counts, as many
-    # blocks as the GPU's SMs take), then the sort of what it selected.
-    # Before: the outputs alone (the sort of 262,144 floats 4,194,304 B
-    # against 9,496,064 B on the H100; topk of a tenth of them 1,363,456 B
-    # against 2,216,960 B). Keys of 16 bits before sm90 take
+    # blocks as the GPU's SMs take), then the sort of what it selected; a
+    # whole tensor's median, the sort of it flattened and the ops that
+    # index it. Before: the outputs alone (the sort of 262,144 floats
+    # 4,194,304 B against 9,496,064 B on the H100; topk of a tenth of them
+    # 1,363,456 B against 2,216,960 B; their median 1,049,088 B against
+    # 9,496,064 B). Keys of 16 bits before sm90 take
     # cub's older passes, whose storage it sizes by its kernels' occupancy:
     # all but that storage, which then makes the peak.
     older_passes = gpu != "H100-80GB" and "f16" in case  # f16 and bf16 keys before sm90
