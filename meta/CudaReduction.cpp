@@ -142,6 +142,16 @@ ReductionStaging reduction_staging(c10::ArrayRef<c10::IValue> arguments, c10::Ar
                                 dims ? at::OptionalIntArrayRef(*dims) : std::nullopt, keepdim);
 }
 
+// aten::var.correction and its kin (self, dim, *, correction, keepdim):
+// std_var_out's reduction, into the variance (var_mean's mean has its
+// shape).
+ReductionStaging welford_staging(c10::ArrayRef<c10::IValue> arguments, c10::ArrayRef<c10::IValue> returns) {
+  std::optional<at::DimVector> dims;
+  if (arguments[1].isIntList()) dims = at::DimVector(arguments[1].toDimVector());
+  return cuda_reduction_staging(CudaReduction::Welford, arguments[0].toTensor(), returns[0].toTensor(),
+                                dims ? at::OptionalIntArrayRef(*dims) : std::nullopt, arguments[3].toBool());
+}
+
 }  // namespace
 
 // The iterator torch's sum_out, mean_out and linalg_vector_norm_out build
@@ -157,7 +167,7 @@ ReductionStaging cuda_reduction_staging(CudaReduction kind, const at::Tensor& se
   // Complex halves take a jitted kernel; a complex norm reduces into a real
   // result through an iterator of its own (not modelled).
   if (self.scalar_type() == at::kComplexHalf || self.numel() == 0) return {};
-  if (kind == CudaReduction::Norm && self.is_complex()) return {};
+  if ((kind == CudaReduction::Norm || kind == CudaReduction::Welford) && self.is_complex()) return {};
 
   OutsideMetaMode outside;
   // An input of another dtype is copied into in_dtype first (its layout
@@ -174,10 +184,12 @@ ReductionStaging cuda_reduction_staging(CudaReduction kind, const at::Tensor& se
   if (!iter.can_use_32bit_indexing()) return {.cast = cast};
   const int input_bytes = static_cast<int>(input.element_size());
   const bool complex_double = input.scalar_type() == at::kComplexDouble;
-  const int vec_size = kind == CudaReduction::Sum && input_bytes == 2 ? 8 : 4;
+  const bool welford = kind == CudaReduction::Welford;
+  const int vec_size = welford ? 2 : kind == CudaReduction::Sum && input_bytes == 2 ? 8 : 4;
   const bool own_dtype = kind == CudaReduction::Extremum || kind == CudaReduction::MinMax;
   const int accumulator_bytes =
-      (low_precision && !own_dtype ? 4 : input_bytes) * (kind == CudaReduction::MinMax ? 2 : 1);
+      welford ? (input_bytes == 8 ? 32 : 16)
+              : (low_precision && !own_dtype ? 4 : input_bytes) * (kind == CudaReduction::MinMax ? 2 : 1);
   const Kernel kernel{accumulator_bytes, input_bytes, vec_size, complex_double ? 256 : 512};
   ReductionStaging staging =
       LaunchShape(iter, cast == 0 ? self.storage_offset() : 0, kernel, traced_gpu()).staging();
@@ -241,6 +253,9 @@ ReductionStagingModel cuda_reduction_staging_model(const std::string& qualified_
   if (qualified_name == "aten::mean" || qualified_name == "aten::mean.dim")
     return &reduction_staging<CudaReduction::Mean>;
   if (qualified_name == "aten::linalg_vector_norm") return &reduction_staging<CudaReduction::Norm>;
+  for (const char* welford :
+       {"aten::var.correction", "aten::std.correction", "aten::var_mean.correction", "aten::std_mean.correction"})
+    if (qualified_name == welford) return &welford_staging;
   return nullptr;
 }
 

@@ -420,11 +420,6 @@ OTHER_KERNEL_CASES = {
     "batch norm backward of bf16 and f16 inputs, float statistics, cuDNN off": freed_step(half_batch_norms),
 }
 
-# Cases no H200 has run (docs/accuracy.md's lent H200 ran the others).
-NOT_RUN_ON_THE_H200 = {"batch norm backward of bf16 and f16 inputs, float statistics, cuDNN off",
-                       "logsumexp over 64 x 50,257, f32", "logsumexp of 4 x 1,000,000 over all, bf16",
-                       "amax and amin over rows of 8192 x 256, f32 and f16"}
-
 
 def reduction(make, shape, dtype=torch.float32):
     """make(x, target) of a (shape) input with a gradient and a target,
@@ -460,7 +455,21 @@ REDUCTION_CASES = {
         lambda: cuda_randn(4, 1000000, dtype=torch.bfloat16).logsumexp((0, 1))),
     "amax and amin over rows of 8192 x 256, f32 and f16": freed_step(
         lambda: (cuda_randn(8192, 256).amax(0), cuda_randn(8192, 256, dtype=torch.float16).amin(0))),
+    # Variances stage Welford's (mean, M2, count) accumulators, 16 bytes each
+    # (32 for doubles), where blocks split a column's rows: 67,108,864 B for
+    # the std over the rows of 8192 x 256 floats on an H100.
+    "std over dim 0 of 8192 x 256, f32": freed_step(lambda: cuda_randn(8192, 256).std(0)),
+    "var_mean over dim 0 of 8192 x 256, f32": freed_step(lambda: torch.var_mean(cuda_randn(8192, 256), 0)),
+    "std over dim 0 of 4096 x 512, bf16": freed_step(lambda: cuda_randn(4096, 512, dtype=torch.bfloat16).std(0)),
+    "var over dim 0 of 4096 x 64, f64": freed_step(lambda: cuda_randn(4096, 64, dtype=torch.float64).var(0)),
+    "var_mean of 1,000,000, f32": freed_step(lambda: torch.var_mean(cuda_randn(1000000))),
+    "std_mean over the last dim of 64 x 8192, f32": freed_step(lambda: torch.std_mean(cuda_randn(64, 8192), -1)),
 }
+VARIANCE_CASES = {name for name in REDUCTION_CASES if name.startswith(("std", "var"))}
+# Cases no H200 has run (docs/accuracy.md's lent H200 ran the others).
+NOT_RUN_ON_THE_H200 = {"batch norm backward of bf16 and f16 inputs, float statistics, cuDNN off",
+                       "logsumexp over 64 x 50,257, f32", "logsumexp of 4 x 1,000,000 over all, bf16",
+                       "amax and amin over rows of 8192 x 256, f32 and f16"} | VARIANCE_CASES
 
 
 # Sorting, topk over large slices and a whole tensor's median: cub's
