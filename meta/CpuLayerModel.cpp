@@ -12,6 +12,7 @@
 #include <cmath>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "meta/TensorBytes.h"
 
@@ -542,7 +543,29 @@ ScratchModel cpu_layer_scratch_model(const std::string& qualified_name) {
 // arange makes its result empty, then resizes it to its length.
 std::int64_t arange(Args, Args returns) { return deterministic_resize_fill(returns[0].toTensor()); }
 
+// CUDA's upsampling, average and adaptive pooling and reflection padding
+// backward kernels read the output's gradient contiguous: a copy, after
+// the input's gradient, where it is a broadcast (the gradient of a sum or
+// mean of their output). Strided gradients of a dense layout are copied or
+// not by each kernel's memory format: not modelled.
+std::int64_t broadcast_gradient_copy(Args args, Args) {
+  const at::Tensor& grad = args[0].toTensor();
+  return grad.is_non_overlapping_and_dense() ? 0 : grad.numel() * static_cast<std::int64_t>(grad.element_size());
+}
+
 ScratchModel cuda_native_scratch_model(const std::string& qualified_name) {
+  static const std::unordered_set<std::string> reading_gradient_contiguous = {
+      "aten::upsample_nearest1d_backward",         "aten::upsample_nearest2d_backward",
+      "aten::upsample_nearest3d_backward",         "aten::_upsample_nearest_exact1d_backward",
+      "aten::_upsample_nearest_exact2d_backward",  "aten::_upsample_nearest_exact3d_backward",
+      "aten::upsample_linear1d_backward",          "aten::upsample_bilinear2d_backward",
+      "aten::upsample_bicubic2d_backward",         "aten::upsample_trilinear3d_backward",
+      "aten::avg_pool2d_backward",                 "aten::avg_pool3d_backward",
+      "aten::max_pool3d_with_indices_backward",    "aten::adaptive_max_pool2d_backward",
+      "aten::adaptive_max_pool3d_backward",        "aten::_adaptive_avg_pool2d_backward",
+      "aten::_adaptive_avg_pool3d_backward",       "aten::reflection_pad1d_backward",
+      "aten::reflection_pad2d_backward",           "aten::reflection_pad3d_backward"};
+  if (reading_gradient_contiguous.count(qualified_name)) return &broadcast_gradient_copy;
   // host_softmax reads its input contiguous, as the CPU kernel does: a
   // copy of a transposed view (CoaT's keys) beside the output. Its
   // backward has a plan (meta/CudaNormalization.cpp).

@@ -256,19 +256,28 @@ ScratchPlan batch_norm_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
 // aten::_softmax_backward_data(grad_output, output, dim, input_dtype):
 // softmax_backward_cuda_out first multiplies the gradient by the output
 // into a temporary, then reads it and the output contiguous. The
-// temporary takes the operands' promoted type and the gradient's layout,
-// and is copied again if that is not contiguous (CoaT's keys, softmaxed
-// over their tokens). Measured against real torch on the fake GPU: 512 MiB
-// for 2 x 16 x 2048 x 2048 f32 scores, the math attention's backward.
-// Log-softmax's backward makes no such temporary.
+// temporary takes the operands' promoted type and the gradient's layout
+// where that is dense (contiguous for a broadcast gradient, a sum's), and
+// is copied again if that is not contiguous (CoaT's keys, softmaxed over
+// their tokens). Measured against real torch on the fake GPU: 512 MiB for
+// 2 x 16 x 2048 x 2048 f32 scores, the math attention's backward.
 ScratchPlan softmax_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
   const at::Tensor &grad = arguments[0].toTensor(), &output = arguments[1].toTensor();
   const std::int64_t product =
       grad.numel() * static_cast<std::int64_t>(c10::elementSize(c10::promoteTypes(grad.scalar_type(), output.scalar_type())));
   ScratchPlan plan;
   plan.make(product);
-  plan.make(grad.is_contiguous() ? 0 : product);
+  plan.make(grad.is_non_overlapping_and_dense() && !grad.is_contiguous() ? product : 0);
   plan.make(copy_unless_contiguous(output));
+  return plan;
+}
+
+// aten::_log_softmax_backward_data(grad_output, output, dim, input_dtype):
+// no temporary; the gradient and the output read contiguous.
+ScratchPlan log_softmax_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
+  ScratchPlan plan;
+  plan.make(copy_unless_contiguous(arguments[0].toTensor()));
+  plan.make(copy_unless_contiguous(arguments[1].toTensor()));
   return plan;
 }
 
@@ -281,6 +290,7 @@ ScratchPlanModel cuda_normalization_plan_model(const std::string& qualified_name
       {"aten::native_group_norm", &group_norm_plan},
       {"aten::native_group_norm_backward", &group_norm_backward_plan},
       {"aten::_softmax_backward_data", &softmax_backward_plan},
+      {"aten::_log_softmax_backward_data", &log_softmax_backward_plan},
       {"aten::native_batch_norm", &batch_norm_plan},
       {"aten::native_batch_norm_backward", &batch_norm_backward_plan},
   };

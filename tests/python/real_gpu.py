@@ -575,6 +575,44 @@ SORT_CASES = {
 }
 
 
+def summed_backward(layer, *shape):
+    """The backward of layer(x).sum() on a (shape) input: the gradient
+    reaches the layer broadcast from the sum's scalar."""
+    return freed_step(lambda: layer(cuda_randn(*shape).requires_grad_()).sum().backward())
+
+
+# Backward kernels that read the output's gradient contiguous: a copy after
+# the input's gradient where it is the broadcast gradient of a sum or mean.
+GRADIENT_COPY_CASES = {
+    "bilinear upsampling's backward of a sum": summed_backward(
+        lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"), 4, 16, 32, 32),
+    "nearest upsampling's backward of a sum": summed_backward(
+        lambda x: F.interpolate(x, scale_factor=2, mode="nearest"), 4, 16, 32, 32),
+    "bicubic upsampling's backward of a sum": summed_backward(
+        lambda x: F.interpolate(x, scale_factor=2, mode="bicubic"), 4, 16, 32, 32),
+    "trilinear upsampling's backward of a sum": summed_backward(
+        lambda x: F.interpolate(x, scale_factor=2, mode="trilinear"), 2, 8, 16, 16, 16),
+    "linear upsampling's backward of a sum": summed_backward(
+        lambda x: F.interpolate(x, scale_factor=2, mode="linear"), 4, 16, 1024),
+    "avg_pool1d's backward of a sum": summed_backward(lambda x: F.avg_pool1d(x, 2), 8, 64, 1024),
+    "avg_pool2d's backward of a sum": summed_backward(lambda x: F.avg_pool2d(x, 2), 8, 64, 32, 32),
+    "avg_pool3d's backward of a sum": summed_backward(lambda x: F.avg_pool3d(x, 2), 2, 8, 16, 16, 16),
+    "max_pool3d's backward of a sum": summed_backward(lambda x: F.max_pool3d(x, 2), 2, 8, 16, 16, 16),
+    "adaptive_max_pool2d's backward of a sum": summed_backward(lambda x: F.adaptive_max_pool2d(x, 4), 8, 64, 32, 32),
+    "adaptive_avg_pool2d's backward of a sum": summed_backward(lambda x: F.adaptive_avg_pool2d(x, 4), 8, 64, 32, 32),
+    "reflection padding's backward of a sum": summed_backward(
+        lambda x: F.pad(x, (2, 2, 2, 2), mode="reflect"), 4, 16, 32, 32),
+    # softmax's product with the gradient takes a broadcast gradient's shape
+    # contiguous; log_softmax reads the gradient and output contiguous.
+    "softmax's backward of a sum": summed_backward(lambda x: x.softmax(-1), 64, 1000),
+    "log_softmax's backward of a sum": summed_backward(lambda x: x.log_softmax(-1), 64, 1000),
+    "log_softmax's backward of a transposed gradient": freed_step(lambda: (
+        cuda_randn(64, 1000).requires_grad_().log_softmax(-1).t() * cuda_randn(1000, 64)).sum().backward()),
+    "softmax's backward of a transposed gradient": freed_step(lambda: (
+        cuda_randn(64, 1000).requires_grad_().softmax(-1).t() * cuda_randn(1000, 64)).sum().backward()),
+}
+
+
 # Cases whose tensors made on the host stay there, as in the real run
 # (metamem.trace's host_tensors="host").
 HOST_TENSOR_CASES = {"index_put_ accumulating by host ids, f32"}
@@ -810,13 +848,14 @@ CASES = {
     **LIBTORCH_KERNEL_CASES,
     **SORT_CASES,
     **SCAN_CASES,
+    **GRADIENT_COPY_CASES,
 }
 
 
 # The cases whose allocations and frees are recorded (measure_one's events):
 # what the kernels the fake GPU cannot run allocate inside, in order.
 EVENT_CASES = {name for name in CASES if name.startswith(("efficient", "sdpa", "conv", "batch norm", "LSTM"))} | \
-    set(LIBTORCH_KERNEL_CASES) | set(SORT_CASES) | set(SCAN_CASES) | {
+    set(LIBTORCH_KERNEL_CASES) | set(SORT_CASES) | set(SCAN_CASES) | set(GRADIENT_COPY_CASES) | {
     "resnet18 f32 cuDNN on", "resnet18 bf16 autocast cuDNN on", "mobilenet_v2 f32 cuDNN on",
     "resnet18 bf16 autocast channels-last cuDNN on"}
 

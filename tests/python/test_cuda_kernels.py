@@ -208,6 +208,19 @@ def test_losses_means_and_variances_hold_their_temporaries_and_staging_as_real_t
     assert_as_real_torch(gpu, case)
 
 
+@pytest.mark.parametrize("gpu, case", one_gpu_each(["H100-80GB", "T4"], real_gpu.GRADIENT_COPY_CASES))
+def test_backward_kernels_copy_a_broadcast_gradient_as_real_torch(gpu, case):
+    # Upsampling, average and adaptive pooling, 3-d max pooling and
+    # reflection padding read the output's gradient contiguous, a copy after
+    # the input's gradient where it is broadcast (x.sum().backward()); a
+    # softmax's product with such a gradient is already contiguous; a
+    # log_softmax reads a strided gradient contiguous. Before: no copy (the
+    # bilinear upsampling of 4 x 16 x 32 x 32: 1,312,256 B against
+    # 1,573,888 B), and the softmax one copy too many (1,281,024 B against
+    # 1,025,024 B).
+    assert_as_real_torch(gpu, case)
+
+
 @pytest.mark.parametrize("gpu, case", one_gpu_each(["H100-80GB", "T4"], real_gpu.NATIVE_CONVOLUTION_CASES))
 def test_native_convolutions_make_their_gradients_between_their_columns_as_real_torch(gpu, case):
     # Before: the columns and copies were one block after every gradient;
