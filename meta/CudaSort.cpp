@@ -291,11 +291,41 @@ ScratchPlan median_plan(c10::ArrayRef<c10::IValue> arguments) {
   return plan;
 }
 
+// aten::randperm(n, dtype, ...), randperm.generator(n, generator, dtype,
+// ...) and their out overloads (n, [generator,] out): after checking that
+// n - 1 fits the result's dtype (a 0-dim tensor of it), an arange of n
+// shuffled by sorting it on random keys through cub, into the result (or a
+// contiguous copy of a strided out=); the keys take 32 bits where a
+// permutation of n repeats few of them, 64 otherwise.
+template <std::size_t dtype_argument>
+ScratchPlan randperm_plan(c10::ArrayRef<c10::IValue> arguments) {
+  const std::int64_t n = arguments[0].toInt();
+  const bool out = arguments.back().isTensor();
+  const at::ScalarType dtype = out ? arguments.back().toTensor().scalar_type()
+                                   : arguments[dtype_argument].toOptional<at::ScalarType>().value_or(at::kLong);
+  const std::int64_t value_bytes = static_cast<std::int64_t>(c10::elementSize(dtype));
+  ScratchPlan plan;
+  plan.free(plan.make(value_bytes));
+  plan.make(n * value_bytes);  // the arange
+  if (n == 0) return plan;
+  plan.make(out && !arguments.back().toTensor().is_contiguous() ? n * value_bytes : 0);
+  const double log_threshold_12 = std::log(0.9) * 12, nd = static_cast<double>(n);
+  const int bits = std::min(64, static_cast<int>(std::ceil(std::log2(nd - (6 * nd * nd + 1) / log_threshold_12))));
+  const std::int64_t key_bytes = bits <= 32 ? 4 : 8;
+  plan.make(n * key_bytes);
+  plan.make(n * key_bytes);
+  make_cub_radix_sort_storage(plan, n, key_bytes, value_bytes, bits);
+  return plan;
+}
+
 }  // namespace
 
 ScratchPlanModel cuda_sort_plan_model(const std::string& qualified_name) {
   if (qualified_name == "aten::sort") return &sort_op_plan<1>;
   if (qualified_name == "aten::sort.stable") return &sort_op_plan<2>;
+  if (qualified_name == "aten::randperm" || qualified_name == "aten::randperm.out") return &randperm_plan<1>;
+  if (qualified_name == "aten::randperm.generator" || qualified_name == "aten::randperm.generator_out")
+    return &randperm_plan<2>;
   if (qualified_name == "aten::median") return &median_plan<false>;
   if (qualified_name == "aten::nanmedian") return &median_plan<true>;
   return qualified_name == "aten::topk" ? &topk_plan : nullptr;

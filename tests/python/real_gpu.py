@@ -518,6 +518,13 @@ SORT_CASES = {
     "median of 3,000 int64": freed_step(lambda: torch.randint(0, 100, (3000,), device="cuda").median()),
     "nanmedian of 2,000,000, f32": freed_step(lambda: cuda_randn(2000000).nanmedian()),
     "median over rows of 512 x 3000, f32": freed_step(lambda: cuda_randn(512, 3000).median(-1)),
+    # randperm sorts an arange on random keys: 32-bit keys while a
+    # permutation of n repeats few of them (n = 3,000), 64-bit past that.
+    "randperm of 100,000": freed_step(lambda: torch.randperm(100000, device="cuda")),
+    "randperm of 3,000": freed_step(lambda: torch.randperm(3000, device="cuda")),
+    "randperm of 50,000 as int32": freed_step(lambda: torch.randperm(50000, device="cuda", dtype=torch.int32)),
+    "randperm of 300,000 into a strided out=": freed_step(lambda: torch.randperm(
+        300000, out=torch.empty(300000, 2, device="cuda", dtype=torch.long)[:, 0])),
     "gradient of rows gathered by 20,000 ids, f32": freed_step(lambda: cuda_randn(
         1000, 64).requires_grad_()[torch.randint(0, 1000, (20000,), device="cuda")].sum().backward()),
     "embedding backward, 4,096 ids of 5,000, f32": freed_step(lambda: torch.nn.Embedding(5000, 128).cuda()(

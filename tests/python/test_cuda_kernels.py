@@ -82,8 +82,8 @@ def test_sorting_holds_cubs_temporaries_as_real_torch_from_the_fake_gpus_recordi
 
 @pytest.mark.parametrize("gpu, case", one_gpu_each(["H100-80GB", "A100-80GB", "T4"], [
     case for case in real_gpu.SORT_CASES if case.startswith(("sort", "stable", "argsort", "topk", "kthvalue", "median",
-                                                               "nanmedian"))]))
-def test_a_sort_topk_or_median_holds_what_real_torch_holds_without_the_fake_gpu(gpu, case):
+                                                               "nanmedian", "randperm"))]))
+def test_a_sort_topk_median_or_randperm_holds_what_real_torch_holds_without_the_fake_gpu(gpu, case):
     # libtorch's buffers (one slice's indices, the (index, slice) pairs, a
     # copy with the slice innermost) and cub's temporary storage, sized as
     # cub 3.0 sizes it for the GPU's architecture (meta/CudaSort.cpp);
@@ -93,7 +93,8 @@ def test_a_sort_topk_or_median_holds_what_real_torch_holds_without_the_fake_gpu(
     # index it. Before: the outputs alone (the sort of 262,144 floats
     # 4,194,304 B against 9,496,064 B on the H100; topk of a tenth of them
     # 1,363,456 B against 2,216,960 B; their median 1,049,088 B against
-    # 9,496,064 B). Keys of 16 bits before sm90 take
+    # 9,496,064 B; randperm of 100,000 800,256 B against 4,834,304 B, its
+    # arange, random keys and their sort). Keys of 16 bits before sm90 take
     # cub's older passes, whose storage it sizes by its kernels' occupancy:
     # all but that storage, which then makes the peak.
     older_passes = gpu != "H100-80GB" and "f16" in case  # f16 and bf16 keys before sm90
