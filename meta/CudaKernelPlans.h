@@ -45,7 +45,8 @@ ScratchPlanModel cuda_roll_plan_model(const std::string& qualified_name);
 // cub's scan storage (meta/CudaScan.cpp).
 ScratchPlanModel cuda_scan_plan_model(const std::string& qualified_name);
 
-// Sorts: libtorch's buffers and cub's temporary storage (meta/CudaSort.cpp).
+// Sorts, topk, whole-tensor medians and randperm: libtorch's buffers and
+// cub's temporary storage (meta/CudaSort.cpp).
 ScratchPlanModel cuda_sort_plan_model(const std::string& qualified_name);
 
 // For the plans of kernels that sort through cub (sorts, an embedding's

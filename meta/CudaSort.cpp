@@ -1,9 +1,11 @@
-// What CUDA's sort holds beside its outputs, in its order: libtorch's own
-// buffers (torch 2.14.1's Sort.cpp and SortStable.cu) and the temporary
-// storage cub asks for, computed as cub 3.0 (the CUDA 13.0 wheel's, the
-// toolkit's headers here) computes it from its tuning for the GPU's
-// architecture. Checked allocation by allocation against real torch on the
-// fake GPU, on the H100, the A100 and the T4 (test_cuda_kernels.py).
+// What CUDA's sort holds beside its outputs, in its order, and the kernels
+// that sort through it or through cub (topk, a whole tensor's median,
+// randperm): libtorch's own buffers (torch 2.14.1's Sort.cpp,
+// SortStable.cu, TensorTopK.cu, Sorting.cpp, Randperm.cu) and the
+// temporary storage cub asks for, computed as cub 3.0 (the CUDA 13.0
+// wheel's, the toolkit's headers here) computes it from its tuning for the
+// GPU's architecture. Checked allocation by allocation against real torch
+// on the fake GPU, on the H100, the A100 and the T4 (test_cuda_kernels.py).
 #include <ATen/ATen.h>
 #include <ATen/ceil_div.h>
 #include <c10/core/WrapDimMinimal.h>
@@ -192,8 +194,7 @@ bool selects_across_blocks(std::int64_t slices, std::int64_t slice) {
 // made contiguous, then over large slices mbtopk's radix selection, each
 // pass counting digits per block (blocks of 256 threads, as many items a
 // thread as spread the input over six blocks per SM, 4 to 64), the blocks'
-// counts scanned by slice through cub (InclusiveSumByKey, one tile of keys
-// here). Sorted results of more than 4,096 per slice are sorted again into
+// counts scanned by slice through cub (InclusiveSumByKey). Sorted results of more than 4,096 per slice are sorted again into
 // copies, and the indices gathered through them.
 ScratchPlan topk_plan(c10::ArrayRef<c10::IValue> arguments) {
   const at::Tensor& self = arguments[0].toTensor();
