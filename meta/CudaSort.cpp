@@ -194,8 +194,9 @@ bool selects_across_blocks(std::int64_t slices, std::int64_t slice) {
 // made contiguous, then over large slices mbtopk's radix selection, each
 // pass counting digits per block (blocks of 256 threads, as many items a
 // thread as spread the input over six blocks per SM, 4 to 64), the blocks'
-// counts scanned by slice through cub (InclusiveSumByKey). Sorted results of more than 4,096 per slice are sorted again into
-// copies, and the indices gathered through them.
+// counts scanned by slice through cub (InclusiveSumByKey). Sorted results
+// of more than 4,096 per slice are sorted again into copies, and the
+// indices gathered through them.
 ScratchPlan topk_plan(c10::ArrayRef<c10::IValue> arguments) {
   const at::Tensor& self = arguments[0].toTensor();
   const std::int64_t k = arguments[1].toInt();
