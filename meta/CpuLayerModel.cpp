@@ -550,7 +550,7 @@ std::int64_t arange(Args, Args returns) { return deterministic_resize_fill(retur
 // not by each kernel's memory format: not modelled.
 std::int64_t broadcast_gradient_copy(Args args, Args) {
   const at::Tensor& grad = args[0].toTensor();
-  return grad.is_non_overlapping_and_dense() ? 0 : grad.numel() * static_cast<std::int64_t>(grad.element_size());
+  return grad.is_non_overlapping_and_dense() ? 0 : bytes_of(grad);
 }
 
 ScratchModel cuda_native_scratch_model(const std::string& qualified_name) {
@@ -567,8 +567,8 @@ ScratchModel cuda_native_scratch_model(const std::string& qualified_name) {
       "aten::reflection_pad2d_backward",           "aten::reflection_pad3d_backward"};
   if (reading_gradient_contiguous.count(qualified_name)) return &broadcast_gradient_copy;
   // host_softmax reads its input contiguous, as the CPU kernel does: a
-  // copy of a transposed view (CoaT's keys) beside the output. Its
-  // backward has a plan (meta/CudaNormalization.cpp).
+  // copy of a transposed view (CoaT's keys) beside the output. Their
+  // backwards have plans (meta/CudaNormalization.cpp).
   if (qualified_name == "aten::_softmax" || qualified_name == "aten::_log_softmax") return &softmax;
   const bool arange_op = qualified_name == "aten::arange" || qualified_name == "aten::arange.start" ||
                          qualified_name == "aten::arange.start_step";

@@ -127,29 +127,21 @@ class LaunchShape {
 
 // aten::sum, aten::mean and their dim_IntList overloads (self, dim,
 // keepdim, ...), sum's out overload (logsumexp's), aten::amax and amin,
-// and aten::linalg_vector_norm (self, ord, dim, keepdim, dtype;
-// ConvNeXt-V2's global response norm over height and width): the
-// reduction into the op's result.
+// aten::linalg_vector_norm (self, ord, dim, keepdim, dtype; ConvNeXt-V2's
+// global response norm over height and width), and aten::var.correction
+// and its kin (self, dim, *, correction, keepdim; var_mean's mean has the
+// variance's shape): the reduction into the op's (first) result.
 template <CudaReduction kind>
 ReductionStaging reduction_staging(c10::ArrayRef<c10::IValue> arguments, c10::ArrayRef<c10::IValue> returns) {
   const std::size_t dim_at = kind == CudaReduction::Norm ? 2 : 1;
+  const std::size_t keepdim_at = kind == CudaReduction::Welford ? 3 : dim_at + 1;  // after var's correction
   std::optional<at::DimVector> dims;
   bool keepdim = false;
   if (arguments.size() > dim_at + 1 && arguments[dim_at].isIntList())
     dims = at::DimVector(arguments[dim_at].toDimVector());
-  if (arguments.size() > dim_at + 1 && arguments[dim_at + 1].isBool()) keepdim = arguments[dim_at + 1].toBool();
+  if (arguments.size() > keepdim_at && arguments[keepdim_at].isBool()) keepdim = arguments[keepdim_at].toBool();
   return cuda_reduction_staging(kind, arguments[0].toTensor(), returns[0].toTensor(),
                                 dims ? at::OptionalIntArrayRef(*dims) : std::nullopt, keepdim);
-}
-
-// aten::var.correction and its kin (self, dim, *, correction, keepdim):
-// std_var_out's reduction, into the variance (var_mean's mean has its
-// shape).
-ReductionStaging welford_staging(c10::ArrayRef<c10::IValue> arguments, c10::ArrayRef<c10::IValue> returns) {
-  std::optional<at::DimVector> dims;
-  if (arguments[1].isIntList()) dims = at::DimVector(arguments[1].toDimVector());
-  return cuda_reduction_staging(CudaReduction::Welford, arguments[0].toTensor(), returns[0].toTensor(),
-                                dims ? at::OptionalIntArrayRef(*dims) : std::nullopt, arguments[3].toBool());
 }
 
 }  // namespace
@@ -255,7 +247,7 @@ ReductionStagingModel cuda_reduction_staging_model(const std::string& qualified_
   if (qualified_name == "aten::linalg_vector_norm") return &reduction_staging<CudaReduction::Norm>;
   for (const char* welford :
        {"aten::var.correction", "aten::std.correction", "aten::var_mean.correction", "aten::std_mean.correction"})
-    if (qualified_name == welford) return &welford_staging;
+    if (qualified_name == welford) return &reduction_staging<CudaReduction::Welford>;
   return nullptr;
 }
 

@@ -89,7 +89,8 @@ ScanResult scan_result(c10::ArrayRef<c10::IValue> arguments, Scan scan, bool in_
 // strided one), from a contiguous input (scan_dim's expect_contiguous).
 // A scan of one slice goes to cub; of many, to libtorch's own kernels,
 // which hold nothing more.
-ScratchPlan scan_plan(c10::ArrayRef<c10::IValue> arguments, Scan scan, bool in_place) {
+template <Scan scan, bool in_place>
+ScratchPlan scan_plan(c10::ArrayRef<c10::IValue> arguments) {
   const at::Tensor& self = arguments[0].toTensor();
   ScratchPlan plan;
   if (self.dim() == 0 || self.numel() == 0) return plan;
@@ -111,21 +112,16 @@ ScratchPlan scan_plan(c10::ArrayRef<c10::IValue> arguments, Scan scan, bool in_p
   return plan;
 }
 
-template <Scan scan, bool in_place>
-ScratchPlan scan_op_plan(c10::ArrayRef<c10::IValue> arguments) {
-  return scan_plan(arguments, scan, in_place);
-}
-
 }  // namespace
 
 ScratchPlanModel cuda_scan_plan_model(const std::string& qualified_name) {
-  if (qualified_name == "aten::cumsum" || qualified_name == "aten::cumsum.out") return &scan_op_plan<Scan::Sum, false>;
-  if (qualified_name == "aten::cumsum_") return &scan_op_plan<Scan::Sum, true>;
+  if (qualified_name == "aten::cumsum" || qualified_name == "aten::cumsum.out") return &scan_plan<Scan::Sum, false>;
+  if (qualified_name == "aten::cumsum_") return &scan_plan<Scan::Sum, true>;
   if (qualified_name == "aten::cumprod" || qualified_name == "aten::cumprod.out")
-    return &scan_op_plan<Scan::Product, false>;
-  if (qualified_name == "aten::cumprod_") return &scan_op_plan<Scan::Product, true>;
+    return &scan_plan<Scan::Product, false>;
+  if (qualified_name == "aten::cumprod_") return &scan_plan<Scan::Product, true>;
   const bool log_sum_exp = qualified_name == "aten::logcumsumexp" || qualified_name == "aten::_logcumsumexp";
-  return log_sum_exp ? &scan_op_plan<Scan::LogSumExp, false> : nullptr;
+  return log_sum_exp ? &scan_plan<Scan::LogSumExp, false> : nullptr;
 }
 
 }  // namespace metamem

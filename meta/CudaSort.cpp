@@ -269,7 +269,7 @@ ScratchPlan median_plan(c10::ArrayRef<c10::IValue> arguments) {
     nans = at::empty({n}, flat.options().dtype(at::kBool));
     count = at::empty({}, flat.options().dtype(at::kLong));
   }
-  const std::size_t flattened = plan.make(self.dim() > 1 && !self.is_contiguous() ? n * self.element_size() : 0);
+  const std::size_t flattened = plan.make(self.dim() > 1 ? copy_unless_contiguous(self) : 0);
   const std::size_t sorted = plan.make(n * static_cast<std::int64_t>(self.element_size()));
   const std::size_t indices = plan.make(n * kIndexBytes);
   plan_inner_sort(plan, flat, 0);
