@@ -140,6 +140,21 @@ std::int64_t scatter_gather(Args args, Args returns) {
   return long_index + (reduced ? result.numel() * 4 : 0);
 }
 
+// scatter_reduce runs the same kernel; with "mean" it then counts what
+// each element of the result took: ones like src and the counts like the
+// result, scattered by scatter_add_ (a float copy of 16-bit counts), then
+// count == 0 (a wrapped int64 0, cast to a count that is not int64, and
+// the bool mask).
+std::int64_t scatter_reduce(Args args, Args returns) {
+  const std::int64_t kernel = scatter_gather(args, returns);
+  if (args[4].toStringRef() != "mean") return kernel;
+  const at::Tensor &src = args[3].toTensor(), &result = returns[0].toTensor();
+  const std::int64_t counted = at::isReducedFloatingType(result.scalar_type()) ? result.numel() * 4 : 0;
+  const std::int64_t cast = result.scalar_type() == at::kLong ? 0 : element_size(result);
+  const std::int64_t ones_and_counts = src.numel() * element_size(src) + result.numel() * element_size(result);
+  return std::max(kernel, ones_and_counts + std::max(counted, 8 + cast + result.numel()));
+}
+
 // _chunk_cat on CPU zero-pads each tensor whose length along dim is not a
 // multiple of num_chunks and concatenates the padded copies (CUDA has a
 // kernel of its own that pads as it writes).
@@ -265,6 +280,22 @@ std::int64_t count_nonzero(Args args, Args returns) {
   if (args[1].isNone() || (args[1].isIntList() && args[1].toIntVector().empty())) return 0;
   const std::int64_t mask = self.numel();
   return std::max(8 + element_size(self) + mask - bytes_of(returns[0].toTensor()), mask + 8 * mask);
+}
+
+// multinomial without replacement, or of one sample, checks self's
+// aminmax (two 0-dim) into a bool, the sums of its distributions into
+// another, then divides self by exponential noise like it, whose topk goes
+// into the result through values of the result's shape. With replacement
+// it sums each distribution into one buffer of its categories (float for
+// 16-bit types).
+std::int64_t multinomial(Args args, Args returns) {
+  const at::Tensor& self = args[0].toTensor();
+  if (self.numel() == 0) return 0;
+  const std::int64_t samples = args[1].toInt();
+  if (args[2].toBool() && samples > 1)
+    return self.size(-1) * (at::isReducedFloatingType(self.scalar_type()) ? 4 : element_size(self));
+  const std::int64_t values = samples > 1 ? returns[0].toTensor().numel() * element_size(self) : 0;
+  return 2 * element_size(self) + 2 + bytes_of(self) + values;
 }
 
 // median over all elements partitions a clone; along a dim it works on a
@@ -444,6 +475,9 @@ ScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::scatter_.value_reduce", &scatter_gather},
       {"aten::scatter_add", &scatter_gather},
       {"aten::scatter_add_", &scatter_gather},
+      {"aten::scatter_reduce.two", &scatter_reduce},
+      {"aten::scatter_reduce_.two", &scatter_reduce},
+      {"aten::scatter_reduce.two_out", &scatter_reduce},
       {"aten::_chunk_cat", &chunk_cat},
       {"aten::repeat", &repeat},
       {"aten::narrow_copy", &contiguous_first},
@@ -474,6 +508,8 @@ ScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::_cdist_backward", &cdist_backward},
       {"aten::grid_sampler_2d_backward", &contiguous_first},
       {"aten::histc", &histc},
+      {"aten::multinomial", &multinomial},
+      {"aten::multinomial.out", &multinomial},
       {"aten::cumsum", &cumulative_cast},
       {"aten::cumsum.out", &cumulative_cast},
       {"aten::cumprod", &cumulative_cast},

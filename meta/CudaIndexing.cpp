@@ -151,6 +151,20 @@ ScratchPlan index_put_plan(c10::ArrayRef<c10::IValue> arguments) {
   return plan;
 }
 
+// aten::scatter_reduce.two (self, dim, index, src, reduce, include_self),
+// its in-place and out= forms: a "mean" counts what each element of the
+// result took (scatter_reduce_two's epilogue): ones like src, the counts
+// like the result, and count == 0, a bool, before the division.
+ScratchPlan scatter_mean_plan(c10::ArrayRef<c10::IValue> arguments) {
+  ScratchPlan plan;
+  if (arguments[4].toStringRef() != "mean") return plan;
+  const at::Tensor &self = arguments[0].toTensor(), &src = arguments[3].toTensor();
+  plan.make(src.numel() * static_cast<std::int64_t>(src.element_size()));
+  plan.make(self.numel() * static_cast<std::int64_t>(self.element_size()));
+  plan.free(plan.make(self.numel()));
+  return plan;
+}
+
 }  // namespace
 
 ScratchPlanModel cuda_indexing_plan_model(const std::string& qualified_name) {
@@ -158,6 +172,8 @@ ScratchPlanModel cuda_indexing_plan_model(const std::string& qualified_name) {
   if (qualified_name == "aten::index_put_") return &index_put_plan<false, false>;
   if (qualified_name == "aten::index_put" || qualified_name == "aten::_unsafe_index_put")
     return &index_put_plan<true, false>;
+  for (const char* scatter : {"aten::scatter_reduce.two", "aten::scatter_reduce_.two", "aten::scatter_reduce.two_out"})
+    if (qualified_name == scatter) return &scatter_mean_plan;
   return nullptr;
 }
 

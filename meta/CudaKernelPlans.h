@@ -3,6 +3,8 @@
 // of op `qualified_name` ("aten::convolution"), or nullptr.
 #pragma once
 
+#include <c10/core/ScalarType.h>
+
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -45,8 +47,14 @@ ScratchPlanModel cuda_roll_plan_model(const std::string& qualified_name);
 // cub's scan storage (meta/CudaScan.cpp).
 ScratchPlanModel cuda_scan_plan_model(const std::string& qualified_name);
 
-// Sorts, topk, whole-tensor medians and randperm: libtorch's buffers and
-// cub's temporary storage (meta/CudaSort.cpp).
+// What a cumulative sum of one slice of n values of `dtype` holds, made and
+// freed at once: cub's scan storage, or under deterministic algorithms
+// libtorch's own per-block sums of floating values (multinomial's prefix
+// sum of one distribution).
+void make_cumulative_sum_storage(ScratchPlan& plan, std::int64_t n, at::ScalarType dtype);
+
+// Sorts, topk, whole-tensor medians, randperm and multinomial: libtorch's
+// buffers and cub's temporary storage (meta/CudaSort.cpp).
 ScratchPlanModel cuda_sort_plan_model(const std::string& qualified_name);
 
 // For the plans of kernels that sort through cub (sorts, an embedding's

@@ -130,7 +130,8 @@ class LaunchShape {
 // aten::linalg_vector_norm (self, ord, dim, keepdim, dtype; ConvNeXt-V2's
 // global response norm over height and width), and aten::var.correction
 // and its kin (self, dim, *, correction, keepdim; var_mean's mean has the
-// variance's shape): the reduction into the op's (first) result.
+// variance's shape), aten::argmax and argmin (self, dim?, keepdim): the
+// reduction into the op's (first) result.
 template <CudaReduction kind>
 ReductionStaging reduction_staging(c10::ArrayRef<c10::IValue> arguments, c10::ArrayRef<c10::IValue> returns) {
   const std::size_t dim_at = kind == CudaReduction::Norm ? 2 : 1;
@@ -139,6 +140,7 @@ ReductionStaging reduction_staging(c10::ArrayRef<c10::IValue> arguments, c10::Ar
   bool keepdim = false;
   if (arguments.size() > dim_at + 1 && arguments[dim_at].isIntList())
     dims = at::DimVector(arguments[dim_at].toDimVector());
+  if (arguments.size() > dim_at + 1 && arguments[dim_at].isInt()) dims = at::DimVector{arguments[dim_at].toInt()};
   if (arguments.size() > keepdim_at && arguments[keepdim_at].isBool()) keepdim = arguments[keepdim_at].toBool();
   return cuda_reduction_staging(kind, arguments[0].toTensor(), returns[0].toTensor(),
                                 dims ? at::OptionalIntArrayRef(*dims) : std::nullopt, keepdim);
@@ -154,8 +156,9 @@ ReductionStaging reduction_staging(c10::ArrayRef<c10::IValue> arguments, c10::Ar
 ReductionStaging cuda_reduction_staging(CudaReduction kind, const at::Tensor& self, const at::Tensor& result,
                                         at::OptionalIntArrayRef dims, bool keepdim) {
   const bool low_precision = self.scalar_type() == at::kHalf || self.scalar_type() == at::kBFloat16;
+  const bool arg = kind == CudaReduction::ArgMax;
   const at::ScalarType in_dtype =
-      low_precision && result.scalar_type() == at::kFloat ? self.scalar_type() : result.scalar_type();
+      arg || (low_precision && result.scalar_type() == at::kFloat) ? self.scalar_type() : result.scalar_type();
   // Complex halves take a jitted kernel; a complex norm reduces into a real
   // result through an iterator of its own (not modelled).
   if (self.scalar_type() == at::kComplexHalf || self.numel() == 0) return {};
@@ -167,8 +170,9 @@ ReductionStaging cuda_reduction_staging(CudaReduction kind, const at::Tensor& se
   const at::Tensor input = at::empty_strided(self.sizes(), self.strides(), self.options().device(c10::kMeta))
                                .to(in_dtype);
   const std::int64_t cast = self.scalar_type() == in_dtype ? 0 : static_cast<std::int64_t>(input.nbytes());
+  // An index's output is laid out as a value's would be.
   const at::Tensor output =
-      at::empty_strided(result.sizes(), result.strides(), result.options().device(c10::kMeta));
+      at::empty_strided(result.sizes(), result.strides(), result.options().dtype(in_dtype).device(c10::kMeta));
   const auto mask = at::native::make_dim_mask(dims, input.dim());
   at::Tensor viewed = at::native::review_reduce_result(output, input.dim(), mask, keepdim);
   at::TensorIterator iter = at::TensorIterator::reduce_op(viewed, input);
@@ -181,6 +185,7 @@ ReductionStaging cuda_reduction_staging(CudaReduction kind, const at::Tensor& se
   const bool own_dtype = kind == CudaReduction::Extremum || kind == CudaReduction::MinMax;
   const int accumulator_bytes =
       welford ? (input_bytes == 8 ? 32 : 16)
+      : arg   ? 16
               : (low_precision && !own_dtype ? 4 : input_bytes) * (kind == CudaReduction::MinMax ? 2 : 1);
   const Kernel kernel{accumulator_bytes, input_bytes, vec_size, complex_double ? 256 : 512};
   ReductionStaging staging =
@@ -218,6 +223,47 @@ ScratchPlan reduced_loss_plan(c10::ArrayRef<c10::IValue> arguments) {
   return plan;
 }
 
+// aten::count_nonzero.dim_IntList(self, dims) and count_nonzero(self,
+// dim?) (count_nonzero_cuda): (self != 0).sum(dims), so the bool mask
+// (none for a bool self) before the result, and after it the sum of bools:
+// their int64 copy and the staging.
+ScratchPlan count_nonzero_plan(c10::ArrayRef<c10::IValue> arguments) {
+  const at::Tensor& self = arguments[0].toTensor();
+  at::DimVector dims;
+  if (arguments[1].isIntList()) dims = at::DimVector(arguments[1].toDimVector());
+  if (arguments[1].isInt()) dims.push_back(arguments[1].toInt());
+  ScratchPlan plan;
+  ReductionStaging staging;
+  {
+    OutsideMetaMode outside;
+    const at::Tensor meta_self = at::empty_strided(self.sizes(), self.strides(), self.options().device(c10::kMeta));
+    const at::Tensor mask = self.scalar_type() == at::kBool ? meta_self : at::ne(meta_self, 0);
+    plan.make(self.scalar_type() == at::kBool ? 0 : static_cast<std::int64_t>(mask.nbytes()));
+    const at::Tensor count = at::sum(mask, dims, false, at::kLong);
+    staging = cuda_reduction_staging(CudaReduction::Sum, mask, count, dims, false);
+  }
+  plan.before_outputs = 1;
+  add_staging(plan, staging);
+  return plan;
+}
+
+// aten::histc(self, bins, min, max) (_histc_cuda_template): the counts,
+// then, where min == max, the input's range read back through aminmax
+// (two 0-dim results and the reduction's staging).
+ScratchPlan histc_plan(c10::ArrayRef<c10::IValue> arguments) {
+  const at::Tensor& self = arguments[0].toTensor();
+  ScratchPlan plan;
+  if (self.numel() == 0 || arguments[2].toScalar().toDouble() != arguments[3].toScalar().toDouble()) return plan;
+  const auto element = static_cast<std::int64_t>(self.element_size());
+  plan.make(element);
+  plan.make(element);
+  OutsideMetaMode outside;
+  const at::Tensor meta_self = at::empty_strided(self.sizes(), self.strides(), self.options().device(c10::kMeta));
+  add_staging(plan, cuda_reduction_staging(CudaReduction::MinMax, meta_self, at::empty({}, meta_self.options()),
+                                           std::nullopt, false));
+  return plan;
+}
+
 }  // namespace
 
 void add_staging(ScratchPlan& plan, const ReductionStaging& staging) {
@@ -231,6 +277,9 @@ void add_staging(ScratchPlan& plan, const ReductionStaging& staging) {
 }
 
 ScratchPlanModel cuda_reduction_plan_model(const std::string& qualified_name) {
+  if (qualified_name == "aten::count_nonzero.dim_IntList" || qualified_name == "aten::count_nonzero")
+    return &count_nonzero_plan;
+  if (qualified_name == "aten::histc") return &histc_plan;
   if (qualified_name == "aten::mse_loss" || qualified_name == "aten::smooth_l1_loss")
     return &reduced_loss_plan<false>;
   return qualified_name == "aten::huber_loss" ? &reduced_loss_plan<true> : nullptr;
@@ -245,6 +294,8 @@ ReductionStagingModel cuda_reduction_staging_model(const std::string& qualified_
   if (qualified_name == "aten::mean" || qualified_name == "aten::mean.dim")
     return &reduction_staging<CudaReduction::Mean>;
   if (qualified_name == "aten::linalg_vector_norm") return &reduction_staging<CudaReduction::Norm>;
+  if (qualified_name == "aten::argmax" || qualified_name == "aten::argmin")
+    return &reduction_staging<CudaReduction::ArgMax>;
   for (const char* welford :
        {"aten::var.correction", "aten::std.correction", "aten::var_mean.correction", "aten::std_mean.correction"})
     if (qualified_name == welford) return &reduction_staging<CudaReduction::Welford>;

@@ -40,8 +40,10 @@ void add_staging(ScratchPlan& plan, const ReductionStaging& staging);
 // accumulate in the input's dtype; MinMax: aminmax's of a whole tensor,
 // which accumulate a (min, max) pair of it; Welford: var's and std's (and
 // var_mean's, std_mean's), which load two at once and accumulate a
-// running mean, M2 and count (WelfordData: 16 bytes, 32 for doubles).
-enum class CudaReduction { Sum, Mean, Norm, Extremum, MinMax, Welford };
+// running mean, M2 and count (WelfordData: 16 bytes, 32 for doubles);
+// ArgMax: argmax's and argmin's, which load as mean's do and accumulate a
+// (value, int64 index) pair, 16 bytes, into an int64 result.
+enum class CudaReduction { Sum, Mean, Norm, Extremum, MinMax, Welford, ArgMax };
 
 // What a sum, mean, norm or extremum of `self` over `dims` into `result` holds on the
 // traced GPU: for kernels that reduce through torch's own functions (layer

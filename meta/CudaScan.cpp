@@ -104,15 +104,22 @@ ScratchPlan scan_plan(c10::ArrayRef<c10::IValue> arguments) {
   if (result.written && !result.written->is_contiguous()) plan.make(bytes);
   if (!input_contiguous) plan.make(bytes);
   if (numel != self.size(dim)) return plan;
-  const bool floating = at::isFloatingType(result.dtype) || at::isComplexType(result.dtype);
-  if (scan == Scan::Sum && floating && at::globalContext().deterministicAlgorithms())
-    plan.free(plan.make(deterministic_scan_bytes(numel, result.dtype)));
+  if (scan == Scan::Sum)
+    make_cumulative_sum_storage(plan, numel, result.dtype);
   else
     make_cub_scan_storage(plan, numel, result.dtype);
   return plan;
 }
 
 }  // namespace
+
+void make_cumulative_sum_storage(ScratchPlan& plan, std::int64_t n, at::ScalarType dtype) {
+  const bool floating = at::isFloatingType(dtype) || at::isComplexType(dtype);
+  if (floating && at::globalContext().deterministicAlgorithms())
+    plan.free(plan.make(deterministic_scan_bytes(n, dtype)));
+  else
+    make_cub_scan_storage(plan, n, dtype);
+}
 
 ScratchPlanModel cuda_scan_plan_model(const std::string& qualified_name) {
   if (qualified_name == "aten::cumsum" || qualified_name == "aten::cumsum.out") return &scan_plan<Scan::Sum, false>;

@@ -1,7 +1,8 @@
 // What CUDA's sort holds beside its outputs, in its order, and the kernels
 // that sort through it or through cub (topk, a whole tensor's median,
-// randperm): libtorch's own buffers (torch 2.14.1's Sort.cpp,
-// SortStable.cu, TensorTopK.cu, Sorting.cpp, Randperm.cu) and the
+// randperm, multinomial): libtorch's own buffers (torch 2.14.1's Sort.cpp,
+// SortStable.cu, TensorTopK.cu, Sorting.cpp, Randperm.cu, Sampling's
+// multinomial_out and MultinomialKernel.cu) and the
 // temporary storage cub asks for, computed as cub 3.0 (the CUDA 13.0
 // wheel's, the toolkit's headers here) computes it from its tuning for the
 // GPU's architecture. Checked allocation by allocation against real torch
@@ -197,13 +198,9 @@ bool selects_across_blocks(std::int64_t slices, std::int64_t slice) {
 // counts scanned by slice through cub (InclusiveSumByKey). Sorted results
 // of more than 4,096 per slice are sorted again into copies, and the
 // indices gathered through them.
-ScratchPlan topk_plan(c10::ArrayRef<c10::IValue> arguments) {
-  const at::Tensor& self = arguments[0].toTensor();
-  const std::int64_t k = arguments[1].toInt();
-  const bool sorted = arguments[4].toBool();
-  ScratchPlan plan;
-  if (k == 0 || self.numel() == 0) return plan;
-  const std::int64_t dim = c10::maybe_wrap_dim(arguments[2].toInt(), std::max<std::int64_t>(self.dim(), 1));
+void plan_topk(ScratchPlan& plan, const at::Tensor& self, std::int64_t k, std::int64_t dim, bool sorted) {
+  if (k == 0 || self.numel() == 0) return;
+  dim = c10::maybe_wrap_dim(dim, std::max<std::int64_t>(self.dim(), 1));
   const std::int64_t slice = self.dim() == 0 ? 1 : self.size(dim), slices = self.numel() / slice;
   const std::int64_t value_bytes = static_cast<std::int64_t>(self.element_size());
   const std::size_t input = plan.make(copy_unless_contiguous(self));
@@ -232,7 +229,7 @@ ScratchPlan topk_plan(c10::ArrayRef<c10::IValue> arguments) {
     for (auto piece = pieces.rbegin(); piece != pieces.rend(); ++piece) plan.free(*piece);
   }
   plan.free(input);
-  if (!sorted || k * slices <= 1 || k <= 4096) return plan;
+  if (!sorted || k * slices <= 1 || k <= 4096) return;
   std::vector<std::int64_t> sizes = self.sizes().vec();
   if (!sizes.empty()) sizes[dim] = k;
   at::Tensor values;
@@ -244,6 +241,12 @@ ScratchPlan topk_plan(c10::ArrayRef<c10::IValue> arguments) {
   plan.make(values.numel() * value_bytes);
   plan_inner_sort(plan, values, dim);
   plan.free(plan.make(values.numel() * kIndexBytes));  // indices.gather(dim, sortedIndices)
+}
+
+// aten::topk(self, k, dim, largest, sorted).
+ScratchPlan topk_plan(c10::ArrayRef<c10::IValue> arguments) {
+  ScratchPlan plan;
+  plan_topk(plan, arguments[0].toTensor(), arguments[1].toInt(), arguments[2].toInt(), arguments[4].toBool());
   return plan;
 }
 
@@ -320,6 +323,67 @@ ScratchPlan randperm_plan(c10::ArrayRef<c10::IValue> arguments) {
   return plan;
 }
 
+// aten::multinomial(self, num_samples, replacement, generator) and its
+// out= form, as multinomial_out runs them into the result. Without
+// replacement, or for one sample, by the Gumbel trick: self's aminmax (two
+// 0-dim and the reduction's staging) checked by two comparisons and their
+// &, the sum of each distribution compared with 0 (and any of them for
+// several), its ~; then noise q like self, divided in place, and its
+// argmax (with its staging), or its topk into the result (the values made
+// first). With
+// replacement, origDist, normDist and their prefix sum (self's size each,
+// contiguous); one distribution's sum is a scan of one slice.
+ScratchPlan multinomial_plan(c10::ArrayRef<c10::IValue> arguments) {
+  const at::Tensor& self = arguments[0].toTensor();
+  const std::int64_t samples = arguments[1].toInt();
+  ScratchPlan plan;
+  if (self.numel() == 0 || samples == 0) return plan;
+  const auto element = static_cast<std::int64_t>(self.element_size());
+  const std::int64_t self_bytes = self.numel() * element;
+  if (arguments[2].toBool() && samples > 1) {
+    for (int copy = 0; copy < 3; ++copy) plan.make(self_bytes);
+    if (self.dim() == 1) make_cumulative_sum_storage(plan, self.numel(), self.scalar_type());
+    return plan;
+  }
+  OutsideMetaMode outside;
+  const at::Tensor meta_self = at::empty_strided(self.sizes(), self.strides(), self.options().device(c10::kMeta));
+  plan.make(element);  // aminmax's minimum
+  plan.make(element);  // and maximum
+  add_staging(plan, cuda_reduction_staging(CudaReduction::MinMax, meta_self, at::empty({}, meta_self.options()),
+                                           std::nullopt, false));
+  const std::size_t finite = plan.make(1), not_negative = plan.make(1);
+  plan.make(1);  // is_valid
+  plan.free(finite);
+  plan.free(not_negative);
+  const at::Tensor sums = self.dim() == 1 ? at::sum(meta_self) : at::sum(meta_self, 1);
+  const std::size_t summed = plan.make(static_cast<std::int64_t>(sums.nbytes()));
+  add_staging(plan, cuda_reduction_staging(CudaReduction::Sum, meta_self, sums,
+                                           self.dim() == 1 ? std::nullopt : at::OptionalIntArrayRef({1}), false));
+  if (self.dim() == 1) {
+    plan.make(1);  // sum == 0
+  } else {
+    const std::size_t zero = plan.make(sums.numel());
+    plan.make(1);  // any
+    plan.free(zero);
+  }
+  plan.free(summed);
+  plan.free(plan.make(1));  // ~zero_prob_condition
+  const std::size_t q = plan.make(self_bytes);
+  if (samples == 1) {
+    std::vector<std::int64_t> sizes = self.sizes().vec();
+    sizes.back() = 1;
+    const std::int64_t last = -1;
+    add_staging(plan, cuda_reduction_staging(CudaReduction::ArgMax, meta_self,
+                                             at::empty(sizes, meta_self.options().dtype(at::kLong)), last, true));
+  } else {
+    const std::size_t values = plan.make(self.numel() / self.size(-1) * samples * element);
+    plan_topk(plan, meta_self, samples, -1, true);
+    plan.free(values);
+  }
+  plan.free(q);
+  return plan;
+}
+
 }  // namespace
 
 ScratchPlanModel cuda_sort_plan_model(const std::string& qualified_name) {
@@ -330,6 +394,7 @@ ScratchPlanModel cuda_sort_plan_model(const std::string& qualified_name) {
     return &randperm_plan<2>;
   if (qualified_name == "aten::median") return &median_plan<false>;
   if (qualified_name == "aten::nanmedian") return &median_plan<true>;
+  if (qualified_name == "aten::multinomial" || qualified_name == "aten::multinomial.out") return &multinomial_plan;
   return qualified_name == "aten::topk" ? &topk_plan : nullptr;
 }
 

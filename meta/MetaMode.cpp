@@ -729,7 +729,8 @@ bool runs_as_one_op(const c10::OperatorHandle& op, const std::string& qualified)
       "aten::soft_margin_loss_backward", "aten::soft_margin_loss_backward.grad_input",
       "aten::_safe_softmax",   "aten::_unsafe_masked_index",
       "aten::_unsafe_masked_index_put_accumulate", "aten::allclose",
-      "aten::logsumexp",       "aten::logsumexp.out"};
+      "aten::logsumexp",       "aten::logsumexp.out",
+      "aten::_euclidean_dist"};
   if (op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))
     return op.hasKernelForDispatchKey(c10::DispatchKey::CPU);
   // Functional collectives (DTensor's redistributions) run their own code,

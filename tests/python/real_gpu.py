@@ -464,12 +464,15 @@ REDUCTION_CASES = {
     "var over dim 0 of 4096 x 64, f64": freed_step(lambda: cuda_randn(4096, 64, dtype=torch.float64).var(0)),
     "var_mean of 1,000,000, f32": freed_step(lambda: torch.var_mean(cuda_randn(1000000))),
     "std_mean over the last dim of 64 x 8192, f32": freed_step(lambda: torch.std_mean(cuda_randn(64, 8192), -1)),
+    # argmax and argmin stage (value, index) pairs, 16 bytes each.
+    "argmax of 1,000,000, f32": freed_step(lambda: cuda_randn(1000000).argmax()),
+    "argmin over dim 0 of 8192 x 256, bf16": freed_step(lambda: cuda_randn(8192, 256, dtype=torch.bfloat16).argmin(0)),
 }
-VARIANCE_CASES = {name for name in REDUCTION_CASES if name.startswith(("std", "var"))}
+STAGED_SINCE_THE_H200 = {name for name in REDUCTION_CASES if name.startswith(("std", "var", "argm"))}
 # Cases no H200 has run (docs/accuracy.md's lent H200 ran the others).
 NOT_RUN_ON_THE_H200 = {"batch norm backward of bf16 and f16 inputs, float statistics, cuDNN off",
                        "logsumexp over 64 x 50,257, f32", "logsumexp of 4 x 1,000,000 over all, bf16",
-                       "amax and amin over rows of 8192 x 256, f32 and f16"} | VARIANCE_CASES
+                       "amax and amin over rows of 8192 x 256, f32 and f16"} | STAGED_SINCE_THE_H200
 
 
 # Sorting, topk over large slices and a whole tensor's median: cub's
@@ -678,6 +681,44 @@ SCAN_CASES = {
 }
 
 
+def multinomial(n, samples, replacement=False, dtype=torch.float32):
+    """`samples` drawn from the rows of (n) probabilities, freed as the step ends."""
+    return freed_step(lambda: torch.multinomial(torch.rand(n, device="cuda", dtype=dtype), samples, replacement))
+
+
+# Native kernels that run other ops inside: count_nonzero's mask and its sum
+# of bools (their int64 copy), scatter_reduce's mean counting through ones
+# and a scatter_add_, histc's range by aminmax, multinomial's checks and its
+# noise sorted by topk (or a prefix sum with replacement), and cdist's
+# Euclidean distances by products (pow, sum, cat, matmul: a cuBLAS
+# workspace in the forward).
+COMPOSED_KERNEL_CASES = {
+    "count_nonzero of 1,000,000, f32": freed_step(lambda: cuda_randn(1000000).count_nonzero()),
+    "count_nonzero over rows of 4096 x 1024, bf16": freed_step(
+        lambda: cuda_randn(4096, 1024, dtype=torch.bfloat16).count_nonzero(0)),
+    "count_nonzero over the last dim of 64 x 1000, f32": freed_step(lambda: cuda_randn(64, 1000).count_nonzero(-1)),
+    "scatter_reduce_ mean of 20,000 x 64 into 1000 x 64, f32": freed_step(
+        lambda: torch.zeros(1000, 64, device="cuda").scatter_reduce_(
+            0, torch.randint(0, 1000, (20000, 64), device="cuda"), cuda_randn(20000, 64), "mean")),
+    "scatter_reduce mean without self, bf16": freed_step(
+        lambda: torch.zeros(1000, 64, device="cuda", dtype=torch.bfloat16).scatter_reduce(
+            0, torch.randint(0, 1000, (20000, 64), device="cuda"), cuda_randn(20000, 64, dtype=torch.bfloat16),
+            "mean", include_self=False)),
+    "histc of 100,000": freed_step(lambda: torch.histc(cuda_randn(100000), 100)),
+    "histc of 4,000,000": freed_step(lambda: torch.histc(cuda_randn(4000000), 100)),
+    "histc of 100,000 in a range": freed_step(lambda: torch.histc(cuda_randn(100000), 100, -3, 3)),
+    "multinomial 1 of 16 x 50,257": multinomial((16, 50257), 1),
+    "multinomial 8 of 16 x 50,257": multinomial((16, 50257), 8),
+    "multinomial 8 with replacement of 16 x 50,257": multinomial((16, 50257), 8, True),
+    "multinomial 3 of 1,000": multinomial(1000, 3),
+    "multinomial 1 of 1,000,000": multinomial(1000000, 1),
+    "multinomial 8 with replacement of 100,000": multinomial(100000, 8, True),
+    "multinomial 4 of 8 x 30,000, bf16": multinomial((8, 30000), 4, dtype=torch.bfloat16),
+    "cdist of 64 and 256 points of 128, forward and backward": freed_step(
+        lambda: torch.cdist(cuda_randn(64, 128).requires_grad_(), cuda_randn(256, 128)).sum().backward()),
+}
+
+
 
 GROUP_NORM_CASES = {
     "group norm 320 channels, 8 x 32², f32": group_norm(),
@@ -856,13 +897,14 @@ CASES = {
     **SORT_CASES,
     **SCAN_CASES,
     **GRADIENT_COPY_CASES,
+    **COMPOSED_KERNEL_CASES,
 }
 
 
 # The cases whose allocations and frees are recorded (measure_one's events):
 # what the kernels the fake GPU cannot run allocate inside, in order.
 EVENT_CASES = {name for name in CASES if name.startswith(("efficient", "sdpa", "conv", "batch norm", "LSTM"))} | \
-    set(LIBTORCH_KERNEL_CASES) | set(SORT_CASES) | set(SCAN_CASES) | set(GRADIENT_COPY_CASES) | {
+    set(LIBTORCH_KERNEL_CASES) | set(SORT_CASES) | set(SCAN_CASES) | set(GRADIENT_COPY_CASES) | set(COMPOSED_KERNEL_CASES) | {
     "resnet18 f32 cuDNN on", "resnet18 bf16 autocast cuDNN on", "mobilenet_v2 f32 cuDNN on",
     "resnet18 bf16 autocast channels-last cuDNN on"}
 
