@@ -4,10 +4,13 @@
 #include <ATen/TensorIterator.h>
 #include <ATen/core/Reduction.h>
 #include <ATen/ExpandUtils.h>
+#include <ATen/OpMathType.h>
 #include <ATen/native/ReduceOpsUtils.h>
 
 #include <algorithm>
+#include <limits>
 #include <optional>
+#include <vector>
 
 #include "meta/CudaAttention.h"
 #include "meta/CudaKernelPlans.h"
@@ -130,8 +133,11 @@ class LaunchShape {
 // aten::linalg_vector_norm (self, ord, dim, keepdim, dtype; ConvNeXt-V2's
 // global response norm over height and width), and aten::var.correction
 // and its kin (self, dim, *, correction, keepdim; var_mean's mean has the
-// variance's shape), aten::argmax and argmin (self, dim?, keepdim): the
-// reduction into the op's (first) result.
+// variance's shape), aten::argmax, argmin, max.dim, min.dim, aminmax,
+// prod.dim_int, all.dim and any.dim (self, dim, keepdim; a single dim),
+// nansum, all.dims and any.dims (self, dims, keepdim), and the whole-tensor
+// max, min, prod, all and any (self): the reduction into the op's (first)
+// result.
 template <CudaReduction kind>
 ReductionStaging reduction_staging(c10::ArrayRef<c10::IValue> arguments, c10::ArrayRef<c10::IValue> returns) {
   const std::size_t dim_at = kind == CudaReduction::Norm ? 2 : 1;
@@ -156,9 +162,10 @@ ReductionStaging reduction_staging(c10::ArrayRef<c10::IValue> arguments, c10::Ar
 ReductionStaging cuda_reduction_staging(CudaReduction kind, const at::Tensor& self, const at::Tensor& result,
                                         at::OptionalIntArrayRef dims, bool keepdim) {
   const bool low_precision = self.scalar_type() == at::kHalf || self.scalar_type() == at::kBFloat16;
-  const bool arg = kind == CudaReduction::ArgMax;
-  const at::ScalarType in_dtype =
-      arg || (low_precision && result.scalar_type() == at::kFloat) ? self.scalar_type() : result.scalar_type();
+  const bool indexed = kind == CudaReduction::IndexedExtremum, logical = kind == CudaReduction::Logical;
+  const at::ScalarType in_dtype = indexed || logical || (low_precision && result.scalar_type() == at::kFloat)
+                                      ? self.scalar_type()
+                                      : result.scalar_type();
   // Complex halves take a jitted kernel; a complex norm reduces into a real
   // result through an iterator of its own (not modelled).
   if (self.scalar_type() == at::kComplexHalf || self.numel() == 0) return {};
@@ -170,7 +177,7 @@ ReductionStaging cuda_reduction_staging(CudaReduction kind, const at::Tensor& se
   const at::Tensor input = at::empty_strided(self.sizes(), self.strides(), self.options().device(c10::kMeta))
                                .to(in_dtype);
   const std::int64_t cast = self.scalar_type() == in_dtype ? 0 : static_cast<std::int64_t>(input.nbytes());
-  // An index's output is laid out as a value's would be.
+  // An index's or a bool's output is laid out as a value's would be.
   const at::Tensor output =
       at::empty_strided(result.sizes(), result.strides(), result.options().dtype(in_dtype).device(c10::kMeta));
   const auto mask = at::native::make_dim_mask(dims, input.dim());
@@ -185,8 +192,9 @@ ReductionStaging cuda_reduction_staging(CudaReduction kind, const at::Tensor& se
   const bool own_dtype = kind == CudaReduction::Extremum || kind == CudaReduction::MinMax;
   const int accumulator_bytes =
       welford ? (input_bytes == 8 ? 32 : 16)
-      : arg   ? 16
-              : (low_precision && !own_dtype ? 4 : input_bytes) * (kind == CudaReduction::MinMax ? 2 : 1);
+      : indexed ? 16
+      : logical ? 1
+                : (low_precision && !own_dtype ? 4 : input_bytes) * (kind == CudaReduction::MinMax ? 2 : 1);
   const Kernel kernel{accumulator_bytes, input_bytes, vec_size, complex_double ? 256 : 512};
   ReductionStaging staging =
       LaunchShape(iter, cast == 0 ? self.storage_offset() : 0, kernel, traced_gpu()).staging();
@@ -264,6 +272,34 @@ ScratchPlan histc_plan(c10::ArrayRef<c10::IValue> arguments) {
   return plan;
 }
 
+// aten::_foreach_norm.Scalar(tensors, ord, dtype) on torch's fast route
+// (foreach_tensor_norm_cuda: ord 1, 2 or inf over dense floating tensors
+// of one dtype): a partial norm per chunk of 65,536 values of each tensor,
+// as many chunks for each as the longest takes, in the result's opmath
+// type, made before the results and freed after them. Off that route
+// (foreach_tensor_norm_slow) each result is followed by its own norm's
+// staging, between results this op's one return (a list) makes at once:
+// not modelled.
+ScratchPlan foreach_norm_plan(c10::ArrayRef<c10::IValue> arguments) {
+  constexpr std::int64_t kChunkSize = 65536;
+  const std::vector<at::Tensor> tensors = arguments[0].toTensorVector();
+  const double ord = arguments[1].toScalar().toDouble();
+  ScratchPlan plan;
+  if (tensors.empty() || !(ord == 1 || ord == 2 || ord == std::numeric_limits<double>::infinity())) return plan;
+  std::int64_t chunks = 0;
+  for (const at::Tensor& t : tensors) {
+    if (!at::isFloatingType(t.scalar_type()) || t.scalar_type() != tensors[0].scalar_type() ||
+        !t.is_non_overlapping_and_dense())
+      return plan;
+    chunks = std::max(chunks, div_up(t.numel(), kChunkSize));
+  }
+  const at::ScalarType dtype = arguments[2].toOptional<at::ScalarType>().value_or(tensors[0].scalar_type());
+  plan.make(static_cast<std::int64_t>(tensors.size()) * chunks *
+            static_cast<std::int64_t>(c10::elementSize(at::toOpMathType(dtype))));
+  plan.before_outputs = 1;
+  return plan;
+}
+
 }  // namespace
 
 void add_staging(ScratchPlan& plan, const ReductionStaging& staging) {
@@ -280,6 +316,7 @@ ScratchPlanModel cuda_reduction_plan_model(const std::string& qualified_name) {
   if (qualified_name == "aten::count_nonzero.dim_IntList" || qualified_name == "aten::count_nonzero")
     return &count_nonzero_plan;
   if (qualified_name == "aten::histc") return &histc_plan;
+  if (qualified_name == "aten::_foreach_norm.Scalar") return &foreach_norm_plan;
   if (qualified_name == "aten::mse_loss" || qualified_name == "aten::smooth_l1_loss")
     return &reduced_loss_plan<false>;
   return qualified_name == "aten::huber_loss" ? &reduced_loss_plan<true> : nullptr;
@@ -294,8 +331,15 @@ ReductionStagingModel cuda_reduction_staging_model(const std::string& qualified_
   if (qualified_name == "aten::mean" || qualified_name == "aten::mean.dim")
     return &reduction_staging<CudaReduction::Mean>;
   if (qualified_name == "aten::linalg_vector_norm") return &reduction_staging<CudaReduction::Norm>;
-  if (qualified_name == "aten::argmax" || qualified_name == "aten::argmin")
-    return &reduction_staging<CudaReduction::ArgMax>;
+  for (const char* indexed : {"aten::argmax", "aten::argmin", "aten::max.dim", "aten::min.dim"})
+    if (qualified_name == indexed) return &reduction_staging<CudaReduction::IndexedExtremum>;
+  if (qualified_name == "aten::max" || qualified_name == "aten::min") return &reduction_staging<CudaReduction::Extremum>;
+  if (qualified_name == "aten::aminmax") return &reduction_staging<CudaReduction::MinMax>;
+  for (const char* mean_like : {"aten::prod", "aten::prod.dim_int", "aten::nansum"})
+    if (qualified_name == mean_like) return &reduction_staging<CudaReduction::Mean>;
+  for (const char* logical :
+       {"aten::all", "aten::any", "aten::all.dim", "aten::any.dim", "aten::all.dims", "aten::any.dims"})
+    if (qualified_name == logical) return &reduction_staging<CudaReduction::Logical>;
   for (const char* welford :
        {"aten::var.correction", "aten::std.correction", "aten::var_mean.correction", "aten::std_mean.correction"})
     if (qualified_name == welford) return &reduction_staging<CudaReduction::Welford>;

@@ -41,9 +41,11 @@ void add_staging(ScratchPlan& plan, const ReductionStaging& staging);
 // which accumulate a (min, max) pair of it; Welford: var's and std's (and
 // var_mean's, std_mean's), which load two at once and accumulate a
 // running mean, M2 and count (WelfordData: 16 bytes, 32 for doubles);
-// ArgMax: argmax's and argmin's, which load as mean's do and accumulate a
-// (value, int64 index) pair, 16 bytes, into an int64 result.
-enum class CudaReduction { Sum, Mean, Norm, Extremum, MinMax, Welford, ArgMax };
+// IndexedExtremum: argmax's, argmin's and max.dim's and min.dim's, which
+// load as mean's do and accumulate a (value, int64 index) pair, 16 bytes;
+// Logical: all's and any's, which read the input as it is into a bool.
+// Mean's loads and float accumulator serve prod and nansum too.
+enum class CudaReduction { Sum, Mean, Norm, Extremum, MinMax, Welford, IndexedExtremum, Logical };
 
 // What a sum, mean, norm or extremum of `self` over `dims` into `result` holds on the
 // traced GPU: for kernels that reduce through torch's own functions (layer

@@ -373,7 +373,7 @@ ScratchPlan multinomial_plan(c10::ArrayRef<c10::IValue> arguments) {
     std::vector<std::int64_t> sizes = self.sizes().vec();
     sizes.back() = 1;
     const std::int64_t last = -1;
-    add_staging(plan, cuda_reduction_staging(CudaReduction::ArgMax, meta_self,
+    add_staging(plan, cuda_reduction_staging(CudaReduction::IndexedExtremum, meta_self,
                                              at::empty(sizes, meta_self.options().dtype(at::kLong)), last, true));
   } else {
     const std::size_t values = plan.make(self.numel() / self.size(-1) * samples * element);

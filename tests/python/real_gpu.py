@@ -434,6 +434,14 @@ def reduction(make, shape, dtype=torch.float32):
     return run
 
 
+def clipped_gradients():
+    """clip_grad_norm_ of three parameters' gradients."""
+    parameters = [torch.nn.Parameter(cuda_randn(1000, 1000)) for _ in range(3)]
+    for parameter in parameters:
+        parameter.grad = cuda_randn(1000, 1000)
+    torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+
+
 REDUCTION_CASES = {
     "mse loss, 8 x 4 x 32², f32": reduction(F.mse_loss, (8, 4, 32, 32)),
     # A million values: the mean's blocks split each output's inputs (a staging buffer).
@@ -464,11 +472,35 @@ REDUCTION_CASES = {
     "var over dim 0 of 4096 x 64, f64": freed_step(lambda: cuda_randn(4096, 64, dtype=torch.float64).var(0)),
     "var_mean of 1,000,000, f32": freed_step(lambda: torch.var_mean(cuda_randn(1000000))),
     "std_mean over the last dim of 64 x 8192, f32": freed_step(lambda: torch.std_mean(cuda_randn(64, 8192), -1)),
-    # argmax and argmin stage (value, index) pairs, 16 bytes each.
+    # argmax, argmin, max and min over a dim stage (value, index) pairs, 16
+    # bytes each; whole-tensor min and max their own dtype, aminmax pairs of
+    # it; prod and nansum as mean; all and any a bool per block.
     "argmax of 1,000,000, f32": freed_step(lambda: cuda_randn(1000000).argmax()),
     "argmin over dim 0 of 8192 x 256, bf16": freed_step(lambda: cuda_randn(8192, 256, dtype=torch.bfloat16).argmin(0)),
+    "max over dim 0 of 8192 x 256, f32": freed_step(lambda: cuda_randn(8192, 256).max(0)),
+    "max over the last dim of 64 x 50,257, bf16": freed_step(
+        lambda: cuda_randn(64, 50257, dtype=torch.bfloat16).max(-1)),
+    "min of 1,000,000, f32": freed_step(lambda: cuda_randn(1000000).min()),
+    "max of 1,000,000, f64": freed_step(lambda: cuda_randn(1000000, dtype=torch.float64).max()),
+    "aminmax of 1,000,000, f32": freed_step(lambda: torch.aminmax(cuda_randn(1000000))),
+    "aminmax over dim 0 of 8192 x 256, f32": freed_step(lambda: torch.aminmax(cuda_randn(8192, 256), dim=0)),
+    "prod over dim 0 of 8192 x 256, f32": freed_step(lambda: cuda_randn(8192, 256).prod(0)),
+    "prod of 1,000,000 int32": freed_step(lambda: torch.ones(1000000, dtype=torch.int32, device="cuda").prod()),
+    "nansum over dim 0 of 8192 x 256, bf16": freed_step(
+        lambda: cuda_randn(8192, 256, dtype=torch.bfloat16).nansum(0)),
+    "all of 1,000,000 bools": freed_step(lambda: (cuda_randn(1000000) > 0).all()),
+    "all of 1,000,000 floats": freed_step(lambda: cuda_randn(1000000).all()),
+    "any over dim 0 of 8192 x 256, bf16": freed_step(lambda: cuda_randn(8192, 256, dtype=torch.bfloat16).any(0)),
+    # clip_grad_norm_'s norms: a partial norm per chunk of each tensor first.
+    "foreach norm of three gradients of 1000 x 1000 (clip_grad_norm_), f32": freed_step(clipped_gradients),
+    "foreach norm of bf16 tensors of three sizes": freed_step(lambda: torch._foreach_norm(
+        [cuda_randn(3000, 1000, dtype=torch.bfloat16), cuda_randn(10, dtype=torch.bfloat16),
+         cuda_randn(512, 512, dtype=torch.bfloat16)])),
+    "foreach norm inf of two sizes, f32": freed_step(
+        lambda: torch._foreach_norm([cuda_randn(300000), cuda_randn(1000)], float("inf"))),
 }
-STAGED_SINCE_THE_H200 = {name for name in REDUCTION_CASES if name.startswith(("std", "var", "argm"))}
+STAGED_SINCE_THE_H200 = {name for name in REDUCTION_CASES if name.startswith(
+    ("std", "var", "argm", "max ", "min ", "aminmax", "prod", "nansum", "all ", "any ", "foreach"))}
 # Cases no H200 has run (docs/accuracy.md's lent H200 ran the others).
 NOT_RUN_ON_THE_H200 = {"batch norm backward of bf16 and f16 inputs, float statistics, cuDNN off",
                        "logsumexp over 64 x 50,257, f32", "logsumexp of 4 x 1,000,000 over all, bf16",
