@@ -37,11 +37,7 @@ std::size_t make_linear_part(ScratchPlan& plan, const at::Tensor& index, bool on
   if (on_host) return plan.make(bytes);
   if (!unsafe && index.numel() != 0) {
     const std::size_t min = plan.make(kIndexBytes), max = plan.make(kIndexBytes);
-    const std::size_t contiguous = plan.make(index.is_contiguous() ? 0 : bytes);
-    const at::Tensor flat = at::empty({index.numel()}, index.options());
-    add_staging(
-        plan, cuda_reduction_staging(CudaReduction::MinMax, flat, at::empty({}, index.options()), std::nullopt, false));
-    plan.free(contiguous);
+    add_aminmax_of_all(plan, index);
     plan.free(plan.make(1));  // max < size
     plan.free(plan.make(1));  // min >= -size
     plan.free(min);

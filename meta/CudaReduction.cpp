@@ -133,7 +133,7 @@ class LaunchShape {
 // aten::linalg_vector_norm (self, ord, dim, keepdim, dtype; ConvNeXt-V2's
 // global response norm over height and width), and aten::var.correction
 // and its kin (self, dim, *, correction, keepdim; var_mean's mean has the
-// variance's shape), aten::argmax, argmin, max.dim, min.dim, aminmax,
+// variance's shape), aten::argmax, argmin, max.dim, min.dim,
 // prod.dim_int, all.dim and any.dim (self, dim, keepdim; a single dim),
 // nansum, all.dims and any.dims (self, dims, keepdim), and the whole-tensor
 // max, min, prod, all and any (self): the reduction into the op's (first)
@@ -255,9 +255,26 @@ ScratchPlan count_nonzero_plan(c10::ArrayRef<c10::IValue> arguments) {
   return plan;
 }
 
+// aten::aminmax(self, dim?, keepdim): over a dim, the reduction's
+// staging; over all of self, the reduction of self made contiguous.
+ScratchPlan aminmax_plan(c10::ArrayRef<c10::IValue> arguments) {
+  const at::Tensor& self = arguments[0].toTensor();
+  ScratchPlan plan;
+  if (self.numel() == 0) return plan;
+  if (arguments[1].isNone()) {
+    add_aminmax_of_all(plan, self);
+    return plan;
+  }
+  OutsideMetaMode outside;
+  const at::Tensor meta = at::empty_strided(self.sizes(), self.strides(), self.options().device(c10::kMeta));
+  const std::int64_t dim = arguments[1].toInt();
+  const bool keepdim = arguments[2].toBool();
+  add_staging(plan, cuda_reduction_staging(CudaReduction::MinMax, meta, at::amin(meta, dim, keepdim), dim, keepdim));
+  return plan;
+}
+
 // aten::histc(self, bins, min, max) (_histc_cuda_template): the counts,
-// then, where min == max, the input's range read back through aminmax
-// (two 0-dim results and the reduction's staging).
+// then, where min == max, the input's range read back through aminmax.
 ScratchPlan histc_plan(c10::ArrayRef<c10::IValue> arguments) {
   const at::Tensor& self = arguments[0].toTensor();
   ScratchPlan plan;
@@ -265,10 +282,7 @@ ScratchPlan histc_plan(c10::ArrayRef<c10::IValue> arguments) {
   const auto element = static_cast<std::int64_t>(self.element_size());
   plan.make(element);
   plan.make(element);
-  OutsideMetaMode outside;
-  const at::Tensor meta_self = at::empty_strided(self.sizes(), self.strides(), self.options().device(c10::kMeta));
-  add_staging(plan, cuda_reduction_staging(CudaReduction::MinMax, meta_self, at::empty({}, meta_self.options()),
-                                           std::nullopt, false));
+  add_aminmax_of_all(plan, self);
   return plan;
 }
 
@@ -302,6 +316,15 @@ ScratchPlan foreach_norm_plan(c10::ArrayRef<c10::IValue> arguments) {
 
 }  // namespace
 
+void add_aminmax_of_all(ScratchPlan& plan, const at::Tensor& self) {
+  const std::size_t contiguous = plan.make(copy_unless_contiguous(self));
+  OutsideMetaMode outside;
+  const at::Tensor input = at::empty(self.sizes(), self.options().device(c10::kMeta));
+  add_staging(plan, cuda_reduction_staging(CudaReduction::MinMax, input, at::empty({}, input.options()), std::nullopt,
+                                           false));
+  plan.free(contiguous);
+}
+
 void add_staging(ScratchPlan& plan, const ReductionStaging& staging) {
   const std::size_t cast = plan.make(staging.cast);
   if (staging.buffer > 0) {
@@ -316,6 +339,7 @@ ScratchPlanModel cuda_reduction_plan_model(const std::string& qualified_name) {
   if (qualified_name == "aten::count_nonzero.dim_IntList" || qualified_name == "aten::count_nonzero")
     return &count_nonzero_plan;
   if (qualified_name == "aten::histc") return &histc_plan;
+  if (qualified_name == "aten::aminmax") return &aminmax_plan;
   if (qualified_name == "aten::_foreach_norm.Scalar") return &foreach_norm_plan;
   if (qualified_name == "aten::mse_loss" || qualified_name == "aten::smooth_l1_loss")
     return &reduced_loss_plan<false>;
@@ -334,7 +358,6 @@ ReductionStagingModel cuda_reduction_staging_model(const std::string& qualified_
   for (const char* indexed : {"aten::argmax", "aten::argmin", "aten::max.dim", "aten::min.dim"})
     if (qualified_name == indexed) return &reduction_staging<CudaReduction::IndexedExtremum>;
   if (qualified_name == "aten::max" || qualified_name == "aten::min") return &reduction_staging<CudaReduction::Extremum>;
-  if (qualified_name == "aten::aminmax") return &reduction_staging<CudaReduction::MinMax>;
   for (const char* mean_like : {"aten::prod", "aten::prod.dim_int", "aten::nansum"})
     if (qualified_name == mean_like) return &reduction_staging<CudaReduction::Mean>;
   for (const char* logical :

@@ -35,6 +35,10 @@ using ReductionStagingModel = ReductionStaging (*)(c10::ArrayRef<c10::IValue> ar
 // kernel's plan, made and freed in turn, as the reduction's kernel does.
 void add_staging(ScratchPlan& plan, const ReductionStaging& staging);
 
+// aminmax of all of `self` inside a kernel's plan, after its two 0-dim
+// results (aminmax_out): self made contiguous, and the reduction's staging.
+void add_aminmax_of_all(ScratchPlan& plan, const at::Tensor& self);
+
 // Norm: linalg_vector_norm's kernels (norm_kernel_cuda), which load as
 // mean's do; Extremum: amax's and amin's, which load as mean's do and
 // accumulate in the input's dtype; MinMax: aminmax's of a whole tensor,

@@ -326,13 +326,13 @@ ScratchPlan randperm_plan(c10::ArrayRef<c10::IValue> arguments) {
 // aten::multinomial(self, num_samples, replacement, generator) and its
 // out= form, as multinomial_out runs them into the result. Without
 // replacement, or for one sample, by the Gumbel trick: self's aminmax (two
-// 0-dim and the reduction's staging) checked by two comparisons and their
-// &, the sum of each distribution compared with 0 (and any of them for
-// several), its ~; then noise q like self, divided in place, and its
-// argmax (with its staging), or its topk into the result (the values made
-// first). With
-// replacement, origDist, normDist and their prefix sum (self's size each,
-// contiguous); one distribution's sum is a scan of one slice.
+// 0-dim, self made contiguous, the reduction's staging) checked by two
+// comparisons and their &, the sum of each distribution compared with 0
+// (and any of them for several), its ~; then noise q like self, divided in
+// place, and its argmax (with its staging), or its topk into the result
+// (the values made first). With replacement, origDist, normDist and their
+// prefix sum (self's size each, contiguous); one distribution's sum is a
+// scan of one slice.
 ScratchPlan multinomial_plan(c10::ArrayRef<c10::IValue> arguments) {
   const at::Tensor& self = arguments[0].toTensor();
   const std::int64_t samples = arguments[1].toInt();
@@ -349,8 +349,7 @@ ScratchPlan multinomial_plan(c10::ArrayRef<c10::IValue> arguments) {
   const at::Tensor meta_self = at::empty_strided(self.sizes(), self.strides(), self.options().device(c10::kMeta));
   plan.make(element);  // aminmax's minimum
   plan.make(element);  // and maximum
-  add_staging(plan, cuda_reduction_staging(CudaReduction::MinMax, meta_self, at::empty({}, meta_self.options()),
-                                           std::nullopt, false));
+  add_aminmax_of_all(plan, self);
   const std::size_t finite = plan.make(1), not_negative = plan.make(1);
   plan.make(1);  // is_valid
   plan.free(finite);
@@ -368,16 +367,17 @@ ScratchPlan multinomial_plan(c10::ArrayRef<c10::IValue> arguments) {
   }
   plan.free(summed);
   plan.free(plan.make(1));  // ~zero_prob_condition
+  const at::Tensor noise = at::empty_like(meta_self);  // dense strides kept
   const std::size_t q = plan.make(self_bytes);
   if (samples == 1) {
     std::vector<std::int64_t> sizes = self.sizes().vec();
     sizes.back() = 1;
     const std::int64_t last = -1;
-    add_staging(plan, cuda_reduction_staging(CudaReduction::IndexedExtremum, meta_self,
-                                             at::empty(sizes, meta_self.options().dtype(at::kLong)), last, true));
+    add_staging(plan, cuda_reduction_staging(CudaReduction::IndexedExtremum, noise,
+                                             at::empty(sizes, noise.options().dtype(at::kLong)), last, true));
   } else {
     const std::size_t values = plan.make(self.numel() / self.size(-1) * samples * element);
-    plan_topk(plan, meta_self, samples, -1, true);
+    plan_topk(plan, noise, samples, -1, true);
     plan.free(values);
   }
   plan.free(q);

@@ -484,6 +484,7 @@ REDUCTION_CASES = {
     "max of 1,000,000, f64": freed_step(lambda: cuda_randn(1000000, dtype=torch.float64).max()),
     "aminmax of 1,000,000, f32": freed_step(lambda: torch.aminmax(cuda_randn(1000000))),
     "aminmax over dim 0 of 8192 x 256, f32": freed_step(lambda: torch.aminmax(cuda_randn(8192, 256), dim=0)),
+    "aminmax of a transposed 4096 x 256, f32": freed_step(lambda: torch.aminmax(cuda_randn(256, 4096).t())),
     "prod over dim 0 of 8192 x 256, f32": freed_step(lambda: cuda_randn(8192, 256).prod(0)),
     "prod of 1,000,000 int32": freed_step(lambda: torch.ones(1000000, dtype=torch.int32, device="cuda").prod()),
     "nansum over dim 0 of 8192 x 256, bf16": freed_step(
@@ -739,6 +740,7 @@ COMPOSED_KERNEL_CASES = {
     "histc of 100,000": freed_step(lambda: torch.histc(cuda_randn(100000), 100)),
     "histc of 4,000,000": freed_step(lambda: torch.histc(cuda_randn(4000000), 100)),
     "histc of 100,000 in a range": freed_step(lambda: torch.histc(cuda_randn(100000), 100, -3, 3)),
+    "histc of a column of 100,000 x 2": freed_step(lambda: torch.histc(cuda_randn(100000, 2)[:, 0], 100)),
     "multinomial 1 of 16 x 50,257": multinomial((16, 50257), 1),
     "multinomial 8 of 16 x 50,257": multinomial((16, 50257), 8),
     "multinomial 8 with replacement of 16 x 50,257": multinomial((16, 50257), 8, True),
@@ -746,6 +748,8 @@ COMPOSED_KERNEL_CASES = {
     "multinomial 1 of 1,000,000": multinomial(1000000, 1),
     "multinomial 8 with replacement of 100,000": multinomial(100000, 8, True),
     "multinomial 4 of 8 x 30,000, bf16": multinomial((8, 30000), 4, dtype=torch.bfloat16),
+    "multinomial 4 of a transposed 30,000 x 8": freed_step(
+        lambda: torch.multinomial(torch.rand(30000, 8, device="cuda").t(), 4)),
     "cdist of 64 and 256 points of 128, forward and backward": freed_step(
         lambda: torch.cdist(cuda_randn(64, 128).requires_grad_(), cuda_randn(256, 128)).sum().backward()),
 }
