@@ -71,9 +71,6 @@ ScratchPlan index_put_plan(c10::ArrayRef<c10::IValue> arguments) {
       return plan;
 
   OutsideMetaMode outside;
-  const auto meta = [](const at::Tensor& t) {
-    return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
-  };
   // index_put's clone keeps self's strides where they are dense.
   const bool self_contiguous = (kFunctional && !self.is_non_overlapping_and_dense()) || self.is_contiguous();
   const std::int64_t self_bytes = self.numel() * static_cast<std::int64_t>(self.element_size());
@@ -93,7 +90,7 @@ ScratchPlan index_put_plan(c10::ArrayRef<c10::IValue> arguments) {
     on_host.push_back(index->is_cpu());
     if (index->scalar_type() == at::kInt && !index->is_cpu())
       widened.push_back(plan.make(index->numel() * kIndexBytes));
-    indices.push_back(meta(*index).to(at::kLong));
+    indices.push_back(meta_twin(*index).to(at::kLong));
   }
   indices = at::expand_outplace(indices);
   while (indices.size() < static_cast<std::size_t>(self.dim())) indices.emplace_back();
@@ -131,7 +128,7 @@ ScratchPlan index_put_plan(c10::ArrayRef<c10::IValue> arguments) {
   const auto indexed = values_shape.begin() + dims_before;
   values_shape.insert(values_shape.erase(indexed, indexed + static_cast<std::int64_t>(defined)), index_sizes.begin(),
                       index_sizes.end());
-  const at::Tensor expanded = meta(values).expand(values_shape);
+  const at::Tensor expanded = meta_twin(values).expand(values_shape);
   plan.make(expanded.is_contiguous() ? 0 : expanded.numel() * static_cast<std::int64_t>(values.element_size()));
   if (num_indices == 0 || slice == 0) return plan;
 

@@ -18,6 +18,10 @@
 
 namespace metamem {
 
+at::Tensor meta_twin(const at::Tensor& t) {
+  return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
+}
+
 std::int64_t div_up(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
 std::int64_t last_pow2(std::int64_t n) {
@@ -174,8 +178,7 @@ ReductionStaging cuda_reduction_staging(CudaReduction kind, const at::Tensor& se
   OutsideMetaMode outside;
   // An input of another dtype is copied into in_dtype first (its layout
   // kept), and that copy is reduced.
-  const at::Tensor input = at::empty_strided(self.sizes(), self.strides(), self.options().device(c10::kMeta))
-                               .to(in_dtype);
+  const at::Tensor input = meta_twin(self).to(in_dtype);
   const std::int64_t cast = self.scalar_type() == in_dtype ? 0 : static_cast<std::int64_t>(input.nbytes());
   // An index's or a bool's output is laid out as a value's would be.
   const at::Tensor output =
@@ -244,7 +247,7 @@ ScratchPlan count_nonzero_plan(c10::ArrayRef<c10::IValue> arguments) {
   ReductionStaging staging;
   {
     OutsideMetaMode outside;
-    const at::Tensor meta_self = at::empty_strided(self.sizes(), self.strides(), self.options().device(c10::kMeta));
+    const at::Tensor meta_self = meta_twin(self);
     const at::Tensor mask = self.scalar_type() == at::kBool ? meta_self : at::ne(meta_self, 0);
     plan.make(self.scalar_type() == at::kBool ? 0 : static_cast<std::int64_t>(mask.nbytes()));
     const at::Tensor count = at::sum(mask, dims, false, at::kLong);
@@ -266,7 +269,7 @@ ScratchPlan aminmax_plan(c10::ArrayRef<c10::IValue> arguments) {
     return plan;
   }
   OutsideMetaMode outside;
-  const at::Tensor meta = at::empty_strided(self.sizes(), self.strides(), self.options().device(c10::kMeta));
+  const at::Tensor meta = meta_twin(self);
   const std::int64_t dim = arguments[1].toInt();
   const bool keepdim = arguments[2].toBool();
   add_staging(plan, cuda_reduction_staging(CudaReduction::MinMax, meta, at::amin(meta, dim, keepdim), dim, keepdim));

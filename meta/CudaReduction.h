@@ -57,6 +57,10 @@ enum class CudaReduction { Sum, Mean, Norm, Extremum, MinMax, Welford, IndexedEx
 ReductionStaging cuda_reduction_staging(CudaReduction kind, const at::Tensor& self, const at::Tensor& result,
                                         at::OptionalIntArrayRef dims, bool keepdim);
 
+// A plain meta tensor of t's sizes, strides and dtype, on which a plan runs
+// the kernel's own shape arithmetic (outside the meta mode).
+at::Tensor meta_twin(const at::Tensor& t);
+
 // Launch arithmetic the CUDA kernels share: a / b rounded up, and the
 // largest power of two not above n (at least 1).
 std::int64_t div_up(std::int64_t a, std::int64_t b);

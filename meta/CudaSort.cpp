@@ -267,8 +267,7 @@ ScratchPlan median_plan(c10::ArrayRef<c10::IValue> arguments) {
   {
     OutsideMetaMode outside;
     // flatten() keeps a vector as it is, strided or not; sort copies that itself.
-    flat = self.dim() == 1 ? at::empty_strided(self.sizes(), self.strides(), self.options().device(c10::kMeta))
-                           : at::empty({n}, self.options().device(c10::kMeta));
+    flat = self.dim() == 1 ? meta_twin(self) : at::empty({n}, self.options().device(c10::kMeta));
     nans = at::empty({n}, flat.options().dtype(at::kBool));
     count = at::empty({}, flat.options().dtype(at::kLong));
   }
@@ -346,7 +345,7 @@ ScratchPlan multinomial_plan(c10::ArrayRef<c10::IValue> arguments) {
     return plan;
   }
   OutsideMetaMode outside;
-  const at::Tensor meta_self = at::empty_strided(self.sizes(), self.strides(), self.options().device(c10::kMeta));
+  const at::Tensor meta_self = meta_twin(self);
   plan.make(element);  // aminmax's minimum
   plan.make(element);  // and maximum
   add_aminmax_of_all(plan, self);
