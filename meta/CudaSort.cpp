@@ -28,9 +28,9 @@ namespace {
 constexpr std::int64_t kIndexBytes = 8;  // the indices' int64, and the int2 (index, slice) pairs
 
 // The temporary storage cub 3.0's DeviceRadixSort asks for (see
-// make_cub_radix_sort_storage). nullopt where cub sizes it by its kernels'
-// occupancy (keys under 4 bytes before sm90, past one block's tile), and
-// for keys under 4 bytes with values other than libtorch's 8-byte indices.
+// make_cub_radix_sort_storage). nullopt for keys under 4 bytes with values
+// other than libtorch's 8-byte indices, for 1-byte keys before sm90, and
+// before sm70.
 std::optional<std::int64_t> cub_radix_sort_bytes(std::int64_t n, std::int64_t key_bytes, std::int64_t value_bytes,
                                                  int bits) {
   constexpr std::int64_t kDigits = 256, kOffsetBytes = 8, kAtomicBytes = 4, kSharedMemory = 48 * 1024;
@@ -51,8 +51,22 @@ std::optional<std::int64_t> cub_radix_sort_bytes(std::int64_t n, std::int64_t ke
     // 2-byte keys with their indices.
     if (value_bytes != 8) return std::nullopt;
     threads = key_bytes == 1 ? 384 : 512, items = key_bytes == 1 ? 18 : 23;
-  } else if (key_bytes < 4 || arch < 700) {
+  } else if (arch < 700) {
     return std::nullopt;
+  } else if (key_bytes < 4) {
+    // Before sm90 such keys take cub's older passes (upsweep, scan,
+    // downsweep), whose storage is a spine of each block's digit counts
+    // (7 radix bits: 128) for five times as many blocks as the SMs run of
+    // the downsweep kernels at once, with a scan tile (512 threads of 11
+    // offsets), then third buffers of keys and values. For 2-byte keys
+    // with 8-byte values both downsweep kernels run one block an SM on
+    // sm75, sm80 and sm86: 512 threads of 98 to 104 registers, and 256 of
+    // 170 to 254 (the wheel's cubins, cuobjdump -res-usage). 1-byte keys'
+    // second kernel runs 2 or 3, which the fake GPU, answering 1 for any
+    // kernel, cannot check.
+    if (value_bytes != 8 || key_bytes != 2) return std::nullopt;
+    const std::int64_t spine = gpu.multi_processor_count * 5 * 128 + 512 * 11;
+    return cub_alias_temporaries({spine * kOffsetBytes, n * key_bytes, n * value_bytes});
   } else if (arch >= 900) {
     // 4-byte keys alone as integers (cub gives f32 keys one item fewer;
     // libtorch sorts none alone).
