@@ -2,7 +2,8 @@
 pinned torch on metamem's fake GPU (real_torch_on_fake_gpu.py), per GPU and
 precision (issue 47): max allocated and max reserved of each of two AdamW
 steps. The models are ones no one here tuned to: compiled_models.py's
-(eager), torchvision classifiers, transformers' masked LM and OPT, a
+(eager), every torchvision classification and segmentation model
+(torchvision_sweep.py's, "torchvision NAME"), transformers' masked LM and OPT, a
 mixer with a custom autograd.Function, diffusers_sweep.py's DiT at its
 reduced size, the 40 architectures of hf_sweep.py at its reduced size and
 the 171 timm models of timm_sweep.py ("timm NAME"); f32 and bf16 autocast. Convolutions
@@ -37,6 +38,9 @@ sys.path.insert(0, HERE)
 import compiled_models  # noqa: E402
 import hf_configs  # noqa: E402
 import timm_models  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(HERE))
+import torchvision_sweep  # noqa: E402
 
 BATCH = 16
 
@@ -87,14 +91,20 @@ def mixer():
     return Mixer(), loss
 
 
-def torchvision_classifier(name):
+def torchvision_model(name):
+    """torchvision's `name`, classification or segmentation, built and sized
+    as torchvision_sweep.py builds it (10 classes; a class per pixel of a
+    segmentation model's "out"), at batch 16."""
     def build():
-        import torchvision
+        size = torchvision_sweep.IMAGE.get(name, 64)
 
         def loss(model, device):
-            return F.cross_entropy(model(torch.randn(BATCH, 3, 64, 64, device=device)),
-                                   torch.randint(0, 10, (BATCH,), device=device))
-        return getattr(torchvision.models, name)(num_classes=10), loss
+            out = model(torch.randn(BATCH, 3, size, size, device=device))
+            if isinstance(out, dict):
+                out = out["out"]
+            target = (BATCH,) + tuple(out.shape[2:])
+            return F.cross_entropy(out, torch.randint(0, torchvision_sweep.NUM_CLASSES, target, device=device))
+        return torchvision_sweep.build(name), loss
     return build
 
 
@@ -182,9 +192,6 @@ def transformers_architecture(model_type, seq=64):
 MODELS = {
     **{name: build for name, (build, _) in compiled_models.MODELS.items()
        if name != "torchtitan Llama 3 debugmodel"},  # its FlexAttention needs the compiler
-    "torchvision ResNet-18": torchvision_classifier("resnet18"),
-    "torchvision RegNet-Y 400MF": torchvision_classifier("regnet_y_400mf"),
-    "torchvision MobileNet V3": torchvision_classifier("mobilenet_v3_small"),
     "transformers BERT masked LM (base width)": transformers_model(
         "BertConfig", "BertForMaskedLM", hidden_size=768, intermediate_size=3072, num_hidden_layers=2,
         num_attention_heads=12),
@@ -195,6 +202,8 @@ MODELS = {
     **{f"transformers {model_type} (hf_sweep's reduced size)": transformers_architecture(model_type)
        for model_type in hf_configs.ARCHITECTURES},
     **{f"timm {name}": timm_classifier(name) for name in timm_models.MODELS},
+    **{f"torchvision {name}": torchvision_model(name)
+       for name in torchvision_sweep.CLASSIFICATION + torchvision_sweep.SEGMENTATION},
 }
 GPUS = ("H100-80GB", "A100-80GB", "T4")
 PRECISIONS = ("f32", "bf16 autocast")
