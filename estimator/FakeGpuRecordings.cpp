@@ -311,6 +311,8 @@ const std::vector<std::string>& recorded_ops() {
                                             "aten::_cudnn_rnn",
                                             "aten::_cudnn_rnn_backward",
                                             "aten::_cudnn_init_dropout_state",
+                                            "aten::_scaled_dot_product_cudnn_attention",
+                                            "aten::_scaled_dot_product_cudnn_attention_backward",
                                             "aten::sort",
                                             "aten::sort.stable",
                                             "aten::topk",

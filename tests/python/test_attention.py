@@ -92,16 +92,17 @@ def test_flash_reads_transformers_layout_without_copies_and_expands_grouped_head
     assert backward == forward + 2 * ELEMENTS + kv_gradients + blocks(scratch)
 
 
-def assert_peaks_as_real_torch(gpu, case):
-    """real_gpu.py's `case` traced for `gpu` holds what real torch on the
-    fake GPU holds: max allocated and max reserved."""
+def assert_peaks_as_real_torch(gpu, case, recorded=False):
+    """real_gpu.py's `case` traced for `gpu` (`recorded`: following the fake
+    GPU's recordings) holds what real torch on the fake GPU holds: max
+    allocated and max reserved."""
     oracle = os.environ.get("METAMEM_ORACLE", "")
     if not os.path.exists(os.path.join(oracle, "libmetamem_fake_cuda_preload.so")):
         pytest.skip(f"METAMEM_ORACLE={oracle!r} holds no fake GPU to run real torch on")
     import metamem._metamem as native
     import real_gpu
     real = real_gpu.measured_run(real_gpu.on_fake_gpu(oracle, native.gpu(gpu), case))
-    traced = real_gpu.traced(gpu, case)
+    traced = real_gpu.traced(gpu, case, oracle if recorded else None)
     assert "error" not in real and "error" not in traced, (real, traced)
     assert (traced["allocated"], traced["reserved"]) == (real["allocated"], real["reserved"])
 
@@ -124,6 +125,17 @@ def test_cudnn_attention_is_traced_as_real_torch_runs_cudnn_on_the_fake_gpu(gpu,
     # forward's plan, the output gradient's copy apart from the backward's
     # workspace. The trace was 512 B under before.
     assert_peaks_as_real_torch(gpu, case)
+
+
+@pytest.mark.parametrize("gpu, case", [("A100-80GB", "sdpa bf16 causal CUDNN_ATTENTION"),
+                                       ("H100-80GB", "sdpa bf16 grouped heads 16/4 (default)")])
+def test_cudnn_attention_follows_the_fake_gpus_recordings_on_any_gpu(gpu, case):
+    # With the fake GPU, a trace takes cuDNN attention's calls from its
+    # recordings, as convolutions'. Without, cuDNN's sm90 plans are modelled:
+    # on an A100 (cuDNN attention forced; torch prefers flash there) its
+    # backward's workspace is 67,371,136 B, not the model's 33,816,832, and
+    # its forward's plan takes none (168,299,008 B traced, 201,853,440 real).
+    assert_peaks_as_real_torch(gpu, case, recorded=True)
 
 
 def test_softmax_backward_holds_the_product_of_gradient_and_output_as_the_math_path_runs_it():
