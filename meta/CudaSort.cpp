@@ -60,8 +60,9 @@ std::optional<std::int64_t> cub_radix_sort_bytes(std::int64_t n, std::int64_t ke
     // the downsweep kernels at once, with a scan tile (512 threads of 11
     // offsets), then third buffers of keys and values. For 2-byte keys
     // with 8-byte values both downsweep kernels run one block an SM on
-    // sm75, sm80 and sm86: 512 threads of 98 to 104 registers, and 256 of
-    // 170 to 254 (the wheel's cubins, cuobjdump -res-usage). 1-byte keys'
+    // sm75, sm80 and sm86 (sm89 runs sm86's): 512 threads of 98 to 104
+    // registers, and 256 of 170 to 254 (the wheel's cubins, cuobjdump
+    // -res-usage). 1-byte keys'
     // second kernel runs 2 or 3, which the fake GPU, answering 1 for any
     // kernel, cannot check.
     if (value_bytes != 8 || key_bytes != 2) return std::nullopt;

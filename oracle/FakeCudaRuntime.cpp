@@ -342,6 +342,19 @@ const EntryPoint kEntryPoints[] = {
     {"cuGetErrorString", reinterpret_cast<void*>(&fake_cuGetErrorString)},
 };
 
+// The architecture of the code a device runs of a kernel: the newest the
+// wheel built of its major version, not above it. libtorch_cuda.so holds
+// SASS for these (cuobjdump --list-elf; sm89 for one file alone), so an
+// sm89 GPU (the L4, the L40S) runs sm86's, as cub's dispatch asks: it
+// refuses a version it was not built for (cudaErrorInvalidDeviceFunction).
+int kernel_arch(int device_arch) {
+  static constexpr int kBuilt[] = {75, 80, 86, 90, 100, 103, 120, 121};
+  int arch = device_arch;
+  for (const int built : kBuilt)
+    if (built / 10 == device_arch / 10 && built <= device_arch) arch = built;
+  return arch;
+}
+
 }  // namespace
 
 extern "C" {
@@ -618,7 +631,7 @@ cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, const void*) {
   attributes->numRegs = kFakeKernelRegisters;
   FakeGpu& gpu = FakeGpu::get();
   std::lock_guard<std::mutex> lock(gpu.mutex);
-  attributes->binaryVersion = attributes->ptxVersion = gpu.device.arch();
+  attributes->binaryVersion = attributes->ptxVersion = kernel_arch(gpu.device.arch());
   return cudaSuccess;
 }
 cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) { return cudaSuccess; }
@@ -785,6 +798,7 @@ const char* cudaGetErrorName(cudaError_t error) {
     case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
     case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
     case cudaErrorNotSupported: return "cudaErrorNotSupported";
     case cudaErrorIllegalState: return "cudaErrorIllegalState";
     case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
