@@ -62,9 +62,8 @@ std::optional<std::int64_t> cub_radix_sort_bytes(std::int64_t n, std::int64_t ke
     // with 8-byte values both downsweep kernels run one block an SM on
     // sm75, sm80 and sm86 (sm89 runs sm86's): 512 threads of 98 to 104
     // registers, and 256 of 170 to 254 (the wheel's cubins, cuobjdump
-    // -res-usage). 1-byte keys'
-    // second kernel runs 2 or 3, which the fake GPU, answering 1 for any
-    // kernel, cannot check.
+    // -res-usage). 1-byte keys' second kernel runs 2 or 3, which the fake
+    // GPU, answering 1 for any kernel, cannot check.
     if (value_bytes != 8 || key_bytes != 2) return std::nullopt;
     const std::int64_t spine = gpu.multi_processor_count * 5 * 128 + 512 * 11;
     return cub_alias_temporaries({spine * kOffsetBytes, n * key_bytes, n * value_bytes});
