@@ -30,11 +30,11 @@ def in_runs(events):
     return runs + ([("free", tuple(sorted(frees)))] if frees else [])
 
 
-def assert_as_real_torch(gpu, case, fake_gpu=None, without_cub=False, same_peaks=True):
+def assert_as_real_torch(gpu, case, fake_gpu=None, without_cub=False):
     """Traced (following the fake GPU `fake_gpu`'s recordings, if given) as
     real torch runs `case`; `without_cub`: all but cub's temporary storage
     (without_cubs_storage), which a trace without recordings does not make;
-    `same_peaks`: max allocated and reserved too. The real run and the trace."""
+    max allocated and reserved too. The real run and the trace."""
     if not os.path.exists(os.path.join(ORACLE, "libmetamem_fake_cuda_preload.so")):
         pytest.skip(f"METAMEM_ORACLE={ORACLE!r} holds no fake GPU to run real torch on")
     import metamem._metamem as native
@@ -43,8 +43,7 @@ def assert_as_real_torch(gpu, case, fake_gpu=None, without_cub=False, same_peaks
     assert "error" not in real and "error" not in traced, (real, traced)
     real_events = without_cubs_storage(real["events"][0], traced["events"]) if without_cub else real["events"][0]
     assert in_runs(traced["events"]) == in_runs(real_events)
-    if same_peaks:
-        assert (traced["allocated"], traced["reserved"]) == tuple(real["steps"][0])
+    assert (traced["allocated"], traced["reserved"]) == tuple(real["steps"][0])
     return real, traced
 
 
