@@ -272,6 +272,14 @@ std::int64_t normal_mean_number(Args args, Args returns) {
 // With a std number, the kernel makes an (unused) tensor like its output.
 std::int64_t normal_std_number(Args, Args returns) { return bytes_of(returns[0].toTensor()); }
 
+// Dirichlet's samples (_s_dirichlet_cpu) are drawn as doubles beside the
+// result, then summed over the last dimension, both held to the end.
+std::int64_t sample_dirichlet(Args args, Args) {
+  const at::Tensor& alpha = args[0].toTensor();
+  const std::int64_t rows = alpha.numel() == 0 ? 0 : alpha.numel() / alpha.size(-1);
+  return static_cast<std::int64_t>(sizeof(double)) * (alpha.numel() + rows);
+}
+
 // count_nonzero over dims is (self != 0).sum(dims): a wrapped and cast 0
 // beside the bool mask, then the mask beside its int64 copy that the sum
 // reads. Over all dims it counts in place.
@@ -492,6 +500,7 @@ ScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::normal.Tensor_Tensor", &normal_tensors},
       {"aten::normal.float_Tensor", &normal_mean_number},
       {"aten::normal.Tensor_float", &normal_std_number},
+      {"aten::_sample_dirichlet", &sample_dirichlet},
       {"aten::count_nonzero.dim_IntList", &count_nonzero},
       {"aten::count_nonzero", &count_nonzero},
       {"aten::median", &median_all},

@@ -328,6 +328,25 @@ void add_aminmax_of_all(ScratchPlan& plan, const at::Tensor& self) {
   plan.free(contiguous);
 }
 
+// aten::_sample_dirichlet (_s_dirichlet_cuda): gamma samples into the
+// result, then their sums over the last dimension (ret.sum(-1, true)) and
+// that sum's staging, by which the result is divided in place.
+ScratchPlan sample_dirichlet_plan(c10::ArrayRef<c10::IValue> arguments) {
+  ScratchPlan plan;
+  ReductionStaging staging;
+  std::size_t sums = 0;
+  {
+    OutsideMetaMode outside;
+    const at::Tensor samples = at::empty_like(meta_twin(arguments[0].toTensor()), at::MemoryFormat::Contiguous);
+    const at::Tensor summed = at::sum(samples, {-1}, true);
+    sums = plan.make(static_cast<std::int64_t>(summed.nbytes()));
+    staging = cuda_reduction_staging(CudaReduction::Sum, samples, summed, at::IntArrayRef{-1}, true);
+  }
+  add_staging(plan, staging);
+  plan.free(sums);
+  return plan;
+}
+
 void add_staging(ScratchPlan& plan, const ReductionStaging& staging) {
   const std::size_t cast = plan.make(staging.cast);
   if (staging.buffer > 0) {
@@ -344,6 +363,7 @@ ScratchPlanModel cuda_reduction_plan_model(const std::string& qualified_name) {
   if (qualified_name == "aten::histc") return &histc_plan;
   if (qualified_name == "aten::aminmax") return &aminmax_plan;
   if (qualified_name == "aten::_foreach_norm.Scalar") return &foreach_norm_plan;
+  if (qualified_name == "aten::_sample_dirichlet") return &sample_dirichlet_plan;
   if (qualified_name == "aten::mse_loss" || qualified_name == "aten::smooth_l1_loss")
     return &reduced_loss_plan<false>;
   return qualified_name == "aten::huber_loss" ? &reduced_loss_plan<true> : nullptr;

@@ -5,6 +5,7 @@
 #include <ATen/OpMathType.h>
 #include <ATen/core/Reduction.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 #include <ATen/native/GroupedMMUtils.h>
 #include <torch/library.h>
 
@@ -367,6 +368,27 @@ at::Tensor rrelu_with_noise(const at::Tensor& self, at::Tensor&, const at::Scala
   return at::empty_like(self, at::MemoryFormat::Contiguous);
 }
 
+// torch.distributions' samplers and reparameterized gradients (Dirichlet,
+// Beta, Gamma, Binomial): each a new contiguous tensor of its first
+// operand's sizes, on CUDA (empty_like, contiguous) as on CPU (zeros or
+// empty of its sizes).
+at::Tensor sample_dirichlet(const at::Tensor& alpha, c10::optional<at::Generator>) {
+  return at::empty_like(alpha, at::MemoryFormat::Contiguous);
+}
+at::Tensor standard_gamma_grad(const at::Tensor& self, const at::Tensor&) {
+  return at::empty_like(self, at::MemoryFormat::Contiguous);
+}
+at::Tensor dirichlet_grad(const at::Tensor& x, const at::Tensor&, const at::Tensor&) {
+  return at::empty_like(x, at::MemoryFormat::Contiguous);
+}
+at::Tensor binomial(const at::Tensor& count, const at::Tensor& prob, c10::optional<at::Generator>) {
+  TORCH_CHECK_VALUE(at::isFloatingType(count.scalar_type()),
+                    "binomial only supports floating-point dtypes for count, got: ", count.scalar_type());
+  TORCH_CHECK_VALUE(at::isFloatingType(prob.scalar_type()),
+                    "binomial only supports floating-point dtypes for prob, got: ", prob.scalar_type());
+  return at::empty_like(count, at::MemoryFormat::Contiguous);
+}
+
 at::Tensor unfold_backward(const at::Tensor& grad, at::IntArrayRef input_sizes, std::int64_t, std::int64_t,
                            std::int64_t) {
   return at::empty(input_sizes, grad.options());
@@ -644,6 +666,24 @@ at::Tensor grouped_mm(const at::Tensor& a, const at::Tensor& b, const std::optio
 // (a free then waits for the stream, as the caching allocator makes it).
 void record_stream(at::Tensor&, c10::Stream) {}
 
+// torch.optim's fused steps (fused=True) update their lists in place and
+// allocate nothing, on CUDA (one multi-tensor kernel launch, its metadata
+// passed as kernel arguments) and on CPU alike; a learning rate given as a
+// tensor is read there as it is. Their schemas return nothing: the kernel
+// takes its arguments off the stack.
+void fused_optimizer_step(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  torch::jit::drop(*stack, op.schema().arguments().size());
+}
+
+void register_fused_optimizer_step(torch::Library& lib, const char* name) {
+  lib.impl(name, torch::CppFunction::makeFromBoxedFunction<&fused_optimizer_step>());
+}
+
+OwnKernelEntry own_fused_optimizer_step(const char* qualified) {
+  return {qualified,
+          {c10::KernelFunction::makeFromBoxedFunction<&fused_optimizer_step>(), &register_fused_optimizer_step}};
+}
+
 const std::unordered_map<std::string, OwnKernel>& own_kernels() {
   static const std::unordered_map<std::string, OwnKernel> kernels = [] {
     std::unordered_map<std::string, OwnKernel> all = {
@@ -695,6 +735,10 @@ const std::unordered_map<std::string, OwnKernel>& own_kernels() {
         own("count_nonzero.dim_IntList", TORCH_FN(count_nonzero)),
         own("frexp.Tensor", TORCH_FN(frexp)),
         own("rrelu_with_noise", TORCH_FN(rrelu_with_noise)),
+        own("_sample_dirichlet", TORCH_FN(sample_dirichlet)),
+        own("_standard_gamma_grad", TORCH_FN(standard_gamma_grad)),
+        own("_dirichlet_grad", TORCH_FN(dirichlet_grad)),
+        own("binomial", TORCH_FN(binomial)),
         own("unfold_backward", TORCH_FN(unfold_backward)),
         own("bucketize.Tensor", TORCH_FN(bucketize)),
         own("searchsorted.Tensor", TORCH_FN(searchsorted)),
@@ -719,6 +763,14 @@ const std::unordered_map<std::string, OwnKernel>& own_kernels() {
         own("_grouped_mm", TORCH_FN(grouped_mm)),
         own("pixel_shuffle", TORCH_FN(pixel_shuffle)),
         own("pixel_unshuffle", TORCH_FN(pixel_unshuffle)),
+        own_fused_optimizer_step("_fused_sgd_"),
+        own_fused_optimizer_step("_fused_sgd_.tensor_lr"),
+        own_fused_optimizer_step("_fused_adagrad_"),
+        own_fused_optimizer_step("_fused_adagrad_.tensor_lr"),
+        own_fused_optimizer_step("_fused_adam_"),
+        own_fused_optimizer_step("_fused_adam_.tensor_lr"),
+        own_fused_optimizer_step("_fused_adamw_"),
+        own_fused_optimizer_step("_fused_adamw_.tensor_lr"),
     };
     for (auto& entry : layer_kernels()) all.insert(std::move(entry));
     for (auto& entry : cuda_attention_kernels()) all.insert(std::move(entry));

@@ -908,6 +908,16 @@ IDIOMS = {
     "RMSprop (centered)": stepped_by(lambda ps: torch.optim.RMSprop(ps, centered=True)),
     "Adagrad": stepped_by(torch.optim.Adagrad),
     "Adafactor": stepped_by(torch.optim.Adafactor),
+    "NAdam (decoupled weight decay)": stepped_by(
+        lambda ps: torch.optim.NAdam(ps, weight_decay=0.01, decoupled_weight_decay=True)),
+    "RAdam": stepped_by(torch.optim.RAdam),
+    "Adamax": stepped_by(torch.optim.Adamax),
+    "ASGD": stepped_by(torch.optim.ASGD),
+    "Rprop": stepped_by(torch.optim.Rprop),
+    "fused SGD with momentum": stepped_by(lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, fused=True)),
+    "fused Adagrad": stepped_by(lambda ps: torch.optim.Adagrad(ps, fused=True)),
+    "fused Adam with a learning rate tensor": stepped_by(
+        lambda ps: torch.optim.Adam(ps, lr=torch.tensor(1e-3), fused=True)),
     "frozen backbone": frozen_backbone,
     "mixup + label smoothing": mixup_with_label_smoothing,
     "two losses through one graph (retain_graph)": two_losses_through_one_graph,

@@ -750,6 +750,21 @@ COMPOSED_KERNEL_CASES = {
     "multinomial 4 of 8 x 30,000, bf16": multinomial((8, 30000), 4, dtype=torch.bfloat16),
     "multinomial 4 of a transposed 30,000 x 8": freed_step(
         lambda: torch.multinomial(torch.rand(30000, 8, device="cuda").t(), 4)),
+    # torch.distributions: Dirichlet (and Beta, a Dirichlet of two) samples
+    # gammas into its result, then divides them by their sums over the last
+    # dimension; Gamma's rsample and Dirichlet's take their gradients from
+    # kernels of their own. The fake GPU's values are zeros, which the
+    # distributions' argument checks refuse.
+    "Dirichlet rsample of 64 x 10 and its gradient, f32": freed_step(lambda: torch.distributions.Dirichlet(
+        cuda_randn(64, 10).exp().requires_grad_(), validate_args=False).rsample().sum().backward()),
+    "Dirichlet sample of 2 x 1,000,000, f32": freed_step(lambda: torch.distributions.Dirichlet(
+        cuda_randn(2, 1000000).exp(), validate_args=False).sample()),
+    "Beta sample of 100,000 (mixup's weights), f32": freed_step(lambda: torch.distributions.Beta(
+        torch.full((100000,), 0.4, device="cuda"), torch.full((100000,), 0.4, device="cuda"), validate_args=False).sample()),
+    "Gamma rsample of 100,000 and its gradient, f32": freed_step(lambda: torch.distributions.Gamma(
+        cuda_randn(100000).exp().requires_grad_(), 1.0, validate_args=False).rsample().sum().backward()),
+    "binomial of 100,000, f32": freed_step(lambda: torch.distributions.Binomial(
+        10, torch.full((100000,), 0.5, device="cuda"), validate_args=False).sample()),
     "cdist of 64 and 256 points of 128, forward and backward": freed_step(
         lambda: torch.cdist(cuda_randn(64, 128).requires_grad_(), cuda_randn(256, 128)).sum().backward()),
 }

@@ -164,13 +164,14 @@ def test_kernels_that_run_other_ops_inside_hold_them_as_real_torch(gpu, case):
     # count_nonzero's mask and the int64 copy its sum reads; scatter_reduce's
     # mean counting through ones; histc's aminmax; multinomial's checks, its
     # noise and topk's buffers or argmax's staging (its prefix sums with
-    # replacement); cdist's products (meta/CudaReduction.cpp,
-    # CudaIndexing.cpp, CudaSort.cpp; _euclidean_dist decomposed). Before:
+    # replacement); cdist's products; Dirichlet's sums of its gammas
+    # (meta/CudaReduction.cpp, CudaIndexing.cpp, CudaSort.cpp;
+    # _euclidean_dist decomposed). Before:
     # the outputs alone (count_nonzero of 1,000,000 floats 4,000,768 B
     # against 13,002,752 B on the H100; multinomial of 8 with replacement
     # from 16 x 50,257 3,217,920 B against 12,868,608 B; cdist's forward
     # and backward 34,343,424 B against 67,897,856 B, its forward's cuBLAS
-    # workspace missing).
+    # workspace missing; torch.distributions' samplers stopped a trace).
     assert_as_real_torch(gpu, case, fake_gpu="")
 
 

@@ -576,6 +576,50 @@ def test_sampling_and_scattered_means_hold_their_inner_ops_as_the_real_cpu_run(o
     assert traced == achieved
 
 
+DISTRIBUTIONS = {
+    "Dirichlet rsample and its gradient": lambda dtype: torch.distributions.Dirichlet(
+        torch.randn(64, 10, dtype=dtype).exp().requires_grad_()).rsample().sum().backward(),
+    "Dirichlet sample of 2 x 100,000": lambda dtype: torch.distributions.Dirichlet(
+        torch.randn(2, 100000, dtype=dtype).exp()).sample(),
+    "Beta sample (mixup's weights)": lambda dtype: torch.distributions.Beta(
+        torch.full((100000,), 0.4, dtype=dtype), torch.full((100000,), 0.4, dtype=dtype)).sample(),
+    "Gamma rsample and its gradient": lambda dtype: torch.distributions.Gamma(
+        torch.randn(100000, dtype=dtype).exp().requires_grad_(), 1.0).rsample().sum().backward(),
+    "Binomial sample": lambda dtype: torch.distributions.Binomial(10, torch.full((100000,), 0.5, dtype=dtype)).sample(),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("distribution", list(DISTRIBUTIONS))
+def test_distributions_sample_through_their_own_kernels_as_the_real_cpu_run(distribution, dtype):
+    # Dirichlet (Beta is one of two) draws its gammas as doubles beside the
+    # result and divides them by their sums over the last dimension. Before,
+    # these stopped: no meta kernel for _sample_dirichlet,
+    # _standard_gamma_grad, _dirichlet_grad or binomial.
+    traced, achieved = trace_and_run(lambda: DISTRIBUTIONS[distribution](dtype))
+    assert traced == achieved
+
+
+@pytest.mark.parametrize("make", [
+    lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, fused=True),
+    lambda ps: torch.optim.Adagrad(ps, fused=True),
+    lambda ps: torch.optim.AdamW(ps, fused=True),
+    lambda ps: torch.optim.Adam(ps, lr=torch.tensor(1e-3), fused=True),
+], ids=["SGD", "Adagrad", "AdamW", "Adam with a learning rate tensor"])
+def test_fused_optimizer_steps_are_exact_against_the_real_cpu_run(make):
+    # torch.optim's fused=True steps update in place and hold nothing; fused
+    # SGD and Adagrad, and a learning rate given as a tensor, stopped before.
+    def step():
+        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+        optimizer = make(model.parameters())
+        for _ in range(2):
+            model(torch.randn(32, 64)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    traced, achieved = trace_and_run(step)
+    assert traced == achieved
+
+
 def test_a_scattered_mean_of_integers_counts_without_a_cast_as_the_real_cpu_run():
     traced, achieved = trace_and_run(lambda: torch.zeros(1000, 64, dtype=torch.long).scatter_reduce(
         0, torch.randint(0, 1000, (20000, 64)), torch.ones(20000, 64, dtype=torch.long), "mean"))
