@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import FakeStore
 
-from . import _foreach_sharding, _metamem
+from . import _ddp, _foreach_sharding, _metamem
 from ._cuda import Patches
 
 _BACKEND = "fake"
@@ -39,11 +39,13 @@ _BACKEND = "fake"
 class _Work(dist.Work):
     """Done at once; keeps what the backend's work keeps for as long as the
     work lives (gloo's works own their tensors until they die, waited on
-    or not)."""
+    or not). Its future's value is the collective's output tensors, as a
+    backend's is (DDP's Reducer reads its reduced bucket there)."""
 
-    def __init__(self, held=()):
+    def __init__(self, held=(), result=None):
         super().__init__()
         self._held = list(held)
+        self._result = result
 
     def wait(self, timeout=None):
         return True
@@ -56,7 +58,7 @@ class _Work(dist.Work):
 
     def get_future(self):
         future = torch.futures.Future()
-        future.set_result(None)
+        future.set_result(self._result)
         return future
 
 
@@ -124,7 +126,7 @@ class TracedProcessGroup(dist.ProcessGroup):
 
     def all_gather_single(self, output, input, opts=None):
         self._staged([output], receive=True)
-        return _Work()
+        return _Work(result=[output])
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         for output in outputs:
@@ -134,7 +136,7 @@ class TracedProcessGroup(dist.ProcessGroup):
     def allgather(self, output_lists, inputs, opts=None):
         for outputs in output_lists:
             self._staged(outputs, receive=True)
-        return _Work()
+        return _Work(result=output_lists)
 
     def gather(self, output_lists, inputs, opts=None):
         if self.rank() == opts.rootRank:
@@ -156,7 +158,7 @@ class TracedProcessGroup(dist.ProcessGroup):
             output.copy_(whole.chunk(self.size())[self.rank()])
             held.append(whole)
         _reduced([output])
-        return _Work(held=held)
+        return _Work(held=held, result=[output])
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
         works = [self.reduce_scatter_single(output, input, opts) for output, input in zip(outputs, inputs)]
@@ -164,24 +166,24 @@ class TracedProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
         _reduced(outputs)
-        return _Work()
+        return _Work(result=outputs)
 
     def allreduce(self, tensors, opts=None):
         if self._copies:
             for tensor in tensors:
                 _gloo_reduction(tensor, opts, self.size())
         _reduced(tensors)
-        return _Work()
+        return _Work(result=tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
 
     def reduce(self, tensors, opts=None):
         _reduced(tensors)
-        return _Work()
+        return _Work(result=tensors)
 
     def broadcast(self, tensors, opts=None):
-        return _Work()
+        return _Work(result=tensors)
 
     def alltoall(self, outputs, inputs, opts=None):
         return _Work()
@@ -366,6 +368,7 @@ def ranks(device, world_size, rank, nproc_per_node=None):
 
         _host_meshes(patches)
         _foreach_sharding.quicken(patches)
+        _ddp.install(patches)
         patches.set(dist, "init_process_group", init_process_group)
         patches.set(dist.distributed_c10d, "init_process_group", init_process_group)
         yield groups

@@ -1,7 +1,10 @@
 """Training steps written as users write distributed torch 2.x code, for
 test_distributed.py: each builds its mesh and model, parallelizes it and
-runs two AdamW steps. Real gloo processes and per-rank traces run the same
-functions (spawned processes import them from here)."""
+runs two AdamW steps (DDP's, three SGD steps). Real gloo processes and
+per-rank traces run the same functions (spawned processes import them from
+here)."""
+
+import functools
 
 import torch
 import torch.distributed as dist
@@ -58,6 +61,36 @@ def sequence_parallel(world, device="cpu"):
     for _ in range(2):
         tokens = torch.randn(4, 32 // world, 64, device=device)  # this rank's part of the sequence
         model(tokens).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+class _WithAnUnusedHead(torch.nn.Module):
+    """Layers of which the forward leaves the last out."""
+
+    def __init__(self, layers):
+        super().__init__()
+        self.layers, self.unused = torch.nn.Sequential(*layers[:-1]), layers[-1]
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+def ddp(world, device="cpu", comm_hook=None, unused=False, **options):
+    """Six 512 x 512 layers and a batch norm under DistributedDataParallel,
+    three SGD steps with momentum: its buckets (6 MiB, one at first, then
+    rebuilt as gradients arrived: a first of 1 MiB) and its buffers'
+    broadcast before each forward."""
+    torch.manual_seed(0)
+    layers = [torch.nn.BatchNorm1d(512)] + [torch.nn.Linear(512, 512) for _ in range(6 + unused)]
+    model = (_WithAnUnusedHead(layers) if unused else torch.nn.Sequential(*layers)).to(device)
+    model = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=unused, **options)
+    if comm_hook is not None:  # a hook of torch's default_hooks, by name
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        model.register_comm_hook(None, getattr(default_hooks, f"{comm_hook}_hook"))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    for _ in range(3):
+        model(torch.randn(16, 512, device=device)).sum().backward()
         optimizer.step()
         optimizer.zero_grad()
 
@@ -119,6 +152,10 @@ def hf_pipeline(world, model_type, layers=3):
     hf.training_step(cfg, batch=2, seq=SEQ, device="cpu", sharding=metamem.Sharding(world // 2, pipeline_parallel=2))()
 
 
+DDP_OPTIONS = {"ddp": {}, "ddp_find_unused_parameters": {"unused": True},
+               "ddp_gradient_as_bucket_view": {"gradient_as_bucket_view": True},
+               "ddp_static_graph": {"static_graph": True}, "ddp_fp16_compress_hook": {"comm_hook": "fp16_compress"}}
+
 STEPS = {"fsdp2": fsdp2, "fsdp2_keep_unsharded": lambda world: fsdp2(world, reshard_after_forward=False),
          "tensor_parallel": tensor_parallel, "sequence_parallel": sequence_parallel,
          "pipeline_gpipe": pipeline,
@@ -130,7 +167,8 @@ STEPS = {"fsdp2": fsdp2, "fsdp2_keep_unsharded": lambda world: fsdp2(world, resh
          "hf_llama_pp_tp": lambda world: hf_llama(world, tensor_parallel=2, pipeline_parallel=2),
          # GPT-NeoX's pipeline plan names its parts as Llama's does not
          # (embed_in, emb_dropout, layers, final_layer_norm)
-         "hf_gpt_neox_pp": lambda world: hf_pipeline(world, "gpt_neox")}
+         "hf_gpt_neox_pp": lambda world: hf_pipeline(world, "gpt_neox"),
+         **{name: functools.partial(ddp, **options) for name, options in DDP_OPTIONS.items()}}
 
 
 def _gloo_rank(rank, world, store, name, repeats, results):

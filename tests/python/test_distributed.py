@@ -30,7 +30,12 @@ def traced_peak(name, world, rank):
                                          pytest.param("pipeline_gpipe", 4, marks=full), ("pipeline_1f1b", 4),
                                          pytest.param("hf_llama", 4, marks=full), ("hf_llama_hybrid", 4),
                                          ("hf_llama_tp", 4), ("hf_llama_pp", 4),
-                                         ("hf_gpt_neox_pp", 2)])
+                                         ("hf_gpt_neox_pp", 2), ("ddp", 2), ("ddp_find_unused_parameters", 2),
+                                         ("ddp_gradient_as_bucket_view", 2), ("ddp_static_graph", 2),
+                                         # Of its real runs, about half hold a bucket's fp16 copy
+                                         # (525,312 B) past gloo's worker thread's callback: three runs
+                                         # may all do so.
+                                         pytest.param("ddp_fp16_compress_hook", 2, marks=full)])
 def test_each_rank_is_exact_against_gloo(name, world, tmp_path):
     # gloo's worker thread drops a finished collective's tensors when it
     # gets to it, sometimes after the main thread's next allocation: a run
@@ -95,6 +100,28 @@ print(json.dumps(hf_pipeline_peaks({world}, {tensor_parallel})))
     with metamem.trace(device="cuda", gpu="H100-80GB", world_size=world, rank=rank):
         traced = hf_pipeline_peaks(world, tensor_parallel)  # noqa: F821 (defined by the exec above)
     assert traced == real  # max allocated and max reserved over the build and two steps
+
+
+def test_ddp_on_fake_cuda_holds_its_buckets_beside_the_gradients():
+    # DistributedDataParallel's C++ Reducer stopped a trace on both devices
+    # (its storage comparisons read data pointers; its CUDA timers need a
+    # runtime): a trace builds metamem._ddp's instead. Built, it holds one
+    # flat bucket of every gradient (torch 2.14 buckets all parameters
+    # together until the first backward shows their order); after that
+    # backward each parameter has its gradient beside the bucket.
+    layers = [torch.nn.Linear(512, 512) for _ in range(3)]
+    gradient_bytes = sum(p.numel() * 4 for layer in layers for p in layer.parameters())
+    with metamem.trace(device="cuda", gpu="H100-80GB", world_size=2, rank=1):
+        model = torch.nn.Sequential(*layers).cuda()
+        before = torch.cuda.memory_allocated()
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        assert torch.cuda.memory_allocated() - before == gradient_bytes
+        ddp(torch.randn(8, 512, device="cuda")).sum().backward()
+        assert all(p.grad is not None for p in model.parameters())
+        assert isinstance(ddp.reducer, metamem._ddp.TracedReducer)
+        with pytest.raises(NotImplementedError, match="batched_grad_copy are not traced"):
+            torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4).cuda(), batched_grad_copy=True)
+    assert dist.Reducer is torch._C._distributed_c10d.Reducer  # put back
 
 
 def test_ranks_differ_where_the_code_does():

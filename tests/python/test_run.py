@@ -214,6 +214,22 @@ def test_a_torchrun_script_is_traced_as_each_rank_exact_against_real_processes(c
     assert traced[3] < traced[0]
 
 
+def test_a_torchrun_ddp_script_is_exact_against_real_gloo_processes(capsys):
+    # The same script with DistributedDataParallel: its buckets, filled and
+    # all-reduced in backward, rebuilt before the second forward. Before
+    # 2026-12-03 DDP's construction stopped the trace.
+    real = torchrun_peaks(TORCHRUN_SCRIPT, ["--ddp"], 2)
+    for rank in range(2):
+        argv = ["run", "--device", "cpu", "--nproc-per-node", "2", "--rank", str(rank), "--steps", "3",
+                "--format", "json", TORCHRUN_SCRIPT, "--ddp"]
+        assert metamem.cli.main(argv) == 0
+        traced = max(json.loads(capsys.readouterr().out)["predicted"]["step_peaks"])
+        assert min(real[rank]) == traced and all(peak >= traced for peak in real[rank]), (rank, real[rank], traced)
+    argv = ["run", "--nproc-per-node", "8", "--rank", "3", "--format", "json", TORCHRUN_SCRIPT, "--ddp"]
+    assert metamem.cli.main(argv) == 0  # on fake cuda, NCCL's group is metamem's
+    assert json.loads(capsys.readouterr().out)["run"]["job"] == {"world_size": 8, "rank": 3, "nproc_per_node": 8}
+
+
 def test_a_rank_of_a_job_on_many_gpus(capsys):
     # Rank 13 of two nodes of eight: LOCAL_RANK 5, whose GPU the script
     # takes; NCCL's group is metamem's.

@@ -2,10 +2,11 @@
 `metamem run --nproc-per-node N --rank R` (tests/python/test_run.py):
 the process group from torchrun's environment (NCCL on GPUs, gloo on
 CPUs), LOCAL_RANK's GPU, a DistributedSampler, each layer and the model
-fully sharded, AdamW, the loss logged by rank 0, a barrier and the group
+fully sharded (with --ddp, the model under DistributedDataParallel
+instead), AdamW, the loss logged by rank 0, a barrier and the group
 destroyed at the end.
 
-    torchrun --nproc-per-node 2 tests/python/torchrun_training_script.py --epochs 2
+    torchrun --nproc-per-node 2 tests/python/torchrun_training_script.py --epochs 2 [--ddp]
 """
 
 import argparse
@@ -23,6 +24,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--ddp", action="store_true", help="DistributedDataParallel instead of FSDP2")
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")
@@ -38,10 +40,13 @@ def main():
     loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler)
     model = torch.nn.Sequential(torch.nn.Linear(128, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
                                 torch.nn.ReLU(), torch.nn.Linear(512, 10)).to(device)
-    for layer in model:
-        if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer)
-    fully_shard(model)
+    if args.ddp:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+    else:
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer)
+        fully_shard(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
     for epoch in range(args.epochs):
