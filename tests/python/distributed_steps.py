@@ -76,7 +76,7 @@ class _WithAnUnusedHead(torch.nn.Module):
         return self.layers(x)
 
 
-def ddp(world, device="cpu", comm_hook=None, unused=False, **options):
+def ddp(world, device="cpu", comm_hook=None, unused=False, accumulate=False, **options):
     """Six 512 x 512 layers and a batch norm under DistributedDataParallel,
     three SGD steps with momentum: its buckets (6 MiB, one at first, then
     rebuilt as gradients arrived: a first of 1 MiB) and its buffers'
@@ -90,6 +90,9 @@ def ddp(world, device="cpu", comm_hook=None, unused=False, **options):
         model.register_comm_hook(None, getattr(default_hooks, f"{comm_hook}_hook"))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     for _ in range(3):
+        if accumulate:  # a first micro-batch's gradients kept, not reduced
+            with model.no_sync():
+                model(torch.randn(16, 512, device=device)).sum().backward()
         model(torch.randn(16, 512, device=device)).sum().backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -154,7 +157,8 @@ def hf_pipeline(world, model_type, layers=3):
 
 DDP_OPTIONS = {"ddp": {}, "ddp_find_unused_parameters": {"unused": True},
                "ddp_gradient_as_bucket_view": {"gradient_as_bucket_view": True},
-               "ddp_static_graph": {"static_graph": True}, "ddp_fp16_compress_hook": {"comm_hook": "fp16_compress"}}
+               "ddp_static_graph": {"static_graph": True}, "ddp_fp16_compress_hook": {"comm_hook": "fp16_compress"},
+               "ddp_no_sync": {"accumulate": True}}
 
 STEPS = {"fsdp2": fsdp2, "fsdp2_keep_unsharded": lambda world: fsdp2(world, reshard_after_forward=False),
          "tensor_parallel": tensor_parallel, "sequence_parallel": sequence_parallel,

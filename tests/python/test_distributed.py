@@ -32,6 +32,7 @@ def traced_peak(name, world, rank):
                                          ("hf_llama_tp", 4), ("hf_llama_pp", 4),
                                          ("hf_gpt_neox_pp", 2), ("ddp", 2), ("ddp_find_unused_parameters", 2),
                                          ("ddp_gradient_as_bucket_view", 2), ("ddp_static_graph", 2),
+                                         ("ddp_no_sync", 2),
                                          # Of its real runs, about half hold a bucket's fp16 copy
                                          # (525,312 B) past gloo's worker thread's callback: three runs
                                          # may all do so.
