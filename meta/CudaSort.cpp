@@ -42,6 +42,7 @@ std::optional<std::int64_t> cub_radix_sort_bytes(std::int64_t n, std::int64_t ke
     return std::min(threads, at::round_up(kSharedMemory / (dominant * items), std::int64_t{32})) * items;
   };
   if (n <= tile(256, 19)) return 1;  // one block sorts all: cub asks for a byte
+  if (key_bytes < 4 && value_bytes != 8) return std::nullopt;  // small keys: with libtorch's indices alone
   const GpuTraits gpu = traced_gpu();
   const int arch = gpu.major * 100 + gpu.minor * 10;
   const bool keys_only = value_bytes == 0;
@@ -49,7 +50,6 @@ std::optional<std::int64_t> cub_radix_sort_bytes(std::int64_t n, std::int64_t ke
   if (arch >= 900 && key_bytes < 4) {
     // sm90_small_key_tuning for 8-byte values and offsets: torch's 1- and
     // 2-byte keys with their indices.
-    if (value_bytes != 8) return std::nullopt;
     threads = key_bytes == 1 ? 384 : 512, items = key_bytes == 1 ? 18 : 23;
   } else if (arch < 700) {
     return std::nullopt;
@@ -64,7 +64,7 @@ std::optional<std::int64_t> cub_radix_sort_bytes(std::int64_t n, std::int64_t ke
     // registers, and 256 of 170 to 254 (the wheel's cubins, cuobjdump
     // -res-usage). 1-byte keys' second kernel runs 2 or 3, which the fake
     // GPU, answering 1 for any kernel, cannot check.
-    if (value_bytes != 8 || key_bytes != 2) return std::nullopt;
+    if (key_bytes != 2) return std::nullopt;
     const std::int64_t spine = gpu.multi_processor_count * 5 * 128 + 512 * 11;
     return cub_alias_temporaries({spine * kOffsetBytes, n * key_bytes, n * value_bytes});
   } else if (arch >= 900) {
