@@ -4,7 +4,8 @@ Inside trace(world_size=N, rank=r) the default process group is metamem's:
 collectives communicate nothing (a trace has no values to send) but hold
 the memory the real backend holds while they run, so that FSDP2's
 fully_shard, DTensor, the functional collectives and pipeline schedules
-trace as rank r runs them. Every group made from it (new_group, a
+trace as rank r runs them (DistributedDataParallel too, its C++ Reducer
+modelled by metamem._ddp). Every group made from it (new_group, a
 DeviceMesh's dimensions) is one too. It is torch's "fake" backend for the
 block: torch's own code knows that such a group, one process standing for
 one rank, exchanges no values (a pipeline stage then takes its shapes from
