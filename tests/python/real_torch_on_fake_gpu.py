@@ -40,6 +40,8 @@ import textwrap
 # torch asks it) and its environment, as a trace's recordings start theirs.
 from metamem._fake_gpu import PROLOGUE, command, environment
 
+import forked_children
+
 # For a child whose step compiles: each compile's garbage collected when it
 # ends, as a trace and metamem.achieved_cpu collect it (docs/compile.md).
 # Without it the real run holds what that garbage references until
@@ -219,9 +221,12 @@ def measure(oracle, gpu, program, *args, torch_site=None, leave=True):
     fake `gpu`; the torch of the folder `torch_site` where one is given.
     With `leave` false the child ends as a process does, its exit handlers
     run (RuntimeError where it fails then, as at any point)."""
-    run = subprocess.run(command(oracle, gpu, program + (LEAVE if leave else ""), *args),
-                         env=environment(oracle, torch_site),
-                         capture_output=True, text=True, timeout=600)
+    argv, env = command(oracle, gpu, program + (LEAVE if leave else ""), *args), environment(oracle, torch_site)
+    # A child that leaves at once is forked from a Python with torch imported
+    # (a second of its start saved); one that runs its exit handlers starts
+    # as any process does.
+    run = forked_children.run(argv, env, timeout=600) if leave else \
+        subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     if run.returncode != 0:
         raise RuntimeError(f"{gpu['key']}: the child exited {run.returncode}:\n{run.stderr[-3000:]}")
     return json.loads(run.stdout.splitlines()[-1])
