@@ -24,14 +24,19 @@ def traced_peak(name, world, rank):
 
 
 # In CI, the hub decoder's hybrid sharding (FSDP2 in a node of two, replicated
-# across nodes) stands for its FSDP2 alone, and 1F1B for GPipe.
+# across nodes) stands for its FSDP2 alone, 1F1B for GPipe, its pipeline of
+# tensor-parallel stages (below) and GPT-NeoX's pipeline for its tensor
+# parallelism and pipeline alone, and plain DDP and no_sync for DDP's options.
 @pytest.mark.parametrize("name, world", [("fsdp2", 4), ("fsdp2_keep_unsharded", 2), ("tensor_parallel", 4),
                                          ("sequence_parallel", 4),
                                          pytest.param("pipeline_gpipe", 4, marks=full), ("pipeline_1f1b", 4),
                                          pytest.param("hf_llama", 4, marks=full), ("hf_llama_hybrid", 4),
-                                         ("hf_llama_tp", 4), ("hf_llama_pp", 4),
-                                         ("hf_gpt_neox_pp", 2), ("ddp", 2), ("ddp_find_unused_parameters", 2),
-                                         ("ddp_gradient_as_bucket_view", 2), ("ddp_static_graph", 2),
+                                         pytest.param("hf_llama_tp", 4, marks=full),
+                                         pytest.param("hf_llama_pp", 4, marks=full),
+                                         ("hf_gpt_neox_pp", 2), ("ddp", 2),
+                                         pytest.param("ddp_find_unused_parameters", 2, marks=full),
+                                         pytest.param("ddp_gradient_as_bucket_view", 2, marks=full),
+                                         pytest.param("ddp_static_graph", 2, marks=full),
                                          ("ddp_no_sync", 2),
                                          # Of its real runs, about half hold a bucket's fp16 copy
                                          # (525,312 B) past gloo's worker thread's callback: three runs
