@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 # Read by the zygote for each request, never at Python's or torch's start:
@@ -89,7 +90,10 @@ class _Zygote:
         self.process.wait()
 
 
-_zygote = None
+# A zygote serves one request at a time: each thread that asks (the sweeps
+# run children side by side from a thread pool) has its own.
+_of_thread = threading.local()
+_started = []
 
 
 def run(argv, env, timeout):
@@ -97,13 +101,15 @@ def run(argv, env, timeout):
     timeout=timeout) for argv = [sys.executable, "-c", program, *args], the
     child forked from a zygote whose environment matches `env` in all but
     PER_CHILD."""
-    global _zygote
     assert argv[:2] == [sys.executable, "-c"], argv
     started = {key: value for key, value in env.items() if key not in PER_CHILD}
-    if _zygote is None or _zygote.env != started or _zygote.process.poll() is not None:
-        if _zygote is not None:
-            _zygote.close()
-        _zygote = _Zygote(started)
+    zygote = getattr(_of_thread, "zygote", None)
+    if zygote is None or zygote.env != started or zygote.process.poll() is not None:
+        if zygote is not None:
+            zygote.close()
+            _started.remove(zygote)
+        zygote = _of_thread.zygote = _Zygote(started)
+        _started.append(zygote)
     deadline = time.monotonic() + timeout
     with tempfile.TemporaryDirectory() as folder:
         out, err = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
@@ -111,19 +117,19 @@ def run(argv, env, timeout):
             open(path, "w").close()
         request = {"program": argv[2], "args": argv[3:], "env": env, "cwd": os.getcwd(), "stdout": out,
                    "stderr": err}
-        _zygote.process.stdin.write(json.dumps(request) + "\n")
-        _zygote.process.stdin.flush()
-        pid = _zygote.answer(deadline)["pid"]
+        zygote.process.stdin.write(json.dumps(request) + "\n")
+        zygote.process.stdin.flush()
+        pid = zygote.answer(deadline)["pid"]
         try:
-            returncode = _zygote.answer(deadline)["returncode"]
+            returncode = zygote.answer(deadline)["returncode"]
         except TimeoutError:
             os.killpg(pid, signal.SIGKILL)
-            _zygote.answer(time.monotonic() + 60)  # the killed child's status, before the next request
+            zygote.answer(time.monotonic() + 60)  # the killed child's status, before the next request
             raise subprocess.TimeoutExpired(argv, timeout)
         return subprocess.CompletedProcess(argv, returncode, open(out).read(), open(err).read())
 
 
 @atexit.register
 def _close():
-    if _zygote is not None:
-        _zygote.close()
+    for zygote in _started:
+        zygote.close()
