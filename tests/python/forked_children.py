@@ -9,9 +9,9 @@ preloaded), imports torch once and forks a child per request that runs the
 program as `python -c PROGRAM ARGS...` would: its own `__main__`, argv,
 environment and working directory, CUDA first initialized in the child (the
 zygote never touches it, so each child meets the fake GPU and torch's
-allocator as a fresh process does). The child leaves by os._exit as the
-tests' programs do, so only programs that end so are run here
-(real_torch_on_fake_gpu.measure).
+allocator as a fresh process does). A child leaves by os._exit, its exit
+handlers not run, as the tests' programs leave (real_torch_on_fake_gpu's
+LEAVE); measure() starts a program that ends through them as a process.
 
 Requests and answers are JSON lines on the zygote's stdin and stdout; a
 child's own output goes to files, which no pipe's capacity can stop.
@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 
-# Read by the zygote for each request, never at Python's or torch's start:
+# Set in each child, and read by neither Python's start nor torch's import:
 # a zygote serves any environment that differs from its own in these alone.
 PER_CHILD = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR"}
 
