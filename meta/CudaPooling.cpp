@@ -1,5 +1,5 @@
 // What CUDA's max pooling and its gradient hold beside their outputs, in
-// their order. Recorded from real torch 2.14.1 on the fake GPU (SAM2's
+// their order (fractional max pooling's gradient since 2026-12-04). Recorded from real torch 2.14.1 on the fake GPU (SAM2's
 // Hiera pools its queries, a channels-last view with gaps between pixels).
 #include <ATen/ATen.h>
 
@@ -32,10 +32,22 @@ ScratchPlan max_pool2d_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
   return plan;
 }
 
+// aten::fractional_max_pool2d_backward(grad_output, input, kernel_size,
+// output_size, indices): the output's gradient made contiguous (a copy of a
+// broadcast one) before the input's gradient, which the kernel sizes after
+// it (resize_as_). The 3-d kernel reads it as it is.
+ScratchPlan fractional_max_pool2d_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
+  ScratchPlan plan;
+  plan.make(copy_unless_contiguous(arguments[0].toTensor()));
+  plan.before_outputs = 1;
+  return plan;
+}
+
 }  // namespace
 
 ScratchPlanModel cuda_pooling_plan_model(const std::string& qualified_name) {
   if (qualified_name == "aten::max_pool2d_with_indices") return &max_pool2d_plan;
+  if (qualified_name == "aten::fractional_max_pool2d_backward") return &fractional_max_pool2d_backward_plan;
   return qualified_name == "aten::max_pool2d_with_indices_backward" ? &max_pool2d_backward_plan : nullptr;
 }
 

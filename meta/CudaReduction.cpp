@@ -317,6 +317,31 @@ ScratchPlan foreach_norm_plan(c10::ArrayRef<c10::IValue> arguments) {
   return plan;
 }
 
+// aten::_pdist_backward(grad, self, p, pdist) (pdist_backward_kernel_impl):
+// each pair's share of both rows' gradients in a buffer of (n - 1) x n x m
+// after the result, then summed over its first dimension into the result
+// (at::sum_out) with that sum's staging. None for p = 0 or an empty input
+// (the result filled with zeros).
+ScratchPlan pdist_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
+  const at::Tensor& grad = arguments[0].toTensor();
+  const at::Tensor& self = arguments[1].toTensor();
+  ScratchPlan plan;
+  if (arguments[2].toDouble() == 0 || grad.numel() == 0 || self.numel() == 0) return plan;
+  const std::int64_t n = self.size(0), m = self.size(1);
+  ReductionStaging staging;
+  std::size_t buffer = 0;
+  {
+    OutsideMetaMode outside;
+    const at::Tensor shares = at::empty({n - 1, n, m}, self.options().device(c10::kMeta));
+    buffer = plan.make(static_cast<std::int64_t>(shares.nbytes()));
+    staging = cuda_reduction_staging(CudaReduction::Sum, shares, at::empty({n, m}, shares.options()),
+                                     at::IntArrayRef{0}, false);
+  }
+  add_staging(plan, staging);
+  plan.free(buffer);
+  return plan;
+}
+
 }  // namespace
 
 void add_aminmax_of_all(ScratchPlan& plan, const at::Tensor& self) {
@@ -364,6 +389,7 @@ ScratchPlanModel cuda_reduction_plan_model(const std::string& qualified_name) {
   if (qualified_name == "aten::aminmax") return &aminmax_plan;
   if (qualified_name == "aten::_foreach_norm.Scalar") return &foreach_norm_plan;
   if (qualified_name == "aten::_sample_dirichlet") return &sample_dirichlet_plan;
+  if (qualified_name == "aten::_pdist_backward") return &pdist_backward_plan;
   if (qualified_name == "aten::mse_loss" || qualified_name == "aten::smooth_l1_loss")
     return &reduced_loss_plan<false>;
   return qualified_name == "aten::huber_loss" ? &reduced_loss_plan<true> : nullptr;
