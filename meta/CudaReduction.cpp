@@ -317,6 +317,108 @@ ScratchPlan foreach_norm_plan(c10::ArrayRef<c10::IValue> arguments) {
   return plan;
 }
 
+// The sum of a loss's per-sample temporary `losses` into its 0-dim result,
+// with that sum's staging; the temporary freed after.
+void sum_per_sample_losses(ScratchPlan& plan, std::size_t losses, const at::Tensor& self) {
+  ReductionStaging staging;
+  {
+    OutsideMetaMode outside;
+    const at::Tensor per_sample = at::empty({self.size(0)}, self.options().device(c10::kMeta));
+    staging = cuda_reduction_staging(CudaReduction::Sum, per_sample, at::empty({}, per_sample.options()),
+                                     at::IntArrayRef{}, false);
+  }
+  add_staging(plan, staging);
+  plan.free(losses);
+}
+
+// aten::multi_margin_loss(self, target, p, margin, weight, reduction)
+// (multi_margin_loss_cuda_out): the result, then the input, target and
+// weight made contiguous, and over a batch with a reduction each sample's
+// loss into a temporary, summed into the result.
+ScratchPlan multi_margin_loss_plan(c10::ArrayRef<c10::IValue> arguments) {
+  const at::Tensor& self = arguments[0].toTensor();
+  ScratchPlan plan;
+  if (self.numel() == 0) return plan;
+  plan.make(copy_unless_contiguous(self));
+  plan.make(copy_unless_contiguous(arguments[1].toTensor()));
+  if (const auto weight = arguments[4].toOptional<at::Tensor>(); weight && weight->defined())
+    plan.make(copy_unless_contiguous(*weight));
+  if (self.dim() == 2 && arguments[5].toInt() != at::Reduction::None)
+    sum_per_sample_losses(plan, plan.make(self.size(0) * static_cast<std::int64_t>(self.element_size())), self);
+  return plan;
+}
+
+// aten::multilabel_margin_loss_forward(self, target, reduction) ->
+// (output, is_target) (multilabel_margin_loss_forward_out_cuda_template):
+// the input and target made contiguous, is_target, then over a batch with a
+// reduction each sample's loss into a temporary before the 0-dim output,
+// summed into it.
+ScratchPlan multilabel_margin_loss_plan(c10::ArrayRef<c10::IValue> arguments) {
+  const at::Tensor& self = arguments[0].toTensor();
+  ScratchPlan plan;
+  if (self.numel() > 0) {
+    plan.make(copy_unless_contiguous(self));
+    plan.make(copy_unless_contiguous(arguments[1].toTensor()));
+  }
+  plan.output(1);
+  if (self.numel() == 0 || self.dim() != 2 || arguments[2].toInt() == at::Reduction::None) {
+    plan.output(0);
+    return plan;
+  }
+  const std::size_t losses = plan.make(self.size(0) * static_cast<std::int64_t>(self.element_size()));
+  plan.output(0);
+  sum_per_sample_losses(plan, losses, self);
+  return plan;
+}
+
+// aten::multi_margin_loss_backward(grad_output, self, target, p, margin,
+// weight, reduction) (multi_margin_loss_cuda_backward_out): after the
+// input's gradient, the input, the output's gradient, the target and the
+// weight made contiguous.
+ScratchPlan multi_margin_loss_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
+  ScratchPlan plan;
+  if (arguments[1].toTensor().numel() == 0) return plan;
+  for (const std::size_t operand : {1, 0, 2}) plan.make(copy_unless_contiguous(arguments[operand].toTensor()));
+  if (const auto weight = arguments[5].toOptional<at::Tensor>(); weight && weight->defined())
+    plan.make(copy_unless_contiguous(*weight));
+  return plan;
+}
+
+// aten::multilabel_margin_loss_backward(grad_output, self, target,
+// reduction, is_target) (multilabel_margin_loss_backward_cuda_out_template):
+// after the input's gradient, the input, the target, is_target and the
+// output's gradient (a broadcast one without a reduction) made contiguous.
+ScratchPlan multilabel_margin_loss_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
+  ScratchPlan plan;
+  plan.make(copy_unless_contiguous(arguments[1].toTensor()));
+  if (arguments[1].toTensor().numel() == 0) return plan;
+  for (const std::size_t operand : {2, 4, 0}) plan.make(copy_unless_contiguous(arguments[operand].toTensor()));
+  return plan;
+}
+
+// aten::binary_cross_entropy(self, target, weight, reduction) with a
+// reduction (binary_cross_entropy_out_cuda): the elementwise loss is the
+// result's storage; its mean or sum goes to a 0-dim tensor of its own, with
+// that reduction's staging, copied into the result (resized to 0-dim) and
+// freed.
+ScratchPlan binary_cross_entropy_plan(c10::ArrayRef<c10::IValue> arguments) {
+  const std::int64_t reduction = arguments[3].toInt();
+  ScratchPlan plan;
+  if (reduction == at::Reduction::None) return plan;
+  const at::Tensor& self = arguments[0].toTensor();
+  const std::size_t reduced = plan.make(static_cast<std::int64_t>(self.element_size()));
+  ReductionStaging staging;
+  {
+    OutsideMetaMode outside;
+    const at::Tensor loss = at::empty(self.sizes(), self.options().device(c10::kMeta));
+    const auto kind = reduction == at::Reduction::Mean ? CudaReduction::Mean : CudaReduction::Sum;
+    staging = cuda_reduction_staging(kind, loss, at::empty({}, loss.options()), at::IntArrayRef{}, false);
+  }
+  add_staging(plan, staging);
+  plan.free(reduced);
+  return plan;
+}
+
 // aten::_pdist_backward(grad, self, p, pdist) (pdist_backward_kernel_impl):
 // each pair's share of both rows' gradients in a buffer of (n - 1) x n x m
 // after the result, then summed over its first dimension into the result
@@ -390,6 +492,11 @@ ScratchPlanModel cuda_reduction_plan_model(const std::string& qualified_name) {
   if (qualified_name == "aten::_foreach_norm.Scalar") return &foreach_norm_plan;
   if (qualified_name == "aten::_sample_dirichlet") return &sample_dirichlet_plan;
   if (qualified_name == "aten::_pdist_backward") return &pdist_backward_plan;
+  if (qualified_name == "aten::multi_margin_loss") return &multi_margin_loss_plan;
+  if (qualified_name == "aten::multilabel_margin_loss_forward") return &multilabel_margin_loss_plan;
+  if (qualified_name == "aten::multi_margin_loss_backward") return &multi_margin_loss_backward_plan;
+  if (qualified_name == "aten::multilabel_margin_loss_backward") return &multilabel_margin_loss_backward_plan;
+  if (qualified_name == "aten::binary_cross_entropy") return &binary_cross_entropy_plan;
   if (qualified_name == "aten::mse_loss" || qualified_name == "aten::smooth_l1_loss")
     return &reduced_loss_plan<false>;
   return qualified_name == "aten::huber_loss" ? &reduced_loss_plan<true> : nullptr;

@@ -916,6 +916,14 @@ TRAINING_OP_CASES = {
         cuda_randn(256, 1000).requires_grad_(), targets(256, 1000)).backward()),
     "multilabel margin loss, 256 x 100, f32": freed_step(lambda: F.multilabel_margin_loss(
         cuda_randn(256, 100).requires_grad_(), torch.randint(-1, 100, (256, 100), device="cuda")).backward()),
+    "binary cross entropy summed, 4 x 1,000,000, bf16": freed_step(lambda: F.binary_cross_entropy(
+        torch.rand(4, 1000000, device="cuda", dtype=torch.bfloat16, requires_grad=True),
+        torch.rand(4, 1000000, device="cuda", dtype=torch.bfloat16), reduction="sum").backward()),
+    "multi margin loss of a transposed 2 x 1,000,000, f32": freed_step(lambda: F.multi_margin_loss(
+        cuda_randn(2, 1000000).requires_grad_().t(), targets(1000000, 2)).backward()),
+    "multilabel margin loss without reduction, 256 x 100, f32": freed_step(lambda: F.multilabel_margin_loss(
+        cuda_randn(256, 100).requires_grad_(), torch.randint(-1, 100, (256, 100), device="cuda"),
+        reduction="none").sum().backward()),
     "multilabel soft margin loss, 256 x 1000, f32": freed_step(lambda: F.multilabel_soft_margin_loss(
         cuda_randn(256, 1000).requires_grad_(), torch.randint(0, 2, (256, 1000), device="cuda").float()).backward()),
     "triplet margin loss, 512 x 256, f32": freed_step(lambda: F.triplet_margin_loss(
@@ -957,15 +965,10 @@ TRAINING_OP_CASES = {
         torch.kron(cuda_randn(64, 64).requires_grad_(), cuda_randn(32, 32)).sum() +
         torch.diag_embed(cuda_randn(64, 256).requires_grad_()).sum()).backward()),
 }
+
 # What the probe found that a trace does not yet hold as real torch does
 # (the same on the H100, A100 and T4), by case.
 TRAINING_OPS_NOT_YET_EXACT = {
-    "binary cross entropy with weights, 256 x 1000, f32":
-        "the mean's staging (128 B and a semaphore) and its 0-dim result, freed before the backward, are missing; "
-        "the peaks are exact",
-    "multi margin loss, 256 x 1000, f32": "a 1,024-byte temporary of the forward is missing; the peaks are exact",
-    "multilabel margin loss, 256 x 100, f32":
-        "the forward's 1,024-byte temporary is missing and its is_target comes before it; the peaks are exact",
     "embedding with max_norm, 4,096 ids of 50,257":
         "embedding_renorm_'s sorted unique ids and their buffers are missing; the peaks are exact",
 }

@@ -207,7 +207,11 @@ def test_activations_losses_pooling_and_resampling_hold_what_real_torch_holds(gp
     # (meta/CudaReduction.cpp); fractional max pooling's gradient lacked
     # its copy of the broadcast output's gradient, made before the input's
     # gradient (16 x 64 x 56² floats: 32,113,664 B against 35,324,928 B;
-    # meta/CudaPooling.cpp).
+    # meta/CudaPooling.cpp); multi-margin and multilabel margin losses their
+    # per-sample temporary and its sum, and their backwards' contiguous
+    # operands (a transposed 2 x 1,000,000: 28,973,056 B against
+    # 32,001,024 B); binary cross entropy its reduction's own 0-dim result
+    # and staging (meta/CudaReduction.cpp).
     assert_as_real_torch(gpu, case)
 
 
