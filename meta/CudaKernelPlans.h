@@ -76,7 +76,8 @@ std::int64_t cub_alias_temporaries(std::initializer_list<std::int64_t> pieces);
 int cub_num_bits(std::int64_t max_key);
 
 // Kernels that reduce a temporary of their own: a loss's mean over its
-// elementwise values (meta/CudaReduction.cpp).
+// elementwise values or per-sample losses, pdist's gradient over its pairs
+// (meta/CudaReduction.cpp).
 ScratchPlanModel cuda_reduction_plan_model(const std::string& qualified_name);
 
 }  // namespace metamem

@@ -1,6 +1,7 @@
 // What CUDA's max pooling and its gradient hold beside their outputs, in
-// their order (fractional max pooling's gradient since 2026-12-04). Recorded from real torch 2.14.1 on the fake GPU (SAM2's
-// Hiera pools its queries, a channels-last view with gaps between pixels).
+// their order. Recorded from real torch 2.14.1 on the fake GPU (SAM2's
+// Hiera pools its queries, a channels-last view with gaps between pixels;
+// fractional max pooling's gradient, 2026-12-04).
 #include <ATen/ATen.h>
 
 #include "meta/CudaKernelPlans.h"
