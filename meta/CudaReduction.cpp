@@ -207,6 +207,19 @@ ReductionStaging cuda_reduction_staging(CudaReduction kind, const at::Tensor& se
 
 namespace {
 
+// The reduction a loss's `reduction` argument (Mean or Sum) asks for.
+CudaReduction loss_reduction(std::int64_t reduction) {
+  return reduction == at::Reduction::Mean ? CudaReduction::Mean : CudaReduction::Sum;
+}
+
+// The staging of reducing a whole contiguous tensor of these sizes (a
+// loss's temporary) into a 0-dim result of its dtype.
+ReductionStaging whole_reduction_staging(CudaReduction kind, at::IntArrayRef sizes, const at::TensorOptions& options) {
+  OutsideMetaMode outside;
+  const at::Tensor whole = at::empty(sizes, options.device(c10::kMeta));
+  return cuda_reduction_staging(kind, whole, at::empty({}, whole.options()), at::IntArrayRef{}, false);
+}
+
 // mse_loss, smooth_l1_loss and huber_loss with a reduction (Loss.cpp): the
 // elementwise loss into a temporary of the operands' broadcast shape, then
 // its mean or sum into the result, with that reduction's staging. The
@@ -220,17 +233,11 @@ ScratchPlan reduced_loss_plan(c10::ArrayRef<c10::IValue> arguments) {
   if (reduction == at::Reduction::None) return plan;
   const at::Tensor& self = arguments[0].toTensor();
   const at::Tensor& target = arguments[1].toTensor();
-  ReductionStaging staging;
-  {
-    OutsideMetaMode outside;
-    const auto options = self.options().dtype(at::result_type(self, target)).device(c10::kMeta);
-    const at::Tensor loss = at::empty(at::infer_size(self.sizes(), target.sizes()), options);
-    plan.make(static_cast<std::int64_t>(loss.nbytes()));
-    if (kTemporaryFirst) plan.before_outputs = 1;
-    const auto kind = reduction == at::Reduction::Mean ? CudaReduction::Mean : CudaReduction::Sum;
-    staging = cuda_reduction_staging(kind, loss, at::empty({}, options), at::IntArrayRef{}, false);
-  }
-  add_staging(plan, staging);
+  const at::DimVector sizes = at::infer_size_dimvector(self.sizes(), target.sizes());
+  const at::ScalarType dtype = at::result_type(self, target);
+  plan.make(c10::multiply_integers(sizes) * static_cast<std::int64_t>(c10::elementSize(dtype)));
+  if (kTemporaryFirst) plan.before_outputs = 1;
+  add_staging(plan, whole_reduction_staging(loss_reduction(reduction), sizes, self.options().dtype(dtype)));
   return plan;
 }
 
@@ -320,14 +327,7 @@ ScratchPlan foreach_norm_plan(c10::ArrayRef<c10::IValue> arguments) {
 // The sum of a loss's per-sample temporary `losses` into its 0-dim result,
 // with that sum's staging; the temporary freed after.
 void sum_per_sample_losses(ScratchPlan& plan, std::size_t losses, const at::Tensor& self) {
-  ReductionStaging staging;
-  {
-    OutsideMetaMode outside;
-    const at::Tensor per_sample = at::empty({self.size(0)}, self.options().device(c10::kMeta));
-    staging = cuda_reduction_staging(CudaReduction::Sum, per_sample, at::empty({}, per_sample.options()),
-                                     at::IntArrayRef{}, false);
-  }
-  add_staging(plan, staging);
+  add_staging(plan, whole_reduction_staging(CudaReduction::Sum, {self.size(0)}, self.options()));
   plan.free(losses);
 }
 
@@ -407,14 +407,7 @@ ScratchPlan binary_cross_entropy_plan(c10::ArrayRef<c10::IValue> arguments) {
   if (reduction == at::Reduction::None) return plan;
   const at::Tensor& self = arguments[0].toTensor();
   const std::size_t reduced = plan.make(static_cast<std::int64_t>(self.element_size()));
-  ReductionStaging staging;
-  {
-    OutsideMetaMode outside;
-    const at::Tensor loss = at::empty(self.sizes(), self.options().device(c10::kMeta));
-    const auto kind = reduction == at::Reduction::Mean ? CudaReduction::Mean : CudaReduction::Sum;
-    staging = cuda_reduction_staging(kind, loss, at::empty({}, loss.options()), at::IntArrayRef{}, false);
-  }
-  add_staging(plan, staging);
+  add_staging(plan, whole_reduction_staging(loss_reduction(reduction), self.sizes(), self.options()));
   plan.free(reduced);
   return plan;
 }
