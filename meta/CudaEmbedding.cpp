@@ -47,10 +47,9 @@ ScratchPlan embedding_bag_plan(c10::ArrayRef<c10::IValue>) {
 // segments of 10 rows. Where few segments would leave the GPU's SMs idle
 // (a token-type embedding of 2 rows), it accumulates the partial segments
 // into the weight's gradient by atomics instead, in float for 16-bit
-// weights. cub's temporary storage for the sort as cub sizes it for the
-// GPU (meta/CudaSort.cpp); for the run-length pass and the prefix sum (a
-// kilobyte or two each) it is not modelled: a trace given the fake GPU
-// takes this op from its recordings (estimator/FakeGpuRecordings.cpp).
+// weights. cub's temporary storage as cub sizes it for the GPU, for the
+// sort, the runs (unique_by_key, meta/CudaSort.cpp) and the partial
+// segments' offsets (an exclusive sum, meta/CudaScan.cpp).
 // With `bags` (EmbeddingBag's sum and mean), always by the partial sums.
 void sort_and_sum_by_id(ScratchPlan& plan, const at::Tensor& grad, const at::Tensor& indices,
                         std::int64_t num_weights, bool scale_grad_by_freq, bool bags) {
@@ -62,15 +61,21 @@ void sort_and_sum_by_id(ScratchPlan& plan, const at::Tensor& grad, const at::Ten
   const std::size_t in_order = plan.make(index_list);  // the positions in order, sorted with them
   make_cub_radix_sort_storage(plan, ids, id_bytes, id_bytes, cub_num_bits(num_weights));  // on the ids' bits alone
   plan.free(in_order);
-  if (scale_grad_by_freq) plan.make(index_list);  // each id's count
+  if (scale_grad_by_freq) {
+    plan.make(index_list);  // each id's count: a run's running count, then its largest
+    for (int scan = 0; scan < 2; ++scan) make_cub_scan_by_key_storage(plan, ids, id_bytes);
+  }
   plan.output(0);                                  // the weight's gradient, zeros
   plan.make(index_list);                           // where each run of equal ids begins
   plan.make(8);                                    // how many runs
-  plan.free(plan.make(index_list));                // the runs' ids
+  const std::size_t run_ids = plan.make(index_list);  // the runs' ids
+  make_cub_unique_storage(plan, ids, id_bytes, /*by_key=*/true);
+  plan.free(run_ids);
   const std::int64_t segments = std::min(ids, num_weights);
   plan.make(segments * id_bytes);  // partial segments per run
-  plan.make(segments * id_bytes);  // their offsets
-  plan.make(8);                    // how many partial segments
+  plan.make(segments * id_bytes);  // their offsets, an exclusive sum of them
+  make_cumulative_sum_storage(plan, segments, indices.scalar_type());
+  plan.make(8);  // how many partial segments
   const std::int64_t partials = ids / kRowsPerThread + segments;
   plan.make(partials * id_bytes);  // where each begins
   const std::int64_t width = grad.size(-1), warped = (width + kWarp - 1) / kWarp * kWarp;

@@ -67,6 +67,19 @@ ScratchPlanModel cuda_sort_plan_model(const std::string& qualified_name);
 void make_cub_radix_sort_storage(ScratchPlan& plan, std::int64_t n, std::int64_t key_bytes, std::int64_t value_bytes,
                                  int bits);
 
+// The temporary storage cub 3.0's DeviceScan::InclusiveSumByKey or
+// InclusiveScanByKey (with the maximum) asks for over n keys and values of
+// `key_bytes` each, on the traced GPU's architecture: a (key, value) pair's
+// tile state in 16 bytes for each tile and 32 of padding, and each tile's
+// last key; made and freed at once (meta/CudaScan.cpp).
+void make_cub_scan_by_key_storage(ScratchPlan& plan, std::int64_t n, std::int64_t key_bytes);
+
+// The temporary storage cub 3.0's DeviceSelect::Unique (or, `by_key`,
+// UniqueByKey with libtorch's positions as values) asks for to select
+// the runs of n sorted keys of `key_bytes` on the traced GPU's
+// architecture; made and freed at once.
+void make_cub_unique_storage(ScratchPlan& plan, std::int64_t n, std::int64_t key_bytes, bool by_key);
+
 // cub's AliasTemporaries: the bytes a blob of these pieces takes, each
 // rounded up to 256 bytes and 255 more to align the whole.
 std::int64_t cub_alias_temporaries(std::initializer_list<std::int64_t> pieces);

@@ -121,6 +121,26 @@ void make_cumulative_sum_storage(ScratchPlan& plan, std::int64_t n, at::ScalarTy
     make_cub_scan_storage(plan, n, dtype);
 }
 
+// cub 3.0's tiles for DeviceScan's by-key scans of keys and values of
+// `key_bytes` each with a primitive operator (cuda::std::plus, the
+// maximum), by architecture: sm90's, sm80's up to sm86, else its default
+// policy (sm75, sm86, sm89) of 256 threads of 9 items. (sm100 has tiles of
+// its own; no GPU of the table is one.)
+std::int64_t cub_scan_by_key_tile(std::int64_t key_bytes) {
+  const GpuTraits gpu = traced_gpu();
+  const int arch = gpu.major * 100 + gpu.minor * 10;
+  const bool wide = key_bytes == 8;
+  if (arch >= 900) return wide ? 224 * 11 : 288 * 14;
+  if (arch >= 800 && arch < 860) return wide ? 224 * 10 : 256 * 15;
+  return 256 * 9;
+}
+
+void make_cub_scan_by_key_storage(ScratchPlan& plan, std::int64_t n, std::int64_t key_bytes) {
+  constexpr std::int64_t kPadding = 32, kStateBytes = 16;
+  const std::int64_t tiles = at::ceil_div(n, cub_scan_by_key_tile(key_bytes));
+  plan.free(plan.make(cub_alias_temporaries({(tiles + kPadding) * kStateBytes, (tiles + 1) * key_bytes})));
+}
+
 ScratchPlanModel cuda_scan_plan_model(const std::string& qualified_name) {
   if (qualified_name == "aten::cumsum" || qualified_name == "aten::cumsum.out") return &scan_plan<Scan::Sum, false>;
   if (qualified_name == "aten::cumsum_") return &scan_plan<Scan::Sum, true>;

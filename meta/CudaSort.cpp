@@ -100,6 +100,40 @@ void make_cub_radix_sort_storage(ScratchPlan& plan, std::int64_t n, std::int64_t
   if (const auto bytes = cub_radix_sort_bytes(n, key_bytes, value_bytes, bits)) plan.free(plan.make(*bytes));
 }
 
+// DeviceSelect's tiles (unique's without flags; unique_by_key's with the
+// positions libtorch counts as values of the keys' type) by architecture,
+// as cub 3.0 tunes them: sm90's, which sm100 and later keep or fall back
+// to; sm80's up to sm86; else its default policy (sm75, sm86, sm89).
+std::int64_t cub_select_tile(std::int64_t key_bytes, bool by_key) {
+  const GpuTraits gpu = traced_gpu();
+  const int arch = gpu.major * 100 + gpu.minor * 10;
+  const bool wide = key_bytes == 8;
+  if (by_key) {
+    if (arch >= 900) return wide ? 448 * 11 : 512 * 14;
+    if (arch >= 800 && arch < 860) return wide ? 192 * 7 : 256 * 11;
+    return 64 * std::clamp<std::int64_t>(44 / key_bytes, 1, 11);
+  }
+  if (arch >= 900) return wide ? 384 * 11 : 384 * 17;
+  if (arch >= 800 && arch < 860) return wide ? 192 * 10 : 256 * 18;
+  return 128 * std::clamp<std::int64_t>(40 / key_bytes, 1, 10);
+}
+
+// One tile state a tile and 32 of padding, aliased twice (the tile state's
+// own blob inside the select's). Unique counts within int32 partitions (a
+// 4-byte status and count in one 8-byte word); unique_by_key in the 64-bit
+// offsets its int64 item count becomes (16 bytes). libtorch's INT_MAX
+// limit leaves out the streaming of larger inputs.
+std::int64_t cub_select_bytes(std::int64_t n, std::int64_t key_bytes, bool by_key) {
+  constexpr std::int64_t kPadding = 32;
+  const std::int64_t state_bytes = by_key ? 16 : 8;
+  const std::int64_t states = at::ceil_div(n, cub_select_tile(key_bytes, by_key)) + kPadding;
+  return cub_alias_temporaries({cub_alias_temporaries({states * state_bytes})});
+}
+
+void make_cub_unique_storage(ScratchPlan& plan, std::int64_t n, std::int64_t key_bytes, bool by_key) {
+  plan.free(plan.make(cub_select_bytes(n, key_bytes, by_key)));
+}
+
 int cub_num_bits(std::int64_t max_key) {
   int bits = 1;
   for (; max_key > 1; max_key >>= 1) ++bits;
@@ -231,15 +265,8 @@ void plan_topk(ScratchPlan& plan, const at::Tensor& self, std::int64_t k, std::i
                                        plan.make(slices * kDigits * kWordBytes),
                                        plan.make(blocks * kWordBytes),
                                        plan.make(blocks * kWordBytes)};
-    // InclusiveSumByKey's storage: 32 tile states and one a tile, a (key,
-    // value) pair in 16 bytes, and each tile's last key; the same bytes up
-    // to 16 tiles, which every architecture's tiles (256 threads x 9 items
-    // at least) cover up to 36,864 blocks. Past them its tiles differ by
-    // architecture: not modelled.
-    constexpr std::int64_t kSmallestTile = 256 * 9, kTiles = 16;
-    if (blocks <= kSmallestTile * kTiles)
-      for (int scan = 0; scan < 2; ++scan)
-        plan.free(plan.make(cub_alias_temporaries({(kTiles + 32) * 16, (kTiles + 1) * kWordBytes})));
+    // The counts within k and of the k-th value, each summed by slice.
+    for (int scan = 0; scan < 2; ++scan) make_cub_scan_by_key_storage(plan, blocks, kWordBytes);
     for (auto piece = pieces.rbegin(); piece != pieces.rend(); ++piece) plan.free(*piece);
   }
   plan.free(input);
@@ -397,6 +424,32 @@ ScratchPlan multinomial_plan(c10::ArrayRef<c10::IValue> arguments) {
   return plan;
 }
 
+// aten::embedding_renorm_(self, indices, max_norm, norm_type)
+// (embedding_renorm_cuda_, torch 2.14.1): a buffer of the ids' size, then
+// the ids sorted as one flat slice (at::sort: its values and positions, the
+// positions freed as it returns), the distinct ids' buffer and their
+// count, and cub's storage to select them; all freed at its end.
+ScratchPlan embedding_renorm_plan(c10::ArrayRef<c10::IValue> arguments) {
+  const at::Tensor& ids = arguments[1].toTensor();
+  const std::int64_t n = ids.numel(), id_bytes = static_cast<std::int64_t>(ids.element_size());
+  ScratchPlan plan;
+  const std::size_t buffer = plan.make(n * id_bytes);
+  const std::size_t sorted = plan.make(n * id_bytes);
+  const std::size_t positions = plan.make(n * kIndexBytes);
+  at::Tensor flat;
+  {
+    OutsideMetaMode outside;
+    flat = at::empty({n}, ids.options().device(c10::kMeta));
+  }
+  plan_inner_sort(plan, flat, 0);
+  plan.free(positions);
+  const std::size_t distinct = plan.make(n * id_bytes);
+  const std::size_t count = plan.make(kIndexBytes);
+  make_cub_unique_storage(plan, n, id_bytes, /*by_key=*/false);
+  for (const std::size_t piece : {count, distinct, sorted, buffer}) plan.free(piece);
+  return plan;
+}
+
 }  // namespace
 
 ScratchPlanModel cuda_sort_plan_model(const std::string& qualified_name) {
@@ -408,6 +461,7 @@ ScratchPlanModel cuda_sort_plan_model(const std::string& qualified_name) {
   if (qualified_name == "aten::median") return &median_plan<false>;
   if (qualified_name == "aten::nanmedian") return &median_plan<true>;
   if (qualified_name == "aten::multinomial" || qualified_name == "aten::multinomial.out") return &multinomial_plan;
+  if (qualified_name == "aten::embedding_renorm_") return &embedding_renorm_plan;
   return qualified_name == "aten::topk" ? &topk_plan : nullptr;
 }
 

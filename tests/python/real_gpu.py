@@ -542,6 +542,7 @@ SORT_CASES = {
     "topk 50 of 64 x 50,257, f32": freed_step(lambda: cuda_randn(64, 50257).topk(50, -1)),
     # Many slices: the blocks' counts scanned by slice in more than one of cub's tiles.
     "topk 10 of 6000 x 500, f32": freed_step(lambda: cuda_randn(6000, 500).topk(10, -1)),
+    "topk 1 of 100,000 x 512, f32": freed_step(lambda: cuda_randn(100000, 512).topk(1, -1)),
     "topk 5,000 along dim 0 of a transposed 2 x 100,000, f64": freed_step(
         lambda: cuda_randn(2, 100000, dtype=torch.float64).t().topk(5000, 0)),
     "topk 8,192 of 65,536, bf16": freed_step(lambda: cuda_randn(65536, dtype=torch.bfloat16).topk(8192)),
@@ -567,10 +568,14 @@ SORT_CASES = {
         torch.randint(0, 5000, (4, 1024), device="cuda")).sum().backward()),
     "embedding backward, 16,384 ids of 50,257, bf16": freed_step(lambda: torch.nn.Embedding(50257, 768).cuda().to(
         torch.bfloat16)(torch.randint(0, 50257, (8, 2048), device="cuda")).float().sum().backward()),
+    "embedding backward, 262,144 ids of 50,257, f32": freed_step(lambda: torch.nn.Embedding(50257, 64).cuda()(
+        torch.randint(0, 50257, (64, 4096), device="cuda")).sum().backward()),
     "embedding backward, 8,192 ids of 2 (token types), bf16": freed_step(lambda: torch.nn.Embedding(2, 768).cuda().to(
         torch.bfloat16)(torch.randint(0, 2, (16, 512), device="cuda")).float().sum().backward()),
     "embedding backward scaled by frequency, 1,024 ids of 5,000, f32": freed_step(lambda: torch.nn.Embedding(
         5000, 128, scale_grad_by_freq=True).cuda()(torch.randint(0, 5000, (4, 256), device="cuda")).sum().backward()),
+    "embedding backward scaled by frequency, 65,536 ids of 5,000, f32": freed_step(lambda: torch.nn.Embedding(
+        5000, 64, scale_grad_by_freq=True).cuda()(torch.randint(0, 5000, (16, 4096), device="cuda")).sum().backward()),
     # EmbeddingBag's sums and means sort their ids whatever their number.
     "embedding_bag sum backward, 4,096 ids": freed_step(lambda: torch.nn.EmbeddingBag(5000, 64, mode="sum").cuda()(
         torch.randint(0, 5000, (4096,), device="cuda"), torch.arange(0, 4096, 8, device="cuda")).sum().backward()),
@@ -956,6 +961,11 @@ TRAINING_OP_CASES = {
     "embedding with max_norm, 4,096 ids of 50,257": freed_step(lambda: F.embedding(
         targets(4096, 50257), torch.randn(50257, 256, device="cuda", requires_grad=True), max_norm=1.0)
         .sum().backward()),
+    "embedding with max_norm, int32 ids of 4 x 50,000": freed_step(lambda: F.embedding(
+        targets(200000, 50257).int().view(4, 50000), torch.randn(50257, 256, device="cuda", requires_grad=True),
+        max_norm=1.0).sum().backward()),
+    "embedding_renorm_ of 1,000,000 ids in place": freed_step(lambda: torch.embedding_renorm_(
+        torch.randn(50257, 256, device="cuda"), targets(1000000, 50257), 1.0, 2.0)),
     "pdist of 1024 x 64, f32": trained(F.pdist, 1024, 64),
     "lerp, addcmul and addcdiv, 4 x 1,000,000, f32": freed_step(lambda: [
         t.lerp_(cuda_randn(4, 1000000), 0.1).addcmul_(cuda_randn(4, 1000000), cuda_randn(4, 1000000))
@@ -964,13 +974,6 @@ TRAINING_OP_CASES = {
         torch.diff(cuda_randn(64, 10000).requires_grad_(), dim=-1).sum() +
         torch.kron(cuda_randn(64, 64).requires_grad_(), cuda_randn(32, 32)).sum() +
         torch.diag_embed(cuda_randn(64, 256).requires_grad_()).sum()).backward()),
-}
-
-# What the probe found that a trace does not yet hold as real torch does
-# (the same on the H100, A100 and T4), by case.
-TRAINING_OPS_NOT_YET_EXACT = {
-    "embedding with max_norm, 4,096 ids of 50,257":
-        "embedding_renorm_'s sorted unique ids and their buffers are missing; the peaks are exact",
 }
 
 # libtorch's own CUDA kernels that allocate inside (test_cuda_kernels.py).
