@@ -67,6 +67,11 @@ ScratchPlanModel cuda_sort_plan_model(const std::string& qualified_name);
 void make_cub_radix_sort_storage(ScratchPlan& plan, std::int64_t n, std::int64_t key_bytes, std::int64_t value_bytes,
                                  int bits);
 
+// Whether CUDA's batch norm kernels take `t` as channels-last (torch's
+// batch_norm_use_channels_last_kernels): a channels-last layout, or
+// contiguous with unit stride over its channels (a 2-d [N, C]).
+bool batch_norm_uses_channels_last_kernels(const at::Tensor& t);
+
 // The temporary storage cub 3.0's DeviceScan::InclusiveSumByKey or
 // InclusiveScanByKey (with the maximum) asks for over n keys and values of
 // `key_bytes` each, on the traced GPU's architecture: a (key, value) pair's

@@ -183,11 +183,6 @@ ChannelsLastGrid channels_last_grid(std::int64_t reduction, std::int64_t stride)
   return {div_up(stride, block_x), grid_y < 8 ? 1 : grid_y};
 }
 
-bool uses_channels_last_kernels(const at::Tensor& t) {
-  return t.is_contiguous(at::MemoryFormat::ChannelsLast) || t.is_contiguous(at::MemoryFormat::ChannelsLast3d) ||
-         (t.is_contiguous() && t.dim() > 1 && t.stride(1) == 1);
-}
-
 // The staging buffer (`per_channel` accumulators per channel and block row)
 // and semaphores of a channels-last reduction split across blocks.
 void add_channels_last_staging(ScratchPlan& plan, const at::Tensor& input, std::int64_t per_channel,
@@ -209,8 +204,31 @@ void add_channels_last_staging(ScratchPlan& plan, const at::Tensor& input, std::
 ScratchPlan batch_norm_plan(c10::ArrayRef<c10::IValue> arguments) {
   const at::Tensor& input = arguments[0].toTensor();
   ScratchPlan plan;
-  if (arguments[5].toBool() && input.dim() > 1 && input.numel() > 0 && uses_channels_last_kernels(input))
+  if (arguments[5].toBool() && input.dim() > 1 && input.numel() > 0 && batch_norm_uses_channels_last_kernels(input))
     add_channels_last_staging(plan, input, 4, c10::elementSize(at::toAccumulateType(input.scalar_type(), true)));
+  return plan;
+}
+
+// aten::batch_norm_stats(input, eps) (SyncBatchNorm's): over a
+// channels-last input the reduction native_batch_norm's takes.
+ScratchPlan batch_norm_stats_plan(c10::ArrayRef<c10::IValue> arguments) {
+  const at::Tensor& input = arguments[0].toTensor();
+  ScratchPlan plan;
+  if (input.dim() > 1 && input.numel() > 0 && batch_norm_uses_channels_last_kernels(input))
+    add_channels_last_staging(plan, input, 4, c10::elementSize(at::toAccumulateType(input.scalar_type(), true)));
+  return plan;
+}
+
+// aten::batch_norm_backward_reduce(grad_out, input, mean, invstd, weight,
+// input_g, weight_g, bias_g) (SyncBatchNorm's): after its outputs, the
+// channels-last reduction's staging, as native_batch_norm_backward's.
+ScratchPlan batch_norm_backward_reduce_plan(c10::ArrayRef<c10::IValue> arguments) {
+  const at::Tensor &grad_out = arguments[0].toTensor(), &input = arguments[1].toTensor();
+  const at::Tensor& mean = arguments[2].toTensor();
+  ScratchPlan plan;
+  if (input.dim() > 1 && batch_norm_uses_channels_last_kernels(grad_out) &&
+      batch_norm_uses_channels_last_kernels(input))
+    add_channels_last_staging(plan, input, 2, mean.element_size());
   return plan;
 }
 
@@ -230,7 +248,7 @@ ScratchPlan batch_norm_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
   const at::Tensor &grad_out = arguments[0].toTensor(), &input = arguments[1].toTensor();
   const auto mask = arguments[9].toBoolList();
   ScratchPlan plan;
-  if (!defined(arguments[5]) || !arguments[7].toBool() || input.dim() < 2 || !uses_channels_last_kernels(input))
+  if (!defined(arguments[5]) || !arguments[7].toBool() || input.dim() < 2 || !batch_norm_uses_channels_last_kernels(input))
     return plan;
   const at::Tensor& mean = arguments[5].toTensor();
   const std::int64_t channels = input.size(1), statistics = channels * mean.element_size();
@@ -246,7 +264,7 @@ ScratchPlan batch_norm_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
   }
   // Only the channels-last reduction stages: an output gradient in
   // another layout (a sum's expanded ones) takes the plain one.
-  if (uses_channels_last_kernels(grad_out)) add_channels_last_staging(plan, input, 2, mean.element_size());
+  if (batch_norm_uses_channels_last_kernels(grad_out)) add_channels_last_staging(plan, input, 2, mean.element_size());
   if (mask.get(0)) plan.output(0);
   return plan;
 }
@@ -283,6 +301,11 @@ ScratchPlan log_softmax_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
 
 }  // namespace
 
+bool batch_norm_uses_channels_last_kernels(const at::Tensor& t) {
+  return t.is_contiguous(at::MemoryFormat::ChannelsLast) || t.is_contiguous(at::MemoryFormat::ChannelsLast3d) ||
+         (t.is_contiguous() && t.dim() > 1 && t.stride(1) == 1);
+}
+
 ScratchPlanModel cuda_normalization_plan_model(const std::string& qualified_name) {
   static const std::unordered_map<std::string, ScratchPlanModel> models = {
       {"aten::native_layer_norm", &layer_norm_plan},
@@ -293,6 +316,8 @@ ScratchPlanModel cuda_normalization_plan_model(const std::string& qualified_name
       {"aten::_log_softmax_backward_data", &log_softmax_backward_plan},
       {"aten::native_batch_norm", &batch_norm_plan},
       {"aten::native_batch_norm_backward", &batch_norm_backward_plan},
+      {"aten::batch_norm_stats", &batch_norm_stats_plan},
+      {"aten::batch_norm_backward_reduce", &batch_norm_backward_reduce_plan},
   };
   const auto it = models.find(qualified_name);
   return it == models.end() ? nullptr : it->second;

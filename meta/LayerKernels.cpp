@@ -3,12 +3,14 @@
 // program has none). Each lays out its outputs as the native kernel of the
 // fake device does.
 #include <ATen/ATen.h>
+#include <ATen/AccumulateType.h>
 #include <ATen/Context.h>
 #include <ATen/TensorIterator.h>
 #include <ATen/core/Reduction.h>
 
 #include <vector>
 
+#include "meta/CudaKernelPlans.h"
 #include "meta/MetaMode.h"
 #include "meta/OwnKernel.h"
 
@@ -148,6 +150,54 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_group_norm(const at::Tenso
   const auto format = models_cpu() ? input.suggest_memory_format() : at::MemoryFormat::Contiguous;
   return {at::empty_like(input, format), at::empty({batch.expect_int(), group}, statistics),
           at::empty({batch.expect_int(), group}, statistics)};
+}
+
+// SyncBatchNorm's ops (torch.nn.modules._functions.SyncBatchNorm), laid
+// out as CUDA's kernels lay them out (Normalization.cu). A rank's
+// statistics in the accumulation type; the statistics gathered from every
+// rank's ([ranks, C]) reduced into their dtype (float for 16-bit ones).
+std::tuple<at::Tensor, at::Tensor> batch_norm_stats(const at::Tensor& input, double) {
+  const auto options = input.options().dtype(at::toAccumulateType(input.scalar_type(), /*is_cuda=*/true));
+  return {at::empty({input.size(1)}, options), at::empty({input.size(1)}, options)};
+}
+
+std::tuple<at::Tensor, at::Tensor> batch_norm_gather_stats_with_counts(
+    const at::Tensor&, const at::Tensor& mean, const at::Tensor&, const c10::optional<at::Tensor>&,
+    const c10::optional<at::Tensor>&, double, double, const at::Tensor&) {
+  const bool sixteen_bit = mean.scalar_type() == at::kHalf || mean.scalar_type() == at::kBFloat16;
+  const auto options = mean.options().dtype(sixteen_bit ? at::kFloat : mean.scalar_type());
+  return {at::empty({mean.size(1)}, options), at::empty({mean.size(1)}, options)};
+}
+
+at::Tensor batch_norm_elemt(const at::Tensor& input, const c10::optional<at::Tensor>&,
+                            const c10::optional<at::Tensor>&, const at::Tensor&, const at::Tensor&, double) {
+  return at::empty_like(input, input.suggest_memory_format());
+}
+
+// The channels-last kernel makes all four (the parameters' gradients empty
+// without a weight); the other makes those asked for.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_reduce(
+    const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor& mean, const at::Tensor& invstd,
+    const c10::optional<at::Tensor>& weight, bool input_g, bool weight_g, bool bias_g) {
+  const std::int64_t channels = input.size(1);
+  const bool has_weight = weight && weight->defined();
+  if (batch_norm_uses_channels_last_kernels(grad_out) && batch_norm_uses_channels_last_kernels(input) &&
+      (!has_weight || weight->is_contiguous()) && mean.is_contiguous() && invstd.is_contiguous()) {
+    const auto parameters = has_weight ? weight->options() : mean.options();
+    const std::int64_t gradients = has_weight ? channels : 0;
+    return {at::empty({channels}, mean.options()), at::empty({channels}, mean.options()),
+            at::empty({gradients}, parameters), at::empty({gradients}, parameters)};
+  }
+  auto statistic = [&](bool made) { return made ? at::empty_like(mean, at::MemoryFormat::Contiguous) : at::Tensor(); };
+  auto parameter = [&](bool made) { return made ? at::empty({channels}, weight->options()) : at::Tensor(); };
+  return {statistic(input_g), statistic(input_g), parameter(weight_g), parameter(bias_g)};
+}
+
+at::Tensor batch_norm_backward_elemt(const at::Tensor& grad_out, const at::Tensor& input, const at::Tensor&,
+                                     const at::Tensor&, const c10::optional<at::Tensor>&, const at::Tensor&,
+                                     const at::Tensor&, const at::Tensor&) {
+  return at::empty_like(input, batch_norm_uses_channels_last_kernels(grad_out) ? input.suggest_memory_format()
+                                                                               : at::MemoryFormat::Contiguous);
 }
 
 // ---- embedding bags --------------------------------------------------------
@@ -292,6 +342,11 @@ std::vector<OwnKernelEntry> layer_kernels() {
       own("roll", TORCH_FN(roll)),
       own("_adaptive_avg_pool3d", TORCH_FN(adaptive_avg_pool3d)),
       own("native_group_norm", TORCH_FN(native_group_norm)),
+      own("batch_norm_stats", TORCH_FN(batch_norm_stats)),
+      own("batch_norm_gather_stats_with_counts", TORCH_FN(batch_norm_gather_stats_with_counts)),
+      own("batch_norm_elemt", TORCH_FN(batch_norm_elemt)),
+      own("batch_norm_backward_reduce", TORCH_FN(batch_norm_backward_reduce)),
+      own("batch_norm_backward_elemt", TORCH_FN(batch_norm_backward_elemt)),
       own("_embedding_bag", TORCH_FN(embedding_bag)),
       own("_embedding_bag_forward_only", TORCH_FN(embedding_bag)),
       own("_embedding_bag_dense_backward", TORCH_FN(embedding_bag_dense_backward)),

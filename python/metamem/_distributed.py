@@ -299,6 +299,25 @@ def check(world_size, rank, nproc_per_node=None):
                            "(call torch.distributed.destroy_process_group() first)")
 
 
+def _keep_every_ranks_statistics(patches):
+    """SyncBatchNorm drops the statistics of ranks whose batch was empty,
+    asking which ranks counted samples (count_all[count_all >= 1], values
+    gathered from the other ranks). A trace takes every rank to hold what
+    this one holds, a batch: each rank's statistics are kept, as torch's
+    meta nonzero keeps every element when asked to assume all are set
+    (meta_nonzero_assume_all_nonzero)."""
+    from torch.fx.experimental import _config
+    from torch.nn.modules import _functions
+
+    forward = _functions.SyncBatchNorm.forward
+
+    def keeping_every_rank(*args, **kwargs):
+        with _config.patch(meta_nonzero_assume_all_nonzero=True):
+            return forward(*args, **kwargs)
+
+    patches.set(_functions.SyncBatchNorm, "forward", staticmethod(keeping_every_rank))
+
+
 def _destroy_default_group():
     if dist.is_initialized():  # the script may have destroyed it, as torchrun's scripts end
         dist.destroy_process_group()
@@ -370,6 +389,7 @@ def ranks(device, world_size, rank, nproc_per_node=None):
         _host_meshes(patches)
         _foreach_sharding.quicken(patches)
         _ddp.install(patches)
+        _keep_every_ranks_statistics(patches)
         patches.set(dist, "init_process_group", init_process_group)
         patches.set(dist.distributed_c10d, "init_process_group", init_process_group)
         yield groups

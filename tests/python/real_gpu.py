@@ -976,6 +976,41 @@ TRAINING_OP_CASES = {
         torch.diag_embed(cuda_randn(64, 256).requires_grad_()).sum()).backward()),
 }
 
+def sync_batch_norm_ops(ranks, n, c, hw, dtype=torch.float32, channels_last=False, affine=True):
+    """SyncBatchNorm's ops forward and backward as one rank of `ranks` runs
+    them (torch.nn.modules._functions.SyncBatchNorm), the gathered
+    statistics stacked here where the collective would gather them."""
+    def body():
+        x = torch.randn(n, c, hw, hw, device="cuda", dtype=dtype)
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        weight = torch.ones(c, device="cuda", dtype=dtype) if affine else None
+        bias = torch.zeros(c, device="cuda", dtype=dtype) if affine else None
+        running_mean, running_var = torch.zeros(c, device="cuda"), torch.ones(c, device="cuda")
+        mean, invstd = torch.batch_norm_stats(x, 1e-5)
+        counts = torch.full((ranks,), x.numel() // c, dtype=mean.dtype, device="cuda")
+        mean, invstd = torch.batch_norm_gather_stats_with_counts(
+            x, torch.stack([mean] * ranks), torch.stack([invstd] * ranks), running_mean, running_var, 0.1, 1e-5,
+            counts)
+        y = torch.batch_norm_elemt(x, weight, bias, mean, invstd, 1e-5)
+        grad = torch.randn_like(y)
+        sum_dy, sum_dy_xmu, _, _ = torch.batch_norm_backward_reduce(grad, x, mean, invstd, weight, True, affine,
+                                                                      affine)
+        torch.batch_norm_backward_elemt(grad, x, mean, invstd, weight, sum_dy, sum_dy_xmu, counts.int())
+    return freed_step(body)
+
+
+# SyncBatchNorm's kernels (2026-12-04): before, no meta kernel.
+SYNC_BATCH_NORM_CASES = {
+    "SyncBatchNorm's ops, 4 ranks, 8 x 64 x 28², f32": sync_batch_norm_ops(4, 8, 64, 28),
+    "SyncBatchNorm's ops, 8 ranks, channels last 32 x 64 x 56², f32": sync_batch_norm_ops(
+        8, 32, 64, 56, channels_last=True),
+    "SyncBatchNorm's ops, 2 ranks, channels last 16 x 32 x 32², bf16": sync_batch_norm_ops(
+        2, 16, 32, 32, dtype=torch.bfloat16, channels_last=True),
+    "SyncBatchNorm's ops without affine, 2 ranks, 16 x 32 x 32², bf16": sync_batch_norm_ops(
+        2, 16, 32, 32, dtype=torch.bfloat16, affine=False),
+}
+
 # libtorch's own CUDA kernels that allocate inside (test_cuda_kernels.py).
 LIBTORCH_KERNEL_CASES = {**GROUP_NORM_CASES, **LAYER_NORM_CASES, **REDUCTION_CASES, **NATIVE_CONVOLUTION_CASES,
                          **OTHER_KERNEL_CASES, **CTC_CASES}
@@ -1046,6 +1081,7 @@ CASES = {
     **GRADIENT_COPY_CASES,
     **COMPOSED_KERNEL_CASES,
     **TRAINING_OP_CASES,
+    **SYNC_BATCH_NORM_CASES,
 }
 
 
@@ -1053,7 +1089,7 @@ CASES = {
 # what the kernels the fake GPU cannot run allocate inside, in order.
 EVENT_CASES = {name for name in CASES if name.startswith(("efficient", "sdpa", "conv", "batch norm", "LSTM"))} | \
     set(LIBTORCH_KERNEL_CASES) | set(SORT_CASES) | set(SCAN_CASES) | set(GRADIENT_COPY_CASES) | set(COMPOSED_KERNEL_CASES) | \
-    set(TRAINING_OP_CASES) | {
+    set(TRAINING_OP_CASES) | set(SYNC_BATCH_NORM_CASES) | {
     "resnet18 f32 cuDNN on", "resnet18 bf16 autocast cuDNN on", "mobilenet_v2 f32 cuDNN on",
     "resnet18 bf16 autocast channels-last cuDNN on"}
 

@@ -206,6 +206,15 @@ def test_activations_losses_pooling_and_resampling_hold_what_real_torch_holds(gp
     assert_as_real_torch(gpu, case)
 
 
+@pytest.mark.parametrize("gpu, case", one_gpu_each(["H100-80GB", "A100-80GB", "T4"], list(real_gpu.SYNC_BATCH_NORM_CASES)))
+def test_sync_batch_norms_kernels_hold_what_real_torch_holds(gpu, case):
+    # Before (2026-12-04) no meta kernel: SyncBatchNorm stopped a trace.
+    # The outputs as CUDA lays them out, and over channels-last inputs the
+    # statistics' and the gradient's reductions staged across blocks as
+    # native batch norm's are (meta/CudaNormalization.cpp).
+    assert_as_real_torch(gpu, case)
+
+
 @pytest.mark.parametrize("gpu, case", one_gpu_each(["H100-80GB", "T4"], real_gpu.GROUP_NORM_CASES))
 def test_group_norm_holds_its_accumulators_as_real_torch(gpu, case):
     # Before: the scale and shift (2 x N x C fp32) of the forward, the

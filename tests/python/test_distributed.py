@@ -14,6 +14,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 import metamem
 from ci_subset import full
+import real_gpu
 from distributed_steps import STEPS, fsdp2, gloo_peaks
 
 
@@ -128,6 +129,28 @@ def test_ddp_on_fake_cuda_holds_its_buckets_beside_the_gradients():
         with pytest.raises(NotImplementedError, match="batched_grad_copy are not traced"):
             torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4).cuda(), batched_grad_copy=True)
     assert dist.Reducer is torch._C._distributed_c10d.Reducer  # put back
+
+
+def test_sync_batch_norm_traces_keeping_every_ranks_statistics():
+    # SyncBatchNorm stopped a trace (no meta kernel for batch_norm_stats);
+    # its kernels are checked against real torch in test_cuda_kernels.py.
+    # Its forward drops the statistics of ranks whose batch was empty, a
+    # value read; a trace takes every rank to hold a batch: the gathered
+    # [ranks, 2C + 1] statistics and each rank's means and inverse
+    # deviations kept ([ranks, C] each), then put back as they were.
+    from torch.fx.experimental import _config
+    from torch.nn.modules import _functions
+    forward, world, channels = _functions.SyncBatchNorm.__dict__["forward"], 8, 64
+    with metamem.trace(device="cuda", gpu="H100-80GB", world_size=world, rank=3) as t:
+        model = torch.nn.Sequential(torch.nn.Conv2d(3, channels, 3), torch.nn.BatchNorm2d(channels),
+                                    torch.nn.ReLU())
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model).cuda()
+        torch.nn.parallel.DistributedDataParallel(model)(torch.randn(8, 3, 32, 32, device="cuda")).sum().backward()
+        assert model[1].weight.grad is not None and model[1].running_mean.shape == (channels,)
+    requested = [size for kind, size in real_gpu.traced_events(t) if kind == "alloc"]
+    assert world * (2 * channels + 1) * 4 in requested
+    assert requested.count(world * channels * 4) >= 2
+    assert _functions.SyncBatchNorm.__dict__["forward"] is forward and not _config.meta_nonzero_assume_all_nonzero
 
 
 def test_ranks_differ_where_the_code_does():
