@@ -6,6 +6,7 @@
 
 #include <ATen/Context.h>
 #include <ATen/ExpandUtils.h>
+#include <ATen/TensorUtils.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/TypeProperties.h>
@@ -459,6 +460,12 @@ ScratchModel elementwise_model(const std::string& op) {
 
 std::int64_t copy_unless_contiguous(const at::Tensor& t, at::MemoryFormat format) {
   return t.defined() && !t.is_contiguous(format) ? bytes_of(t) : 0;
+}
+
+std::int64_t copy_unless_viewable_flat(const at::Tensor& t) {
+  const std::int64_t flat[] = {t.numel()};
+  const bool viewable = t.dim() <= 1 || at::detail::computeStride(t.sizes(), t.strides(), at::IntArrayRef(flat));
+  return viewable ? 0 : bytes_of(t);
 }
 
 std::int64_t deterministic_resize_fill(const at::Tensor& grown) {

@@ -61,6 +61,8 @@ struct ScratchPlan {
 // What t.contiguous(format) allocates: a copy unless it already is (none
 // for an undefined tensor). For the models and plans of every family.
 std::int64_t copy_unless_contiguous(const at::Tensor& t, at::MemoryFormat format = at::MemoryFormat::Contiguous);
+// What t.reshape(-1) allocates: a copy unless its strides view it flat.
+std::int64_t copy_unless_viewable_flat(const at::Tensor& t);
 // What resize_ makes where it grows `grown`'s storage under deterministic
 // algorithms (fill_resize_deterministic_): a 0-dim tensor of its dtype on its
 // device, made and freed at once, through which the new elements are

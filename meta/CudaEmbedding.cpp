@@ -19,12 +19,8 @@ namespace {
 // sparse): weight.index_select(0, indices.reshape(-1)), whose reshape
 // copies ids it cannot view flat before the output exists.
 ScratchPlan embedding_plan(c10::ArrayRef<c10::IValue> arguments) {
-  const at::Tensor& indices = arguments[1].toTensor();
   ScratchPlan plan;
-  const std::int64_t flat[] = {indices.numel()};
-  const bool viewed_flat =
-      indices.dim() <= 1 || at::detail::computeStride(indices.sizes(), indices.strides(), at::IntArrayRef(flat));
-  plan.make(viewed_flat ? 0 : static_cast<std::int64_t>(indices.numel() * indices.element_size()));
+  plan.make(copy_unless_viewable_flat(arguments[1].toTensor()));
   plan.before_outputs = plan.steps.size();
   return plan;
 }

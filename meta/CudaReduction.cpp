@@ -156,6 +156,26 @@ ReductionStaging reduction_staging(c10::ArrayRef<c10::IValue> arguments, c10::Ar
                                 dims ? at::OptionalIntArrayRef(*dims) : std::nullopt, keepdim);
 }
 
+// aten::max and aten::min of a whole tensor (self.contiguous()), and
+// aten::argmax and argmin without a dim (self.reshape(-1)): a strided input
+// is copied after the result, and the copy reduced.
+template <CudaReduction kind, bool flattened>
+ReductionStaging whole_tensor_staging(c10::ArrayRef<c10::IValue> arguments, c10::ArrayRef<c10::IValue> returns) {
+  const at::Tensor& self = arguments[0].toTensor();
+  if (arguments.size() > 1 && !arguments[1].isNone()) return reduction_staging<kind>(arguments, returns);
+  const std::int64_t copy = flattened ? copy_unless_viewable_flat(self) : copy_unless_contiguous(self);
+  if (copy == 0) return reduction_staging<kind>(arguments, returns);
+  ReductionStaging staging;
+  {
+    OutsideMetaMode outside;
+    const at::Tensor input = at::empty({self.numel()}, self.options().device(c10::kMeta));
+    staging = cuda_reduction_staging(kind, input, at::empty({}, returns[0].toTensor().options().device(c10::kMeta)),
+                                     std::nullopt, false);
+  }
+  staging.cast += copy;
+  return staging;
+}
+
 }  // namespace
 
 // The iterator torch's sum_out, mean_out and linalg_vector_norm_out build
@@ -283,16 +303,36 @@ ScratchPlan aminmax_plan(c10::ArrayRef<c10::IValue> arguments) {
   return plan;
 }
 
-// aten::histc(self, bins, min, max) (_histc_cuda_template): the counts,
-// then, where min == max, the input's range read back through aminmax.
+// After histc's counts (_histc_cuda_template), where min == max, the
+// input's range read back through aminmax into two 0-dim tensors, freed as
+// histc returns.
+void add_histc_range(ScratchPlan& plan, c10::ArrayRef<c10::IValue> arguments) {
+  const at::Tensor& self = arguments[0].toTensor();
+  if (self.numel() == 0 || arguments[2].toScalar().toDouble() != arguments[3].toScalar().toDouble()) return;
+  const auto element = static_cast<std::int64_t>(self.element_size());
+  const std::size_t min = plan.make(element), max = plan.make(element);
+  add_aminmax_of_all(plan, self);
+  plan.free(max);
+  plan.free(min);
+}
+
+// aten::histc(self, bins, min, max).
 ScratchPlan histc_plan(c10::ArrayRef<c10::IValue> arguments) {
+  ScratchPlan plan;
+  add_histc_range(plan, arguments);
+  return plan;
+}
+
+// aten::histc.out(self, bins, min, max, out) (histogram_histc_cuda_out):
+// histc's counts in a result of their own, then out resized to them and
+// the counts copied in.
+ScratchPlan histc_out_plan(c10::ArrayRef<c10::IValue> arguments) {
   const at::Tensor& self = arguments[0].toTensor();
   ScratchPlan plan;
-  if (self.numel() == 0 || arguments[2].toScalar().toDouble() != arguments[3].toScalar().toDouble()) return plan;
-  const auto element = static_cast<std::int64_t>(self.element_size());
-  plan.make(element);
-  plan.make(element);
-  add_aminmax_of_all(plan, self);
+  const std::size_t counts = plan.make(arguments[1].toInt() * static_cast<std::int64_t>(self.element_size()));
+  add_histc_range(plan, arguments);
+  plan.output(0);
+  plan.free(counts);
   return plan;
 }
 
@@ -481,6 +521,7 @@ ScratchPlanModel cuda_reduction_plan_model(const std::string& qualified_name) {
   if (qualified_name == "aten::count_nonzero.dim_IntList" || qualified_name == "aten::count_nonzero")
     return &count_nonzero_plan;
   if (qualified_name == "aten::histc") return &histc_plan;
+  if (qualified_name == "aten::histc.out") return &histc_out_plan;
   if (qualified_name == "aten::aminmax") return &aminmax_plan;
   if (qualified_name == "aten::_foreach_norm.Scalar") return &foreach_norm_plan;
   if (qualified_name == "aten::_sample_dirichlet") return &sample_dirichlet_plan;
@@ -504,9 +545,12 @@ ReductionStagingModel cuda_reduction_staging_model(const std::string& qualified_
   if (qualified_name == "aten::mean" || qualified_name == "aten::mean.dim")
     return &reduction_staging<CudaReduction::Mean>;
   if (qualified_name == "aten::linalg_vector_norm") return &reduction_staging<CudaReduction::Norm>;
-  for (const char* indexed : {"aten::argmax", "aten::argmin", "aten::max.dim", "aten::min.dim"})
-    if (qualified_name == indexed) return &reduction_staging<CudaReduction::IndexedExtremum>;
-  if (qualified_name == "aten::max" || qualified_name == "aten::min") return &reduction_staging<CudaReduction::Extremum>;
+  if (qualified_name == "aten::argmax" || qualified_name == "aten::argmin")
+    return &whole_tensor_staging<CudaReduction::IndexedExtremum, true>;
+  if (qualified_name == "aten::max.dim" || qualified_name == "aten::min.dim")
+    return &reduction_staging<CudaReduction::IndexedExtremum>;
+  if (qualified_name == "aten::max" || qualified_name == "aten::min")
+    return &whole_tensor_staging<CudaReduction::Extremum, false>;
   for (const char* mean_like : {"aten::prod", "aten::prod.dim_int", "aten::nansum"})
     if (qualified_name == mean_like) return &reduction_staging<CudaReduction::Mean>;
   for (const char* logical :

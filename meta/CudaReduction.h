@@ -21,7 +21,8 @@ namespace metamem {
 
 // Bytes of the input's copy in the reduction's dtype (make_reduction's
 // self.to(in_dtype): a sum of bools or ints reduces int64s; none where the
-// kernel reads the input as it is), then of the staging buffer and of the
+// kernel reads the input as it is) or of a strided input's contiguous copy
+// (a whole tensor's max, min, argmax, argmin), then of the staging buffer and of the
 // semaphores, in the order they are allocated; the last two 0 where the
 // blocks of an output do not split its inputs.
 struct ReductionStaging {

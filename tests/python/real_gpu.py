@@ -482,6 +482,12 @@ REDUCTION_CASES = {
         lambda: cuda_randn(64, 50257, dtype=torch.bfloat16).max(-1)),
     "min of 1,000,000, f32": freed_step(lambda: cuda_randn(1000000).min()),
     "max of 1,000,000, f64": freed_step(lambda: cuda_randn(1000000, dtype=torch.float64).max()),
+    # A whole strided tensor's max and min read a contiguous copy, its argmax
+    # and argmin a flat one (reshape), made after the result.
+    "max of a transposed 1000 x 1000, f32": freed_step(lambda: cuda_randn(1000, 1000).t().max()),
+    "argmax of a transposed 1000 x 1000, f32": freed_step(lambda: cuda_randn(1000, 1000).t().argmax()),
+    "argmin of a column of 1000 x 2, bf16": freed_step(
+        lambda: cuda_randn(1000, 2, dtype=torch.bfloat16)[:, 0].argmin()),
     "aminmax of 1,000,000, f32": freed_step(lambda: torch.aminmax(cuda_randn(1000000))),
     "aminmax over dim 0 of 8192 x 256, f32": freed_step(lambda: torch.aminmax(cuda_randn(8192, 256), dim=0)),
     "aminmax of a transposed 4096 x 256, f32": freed_step(lambda: torch.aminmax(cuda_randn(256, 4096).t())),
@@ -746,6 +752,11 @@ COMPOSED_KERNEL_CASES = {
     "histc of 4,000,000": freed_step(lambda: torch.histc(cuda_randn(4000000), 100)),
     "histc of 100,000 in a range": freed_step(lambda: torch.histc(cuda_randn(100000), 100, -3, 3)),
     "histc of a column of 100,000 x 2": freed_step(lambda: torch.histc(cuda_randn(100000, 2)[:, 0], 100)),
+    # histc's out= overload counts into a result of its own, then copies it.
+    "histc of 100,000 into out=": freed_step(
+        lambda: torch.histc(cuda_randn(100000), 100, out=torch.empty(100, device="cuda"))),
+    "histc of 100,000 in a range into a smaller out=": freed_step(
+        lambda: torch.histc(cuda_randn(100000), 100, -3, 3, out=torch.empty(10, device="cuda"))),
     "multinomial 1 of 16 x 50,257": multinomial((16, 50257), 1),
     "multinomial 8 of 16 x 50,257": multinomial((16, 50257), 8),
     "multinomial 8 with replacement of 16 x 50,257": multinomial((16, 50257), 8, True),
