@@ -103,6 +103,44 @@ std::int64_t mean(Args args, Args returns) {
          (result.scalar_type() == c10::kLong ? 0 : element_size(result));
 }
 
+// A copy of a transposed matrix (src.t() contiguous, 3,600 elements or
+// more) into a contiguous one of its type goes through a square block
+// buffer (copy_same_type_transpose_: 60 x 60, 120 x 120 for bytes).
+std::int64_t transposed_copy_buffer(const at::Tensor& src) {
+  constexpr std::int64_t kMinElements = 60 * 60;
+  const bool transposed = src.defined() && src.dim() == 2 && src.numel() >= kMinElements && src.stride(0) == 1 &&
+                          src.stride(1) == src.size(0);
+  if (!transposed || c10::isBitsType(src.scalar_type())) return 0;
+  const std::int64_t block = src.scalar_type() == c10::kByte ? 120 : 60;
+  return block * block * element_size(src);
+}
+
+std::int64_t transposed_copy_buffer(const at::Tensor& dst, const at::Tensor& src) {
+  const bool as_its_type = dst.is_contiguous() && dst.scalar_type() == src.scalar_type() &&
+                           dst.sizes().equals(src.sizes()) && dst.is_neg() == src.is_neg() &&
+                           dst.is_conj() == src.is_conj();
+  return as_its_type ? transposed_copy_buffer(src) : 0;
+}
+
+// aten::copy_(self, src).
+std::int64_t copy_into(Args args, Args) { return transposed_copy_buffer(args[0].toTensor(), args[1].toTensor()); }
+
+// aten::clone and aten::_to_copy: the result made, then copied into.
+std::int64_t copy_of(Args args, Args returns) {
+  return transposed_copy_buffer(returns[0].toTensor(), args[0].toTensor());
+}
+
+// A whole tensor's max and min read it contiguous (self.contiguous()), its
+// argmax and argmin without a dim flat (self.reshape(-1)): a copy where
+// it is not, through the transposed copy's buffer where it applies.
+template <bool flattened>
+std::int64_t whole_tensor_copy(Args args, Args) {
+  const at::Tensor& self = args[0].toTensor();
+  if (args.size() > 1 && !args[1].isNone()) return 0;
+  const std::int64_t copy = flattened ? copy_unless_viewable_flat(self) : copy_unless_contiguous(self);
+  return copy == 0 ? 0 : copy + transposed_copy_buffer(self);
+}
+
 // Kernels that read their first argument contiguous: upsampling's
 // gradients, narrow_copy's input.
 std::int64_t contiguous_first(Args args, Args) { return copy_unless_contiguous(args[0].toTensor()); }
@@ -524,6 +562,14 @@ ScratchModel cpu_scratch_model(const std::string& qualified_name) {
       {"aten::_cdist_backward", &cdist_backward},
       {"aten::grid_sampler_2d_backward", &contiguous_first},
       {"aten::histc", &histc},
+      {"aten::histc.out", &histc},
+      {"aten::copy_", &copy_into},
+      {"aten::clone", &copy_of},
+      {"aten::_to_copy", &copy_of},
+      {"aten::max", &whole_tensor_copy<false>},
+      {"aten::min", &whole_tensor_copy<false>},
+      {"aten::argmax", &whole_tensor_copy<true>},
+      {"aten::argmin", &whole_tensor_copy<true>},
       {"aten::multinomial", &multinomial},
       {"aten::multinomial.out", &multinomial},
       {"aten::cumsum", &cumulative_cast},
