@@ -560,6 +560,7 @@ ScratchModel cuda_native_scratch_model(const std::string& qualified_name) {
       "aten::_upsample_nearest_exact2d_backward",  "aten::_upsample_nearest_exact3d_backward",
       "aten::upsample_linear1d_backward",          "aten::upsample_bilinear2d_backward",
       "aten::upsample_bicubic2d_backward",         "aten::upsample_trilinear3d_backward",
+      "aten::_upsample_bilinear2d_aa_backward",    "aten::_upsample_bicubic2d_aa_backward",
       "aten::avg_pool2d_backward",                 "aten::avg_pool3d_backward",
       "aten::max_pool3d_with_indices_backward",    "aten::adaptive_max_pool2d_backward",
       "aten::adaptive_max_pool3d_backward",        "aten::_adaptive_avg_pool2d_backward",

@@ -24,8 +24,9 @@ bool defined(const c10::IValue& value) { return value.isTensor() && value.toTens
 
 // ---- layer norm ------------------------------------------------------------
 
-// aten::native_layer_norm(input, normalized_shape, weight, bias, eps): the
-// kernel reads the input contiguous, copied before the outputs exist.
+// aten::native_layer_norm(input, normalized_shape, weight, bias, eps) and
+// aten::_fused_rms_norm(input, normalized_shape, weight, eps): the kernel
+// reads the input contiguous, copied before the outputs exist.
 ScratchPlan layer_norm_plan(c10::ArrayRef<c10::IValue> arguments) {
   ScratchPlan plan;
   plan.make(copy_unless_contiguous(arguments[0].toTensor()));
@@ -61,22 +62,16 @@ void sum_row_blocks(ScratchPlan& plan, const at::Tensor& parameter, std::int64_t
   plan.free(sum);
 }
 
-// aten::native_layer_norm_backward(grad_out, input, normalized_shape, mean,
-// rstd, weight, bias, output_mask): the input read contiguous (copied
-// before the outputs), the output's gradient made contiguous after them,
-// then the weight's and bias's block sums where the grid splits, freed as
-// the kernel returns.
-ScratchPlan layer_norm_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
-  const at::Tensor& grad_out = arguments[0].toTensor();
-  const at::Tensor& input = arguments[1].toTensor();
-  const auto axis = input.dim() - static_cast<std::int64_t>(arguments[2].toDimVector().size());
+// A layer norm's or an RMS norm's backward over `normalized` trailing
+// dimensions: the input read contiguous (copied before the outputs), the
+// output's gradient made contiguous after them, then the block sums of
+// the `parameters` whose gradients are asked for, where the grid splits,
+// freed as the kernel returns.
+ScratchPlan norm_backward_plan(const at::Tensor& grad_out, const at::Tensor& input, std::size_t normalized,
+                               const std::vector<at::Tensor>& parameters) {
+  const auto axis = input.dim() - static_cast<std::int64_t>(normalized);
   std::int64_t rows = 1, columns = 1;
   for (std::int64_t d = 0; d < input.dim(); ++d) (d < axis ? rows : columns) *= input.size(d);
-  const auto mask = arguments[7].toBoolList();
-  std::vector<at::Tensor> parameters;  // those whose gradient is asked for
-  for (int i : {1, 2})
-    if (mask.get(i) && defined(arguments[4 + i])) parameters.push_back(arguments[4 + i].toTensor());
-
   ScratchPlan plan;
   plan.make(copy_unless_contiguous(input));
   plan.before_outputs = plan.steps.size();
@@ -86,6 +81,26 @@ ScratchPlan layer_norm_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
   for (const at::Tensor& parameter : parameters) plan.make(blocks * columns * element_size(parameter));
   for (const at::Tensor& parameter : parameters) sum_row_blocks(plan, parameter, blocks);
   return plan;
+}
+
+// aten::native_layer_norm_backward(grad_out, input, normalized_shape, mean,
+// rstd, weight, bias, output_mask).
+ScratchPlan layer_norm_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
+  const auto mask = arguments[7].toBoolList();
+  std::vector<at::Tensor> parameters;
+  for (int i : {1, 2})
+    if (mask.get(i) && defined(arguments[4 + i])) parameters.push_back(arguments[4 + i].toTensor());
+  return norm_backward_plan(arguments[0].toTensor(), arguments[1].toTensor(), arguments[2].toDimVector().size(),
+                            parameters);
+}
+
+// aten::_fused_rms_norm_backward(grad_out, input, normalized_shape, rstd,
+// weight, output_mask): layer norm's kernels without a mean or a bias.
+ScratchPlan rms_norm_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
+  std::vector<at::Tensor> parameters;
+  if (arguments[5].toBoolList().get(1) && defined(arguments[4])) parameters.push_back(arguments[4].toTensor());
+  return norm_backward_plan(arguments[0].toTensor(), arguments[1].toTensor(), arguments[2].toDimVector().size(),
+                            parameters);
 }
 
 // ---- group norm ------------------------------------------------------------
@@ -310,6 +325,8 @@ ScratchPlanModel cuda_normalization_plan_model(const std::string& qualified_name
   static const std::unordered_map<std::string, ScratchPlanModel> models = {
       {"aten::native_layer_norm", &layer_norm_plan},
       {"aten::native_layer_norm_backward", &layer_norm_backward_plan},
+      {"aten::_fused_rms_norm", &layer_norm_plan},
+      {"aten::_fused_rms_norm_backward", &rms_norm_backward_plan},
       {"aten::native_group_norm", &group_norm_plan},
       {"aten::native_group_norm_backward", &group_norm_backward_plan},
       {"aten::_softmax_backward_data", &softmax_backward_plan},

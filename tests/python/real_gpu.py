@@ -1011,6 +1011,59 @@ def sync_batch_norm_ops(ranks, n, c, hw, dtype=torch.float32, channels_last=Fals
     return freed_step(body)
 
 
+# A fourth probe (2026-12-04) of ops in training code, forward and backward:
+# resampling, folding, padding, pooling, gathers and scatters, sorts'
+# gradients, RMS and layer norms, per-sample weights, label smoothing.
+FOURTH_PROBE_CASES = {
+    "grid_sample bilinear of 8 x 16 x 64², f32": with_weight(
+        lambda x, grid: F.grid_sample(x, grid.tanh(), align_corners=False), (8, 32, 32, 2), 8, 16, 64, 64),
+    "grid_sample nearest with border padding, f32": with_weight(
+        lambda x, grid: F.grid_sample(x, grid, mode="nearest", padding_mode="border", align_corners=True),
+        (8, 32, 32, 2), 8, 16, 64, 64),
+    "unfold and fold, 3 x 3 over 8 x 16 x 32², f32": trained(
+        lambda x: F.fold(F.unfold(x, 3, padding=1), (32, 32), 3, padding=1), 8, 16, 32, 32),
+    "bicubic upsampling by 2, 8 x 16 x 32², f32": trained(
+        lambda x: F.interpolate(x, scale_factor=2, mode="bicubic"), 8, 16, 32, 32),
+    "antialiased bilinear downsampling by 2, 8 x 16 x 64², f32": trained(
+        lambda x: F.interpolate(x, scale_factor=0.5, mode="bilinear", antialias=True), 8, 16, 64, 64),
+    "antialiased bicubic upsampling by 2, 8 x 16 x 32², f32": trained(
+        lambda x: F.interpolate(x, scale_factor=2, mode="bicubic", antialias=True), 8, 16, 32, 32),
+    "reflect padding 1-d and replicate padding 3-d, f32": trained(
+        lambda x: F.pad(x, (2, 2), mode="reflect").sum() +
+        F.pad(x.view(4, 8, 4, 4, 64), (1, 1, 1, 1, 1, 1), mode="replicate").sum(), 4, 128, 64),
+    "adaptive average pooling 1-d and 3-d, f32": trained(
+        lambda x: F.adaptive_avg_pool1d(x.view(8, 16, -1), 7).sum() +
+        F.adaptive_avg_pool3d(x.view(8, 16, 4, 16, 16), 3).sum(), 8, 16, 32, 32),
+    "max pooling 3-d of 4 x 16 x 16 x 32², f32": trained(lambda x: F.max_pool3d(x, 2), 4, 16, 16, 32, 32),
+    "average pooling 3-d of 4 x 16 x 16 x 32², f32": trained(lambda x: F.avg_pool3d(x, 2), 4, 16, 16, 32, 32),
+    "gather of 64 x 500 from 64 x 1000, f32": with_weight(
+        lambda x, w: x.gather(1, torch.randint(0, 1000, (64, 500), device="cuda")) * w, (64, 500), 64, 1000),
+    "index_add of 500 rows into 1000 x 64, f32": with_weight(
+        lambda x, w: x.index_add(0, torch.randint(0, 1000, (500,), device="cuda"), w), (500, 64), 1000, 64),
+    "sort and topk of 64 x 1000 with their gradients, f32": trained(
+        lambda x: x.sort(-1)[0][:, :10].sum() + x.topk(5, -1)[0].sum(), 64, 1000),
+    "flip, roll and repeat of 16 x 64 x 128, f32": trained(lambda x: x.flip(1).roll(3, 2).repeat(1, 2, 1), 16, 64, 128),
+    "layer norm without affine parameters, 8 x 128 x 768, bf16": trained(
+        lambda x: F.layer_norm(x, (768,)), 8, 128, 768, dtype=torch.bfloat16),
+    # RMS norm's CUDA kernels are layer norm's: the input read contiguous
+    # before the outputs, the gradient after them, block sums of the
+    # weight's gradient over many rows of few columns.
+    "rms_norm over 768 of 8 x 128 x 768, f32": with_weight(
+        lambda x, w: F.rms_norm(x, (768,), w), (768,), 8, 128, 768),
+    "rms_norm of a permuted 8 x 128 x 768, f32": with_weight(
+        lambda x, w: F.rms_norm(x.transpose(0, 1), (768,), w), (768,), 128, 8, 768),
+    "rms_norm over 64 of 131,072 rows, f32": with_weight(lambda x, w: F.rms_norm(x, (64,), w), (64,), 131072, 64),
+    "rms_norm without a weight, 8 x 128 x 768, bf16": trained(
+        lambda x: F.rms_norm(x, (768,)), 8, 128, 768, dtype=torch.bfloat16),
+    "embedding_bag sum with per-sample weights, 4,096 ids": freed_step(lambda: torch.nn.EmbeddingBag(
+        5000, 64, mode="sum").cuda()(
+            torch.randint(0, 5000, (4096,), device="cuda"), torch.arange(0, 4096, 8, device="cuda"),
+            per_sample_weights=torch.rand(4096, device="cuda", requires_grad=True)).sum().backward()),
+    "cross entropy with label smoothing, 64 x 1000, bf16": freed_step(lambda: F.cross_entropy(
+        torch.randn(64, 1000, device="cuda", dtype=torch.bfloat16, requires_grad=True), targets(64, 1000),
+        label_smoothing=0.1).backward()),
+}
+
 # SyncBatchNorm's kernels (2026-12-04): before, no meta kernel.
 SYNC_BATCH_NORM_CASES = {
     "SyncBatchNorm's ops, 4 ranks, 8 x 64 x 28², f32": sync_batch_norm_ops(4, 8, 64, 28),
@@ -1093,6 +1146,7 @@ CASES = {
     **COMPOSED_KERNEL_CASES,
     **TRAINING_OP_CASES,
     **SYNC_BATCH_NORM_CASES,
+    **FOURTH_PROBE_CASES,
 }
 
 
@@ -1100,7 +1154,7 @@ CASES = {
 # what the kernels the fake GPU cannot run allocate inside, in order.
 EVENT_CASES = {name for name in CASES if name.startswith(("efficient", "sdpa", "conv", "batch norm", "LSTM"))} | \
     set(LIBTORCH_KERNEL_CASES) | set(SORT_CASES) | set(SCAN_CASES) | set(GRADIENT_COPY_CASES) | set(COMPOSED_KERNEL_CASES) | \
-    set(TRAINING_OP_CASES) | set(SYNC_BATCH_NORM_CASES) | {
+    set(TRAINING_OP_CASES) | set(SYNC_BATCH_NORM_CASES) | set(FOURTH_PROBE_CASES) | {
     "resnet18 f32 cuDNN on", "resnet18 bf16 autocast cuDNN on", "mobilenet_v2 f32 cuDNN on",
     "resnet18 bf16 autocast channels-last cuDNN on"}
 

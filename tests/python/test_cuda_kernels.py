@@ -206,6 +206,18 @@ def test_activations_losses_pooling_and_resampling_hold_what_real_torch_holds(gp
     assert_as_real_torch(gpu, case)
 
 
+@pytest.mark.parametrize("gpu, case", one_gpu_each(["H100-80GB", "A100-80GB", "T4"], list(real_gpu.FOURTH_PROBE_CASES)))
+def test_resampling_norms_gathers_and_pooling_hold_what_real_torch_holds(gpu, case):
+    # A fourth probe (2026-12-04). Before: RMS norm (torch.nn.RMSNorm,
+    # F.rms_norm) held none of layer norm's copies and block sums, whose
+    # kernels it runs (8 x 128 x 768 floats: 6,302,720 B traced against
+    # 9,448,448 B real; 131,072 rows of 64: 67,637,248 B against
+    # 102,763,520 B; meta/CudaNormalization.cpp); antialiased resampling's
+    # gradient lacked its copy of a broadcast output gradient (4,195,328 B
+    # against 4,719,616 B; meta/CpuLayerModel.cpp).
+    assert_as_real_torch(gpu, case)
+
+
 @pytest.mark.parametrize("gpu, case", one_gpu_each(["H100-80GB", "A100-80GB", "T4"], list(real_gpu.SYNC_BATCH_NORM_CASES)))
 def test_sync_batch_norms_kernels_hold_what_real_torch_holds(gpu, case):
     # Before (2026-12-04) no meta kernel: SyncBatchNorm stopped a trace.
