@@ -6,8 +6,8 @@
 
 #include <ATen/Context.h>
 #include <ATen/ExpandUtils.h>
-#include <ATen/TensorUtils.h>
 #include <ATen/Parallel.h>
+#include <ATen/TensorUtils.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/TypeProperties.h>
 #include <c10/core/WrapDimMinimal.h>

@@ -263,7 +263,8 @@ ScratchPlan batch_norm_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
   const at::Tensor &grad_out = arguments[0].toTensor(), &input = arguments[1].toTensor();
   const auto mask = arguments[9].toBoolList();
   ScratchPlan plan;
-  if (!defined(arguments[5]) || !arguments[7].toBool() || input.dim() < 2 || !batch_norm_uses_channels_last_kernels(input))
+  if (!defined(arguments[5]) || !arguments[7].toBool() || input.dim() < 2 ||
+      !batch_norm_uses_channels_last_kernels(input))
     return plan;
   const at::Tensor& mean = arguments[5].toTensor();
   const std::int64_t channels = input.size(1), statistics = channels * mean.element_size();
