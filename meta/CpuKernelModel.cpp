@@ -135,10 +135,8 @@ std::int64_t copy_of(Args args, Args returns) {
 // it is not, through the transposed copy's buffer where it applies.
 template <bool flattened>
 std::int64_t whole_tensor_copy(Args args, Args) {
-  const at::Tensor& self = args[0].toTensor();
-  if (args.size() > 1 && !args[1].isNone()) return 0;
-  const std::int64_t copy = flattened ? copy_unless_viewable_flat(self) : copy_unless_contiguous(self);
-  return copy == 0 ? 0 : copy + transposed_copy_buffer(self);
+  const std::int64_t copy = whole_tensor_read_copy(args, flattened);
+  return copy == 0 ? 0 : copy + transposed_copy_buffer(args[0].toTensor());
 }
 
 // Kernels that read their first argument contiguous: upsampling's
@@ -504,6 +502,12 @@ std::int64_t copy_unless_viewable_flat(const at::Tensor& t) {
   const std::int64_t flat[] = {t.numel()};
   const bool viewable = t.dim() <= 1 || at::detail::computeStride(t.sizes(), t.strides(), at::IntArrayRef(flat));
   return viewable ? 0 : bytes_of(t);
+}
+
+std::int64_t whole_tensor_read_copy(c10::ArrayRef<c10::IValue> arguments, bool flattened) {
+  if (arguments.size() > 1 && !arguments[1].isNone()) return 0;
+  const at::Tensor& self = arguments[0].toTensor();
+  return flattened ? copy_unless_viewable_flat(self) : copy_unless_contiguous(self);
 }
 
 std::int64_t deterministic_resize_fill(const at::Tensor& grown) {

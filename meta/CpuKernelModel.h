@@ -63,6 +63,10 @@ struct ScratchPlan {
 std::int64_t copy_unless_contiguous(const at::Tensor& t, at::MemoryFormat format = at::MemoryFormat::Contiguous);
 // What t.reshape(-1) allocates: a copy unless its strides view it flat.
 std::int64_t copy_unless_viewable_flat(const at::Tensor& t);
+// The copy a whole tensor's max or min (self, `flattened` false:
+// self.contiguous()) or argmax or argmin without a dim (self, dim,
+// keepdim; `flattened`: self.reshape(-1)) reads; none over a dim.
+std::int64_t whole_tensor_read_copy(c10::ArrayRef<c10::IValue> arguments, bool flattened);
 // What resize_ makes where it grows `grown`'s storage under deterministic
 // algorithms (fill_resize_deterministic_): a 0-dim tensor of its dtype on its
 // device, made and freed at once, through which the new elements are

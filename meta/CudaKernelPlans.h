@@ -72,6 +72,22 @@ void make_cub_radix_sort_storage(ScratchPlan& plan, std::int64_t n, std::int64_t
 // contiguous with unit stride over its channels (a 2-d [N, C]).
 bool batch_norm_uses_channels_last_kernels(const at::Tensor& t);
 
+// Whether batch_norm_backward_reduce (SyncBatchNorm's) takes its
+// channels-last kernel: both tensors channels-last, the statistics and any
+// weight contiguous.
+bool batch_norm_backward_reduce_is_channels_last(const at::Tensor& grad_out, const at::Tensor& input,
+                                                 const at::Tensor& mean, const at::Tensor& invstd,
+                                                 const c10::optional<at::Tensor>& weight);
+
+// The traced GPU's compute capability as cub and CUDA number it (sm90: 900).
+int traced_sm();
+
+// The tuning cub 3.0's select and scan-by-key dispatchers take on the traced
+// GPU: sm90's (which later architectures keep or fall back to), sm80's (up
+// to sm86), or their default (sm75, sm86, sm89).
+enum class CubTuning { Sm90, Sm80, Default };
+CubTuning cub_tuning();
+
 // The temporary storage cub 3.0's DeviceScan::InclusiveSumByKey or
 // InclusiveScanByKey (with the maximum) asks for over n keys and values of
 // `key_bytes` each, on the traced GPU's architecture: a (key, value) pair's

@@ -212,25 +212,27 @@ void add_channels_last_staging(ScratchPlan& plan, const at::Tensor& input, std::
   plan.free(staging);
 }
 
-// aten::native_batch_norm(input, weight, bias, running_mean, running_var,
-// training, momentum, eps): in training over a channels-last input, the
-// statistics' reduction stages four accumulators per channel and block
-// row after the outputs (the mean and inverse deviation).
-ScratchPlan batch_norm_plan(c10::ArrayRef<c10::IValue> arguments) {
-  const at::Tensor& input = arguments[0].toTensor();
-  ScratchPlan plan;
-  if (arguments[5].toBool() && input.dim() > 1 && input.numel() > 0 && batch_norm_uses_channels_last_kernels(input))
+// The statistics' reduction over a channels-last input stages four
+// accumulators per channel and block row after the outputs (the mean and
+// inverse deviation).
+void add_statistics_staging(ScratchPlan& plan, const at::Tensor& input) {
+  if (input.dim() > 1 && input.numel() > 0 && batch_norm_uses_channels_last_kernels(input))
     add_channels_last_staging(plan, input, 4, c10::elementSize(at::toAccumulateType(input.scalar_type(), true)));
+}
+
+// aten::native_batch_norm(input, weight, bias, running_mean, running_var,
+// training, momentum, eps): in training, the statistics' staging.
+ScratchPlan batch_norm_plan(c10::ArrayRef<c10::IValue> arguments) {
+  ScratchPlan plan;
+  if (arguments[5].toBool()) add_statistics_staging(plan, arguments[0].toTensor());
   return plan;
 }
 
-// aten::batch_norm_stats(input, eps) (SyncBatchNorm's): over a
-// channels-last input the reduction native_batch_norm's takes.
+// aten::batch_norm_stats(input, eps) (SyncBatchNorm's): native_batch_norm's
+// statistics.
 ScratchPlan batch_norm_stats_plan(c10::ArrayRef<c10::IValue> arguments) {
-  const at::Tensor& input = arguments[0].toTensor();
   ScratchPlan plan;
-  if (input.dim() > 1 && input.numel() > 0 && batch_norm_uses_channels_last_kernels(input))
-    add_channels_last_staging(plan, input, 4, c10::elementSize(at::toAccumulateType(input.scalar_type(), true)));
+  add_statistics_staging(plan, arguments[0].toTensor());
   return plan;
 }
 
@@ -238,11 +240,10 @@ ScratchPlan batch_norm_stats_plan(c10::ArrayRef<c10::IValue> arguments) {
 // input_g, weight_g, bias_g) (SyncBatchNorm's): after its outputs, the
 // channels-last reduction's staging, as native_batch_norm_backward's.
 ScratchPlan batch_norm_backward_reduce_plan(c10::ArrayRef<c10::IValue> arguments) {
-  const at::Tensor &grad_out = arguments[0].toTensor(), &input = arguments[1].toTensor();
-  const at::Tensor& mean = arguments[2].toTensor();
+  const at::Tensor &input = arguments[1].toTensor(), &mean = arguments[2].toTensor();
   ScratchPlan plan;
-  if (input.dim() > 1 && batch_norm_uses_channels_last_kernels(grad_out) &&
-      batch_norm_uses_channels_last_kernels(input))
+  if (batch_norm_backward_reduce_is_channels_last(arguments[0].toTensor(), input, mean, arguments[3].toTensor(),
+                                                  arguments[4].toOptional<at::Tensor>()))
     add_channels_last_staging(plan, input, 2, mean.element_size());
   return plan;
 }
@@ -320,6 +321,14 @@ ScratchPlan log_softmax_backward_plan(c10::ArrayRef<c10::IValue> arguments) {
 bool batch_norm_uses_channels_last_kernels(const at::Tensor& t) {
   return t.is_contiguous(at::MemoryFormat::ChannelsLast) || t.is_contiguous(at::MemoryFormat::ChannelsLast3d) ||
          (t.is_contiguous() && t.dim() > 1 && t.stride(1) == 1);
+}
+
+bool batch_norm_backward_reduce_is_channels_last(const at::Tensor& grad_out, const at::Tensor& input,
+                                                 const at::Tensor& mean, const at::Tensor& invstd,
+                                                 const c10::optional<at::Tensor>& weight) {
+  return input.dim() > 1 && batch_norm_uses_channels_last_kernels(grad_out) &&
+         batch_norm_uses_channels_last_kernels(input) && (!weight || !weight->defined() || weight->is_contiguous()) &&
+         mean.is_contiguous() && invstd.is_contiguous();
 }
 
 ScratchPlanModel cuda_normalization_plan_model(const std::string& qualified_name) {

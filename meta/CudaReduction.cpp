@@ -156,26 +156,6 @@ ReductionStaging reduction_staging(c10::ArrayRef<c10::IValue> arguments, c10::Ar
                                 dims ? at::OptionalIntArrayRef(*dims) : std::nullopt, keepdim);
 }
 
-// aten::max and aten::min of a whole tensor (self.contiguous()), and
-// aten::argmax and argmin without a dim (self.reshape(-1)): a strided input
-// is copied after the result, and the copy reduced.
-template <CudaReduction kind, bool flattened>
-ReductionStaging whole_tensor_staging(c10::ArrayRef<c10::IValue> arguments, c10::ArrayRef<c10::IValue> returns) {
-  const at::Tensor& self = arguments[0].toTensor();
-  if (arguments.size() > 1 && !arguments[1].isNone()) return reduction_staging<kind>(arguments, returns);
-  const std::int64_t copy = flattened ? copy_unless_viewable_flat(self) : copy_unless_contiguous(self);
-  if (copy == 0) return reduction_staging<kind>(arguments, returns);
-  ReductionStaging staging;
-  {
-    OutsideMetaMode outside;
-    const at::Tensor input = at::empty({self.numel()}, self.options().device(c10::kMeta));
-    staging = cuda_reduction_staging(kind, input, at::empty({}, returns[0].toTensor().options().device(c10::kMeta)),
-                                     std::nullopt, false);
-  }
-  staging.cast += copy;
-  return staging;
-}
-
 }  // namespace
 
 // The iterator torch's sum_out, mean_out and linalg_vector_norm_out build
@@ -238,6 +218,19 @@ ReductionStaging whole_reduction_staging(CudaReduction kind, at::IntArrayRef siz
   OutsideMetaMode outside;
   const at::Tensor whole = at::empty(sizes, options.device(c10::kMeta));
   return cuda_reduction_staging(kind, whole, at::empty({}, whole.options()), at::IntArrayRef{}, false);
+}
+
+// aten::max and aten::min of a whole tensor, and aten::argmax and argmin
+// without a dim: a strided input is copied after the result
+// (whole_tensor_read_copy), and the copy reduced.
+template <CudaReduction kind, bool flattened>
+ReductionStaging whole_tensor_staging(c10::ArrayRef<c10::IValue> arguments, c10::ArrayRef<c10::IValue> returns) {
+  const std::int64_t copy = whole_tensor_read_copy(arguments, flattened);
+  if (copy == 0) return reduction_staging<kind>(arguments, returns);
+  const at::Tensor& self = arguments[0].toTensor();
+  ReductionStaging staging = whole_reduction_staging(kind, {self.numel()}, self.options());
+  staging.cast += copy;
+  return staging;
 }
 
 // mse_loss, smooth_l1_loss and huber_loss with a reduction (Loss.cpp): the

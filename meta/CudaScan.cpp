@@ -123,15 +123,18 @@ void make_cumulative_sum_storage(ScratchPlan& plan, std::int64_t n, at::ScalarTy
 
 // cub 3.0's tiles for DeviceScan's by-key scans of keys and values of
 // `key_bytes` each with a primitive operator (cuda::std::plus, the
-// maximum), by architecture: sm90's, sm80's up to sm86, else its default
-// policy (sm75, sm86, sm89) of 256 threads of 9 items. (sm100 has tiles of
-// its own; no GPU of the table is one.)
+// maximum), by cub_tuning; the default 256 threads of 9 items. (sm100 has
+// tiles of its own; no GPU of the table is one.)
 std::int64_t cub_scan_by_key_tile(std::int64_t key_bytes) {
-  const GpuTraits gpu = traced_gpu();
-  const int arch = gpu.major * 100 + gpu.minor * 10;
   const bool wide = key_bytes == 8;
-  if (arch >= 900) return wide ? 224 * 11 : 288 * 14;
-  if (arch >= 800 && arch < 860) return wide ? 224 * 10 : 256 * 15;
+  switch (cub_tuning()) {
+    case CubTuning::Sm90:
+      return wide ? 224 * 11 : 288 * 14;
+    case CubTuning::Sm80:
+      return wide ? 224 * 10 : 256 * 15;
+    case CubTuning::Default:
+      break;
+  }
   return 256 * 9;
 }
 

@@ -43,8 +43,7 @@ std::optional<std::int64_t> cub_radix_sort_bytes(std::int64_t n, std::int64_t ke
   };
   if (n <= tile(256, 19)) return 1;  // one block sorts all: cub asks for a byte
   if (key_bytes < 4 && value_bytes != 8) return std::nullopt;  // small keys: with libtorch's indices alone
-  const GpuTraits gpu = traced_gpu();
-  const int arch = gpu.major * 100 + gpu.minor * 10;
+  const int arch = traced_sm();
   const bool keys_only = value_bytes == 0;
   std::int64_t threads = 384, items = 0;
   if (arch >= 900 && key_bytes < 4) {
@@ -65,7 +64,7 @@ std::optional<std::int64_t> cub_radix_sort_bytes(std::int64_t n, std::int64_t ke
     // -res-usage). 1-byte keys' second kernel runs 2 or 3, which the fake
     // GPU, answering 1 for any kernel, cannot check.
     if (key_bytes != 2) return std::nullopt;
-    const std::int64_t spine = gpu.multi_processor_count * 5 * 128 + 512 * 11;
+    const std::int64_t spine = traced_gpu().multi_processor_count * 5 * 128 + 512 * 11;
     return cub_alias_temporaries({spine * kOffsetBytes, n * key_bytes, n * value_bytes});
   } else if (arch >= 900) {
     // 4-byte keys alone as integers (cub gives f32 keys one item fewer;
@@ -100,22 +99,30 @@ void make_cub_radix_sort_storage(ScratchPlan& plan, std::int64_t n, std::int64_t
   if (const auto bytes = cub_radix_sort_bytes(n, key_bytes, value_bytes, bits)) plan.free(plan.make(*bytes));
 }
 
-// DeviceSelect's tiles (unique's without flags; unique_by_key's with the
-// positions libtorch counts as values of the keys' type) by architecture,
-// as cub 3.0 tunes them: sm90's, which sm100 and later keep or fall back
-// to; sm80's up to sm86; else its default policy (sm75, sm86, sm89).
-std::int64_t cub_select_tile(std::int64_t key_bytes, bool by_key) {
+int traced_sm() {
   const GpuTraits gpu = traced_gpu();
-  const int arch = gpu.major * 100 + gpu.minor * 10;
+  return gpu.major * 100 + gpu.minor * 10;
+}
+
+CubTuning cub_tuning() {
+  const int sm = traced_sm();
+  return sm >= 900 ? CubTuning::Sm90 : sm >= 800 && sm < 860 ? CubTuning::Sm80 : CubTuning::Default;
+}
+
+// DeviceSelect's tiles (unique's without flags; unique_by_key's with the
+// positions libtorch counts as values of the keys' type) by cub_tuning.
+std::int64_t cub_select_tile(std::int64_t key_bytes, bool by_key) {
   const bool wide = key_bytes == 8;
-  if (by_key) {
-    if (arch >= 900) return wide ? 448 * 11 : 512 * 14;
-    if (arch >= 800 && arch < 860) return wide ? 192 * 7 : 256 * 11;
-    return 64 * std::clamp<std::int64_t>(44 / key_bytes, 1, 11);
+  switch (cub_tuning()) {
+    case CubTuning::Sm90:
+      return by_key ? (wide ? 448 * 11 : 512 * 14) : (wide ? 384 * 11 : 384 * 17);
+    case CubTuning::Sm80:
+      return by_key ? (wide ? 192 * 7 : 256 * 11) : (wide ? 192 * 10 : 256 * 18);
+    case CubTuning::Default:
+      break;
   }
-  if (arch >= 900) return wide ? 384 * 11 : 384 * 17;
-  if (arch >= 800 && arch < 860) return wide ? 192 * 10 : 256 * 18;
-  return 128 * std::clamp<std::int64_t>(40 / key_bytes, 1, 10);
+  return by_key ? 64 * std::clamp<std::int64_t>(44 / key_bytes, 1, 11)
+                : 128 * std::clamp<std::int64_t>(40 / key_bytes, 1, 10);
 }
 
 // One tile state a tile and 32 of padding, aliased twice (the tile state's

@@ -181,8 +181,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_r
     const c10::optional<at::Tensor>& weight, bool input_g, bool weight_g, bool bias_g) {
   const std::int64_t channels = input.size(1);
   const bool has_weight = weight && weight->defined();
-  if (batch_norm_uses_channels_last_kernels(grad_out) && batch_norm_uses_channels_last_kernels(input) &&
-      (!has_weight || weight->is_contiguous()) && mean.is_contiguous() && invstd.is_contiguous()) {
+  if (batch_norm_backward_reduce_is_channels_last(grad_out, input, mean, invstd, weight)) {
     const auto parameters = has_weight ? weight->options() : mean.options();
     const std::int64_t gradients = has_weight ? channels : 0;
     return {at::empty({channels}, mean.options()), at::empty({channels}, mean.options()),
