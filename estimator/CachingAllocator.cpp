@@ -413,6 +413,28 @@ void CachingAllocatorSim::malloc_in_pool(std::uint32_t id, std::int64_t bytes, i
   bind(id, address);
 }
 
+std::optional<std::size_t> CachingAllocatorSim::first_granted(const std::vector<std::int64_t>& sizes, int stream,
+                                                              int pool, std::int64_t device_memory) const {
+  if (sizes.empty()) return std::nullopt;
+  // Where the first request's new segment fits beside what is reserved,
+  // it is granted (from a cached block or that segment): the common case,
+  // without copying the allocator.
+  const std::int64_t limit = std::min(device_memory, allowed_maximum_.value_or(device_memory));
+  if (sizes[0] <= 0 || segment_size(round_size(sizes[0])) <= limit - reserved_bytes()) return 0;
+  CachingAllocatorSim trial = *this;
+  trial.listener_ = nullptr;
+  trial.device_memory_ = device_memory;
+  const auto id = static_cast<std::uint32_t>(address_of_.size());
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    try {
+      trial.malloc_in_pool(id, sizes[i], stream, pool);
+      return i;
+    } catch (const MemoryExceeded&) {
+    }
+  }
+  return std::nullopt;
+}
+
 void CachingAllocatorSim::take_block(std::int64_t address, std::int64_t rounded, std::int64_t requested, bool split) {
   Block& block = blocks_.at(address);
   const bool small_pool = block.small_pool;

@@ -145,6 +145,13 @@ class CachingAllocatorSim final : public AllocationObserver {
   void record_stream(std::uint32_t id, int stream);
   // As torch.cuda.reset_peak_memory_stats(): peaks restart from now.
   void reset_peaks();
+  // Of requests of `sizes` bytes on `stream` from `pool`, tried in turn
+  // from the allocator's state now on a device of `device_memory` bytes,
+  // each after the last was refused (which gave the cached segments back,
+  // as c10 does before it raises its out-of-memory error): the index of
+  // the first granted, or nullopt. The allocator itself does not change.
+  std::optional<std::size_t> first_granted(const std::vector<std::int64_t>& sizes, int stream, int pool,
+                                           std::int64_t device_memory) const;
   // As torch.cuda.reset_accumulated_memory_stats(): totals restart at zero.
   void reset_accumulated();
   // As torch.cuda.empty_cache(): segments that are one free block go back
@@ -380,23 +387,43 @@ class CachingAllocatorSim final : public AllocationObserver {
   Listener listener_;
 };
 
-// Runs the allocator on a trace as it is recorded and stops the trace
-// (MemoryExceeded) where the allocator runs out of the setup's device
-// memory after freeing its cache, as torch.cuda would raise.
-class ReservedBytesLimit final : public AllocationObserver {
+// The allocator run on a trace as it is recorded: its state at each
+// moment (torch.cuda's memory statistics in a Python trace). A kernel that
+// falls back on a smaller workspace where the allocator runs out (cuDNN's
+// engines) takes the first that an allocator of `capacity` bytes grants
+// (what the GPU leaves it). The simulation goes on past that capacity,
+// unless the setup's device memory stops it (MemoryExceeded); once the
+// step has held more, a real run would have run out of memory, and every
+// kernel takes its first engine, as on a GPU with room.
+class AllocatorAlongTrace : public AllocationObserver {
  public:
-  explicit ReservedBytesLimit(const AllocatorSetup& setup) : sim_(setup) {}
+  AllocatorAlongTrace(const AllocatorSetup& setup, std::int64_t capacity) : sim(setup), capacity_(capacity) {}
   void on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t, int stream, int pool) override {
-    sim_.malloc_in_pool(buffer, bytes, stream, pool);
+    sim.malloc_in_pool(buffer, bytes, stream, pool);
+    past_capacity_ |= sim.allocated_bytes() > capacity_;
   }
-  void on_record_stream(std::uint32_t buffer, int stream) override { sim_.record_stream(buffer, stream); }
-  void on_free(std::uint32_t buffer) noexcept override { sim_.free(buffer); }
-  void on_allocator_call(const AllocatorCall& call) override { sim_.on_allocator_call(call); }
-  // The most the trace's allocator reserved (its measured step's peak too).
-  std::int64_t reserved_bytes() const { return sim_.peak_reserved_bytes(); }
+  void on_record_stream(std::uint32_t buffer, int stream) override { sim.record_stream(buffer, stream); }
+  void on_free(std::uint32_t buffer) noexcept override { sim.free(buffer); }
+  void on_allocator_call(const AllocatorCall& call) override { sim.on_allocator_call(call); }
+  std::optional<std::size_t> first_granted(const std::vector<std::int64_t>& sizes, int stream, int pool) override {
+    if (past_capacity_) return 0;
+    return sim.first_granted(sizes, stream, pool, capacity_);
+  }
+
+  CachingAllocatorSim sim;
 
  private:
-  CachingAllocatorSim sim_;
+  std::int64_t capacity_;
+  bool past_capacity_ = false;
+};
+
+// Stops the trace (MemoryExceeded) where the allocator runs out of the
+// setup's device memory after freeing its cache, as torch.cuda would raise.
+class ReservedBytesLimit final : public AllocatorAlongTrace {
+ public:
+  explicit ReservedBytesLimit(const AllocatorSetup& setup) : AllocatorAlongTrace(setup, setup.device_memory) {}
+  // The most the trace's allocator reserved (its measured step's peak too).
+  std::int64_t reserved_bytes() const { return sim.peak_reserved_bytes(); }
 };
 
 }  // namespace metamem

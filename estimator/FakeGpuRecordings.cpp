@@ -250,7 +250,33 @@ class KernelRecordings {
     // engine it found for the process).
     if (met_in_trace_ != trace_number()) met_.clear(), met_in_trace_ = trace_number();
     const bool first = met_.insert(key).second;
-    return !first && found->second.repeat ? *found->second.repeat : found->second.first;
+    ScratchPlan plan = !first && found->second.repeat ? *found->second.repeat : found->second.first;
+    // Under cuDNN's heuristics (torch's default), a convolution whose
+    // workspace the allocator refuses runs the next engine.
+    if (op.starts_with("aten::convolution") && context.userEnabledCuDNN() && !context.benchmarkCuDNN())
+      plan.fallback = [this, key](std::size_t piece, const std::vector<std::int64_t>& refused) {
+        return workspace_after(key, piece, refused);
+      };
+    return plan;
+  }
+
+  // The bytes piece `piece` of the call `key` has where the allocator
+  // refused it at each of `refused` bytes, as the fake GPU answers.
+  std::optional<std::int64_t> workspace_after(const std::string& key, std::size_t piece,
+                                              const std::vector<std::int64_t>& refused) {
+    json request = json::parse(key);
+    request["workspace"] = piece;
+    request["refused"] = refused;
+    const std::string asked = request.dump();
+    std::lock_guard<std::mutex> hold(lock_);
+    auto found = workspaces_.find(asked);
+    if (found == workspaces_.end()) {
+      const json answer = json::parse(child_.ask(asked));
+      const json& bytes = answer.at("bytes");
+      found =
+          workspaces_.emplace(asked, bytes.is_null() ? std::nullopt : std::optional(bytes.get<std::int64_t>())).first;
+    }
+    return found->second;
   }
 
   // What the fake GPU's torch says of its cuDNN and CUDA runtime.
@@ -271,6 +297,7 @@ class KernelRecordings {
   Child child_;
   std::mutex lock_;
   std::unordered_map<std::string, Plan> plans_;
+  std::unordered_map<std::string, std::optional<std::int64_t>> workspaces_;  // workspace_after's answers
   std::unordered_set<std::string> met_;  // the calls the trace numbered met_in_trace_ has made
   std::uint64_t met_in_trace_ = 0;
 };

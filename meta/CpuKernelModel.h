@@ -11,6 +11,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +49,11 @@ struct ScratchPlan {
   // laid it out, and its sizes (none: as the meta kernel does them).
   bool recorded = false;
   std::vector<std::vector<std::int64_t>> return_sizes, return_strides;
+  // A recorded cuDNN call's temporary where the caching allocator refused
+  // it at each of `refused` bytes: the bytes it has in the next engine
+  // torch tries (its workspace; 0: none), or nullopt where no other is
+  // known. Unset where the kernel has no other engine.
+  std::function<std::optional<std::int64_t>(std::size_t piece, const std::vector<std::int64_t>& refused)> fallback;
 
   // The new piece's number.
   std::size_t make(std::int64_t bytes) {

@@ -280,11 +280,36 @@ class KernelScratch {
       BufferId& id = made_[step.index];
       if (id != kNone) observer_->on_free(id);
       id = kNone;
-    } else if (step.bytes <= 0) {
-      made_.push_back(kNone);
     } else {
-      made_.push_back(g_next_buffer.fetch_add(1));
-      observer_->on_alloc(made_.back(), static_cast<std::size_t>(step.bytes));
+      make(plan_.fallback && step.bytes > 0 ? granted_bytes(made_.size(), step.bytes) : step.bytes);
+    }
+  }
+
+  void make(std::int64_t bytes) {
+    if (bytes <= 0) {
+      made_.push_back(kNone);
+      return;
+    }
+    made_.push_back(g_next_buffer.fetch_add(1));
+    observer_->on_alloc(made_.back(), static_cast<std::size_t>(bytes));
+  }
+
+  // Where the caching allocator cannot hold a cuDNN workspace, torch
+  // catches its out-of-memory error and runs cuDNN's next engine
+  // (Conv_v8.cpp's try_configs), whose workspace the fake GPU gives, until
+  // the allocator grants one; the first refusal gave its cached segments
+  // back. Where it grants none, real torch runs out of memory: the trace
+  // goes on with the first, as on a GPU with room.
+  std::int64_t granted_bytes(std::size_t piece, std::int64_t bytes) {
+    std::vector<std::int64_t> sizes{bytes};
+    for (;;) {
+      if (const std::optional<std::size_t> granted = observer_->first_granted(sizes)) {
+        if (*granted > 0) observer_->on_empty_cache();
+        return sizes[*granted];
+      }
+      const std::optional<std::int64_t> next = plan_.fallback(piece, sizes);
+      if (!next) return bytes;
+      sizes.push_back(*next);
     }
   }
 

@@ -55,6 +55,11 @@ class MetaObserver {
   // The kernel running empties the caching allocator's cache, as
   // torch.cuda.empty_cache() does (cuDNN's benchmark after its search).
   virtual void on_empty_cache() {}
+  // Of requests of `sizes` bytes tried in turn, each after the caching
+  // allocator refused the last (and, as c10 does before it gives up, gave
+  // its cached segments back), the index of the first it grants; nullopt
+  // where it grants none. One that never runs short grants the first.
+  virtual std::optional<std::size_t> first_granted(const std::vector<std::int64_t>& sizes) { return 0; }
   // After `op` ran; buffers it created were reported by on_alloc just before.
   // `arguments` and `returns` are the op's MetaTensors and other values.
   virtual void on_op(const c10::OperatorHandle& op, c10::ArrayRef<BufferId> inputs,

@@ -63,6 +63,9 @@ class FakeGpu {
   std::map<std::uintptr_t, std::size_t> mallocs;  // cudaMalloc'd: address -> bytes
   std::map<CUmemGenericAllocationHandle, std::size_t> handles;  // cuMemCreate'd
   CUmemGenericAllocationHandle next_handle = 1;
+  // metamem_fake_cuda_refuse_mallocs: cudaMalloc calls to let through, then
+  // the bytes from which it refuses (0: it refuses none).
+  std::size_t mallocs_to_grant = 0, refused_from = 0;
 
   // Address space for the device: a range no host code may touch, handed
   // out in pages from its start; a range given back is handed out again
@@ -437,6 +440,13 @@ CUresult metamem_fake_cuda_device_attribute(int* value, CUdevice_attribute attri
 
 void metamem_fake_cuda_launched(CUstream stream) { Captures::get().launched(stream); }
 
+void metamem_fake_cuda_refuse_mallocs(std::size_t calls, std::size_t bytes) {
+  FakeGpu& gpu = FakeGpu::get();
+  std::lock_guard<std::mutex> lock(gpu.mutex);
+  gpu.mallocs_to_grant = calls;
+  gpu.refused_from = bytes;
+}
+
 std::size_t metamem_fake_cuda_used_memory() {
   FakeGpu& gpu = FakeGpu::get();
   std::lock_guard<std::mutex> lock(gpu.mutex);
@@ -523,6 +533,15 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
   FakeGpu& gpu = FakeGpu::get();
   std::lock_guard<std::mutex> lock(gpu.mutex);
   *ptr = nullptr;
+  if (gpu.refused_from > 0) {
+    if (gpu.mallocs_to_grant > 0) {
+      --gpu.mallocs_to_grant;
+    } else if (size >= gpu.refused_from) {
+      return fail(cudaErrorMemoryAllocation);
+    } else {
+      gpu.refused_from = 0;
+    }
+  }
   if (size > gpu.device.total_memory - gpu.used) return fail(cudaErrorMemoryAllocation);
   const std::uintptr_t address = gpu.reserve(size);
   if (address == 0) return fail(cudaErrorMemoryAllocation);

@@ -53,5 +53,10 @@ CUresult metamem_fake_cuda_max_active_clusters(int* clusters, unsigned int block
 void metamem_fake_cuda_launched(CUstream stream);
 // Device memory in use now: cudaMalloc'd and cuMemCreate'd bytes.
 std::size_t metamem_fake_cuda_used_memory();
+// cudaMalloc grants the next `calls` calls, then refuses every request of
+// `bytes` or more until it grants a smaller one; 0 bytes: it refuses none
+// from now. The fake GPU's server asks which workspace cuDNN falls back on
+// where the caching allocator runs out (metamem/_fake_gpu_server.py).
+void metamem_fake_cuda_refuse_mallocs(std::size_t calls, std::size_t bytes);
 
 }

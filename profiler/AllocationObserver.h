@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -55,6 +56,12 @@ class AllocationObserver {
   // Tensor.record_stream(): the buffer is used on `stream` too.
   virtual void on_record_stream(std::uint32_t buffer, int stream) {}
   virtual void on_allocator_call(const AllocatorCall& call) {}
+  // Of requests of `sizes` bytes on `stream` from `pool`, tried in turn
+  // (MetaObserver::first_granted), the index of the first the allocator
+  // grants; nullopt where none. One that never runs short grants the first.
+  virtual std::optional<std::size_t> first_granted(const std::vector<std::int64_t>& sizes, int stream, int pool) {
+    return 0;
+  }
 };
 
 // Throws MemoryExceeded once the live bytes pass `limit`.

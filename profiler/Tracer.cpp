@@ -131,6 +131,12 @@ class TraceRecorder final : public MetaObserver, public CpuAllocationListener {
 
   void on_empty_cache() override { empty_cache(); }
 
+  std::optional<std::size_t> first_granted(const std::vector<std::int64_t>& sizes) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!observer_) return 0;
+    return observer_->first_granted(sizes, stream_, routes_.pool_for(stream_, std::this_thread::get_id()));
+  }
+
   // `pool`: the private pool that serves it, where it is not the routing's.
   void record_alloc(BufferId id, std::size_t bytes, std::optional<int> pool = std::nullopt) {
     if (trace_.buffers.empty()) first_id_ = id;

@@ -268,21 +268,16 @@ struct TracedGpu {
 
 // The simulated allocator as torch.cuda's: out of memory, it raises
 // torch.cuda.OutOfMemoryError, which scripts catch to try a smaller batch.
-class TorchCudaAllocator final : public AllocationObserver {
+class TorchCudaAllocator final : public AllocatorAlongTrace {
  public:
-  explicit TorchCudaAllocator(const AllocatorSetup& setup) : sim(setup) {}
-  void on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t, int stream, int pool) override {
+  using AllocatorAlongTrace::AllocatorAlongTrace;
+  void on_alloc(std::uint32_t buffer, std::int64_t bytes, std::int64_t live_bytes, int stream, int pool) override {
     try {
-      sim.malloc_in_pool(buffer, bytes, stream, pool);
+      AllocatorAlongTrace::on_alloc(buffer, bytes, live_bytes, stream, pool);
     } catch (const MemoryExceeded& e) {
       TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
     }
   }
-  void on_free(std::uint32_t buffer) noexcept override { sim.free(buffer); }
-  void on_record_stream(std::uint32_t buffer, int stream) override { sim.record_stream(buffer, stream); }
-  void on_allocator_call(const AllocatorCall& call) override { sim.on_allocator_call(call); }
-
-  CachingAllocatorSim sim;
 };
 
 class Session;
@@ -301,7 +296,9 @@ class Session {
       : run_{.device = device, .alloc_conf = alloc_conf.value_or(allocator_config_from_environment())},
         allocator_setup_(allocator_setup(run_.alloc_conf, alloc_conf ? "alloc_conf" : allocator_config_variable(),
                                          gpu.total_memory)),
-        allocator_(allocator_setup_),
+        // cuDNN's workspaces fall back where the GPU, beside its CUDA
+        // context, cannot hold them.
+        allocator_(allocator_setup_, gpu_memory(gpu).allocator_bytes()),
         gpu_(gpu),
         owner_(std::this_thread::get_id()) {
     if (device != "cpu" && device != "cuda")

@@ -213,6 +213,28 @@ TEST(CachingAllocator, OutOfMemoryFreesTheCacheThenFails) {
   EXPECT_EQ(sim.allocated_bytes(), 80 * MiB);
 }
 
+// cuDNN's engines in turn: which workspace a device of some memory grants,
+// each refusal giving the cached segments back, the allocator itself left
+// as it was (a trace's goes on without a limit).
+TEST(CachingAllocator, FirstGrantedTriesRequestsInTurnOnACopy) {
+  CachingAllocatorSim sim;
+  sim.malloc(1, 40 * MiB);
+  sim.malloc(2, 30 * MiB);
+  sim.free(2);  // 30 MiB cached
+  const std::vector<std::int64_t> workspaces{90 * MiB, 50 * MiB, 12 * MiB};
+  EXPECT_EQ(sim.first_granted(workspaces, 0, 0, 200 * MiB), 0u);
+  // 100 MiB: 90 does not fit beside 70 reserved, nor beside 40 once the
+  // cache is given back; then 50 does.
+  EXPECT_EQ(sim.first_granted(workspaces, 0, 0, 100 * MiB), 1u);
+  // 60 MiB: only 12, in a segment of its own beside the 40 held.
+  EXPECT_EQ(sim.first_granted(workspaces, 0, 0, 60 * MiB), 2u);
+  EXPECT_EQ(sim.first_granted({90 * MiB, 50 * MiB}, 0, 0, 60 * MiB), std::nullopt);
+  EXPECT_EQ(sim.first_granted({90 * MiB, 0}, 0, 0, 10 * MiB), 1u);  // no workspace at all
+  EXPECT_EQ(sim.reserved_bytes(), 70 * MiB);
+  EXPECT_EQ(sim.allocated_bytes(), 40 * MiB);
+  EXPECT_EQ(sim.stats().num_ooms, 0);
+}
+
 // per_process_memory_fraction limits what the allocator reserves, below the
 // device's memory.
 TEST(CachingAllocator, MemoryFractionLimitsReserved) {

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "estimator/AllocatorEvents.h"
+#include "estimator/CachingAllocator.h"
 #include "estimator/HtmlReport.h"
 #include "estimator/Report.h"
 #include "estimator/Snapshot.h"
@@ -43,7 +44,11 @@ int profile_command(const std::vector<std::string>& args) {
 
   const StepBuilder build = m.builder();
   const AllocatorSetup allocator = m.allocator();
-  const Estimate est = estimate(trace_step(build, c10::Device(m.device), *run.options), allocator);
+  // Following the fake GPU's recordings, cuDNN's workspaces fall back
+  // where the GPU cannot hold them, as in a Python trace.
+  AllocatorAlongTrace along(allocator, m.gpu_memory(0).allocator_bytes());
+  const Estimate est = estimate(
+      trace_step(build, c10::Device(m.device), *run.options, traced_for.recordings ? &along : nullptr), allocator);
   const StepPeaks achieved_peaks = achieved ? achieved_cpu_step_peaks(build, *run.options) : StepPeaks{};
   if (!snapshot.empty()) write_file(snapshot, memory_snapshot_pickle(est.trace, allocator));
   if (!allocator_events.empty()) {

@@ -743,7 +743,9 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
     on it, once per distinct call, what convolutions allocate inside, and
     follows that: cuDNN's engines and workspaces as cuDNN chooses them for
     the `gpu` under torch.backends.cudnn's flags, where metamem's own
-    models know only torch's own kernels (metamem._fake_gpu).
+    models know only torch's own kernels (metamem._fake_gpu); where the
+    `gpu`, beside its CUDA context, cannot hold an engine's workspace, the
+    next engine, as torch falls back on it.
 
     With `world_size`, the block is rank `rank` of a distributed job:
     torch.distributed's default process group is metamem's (whatever

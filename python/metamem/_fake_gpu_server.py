@@ -15,6 +15,13 @@ cuDNN's benchmark on, the same of the call made again, "repeat", which
 runs the engine the first one found); to {"facts": true}, what torch's
 CUDA library says of cuDNN. (On a stream of its own, cuDNN's convolutions stop
 the fake GPU: SIGSEGV.)
+
+A request that also names a temporary of the call ("workspace": its number
+among the blocks the call frees, from 0) and the workspaces an allocator
+refused it ("refused", bytes, in the order asked) is answered with the
+bytes that temporary has where the fake GPU refuses those: cuDNN's next
+engine's workspace, as torch's convolutions try engines in turn when the
+caching allocator runs out ({"bytes": null} where none is known).
 """
 
 import ctypes
@@ -40,7 +47,13 @@ def make_gpu(runtime, gpu):
     numbers = {name: gpu[name] for name, _ in _FakeGpu._fields_[1:-2]}
     device = _FakeGpu(gpu["name"].encode(), **numbers, max_active_clusters=(ctypes.c_int * len(clusters))(*clusters),
                       largest_cluster=len(clusters))
-    ctypes.CDLL(runtime).metamem_fake_cuda_set_device(ctypes.byref(device))
+    global _RUNTIME
+    _RUNTIME = ctypes.CDLL(runtime)
+    _RUNTIME.metamem_fake_cuda_set_device(ctypes.byref(device))
+    _RUNTIME.metamem_fake_cuda_refuse_mallocs.argtypes = [ctypes.c_size_t, ctypes.c_size_t]
+
+
+_RUNTIME = None
 
 
 def _facts():
@@ -77,6 +90,8 @@ def _answer(request):
     schema = op._schema.arguments
     arguments = [made(a) for a, s in zip(request["arguments"], schema) if not s.kwarg_only]
     options = {s.name: made(a) for a, s in zip(request["arguments"], schema) if s.kwarg_only}
+    if "workspace" in request:
+        return {"bytes": _fallback(op, arguments, options, request["workspace"], request["refused"])}
     first = _recorded(op, arguments, options)
     if "error" in first or not request["cudnn"]["benchmark"]:
         return first
@@ -104,6 +119,30 @@ def _cache_a_segment():
 _SIDE = None
 
 
+def _history(op, arguments, options, refusing=None):
+    """What the caching allocator's history holds of one call, and its
+    returns; or real torch's error, as the traced code meets it. With
+    `refusing` (calls, bytes), cudaMalloc refuses segments of at least that
+    many bytes from that many calls into the call on, until it grants one."""
+    import torch
+
+    torch._C._cuda_clearCublasWorkspaces()
+    _cache_a_segment()
+    torch.cuda.memory._record_memory_history(max_entries=1 << 16)
+    if refusing:
+        _RUNTIME.metamem_fake_cuda_refuse_mallocs(*refusing)
+    try:
+        out = op(*arguments, **options)
+    except Exception as error:
+        return None, {"error": str(error).strip().splitlines()[0]}
+    finally:
+        if refusing:
+            _RUNTIME.metamem_fake_cuda_refuse_mallocs(0, 0)
+        events = torch.cuda.memory._snapshot()["device_traces"][0]
+        torch.cuda.memory._record_memory_history(enabled=None)
+    return events, out
+
+
 def _recorded(op, arguments, options):
     """One call: its allocations and frees, where it emptied the cache (a
     segment given back: the allocator gives segments back only then, and
@@ -111,16 +150,9 @@ def _recorded(op, arguments, options):
     the addresses of its returns; or real torch's error."""
     import torch
 
-    torch._C._cuda_clearCublasWorkspaces()
-    _cache_a_segment()
-    torch.cuda.memory._record_memory_history(max_entries=1 << 16)
-    try:
-        out = op(*arguments, **options)
-    except Exception as error:  # the call's own error, as the traced code meets it
-        torch.cuda.memory._record_memory_history(enabled=None)
-        return {"error": str(error).strip().splitlines()[0]}
-    events = torch.cuda.memory._snapshot()["device_traces"][0]
-    torch.cuda.memory._record_memory_history(enabled=None)
+    events, out = _history(op, arguments, options)
+    if events is None:
+        return out
     returns = out if isinstance(out, tuple) else (out,)
 
     def address(r):  # a list of returns (cuDNN's RNN weight gradients): each of its buffers
@@ -139,6 +171,103 @@ def _recorded(op, arguments, options):
             "returns": [address(r) for r in returns],
             "sizes": [list(t.shape) if t is not None else [] for t in tensors],
             "strides": [list(t.stride()) if t is not None else [] for t in tensors]}
+
+
+def _segment(requested):
+    """The segment c10's caching allocator (default settings) asks cudaMalloc
+    for to hold a request of `requested` bytes; 0 for a small-pool one."""
+    rounded = max(512, -(-requested // 512) * 512)
+    if rounded <= 1 << 20:
+        return 0
+    return 20 << 20 if rounded < 10 << 20 else -(-rounded // (2 << 20)) * (2 << 20)
+
+
+def _temporaries(events):
+    """The blocks a call makes and frees, in order, as (index in `events`,
+    bytes): the pieces of its plan (meta/KernelRecording.cpp's plan_of)."""
+    freed, found = set(), []
+    for i in reversed(range(len(events))):
+        if events[i]["action"] == "free_requested":
+            freed.add(events[i]["addr"])
+        elif events[i]["action"] == "alloc" and events[i]["addr"] in freed:
+            freed.discard(events[i]["addr"])
+            found.append((i, events[i]["size"]))
+    return found[::-1]
+
+
+def _fallback(op, arguments, options, workspace, refused):
+    """The bytes of the call's temporary `workspace` where cudaMalloc refuses
+    every segment as large as the last of `refused` needs from that
+    temporary's request on (its first engine's, and each next one's, until
+    one is granted): the workspace of the first engine cuDNN's heuristics
+    list whose segment is smaller; None where none is known (a small-pool
+    request, one the allocator took from its cache, an error, or a call in
+    which the refusal also moved other blocks).
+
+    Both runs are made on a thread of their own, from an empty cache:
+    torch keeps the engine a convolution ran per thread (Conv_v8.cpp's
+    thread_local benchmark_cache), so a thread's first call asks cuDNN's
+    heuristics afresh, and the engine it falls back on is not kept for the
+    server's later calls."""
+    import threading
+    import torch
+
+    at_least = _segment(refused[-1]) if refused else 0
+    if at_least == 0:
+        return None
+
+    def on_a_thread(run):
+        result = []
+        thread = threading.Thread(target=lambda: result.append(run()))
+        thread.start()
+        thread.join()
+        return result[0]
+
+    def history(refusing=None):
+        torch.cuda.empty_cache()
+        return _history(op, arguments, options, refusing)[0]
+
+    plain = on_a_thread(history)
+    temporaries = _temporaries(plain or [])
+    if workspace >= len(temporaries):
+        return None
+    at = temporaries[workspace][0]
+    if at == 0 or plain[at - 1]["action"] != "segment_alloc":  # taken from the cache: no cudaMalloc to refuse
+        return None
+    mallocs_before = sum(e["action"] == "segment_alloc" for e in plain[:at - 1])
+    moved = on_a_thread(lambda: history((mallocs_before, at_least)))
+    if moved is None:
+        return None
+    # The refusal may only change that temporary: every other block the
+    # same, in the same order.
+    now = _temporaries(moved)
+    if len(now) == len(temporaries):
+        bytes_ = now[workspace][1]
+        same = _blocks(plain, temporaries[workspace][0]) == _blocks(moved, now[workspace][0])
+    else:  # an engine with no workspace
+        bytes_ = 0
+        same = _blocks(plain, temporaries[workspace][0], keep=False) == _blocks(moved, None)
+    return bytes_ if same and _segment(bytes_) < at_least else None
+
+
+def _blocks(events, temporary, keep=True):
+    """The allocations and frees of `events` as (action, bytes), the block
+    allocated at index `temporary` and its free as (action, "temporary")
+    (left out with `keep` false)."""
+    blocks, address = [], None
+    for i, e in enumerate(events):
+        if e["action"] not in ("alloc", "free_requested"):
+            continue
+        if i == temporary:
+            address = e["addr"]
+        elif not (address == e["addr"] and e["action"] == "free_requested"):
+            blocks.append((e["action"], e["size"]))
+            continue
+        else:
+            address = None
+        if keep:
+            blocks.append((e["action"], "temporary"))
+    return blocks
 
 
 def serve():

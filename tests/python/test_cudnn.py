@@ -242,6 +242,35 @@ def peaks_traced_and_real(gpu, step):
     return [json.loads(t.to_json())["predicted"]["allocator_allocated_peak_bytes"], t.reserved_peak_bytes], real
 
 
+# RegNet-Y 128GF's last 1x1 convolution (7,392 channels, batch 16 at 64 px):
+# on a T4 its data gradient's first cuDNN engine asks a 7,495,606,272-byte
+# workspace, the next one 2,304 B. The GPU is filled to leave FREE GiB.
+FALLBACK_STEP = """
+total = torch.cuda.get_device_properties(0).total_memory
+filler = torch.empty(total - (FREE << 30), dtype=torch.uint8, device="cuda")
+conv = torch.nn.Conv2d(7392, 7392, 1, bias=False).cuda()
+x = torch.randn(16, 7392, 2, 2, device="cuda", requires_grad=True)
+for _ in range(2):
+    conv(x).sum().backward()
+"""
+
+
+@needs_fake_gpu
+@pytest.mark.parametrize("free_gib", [2, pytest.param(10, marks=full)])
+def test_a_workspace_the_gpu_cannot_hold_falls_back_on_cudnns_next_engine(free_gib):
+    # Real torch catches the allocator's out-of-memory error and runs the
+    # next engine cuDNN's heuristics list; the allocator gave its cached
+    # segments back first. Before, a trace always took the first engine:
+    # with 2 GiB free it held the 7.5 GB workspace the GPU cannot.
+    import metamem._metamem as native
+
+    traced, real = peaks_traced_and_real("T4", FALLBACK_STEP.replace("FREE", str(free_gib)))
+    assert traced == real
+    held_beside = native.gpu("T4")["total_memory"] - (free_gib << 30)
+    first_engine = real[0] - held_beside >= 7_495_606_272
+    assert first_engine == (free_gib == 10)
+
+
 # timm's CoaT-Tiny head: a 1x1 convolution of its three stages' class
 # tokens, which cuDNN runs as a product and asks cuBLASLt's heuristics for.
 COAT_HEAD_STEP = """
@@ -404,10 +433,12 @@ class _ScriptedLstm(__import__("torch").nn.Module):
 
 # The CLI's steps of a TorchScript file, by real torch: the model loaded on
 # the GPU, the inputs, then two steps (no optimizer; gradients set to
-# None), the second measured.
+# None), the second measured; where a sixth argument is given, as many
+# bytes held beside them from the start.
 SCRIPT_STEP = """
 import torch
 torch._C._set_graph_executor_optimize(False)
+beside = torch.empty(int(sys.argv[6]) if len(sys.argv) > 6 else 0, dtype=torch.uint8, device="cuda")
 model = torch.jit.load(sys.argv[3], map_location="cuda")
 model.train()
 shape = [int(n) for n in sys.argv[4].split("x")]
@@ -452,6 +483,28 @@ def test_the_cpp_front_end_follows_the_fake_gpu_as_real_torch_runs(gpu, model, t
                              ["--model", path, "--input", shape, "--loss",
                               f"cross_entropy:{classes}" if classes else "sum", "--device", "cuda", "--gpu", gpu])
     assert list(predicted) == real
+
+
+@needs_fake_gpu
+@pytest.mark.skipif(not os.environ.get("METAMEM_BIN"), reason="the C++ command (METAMEM_BIN) is not built")
+def test_the_cpp_front_end_falls_back_on_cudnns_next_engine_where_the_gpu_is_full(tmp_path):
+    # FALLBACK_STEP's convolution, scripted, on a T4 that leaves the
+    # allocator 2 GiB: --cuda-context says the rest is taken, and real torch
+    # holds as much beside the model. Both take cuDNN's second engine.
+    import torch
+    import metamem._metamem as native
+    import zoo_fake_gpu_sweep as sweep
+    from real_torch_on_fake_gpu import PROLOGUE, measure
+
+    path = str(tmp_path / "conv.pt")
+    torch.jit.save(torch.jit.script(torch.nn.Conv2d(7392, 7392, 1, bias=False)), path)
+    beside = native.gpu("T4")["total_memory"] - (2 << 30)
+    real = measure(ORACLE, native.gpu("T4"), PROLOGUE + SCRIPT_STEP, path, "16x7392x2x2", "0", str(beside))
+    predicted = sweep.traced(os.environ["METAMEM_BIN"], ORACLE,
+                             ["--model", path, "--input", "16x7392x2x2", "--loss", "sum", "--device", "cuda",
+                              "--gpu", "T4", "--cuda-context", f"{beside}B"])
+    assert [bytes_ + beside for bytes_ in predicted] == real
+    assert predicted[0] < 2 << 30
 
 
 # The zoo's steps in CI, one GPU each: cuDNN's convolutions under autocast,
