@@ -248,17 +248,46 @@ class KernelRecordings {
     // Each trace stands for a process of its own, whose first call of a kind
     // is its first (cuDNN's benchmark searches then, and torch keeps the
     // engine it found for the process).
-    if (met_in_trace_ != trace_number()) met_.clear(), met_in_trace_ = trace_number();
+    if (met_in_trace_ != trace_number()) met_.clear(), kept_.clear(), met_in_trace_ = trace_number();
     const bool first = met_.insert(key).second;
     ScratchPlan plan = !first && found->second.repeat ? *found->second.repeat : found->second.first;
     // Under cuDNN's heuristics (torch's default), a convolution whose
     // workspace the allocator refuses runs the next engine.
     if (op.starts_with("aten::convolution") && context.userEnabledCuDNN() && !context.benchmarkCuDNN())
-      plan.fallback = [this, key](std::size_t piece, const std::vector<std::int64_t>& refused) {
-        return workspace_after(key, piece, refused);
-      };
+      plan.engines = std::make_shared<CallEngines>(*this, key);
     return plan;
   }
+
+  // What the fake GPU's torch says of its cuDNN and CUDA runtime.
+  CudnnBuild cudnn_build() {
+    std::lock_guard<std::mutex> hold(lock_);
+    const json facts = json::parse(child_.ask(R"({"facts": true})"));
+    return {facts.at("cudnn").get<long>(), facts.at("cudnn_runtime").get<long>(), facts.at("cudart").get<long>()};
+  }
+
+ private:
+  // A convolution's engines: the next ones as the fake GPU answers, and
+  // the one it last ran in this trace.
+  class CallEngines final : public WorkspaceEngines {
+   public:
+    CallEngines(KernelRecordings& recordings, std::string key) : recordings_(recordings), key_(std::move(key)) {}
+    std::optional<std::int64_t> next(std::size_t piece, const std::vector<std::int64_t>& refused) override {
+      return recordings_.workspace_after(key_, piece, refused);
+    }
+    std::optional<std::int64_t> kept(std::size_t piece) override {
+      std::lock_guard<std::mutex> hold(recordings_.lock_);
+      const auto found = recordings_.kept_.find({key_, piece});
+      return found == recordings_.kept_.end() ? std::nullopt : std::optional(found->second);
+    }
+    void ran(std::size_t piece, std::int64_t bytes) override {
+      std::lock_guard<std::mutex> hold(recordings_.lock_);
+      recordings_.kept_[{key_, piece}] = bytes;
+    }
+
+   private:
+    KernelRecordings& recordings_;
+    std::string key_;
+  };
 
   // The bytes piece `piece` of the call `key` has where the allocator
   // refused it at each of `refused` bytes, as the fake GPU answers.
@@ -279,14 +308,6 @@ class KernelRecordings {
     return found->second;
   }
 
-  // What the fake GPU's torch says of its cuDNN and CUDA runtime.
-  CudnnBuild cudnn_build() {
-    std::lock_guard<std::mutex> hold(lock_);
-    const json facts = json::parse(child_.ask(R"({"facts": true})"));
-    return {facts.at("cudnn").get<long>(), facts.at("cudnn_runtime").get<long>(), facts.at("cudart").get<long>()};
-  }
-
- private:
   // A call's plan the first time a trace makes it and, where it differs,
   // at the next times; or the error its recording holds.
   struct Plan {
@@ -298,6 +319,7 @@ class KernelRecordings {
   std::mutex lock_;
   std::unordered_map<std::string, Plan> plans_;
   std::unordered_map<std::string, std::optional<std::int64_t>> workspaces_;  // workspace_after's answers
+  std::map<std::pair<std::string, std::size_t>, std::int64_t> kept_;  // by call and piece, in trace met_in_trace_
   std::unordered_set<std::string> met_;  // the calls the trace numbered met_in_trace_ has made
   std::uint64_t met_in_trace_ = 0;
 };

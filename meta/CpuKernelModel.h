@@ -11,7 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -32,6 +32,22 @@ using ScratchModel = std::int64_t (*)(c10::ArrayRef<c10::IValue> arguments,
 // cuBLAS between them, a step says when its first call comes (which may
 // make cuBLAS's workspace), instead of after every piece is made. What is
 // left is freed, the last made first, as the kernel returns.
+// A recorded call whose kernel tries engines in turn where the caching
+// allocator refuses a workspace (cuDNN's convolutions: Conv_v8.cpp's
+// try_configs), and tries the engine it last ran first at its next call
+// (torch keeps it per thread: benchmark_cache).
+class WorkspaceEngines {
+ public:
+  virtual ~WorkspaceEngines() = default;
+  // The bytes piece `piece` has in the engine after those in which it had
+  // `refused` bytes, in cuDNN's order; nullopt where no other is known.
+  virtual std::optional<std::int64_t> next(std::size_t piece, const std::vector<std::int64_t>& refused) = 0;
+  // The bytes it had in the engine the call last ran in this trace;
+  // nullopt before its first run.
+  virtual std::optional<std::int64_t> kept(std::size_t piece) = 0;
+  virtual void ran(std::size_t piece, std::int64_t bytes) = 0;
+};
+
 struct ScratchPlan {
   struct Step {
     // EmptyCache: the kernel empties the caching allocator's cache.
@@ -49,11 +65,8 @@ struct ScratchPlan {
   // laid it out, and its sizes (none: as the meta kernel does them).
   bool recorded = false;
   std::vector<std::vector<std::int64_t>> return_sizes, return_strides;
-  // A recorded cuDNN call's temporary where the caching allocator refused
-  // it at each of `refused` bytes: the bytes it has in the next engine
-  // torch tries (its workspace; 0: none), or nullopt where no other is
-  // known. Unset where the kernel has no other engine.
-  std::function<std::optional<std::int64_t>(std::size_t piece, const std::vector<std::int64_t>& refused)> fallback;
+  // Unset where the kernel has no other engine.
+  std::shared_ptr<WorkspaceEngines> engines;
 
   // The new piece's number.
   std::size_t make(std::int64_t bytes) {

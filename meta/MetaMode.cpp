@@ -281,7 +281,7 @@ class KernelScratch {
       if (id != kNone) observer_->on_free(id);
       id = kNone;
     } else {
-      make(plan_.fallback && step.bytes > 0 ? granted_bytes(made_.size(), step.bytes) : step.bytes);
+      make(plan_.engines && step.bytes > 0 ? granted_bytes(made_.size(), step.bytes) : step.bytes);
     }
   }
 
@@ -294,23 +294,33 @@ class KernelScratch {
     observer_->on_alloc(made_.back(), static_cast<std::size_t>(bytes));
   }
 
-  // Where the caching allocator cannot hold a cuDNN workspace, torch
-  // catches its out-of-memory error and runs cuDNN's next engine
-  // (Conv_v8.cpp's try_configs), whose workspace the fake GPU gives, until
-  // the allocator grants one; the first refusal gave its cached segments
-  // back. Where it grants none, real torch runs out of memory: the trace
-  // goes on with the first, as on a GPU with room.
-  std::int64_t granted_bytes(std::size_t piece, std::int64_t bytes) {
-    std::vector<std::int64_t> sizes{bytes};
+  // torch runs the engine a cuDNN call last ran; where the caching
+  // allocator cannot hold its workspace, torch catches the out-of-memory
+  // error and tries cuDNN's engines from the first (Conv_v8.cpp), each
+  // workspace the fake GPU gives, until the allocator grants one; the
+  // first refusal gave its cached segments back. Where it grants none,
+  // real torch runs out of memory: the trace goes on with the first, as on
+  // a GPU with room, with the engine it would run there.
+  std::int64_t granted_bytes(std::size_t piece, std::int64_t first) {
+    WorkspaceEngines& engines = *plan_.engines;
+    const std::optional<std::int64_t> kept = engines.kept(piece);
+    std::vector<std::int64_t> in_order{first};
+    std::int64_t bytes = kept.value_or(first);
     for (;;) {
-      if (const std::optional<std::size_t> granted = observer_->first_granted(sizes)) {
+      std::vector<std::int64_t> tried;
+      if (kept) tried.push_back(*kept);
+      tried.insert(tried.end(), in_order.begin(), in_order.end());
+      if (const std::optional<std::size_t> granted = observer_->first_granted(tried)) {
         if (*granted > 0) observer_->on_empty_cache();
-        return sizes[*granted];
+        bytes = tried[*granted];
+        break;
       }
-      const std::optional<std::int64_t> next = plan_.fallback(piece, sizes);
-      if (!next) return bytes;
-      sizes.push_back(*next);
+      const std::optional<std::int64_t> next = engines.next(piece, in_order);
+      if (!next) break;
+      in_order.push_back(*next);
     }
+    engines.ran(piece, bytes);
+    return bytes;
   }
 
   MetaObserver* observer_;

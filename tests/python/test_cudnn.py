@@ -244,31 +244,51 @@ def peaks_traced_and_real(gpu, step):
 
 # RegNet-Y 128GF's last 1x1 convolution (7,392 channels, batch 16 at 64 px):
 # on a T4 its data gradient's first cuDNN engine asks a 7,495,606,272-byte
-# workspace, the next one 2,304 B. The GPU is filled to leave FREE GiB.
+# workspace, the next one 2,304 B. The GPU is filled to leave FREE GiB, in
+# the first step; with ROOM, the filler is freed (and cached) after it.
+# `steps`: each step's max allocated and max reserved.
 FALLBACK_STEP = """
 total = torch.cuda.get_device_properties(0).total_memory
 filler = torch.empty(total - (FREE << 30), dtype=torch.uint8, device="cuda")
 conv = torch.nn.Conv2d(7392, 7392, 1, bias=False).cuda()
 x = torch.randn(16, 7392, 2, 2, device="cuda", requires_grad=True)
+steps = []
 for _ in range(2):
+    torch.cuda.reset_peak_memory_stats()
     conv(x).sum().backward()
+    steps.append([torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()])
+    if ROOM:
+        filler = None
 """
 
 
 @needs_fake_gpu
-@pytest.mark.parametrize("free_gib", [2, pytest.param(10, marks=full)])
-def test_a_workspace_the_gpu_cannot_hold_falls_back_on_cudnns_next_engine(free_gib):
+@pytest.mark.parametrize("free_gib, room", [(2, False), (2, True), pytest.param(10, False, marks=full)])
+def test_a_workspace_the_gpu_cannot_hold_falls_back_on_cudnns_next_engine(free_gib, room):
     # Real torch catches the allocator's out-of-memory error and runs the
     # next engine cuDNN's heuristics list; the allocator gave its cached
     # segments back first. Before, a trace always took the first engine:
-    # with 2 GiB free it held the 7.5 GB workspace the GPU cannot.
+    # with 2 GiB free it held the 7.5 GB workspace the GPU cannot. torch
+    # keeps the engine it ran (per thread) and tries it first at the next
+    # call: with room again, step 2 still runs the second engine. With 10
+    # GiB free, step 1 runs the first; in step 2 the weight's gradient lies
+    # in that workspace's cached segment, and a second one does not fit.
     import metamem._metamem as native
 
-    traced, real = peaks_traced_and_real("T4", FALLBACK_STEP.replace("FREE", str(free_gib)))
-    assert traced == real
-    held_beside = native.gpu("T4")["total_memory"] - (free_gib << 30)
-    first_engine = real[0] - held_beside >= 7_495_606_272
-    assert first_engine == (free_gib == 10)
+    import metamem
+    import torch
+    from real_torch_on_fake_gpu import PROLOGUE, measure
+
+    step = FALLBACK_STEP.replace("FREE", str(free_gib)).replace("ROOM", str(room))
+    real = measure(ORACLE, native.gpu("T4"), PROLOGUE + "import torch\n" + step + "print(json.dumps(steps))")
+    ran = {"torch": torch}
+    with metamem.trace(device="cuda", gpu="T4", fake_gpu=ORACLE):
+        exec(step, ran)
+    assert ran["steps"] == real
+    filler = native.gpu("T4")["total_memory"] - (free_gib << 30)
+    beside = [filler, 0 if room else filler]
+    first_engine = [allocated - held >= 7_495_606_272 for (allocated, _), held in zip(real, beside)]
+    assert first_engine == [free_gib == 10, False]
 
 
 # timm's CoaT-Tiny head: a 1x1 convolution of its three stages' class
