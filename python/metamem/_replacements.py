@@ -21,22 +21,30 @@ class Replacements:
         self.undo = []  # callables putting back what the block changed, called in reverse
         self.replaced = {}  # id of a tensor from before the block: a weak reference to its replacement
 
-    def set(self, store, name, value):
-        """store[name] = value until restore()."""
+    def set(self, store, name, value, owner=None):
+        """store[name] = value until restore(). With `owner`, (module, the
+        name of its store: "_parameters" or "_buffers"), the module is held
+        weakly, not its store: one the block made and lets go is freed with
+        its tensors, as in a real run, and nothing is put back in it."""
         before = store[name]
-        self.undo.append(lambda: store.__setitem__(name, before))
+        if owner is None:
+            self.undo.append(lambda: store.__setitem__(name, before))
+        else:
+            module, kind = weakref.ref(owner[0]), owner[1]
+            self.undo.append(lambda: module() is not None and getattr(module(), kind).__setitem__(name, before))
         store[name] = value
 
-    def replace(self, store, name, replacement):
+    def replace(self, store, name, replacement, owner=None):
         """store[name], a tensor, replaced by `replacement` until restore().
         Only the modules hold replacements, as only a moved module holds its
         tensors: one the model lets go (a buffer it replaces in forward) is
-        freed then. It takes the tensor's hooks (_carry_hooks)."""
+        freed then. It takes the tensor's hooks (_carry_hooks). `owner`: as
+        for set()."""
         original = store[name]
         if self.of(original) is not replacement:  # met again in a second slot (tied weights)
             _carry_hooks(original, replacement)
             self.replaced[id(original)] = weakref.ref(replacement)
-        self.set(store, name, replacement)
+        self.set(store, name, replacement, owner)
 
     def put(self, store, name, replacement):
         """store[name] = replacement, put back by restore() where store[name]
@@ -73,15 +81,17 @@ class Replacements:
         def moving(self, fn, recurse=True):
             # Only those from before the block are held here: a traced buffer
             # the move replaces is freed as torch frees it, before the next is made.
-            before = [(store, name, tensor, _Contents.of(tensor)) for store in (self._parameters, self._buffers)
-                      for name, tensor in store.items() if tensor is not None and not _metamem.is_traced(tensor)]
+            before = [(kind, name, tensor, _Contents.of(tensor)) for kind in ("_parameters", "_buffers")
+                      for name, tensor in getattr(self, kind).items()
+                      if tensor is not None and not _metamem.is_traced(tensor)]
             result = apply(self, fn, recurse)
-            for store, name, tensor, contents in before:
+            for kind, name, tensor, contents in before:
+                store = getattr(self, kind)
                 # A ScriptModule's stores (OrderedDictWrapper) have no get().
                 moved = store[name] if name in store else tensor
                 if moved is not tensor:
                     store[name] = tensor  # as it was, for replace() to keep
-                    replacements.replace(store, name, _either(replacements.of(tensor), moved))
+                    replacements.replace(store, name, _either(replacements.of(tensor), moved), (self, kind))
                 elif contents is not None and contents.changed():
                     replacements.undo.append(contents.put_back)
             return result

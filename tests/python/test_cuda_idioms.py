@@ -530,6 +530,27 @@ def test_moving_a_model_to_cuda(move):
     assert traced == achieved
 
 
+def test_a_module_made_and_moved_in_the_block_is_freed_when_let_go():
+    # BatchNorm2d makes num_batches_tracked from a Python number (a host
+    # tensor) and .cuda() replaces it in the block: the record that puts it
+    # back held the module's buffers until the block ended (1,536 B after
+    # this step, where real torch holds none); now it holds the module
+    # weakly. A module from before the block is still put back.
+    kept = torch.nn.BatchNorm2d(8)
+    counter = kept.num_batches_tracked
+
+    def step():
+        x = torch.randn(8, 64, 56, 56, device="cuda", requires_grad=True)
+        torch.nn.BatchNorm2d(64).cuda()(x).sum().backward()
+
+    with metamem.trace(device="cuda"):
+        step()
+        assert torch.cuda.memory_allocated() == 0
+        kept.cuda()
+        assert kept.num_batches_tracked is not counter
+    assert kept.num_batches_tracked is counter and counter.device.type == "cpu"
+
+
 def test_pinned_host_memory_is_not_the_gpus():
     # A DataLoader's pinned batch and a script's pinned staging buffer hold
     # host memory: pinning a traced tensor gives the tensor itself.
