@@ -46,13 +46,20 @@ def traced_peak(name, world, rank):
 def test_each_rank_is_exact_against_gloo(name, world, tmp_path):
     # gloo's worker thread drops a finished collective's tensors when it
     # gets to it, sometimes after the main thread's next allocation: a run
-    # can peak higher than the step itself does. The least of three runs is
-    # the step's own peak.
-    real = gloo_peaks(name, world, tmp_path / "store")
+    # can peak higher than the step itself does. The least of the runs is
+    # the step's own peak: three, and three more while a rank's least is
+    # above the trace (on a loaded machine all three of fsdp2_keep_unsharded's
+    # rank 1 once held 402,692 B more), up to nine.
+    traced = [traced_peak(name, world, rank) for rank in range(world)]
+    real = {rank: [] for rank in range(world)}
+    for attempt in range(3):
+        for rank, peaks in gloo_peaks(name, world, tmp_path / f"store{attempt}").items():
+            real[rank] += peaks
+        if all(min(real[rank]) <= traced[rank] for rank in range(world)):
+            break
     for rank in range(world):
-        traced = traced_peak(name, world, rank)
-        assert min(real[rank]) == traced, (rank, real[rank], traced)
-        assert all(peak >= traced for peak in real[rank])
+        assert min(real[rank]) == traced[rank], (rank, real[rank], traced[rank])
+        assert all(peak >= traced[rank] for peak in real[rank])
 
 
 @pytest.mark.parametrize("name, world", [("hf_llama_tp_alone", 2), ("hf_llama_pp_tp", 4)])
