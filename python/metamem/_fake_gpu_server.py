@@ -212,7 +212,7 @@ def _fallback(op, arguments, options, workspace, refused):
     import threading
     import torch
 
-    at_least = _segment(refused[-1]) if refused else 0
+    at_least = _segment(refused[-1])
     if at_least == 0:
         return None
 

@@ -31,7 +31,11 @@ class Replacements:
             self.undo.append(lambda: store.__setitem__(name, before))
         else:
             module, kind = weakref.ref(owner[0]), owner[1]
-            self.undo.append(lambda: module() is not None and getattr(module(), kind).__setitem__(name, before))
+
+            def put_back():
+                if (alive := module()) is not None:
+                    getattr(alive, kind)[name] = before
+            self.undo.append(put_back)
         store[name] = value
 
     def replace(self, store, name, replacement, owner=None):
