@@ -41,6 +41,7 @@
 #include "meta/KnownValues.h"
 #include "meta/MetaMode.h"
 #include "meta/MetaTensor.h"
+#include "meta/PreTraceTensors.h"
 #include "profiler/CpuMemoryCounter.h"
 #include "profiler/Step.h"
 #include "profiler/Tracer.h"
@@ -736,6 +737,11 @@ PYBIND11_MODULE(_metamem, m) {
       py::arg("tensor"), py::arg("grad"),
       "Sets a tensor's .grad without torch's checks of its device and kind, and returns the one it had: a "
       "parameter on the host lends the gradient of its fake-cuda replacement to a hook.");
+  m.def(
+      "keep_grad_of_leaf", [](const at::Tensor& t) { metamem::keep_grad_of_leaf(t); }, py::arg("tensor"),
+      "A real tensor from before the trace, where it is a leaf that requires grad: its .grad as it is, put back "
+      "when the trace ends (compiled code passes a parameter to its kernels through an alias autograd does not "
+      "know).");
   m.def("known_values", [](const at::Tensor& t) -> std::optional<at::Tensor> { return metamem::known_values(t); },
         py::arg("tensor"), "A traced tensor's values as a real CPU tensor, if the trace knows them; else None.");
   // A trace follows the fake GPU's recordings inside `with recordings:`.

@@ -25,7 +25,7 @@ import weakref
 import torch
 from torch.overrides import TorchFunctionMode
 
-from . import _device_checks, _distributed, _fake_gpu, _metamem
+from . import _compiled_graphs, _device_checks, _distributed, _fake_gpu, _metamem
 from ._compile import CompiledCode, CompilingAside
 from ._compile_cuda import UnsupportedCompileError
 from ._cuda import FakeCudaRuntime, Patches
@@ -160,6 +160,59 @@ def _local(tensor):
     return getattr(tensor, "_local_tensor", tensor)
 
 
+class _TraceModuleHooks:
+    """The global module hooks of every trace, each thread's trace's scopes
+    called from them. Dynamo guards a compiled module's call on the keys
+    of torch's global hook tables (a hook's handle number), and a graph
+    one trace compiled runs in the next (metamem._compiled_graphs) only
+    if they are the same: each trace puts the same two functions back
+    under the same two numbers, taken from torch once in the process.
+    Between traces the tables are as the process had them."""
+
+    keys = None  # (forward pre-hook's, forward hook's)
+    scopes = {}  # thread -> its trace's _ModuleScopes
+
+    @classmethod
+    def add(cls, scopes):
+        tables = torch.nn.modules.module
+        if cls.keys is None:
+            handles = (tables.register_module_forward_pre_hook(cls.enter),
+                       tables.register_module_forward_hook(cls.leave, always_call=True))
+            cls.keys = tuple(handle.id for handle in handles)
+            for handle in handles:
+                handle.remove()
+        if not cls.scopes:
+            tables._global_forward_pre_hooks[cls.keys[0]] = cls.enter
+            tables._global_forward_hooks[cls.keys[1]] = cls.leave
+            tables._global_forward_hooks_always_called[cls.keys[1]] = True
+        cls.scopes[scopes.owner] = scopes
+
+    @classmethod
+    def remove(cls, scopes):
+        cls.scopes.pop(scopes.owner, None)
+        if not cls.scopes:
+            tables = torch.nn.modules.module
+            tables._global_forward_pre_hooks.pop(cls.keys[0], None)
+            tables._global_forward_hooks.pop(cls.keys[1], None)
+            tables._global_forward_hooks_always_called.pop(cls.keys[1], None)
+
+    @staticmethod
+    def enter(module, inputs):
+        # Dynamo reads is_compiling() as True: inside a compiled region the
+        # hook is traced as nothing (no graph break, no op), as if absent.
+        if not torch.compiler.is_compiling():
+            scopes = _TraceModuleHooks.scopes.get(threading.get_ident())
+            if scopes is not None:
+                scopes.enter(module, inputs)
+
+    @staticmethod
+    def leave(module, inputs, output):
+        if not torch.compiler.is_compiling():
+            scopes = _TraceModuleHooks.scopes.get(threading.get_ident())
+            if scopes is not None:
+                scopes.leave(module, inputs, output)
+
+
 class _ModuleScopes:
     """Module paths from nn.Module names, via global forward hooks that
     see the trace's thread alone. Modules are held weakly: a model the
@@ -178,17 +231,13 @@ class _ModuleScopes:
         self.adopted = []  # (weak root, its name, its parameters' dtype then), in adoption order
         self.path = []  # (module, its path) of the modules running, innermost last
         self.recompute = None  # the recomputation region open, from Session.begin_recompute
-        self.handles = []
 
     def __enter__(self):
-        hooks = torch.nn.modules.module
-        self.handles = [hooks.register_module_forward_pre_hook(self._enter),
-                        hooks.register_module_forward_hook(self._leave, always_call=True)]
+        _TraceModuleHooks.add(self)
         return self
 
     def __exit__(self, *exc):
-        for handle in self.handles:
-            handle.remove()
+        _TraceModuleHooks.remove(self)
         if self.recompute is not None:
             self.session.end_recompute(self.recompute)
             self.recompute = None
@@ -218,11 +267,7 @@ class _ModuleScopes:
             dtypes.append(dtype if module is None else _dtype_name(module))
         return "+".join(name for _, name, _ in self.adopted) or "python", next(filter(None, dtypes), "f32")
 
-    def _enter(self, module, inputs):
-        # Dynamo reads is_compiling() as True: inside a compiled region the
-        # hook is traced as nothing (no graph break, no op), as if absent.
-        if torch.compiler.is_compiling() or threading.get_ident() != self.owner:
-            return
+    def enter(self, module, inputs):
         if not self.path:
             if torch._C._current_graph_task_id() == -1:
                 self.adopt(module)
@@ -232,9 +277,7 @@ class _ModuleScopes:
         self.path.append((module, self.names.get(module, type(module).__name__)))
         self.session.push_scope(self.path[-1][1])
 
-    def _leave(self, module, inputs, output):
-        if torch.compiler.is_compiling() or threading.get_ident() != self.owner:
-            return
+    def leave(self, module, inputs, output):
         # Not entered where a pre-hook before this one raised.
         if not self.path or self.path[-1][0] is not module:
             return
@@ -808,7 +851,11 @@ def trace(device="cuda", modules=(), gpu="H100-80GB", values="error", alloc_conf
                 scopes = stack.enter_context(_ModuleScopes(session))
                 replacements = Replacements()
                 optimizers = OptimizersFollow(replacements)
-                stack.enter_context(CompiledCode(session, scopes, optimizers, runtime, ranks=world_size is not None))
+                traces = stack.enter_context(_compiled_graphs.Traces(
+                    _compiled_graphs.kind_of_trace(device, gpu_spec["key"], world_size, devices, rank),
+                    keeps=device == "cuda"))
+                stack.enter_context(CompiledCode(session, scopes, optimizers, traces, runtime,
+                                                 ranks=world_size is not None))
                 stack.callback(replacements.restore)
                 replacements.patch_module_moves(patches)
                 patch_script_modules(patches, replacements, on_host=device == "cpu" or host_tensors == "host")

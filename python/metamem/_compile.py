@@ -133,6 +133,33 @@ def _aligned_inputs(original):
     return copy
 
 
+def _autotune_afresh(module):
+    """A wrapper's Triton kernels loaded for a trace, each with every
+    configuration it was loaded with: the first time, they are noted; in a
+    later trace that runs the wrapper again (metamem._compiled_graphs),
+    given back as a load in a process of its own would give them: the one
+    a real run has since written to Inductor's autotune cache, if any
+    (torch's own check, as a kernel loaded from its cache does), else every
+    one, so that the kernel autotunes at its first call and allocates for
+    its benchmarks."""
+    from torch._inductor.runtime.triton_heuristics import (CachingAutotuner, check_autotune_cache,
+                                                             triton_config_to_hashable)
+
+    for kernel in vars(module).values():
+        if not isinstance(kernel, CachingAutotuner):
+            continue
+        if not hasattr(kernel, "_metamem_launchers"):
+            kernel._metamem_launchers = list(kernel.launchers)
+            continue
+        launchers = kernel._metamem_launchers
+        cached, _, _ = check_autotune_cache([launcher.config for launcher in launchers], kernel.filename,
+                                            kernel.inductor_meta, kernel._could_rblock_scale)
+        best = [launcher for launcher in launchers if len(cached) == 1 and len(launchers) > 1
+                and triton_config_to_hashable(launcher.config) == triton_config_to_hashable(cached[0])]
+        kernel.launchers = best or list(launchers)
+        kernel._cached_launcher = None  # run()'s launcher after its first call
+
+
 def _dispatched_empty(device, pinned=False):
     """empty_strided_<device>(size, stride, dtype) through the dispatcher:
     a traced tensor inside the trace, a real one elsewhere."""
@@ -251,25 +278,22 @@ class CompiledCode(CompilingAside):
     (`cuda`, the trace's metamem._cuda.FakeCudaRuntime), Inductor compiles
     for the traced GPU (metamem._compile_cuda)."""
 
-    def __init__(self, session, scopes, optimizers, cuda=None, ranks=False):
+    def __init__(self, session, scopes, optimizers, traces, cuda=None, ranks=False):
         super().__init__(_outside_the_trace)
         self.session = session
         self.scopes = scopes
         self.optimizers = optimizers  # the block's _optimizers.OptimizersFollow
+        self.traces = traces  # the block's _compiled_graphs.Traces: which graphs it runs and keeps
         self.cuda = cuda
-        # In a trace of one rank (`ranks`), the graphs compiled name its
-        # process groups, which end with it: a trace of another rank in
-        # this process would pass their guards (DTensor's specs compare
-        # meshes by shape) and find them in AOTAutograd's cache (its key
-        # does not name groups), then run collectives on groups that are
-        # gone or not its own. Each rank's graphs are its own, as in its
-        # own process: dropped from Dynamo's cache when the trace ends, and
-        # not taken from AOTAutograd's.
-        self.guards = [] if ranks else None  # (the code compiled, its guards)
+        # A trace of one rank (`ranks`) takes nothing from AOTAutograd's
+        # cache: its key names the rank's process groups but not the rank,
+        # whose mesh coordinates a graph may hold (an uneven shard's size).
+        self.ranks = ranks
         self.wrappers = set()  # id() of the globals of the wrapper modules made traceable
         self.loaded = []  # the wrapper modules loaded during the block
         self.owner = threading.get_ident()
         self.optimizer = None  # the optimizer whose step the frame compiling now traces
+        self.steps_an_optimizer = False  # whether the frame compiling now does
         # id() of each graph that is an optimizer's step: (the graph, kept
         # for the block so that its id stays its own; the optimizer's class)
         self.optimizer_steps = {}
@@ -283,36 +307,12 @@ class CompiledCode(CompilingAside):
         super().__exit__(*exc)
         if self.installed and self.cuda is not None:
             _compile_cuda.uninstall()
+            if self.cuda.graph_trees.containers:
+                self.traces.keep = False  # its trees, which its graphs call, end with it
         self._drop_loaded()
-        self._drop_rank_graphs()
         if self.warning_filter in warnings.filters:
             warnings.filters.remove(self.warning_filter)
             warnings._filters_mutated()
-
-    def _drop_rank_graphs(self):
-        """The graphs compiled for this rank's process groups leave Dynamo's
-        cache. An entry it only invalidates still counts towards its
-        recompile limit: a search that traces many ranks or batches in one
-        process would reach it (torchtitan's compiled FlexAttention and
-        block mask, recompiled in each trace) and run those functions eagerly
-        from then on. A function whose every entry is the trace's is reset,
-        and what Dynamo learnt of its sizes forgotten: the next trace, of
-        another batch, compiles it static, as its own process would."""
-        from torch._dynamo import pgo
-        from torch._dynamo.eval_frame import _debug_get_cache_entry_list, reset_code
-        from torch._dynamo.guards import DeletedGuardManagerWrapper
-
-        for _, guards in self.guards or ():
-            guards.invalidate("the trace's process groups")  # "... got deallocated": Dynamo's words
-        reset = set()
-        for code in {code for code, _ in self.guards or ()}:
-            if all(isinstance(entry.guard_manager, DeletedGuardManagerWrapper)
-                   for entry in _debug_get_cache_entry_list(code)):
-                reset_code(code)
-                reset.add((code.co_filename, code.co_firstlineno, code.co_name))
-        for code_id in [code_id for code_id in pgo._CODE_STATE or ()
-                        if (code_id.filename, code_id.firstlineno, code_id.name) in reset]:
-            del pgo._CODE_STATE[code_id]
 
     def _patch(self):
         super()._patch()
@@ -338,7 +338,7 @@ class CompiledCode(CompilingAside):
         for method in ("cpp", "cpp_pybinding"):
             self.patches.set(AsyncCompile, method, self._unbuilt(getattr(AsyncCompile, method)))
         if self.cuda is not None:
-            _compile_cuda.install(self.patches, self.cuda, self.owner)
+            _compile_cuda.install(self.patches, self.cuda, self.owner, self._benchmarked)
         for module in PyCodeCache.modules:
             self._make_traceable(module)
         for call in list(_LOADED_FOR_TRACES):
@@ -349,6 +349,13 @@ class CompiledCode(CompilingAside):
         def run_scoped(graph, inputs):
             if not _traced(inputs) or graph.fx_kwargs.get("is_backward", False):
                 return run(graph, inputs)
+            # A real parameter (a fake cpu's model from before the block)
+            # reaches the kernels through reinterpret_tensor, an alias
+            # autograd does not know: its .grad, which backward will set to
+            # a traced one, is kept here to be put back.
+            for tensor in inputs:
+                if isinstance(tensor, torch.Tensor) and tensor.requires_grad and not _metamem.is_traced(tensor):
+                    _metamem.keep_grad_of_leaf(tensor)
             optimizer = self.optimizer_steps.get(id(graph), (None, None))[1]
             self.session.push_scope(self._scope(graph, f"{optimizer}.step" if optimizer else "forward"))
             try:
@@ -377,7 +384,15 @@ class CompiledCode(CompilingAside):
         from torch._dynamo import convert_frame
 
         self.patches.set(convert_frame, "CheckFunctionManager", self._guarding(convert_frame.CheckFunctionManager))
-        if self.guards is not None:
+        compile_frame = convert_frame._compile
+
+        def compiling_frame(code, *args, **kwargs):
+            if threading.get_ident() == self.owner:
+                self.traces.compiling(code)
+            return compile_frame(code, *args, **kwargs)
+
+        self.patches.set(convert_frame, "_compile", compiling_frame)
+        if self.ranks:
             from torch._functorch import config as functorch
 
             self.patches.set(functorch, "enable_autograd_cache", False, restore=functorch.enable_autograd_cache)
@@ -388,6 +403,7 @@ class CompiledCode(CompilingAside):
         @functools.wraps(compile_)
         def afresh(*args, **kwargs):
             self.optimizer = None
+            self.steps_an_optimizer = False
             if threading.get_ident() == self.owner:
                 self.optimizers.before_compiling()
             return aside(*args, **kwargs)
@@ -403,6 +419,7 @@ class CompiledCode(CompilingAside):
             if name != "_init_group" or threading.get_ident() != self.owner:
                 return call_method(variable, tx, name, *args, **kwargs)
             self.optimizer = type(variable.value).__name__
+            self.steps_an_optimizer = True
             # Its state is the block's, where it is from before the block
             # (a fake cpu's model, whose parameters stay real).
             self.optimizers.take(variable.value)
@@ -424,10 +441,17 @@ class CompiledCode(CompilingAside):
                 return check_function_manager(*args, **kwargs)
             with _metamem.InsideTrace():
                 guards = check_function_manager(*args, **kwargs)
-            if self.guards is not None:
-                self.guards.append((args[0] if args else kwargs["f_code"], guards))
+            # An optimizer's step compiled made its state, which the next
+            # trace's optimizer must make again.
+            self.traces.guarded(args[0] if args else kwargs["f_code"], guards, keepable=not self.steps_an_optimizer)
             return guards
         return built
+
+    def _benchmarked(self):
+        # What a compile's benchmarks allocated is the step's in a process
+        # that compiles; a trace that ran its graphs without compiling them
+        # would not hold it.
+        self.traces.keep = False
 
     def refused(self, error):
         # Dynamo rewraps what making an optimizer's state raised as it
@@ -478,6 +502,8 @@ class CompiledCode(CompilingAside):
         if id(vars(module)) in self.wrappers or not callable(getattr(module, "call", None)):
             return
         self.wrappers.add(id(vars(module)))
+        if unbuilt or any(loaded is module for loaded in self.loaded):
+            _autotune_afresh(module)
         kernels = []
         if not unbuilt:
             with open(module.__file__) as source:

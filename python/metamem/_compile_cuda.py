@@ -143,10 +143,12 @@ def _nothing(*args, **kwargs):
     return None
 
 
-def _in_the_trace(function, owner):
+def _in_the_trace(function, owner, benchmarked):
     """`function`, run inside the trace on `owner`'s thread: what it
-    allocates on the GPU in a real compile, the trace records."""
+    allocates on the GPU in a real compile, the trace records. Each run
+    calls `benchmarked()` first."""
     def traced(*args, **kwargs):
+        benchmarked()
         with _metamem.InsideTrace():
             return function(*args, **kwargs)
     return _instead_on(owner, function, traced)
@@ -197,9 +199,11 @@ def unbuilt(kernel):
     return bool(launchers) and all(isinstance(launcher, _IdleLauncher) for launcher in launchers)
 
 
-def install(patches, cuda, owner):
+def install(patches, cuda, owner, benchmarked):
     """Patches (metamem._cuda.Patches) that let `owner`'s thread compile for
-    the GPU of `cuda`, a trace's metamem._cuda.FakeCudaRuntime."""
+    the GPU of `cuda`, a trace's metamem._cuda.FakeCudaRuntime. A compile
+    that benchmarks on the GPU, and so allocates in the trace, calls
+    `benchmarked()`."""
     from torch._dynamo import device_interface
     from torch._dynamo.variables.torch import TorchInGraphFunctionVariable
     from torch._inductor import compile_fx, select_algorithm
@@ -241,7 +245,7 @@ def install(patches, cuda, owner):
     unset_fake = proxy_tensor.unset_fake_temporarily
     patches.set(proxy_tensor, "unset_fake_temporarily", lambda: _both(unset_fake(), _values_on_cpu(owner)))
     cuda.graph_trees.use(patches)
-    patches.set(pad_mm, "_should_pad", _in_the_trace(pad_mm._should_pad, owner))
+    patches.set(pad_mm, "_should_pad", _in_the_trace(pad_mm._should_pad, owner, benchmarked))
     # pad_mm's decisions are the trace's, kept for its later compiles as a
     # real run keeps them in Inductor's cache and reads them back (an
     # evaluation's graph does not benchmark its matmuls again), and not
@@ -288,7 +292,7 @@ def install(patches, cuda, owner):
     # threads.
     selector = select_algorithm.AlgorithmSelectorCache
     benchmark = selector.__dict__["benchmark_in_current_process"].__func__
-    patches.set(selector, "benchmark_in_current_process", classmethod(_in_the_trace(benchmark, owner)))
+    patches.set(selector, "benchmark_in_current_process", classmethod(_in_the_trace(benchmark, owner, benchmarked)))
     patches.set(select_algorithm, "get_num_workers", _instead_on(owner, select_algorithm.get_num_workers, lambda: 0))
     # Nor does it print its tables of timings: every choice's 1 ms is the
     # fake GPU's, no measurement.
@@ -299,7 +303,7 @@ def install(patches, cuda, owner):
     # (max-autotune's epilogue fusion). It writes their timings beside each
     # kernel's source (.kernel_perf): not the trace's.
     for name in ("benchmark_fused_nodes", "benchmark_codegened_module", "benchmark_combo_kernel"):
-        patches.set(Scheduler, name, _in_the_trace(getattr(Scheduler, name), owner))
+        patches.set(Scheduler, name, _in_the_trace(getattr(Scheduler, name), owner, benchmarked))
     patches.set(triton_codegen, "write_atomic", _instead_on(owner, triton_codegen.write_atomic, _nothing))
 
 

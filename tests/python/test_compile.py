@@ -224,29 +224,68 @@ def test_a_function_compiled_in_each_of_two_traces_is_traced_in_both():
     assert peaks[0] == peaks[1] == metamem.achieved_cpu(step)
 
 
-def test_a_ranks_graphs_leave_dynamos_cache_with_what_it_learnt_of_sizes():
-    # A rank's graphs name its process groups, so they end with its trace.
-    # Left in Dynamo's cache, invalidated, they counted towards its
-    # recompile limit: a layout search of many traces in one process ran
-    # the function eagerly after eight (torchtitan's compiled FlexAttention
-    # and block mask). And each trace compiles static, as a process of its
-    # own would, not dynamic for having met other batch sizes before.
+@pytest.mark.parametrize("world_size", [None, 2], ids=["one process", "a rank"])
+def test_each_trace_compiles_as_a_process_of_its_own_would(world_size):
+    # Traces of growing batches in one process. Dynamo took each new batch
+    # for a recompile and made the batch dynamic, and a rank's graphs, left
+    # invalidated in its cache, counted towards its recompile limit: a
+    # layout search of many traces ran the function eagerly after eight
+    # (torchtitan's compiled FlexAttention and block mask). Now each trace
+    # compiles static, as a process of its own would, and between traces
+    # Dynamo's records of sizes hold none of the traces'.
     from torch._dynamo import pgo
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    from torch._dynamo.guards import DeletedGuardManagerWrapper
+    from torch._dynamo.utils import counters
 
     def loss(x):
         return (x * 2).sin().sum()
 
+    def traced(batch):
+        with metamem.trace(device="cpu", world_size=world_size) as t:
+            compiled(torch.randn(batch, 64, requires_grad=True)).backward()
+        return t.peak_bytes
+
+    torch._dynamo.reset()
     compiled = torch.compile(loss)
     peaks = []
     for batch in range(1, torch._dynamo.config.recompile_limit + 3):
-        with metamem.trace(device="cpu", world_size=2) as t:
-            compiled(torch.randn(batch, 64, requires_grad=True)).backward()
-        assert _debug_get_cache_entry_list(loss.__code__) == []
+        peaks.append(traced(batch))
+        entries = _debug_get_cache_entry_list(loss.__code__)
+        assert len(entries) <= 1 and not any(isinstance(e.guard_manager, DeletedGuardManagerWrapper) for e in entries)
         assert not [code for code in pgo._CODE_STATE or () if code.name == "loss"
                     and code.firstlineno == loss.__code__.co_firstlineno]
-        peaks.append(t.peak_bytes)
     assert peaks[-1] == peaks[-2] + 2 * 64 * 4  # one row more: 256 B for the input, 256 B for its gradient
+    # On a fake cpu the same batch compiles again: what compiling left
+    # behind in host memory (the tensor Dynamo makes of the 2) is the first
+    # step's, as in the real run's first call.
+    graphs = counters["stats"]["unique_graphs"]
+    assert traced(batch) == peaks[-1] and counters["stats"]["unique_graphs"] == graphs + 1
+    assert peaks[-1] == metamem.achieved_cpu(lambda: compiled(torch.randn(batch, 64, requires_grad=True)).backward())
+
+
+def test_a_model_compiled_before_the_block_keeps_its_gradients_and_traces_again():
+    # On a fake cpu its parameters stay real, and reach the compiled kernels
+    # through reinterpret_tensor, an alias autograd does not know: backward
+    # left the trace's gradients on them, and the next trace, of another
+    # batch, stopped as Dynamo compiled ("attempting to assign a gradient
+    # with device type 'meta' to a tensor with device type 'cpu'").
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+    compiled = torch.compile(model)
+
+    def step(batch):
+        compiled(torch.randn(batch, 64)).sum().backward()
+
+    peaks = []
+    for batch in (4, 8):
+        with metamem.trace(device="cpu") as t:
+            step(batch)
+        assert all(p.grad is None for p in model.parameters())
+        peaks.append(t.peak_bytes)
+    assert peaks[1] == metamem.achieved_cpu(lambda: step(8))
+
 
 def test_compiled_code_outside_the_block_is_untouched():
     torch.manual_seed(0)

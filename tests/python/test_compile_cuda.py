@@ -97,6 +97,54 @@ def test_recompiles_on_new_batch_sizes_are_exact(caches):
     assert len(peaks) == len(t.step_peaks) == 3
 
 
+def test_traces_in_one_process_hold_what_a_process_of_their_own_holds(caches):
+    # A trace of the same step on the same GPU runs the graphs the last one
+    # compiled, without compiling; each kernel autotunes again at its first
+    # call (before, it had kept its choice, and the first step held neither
+    # the L2-sized buffer nor the clones its benchmarks make). Another batch
+    # compiles static, as a process of its own would: Dynamo took it for a
+    # recompile and made the batch dynamic. Another GPU compiles afresh.
+    from torch._dynamo.utils import counters
+
+    def run(batch, gpu=GPU):
+        graphs = counters["stats"]["unique_graphs"]
+        cold(caches[0])
+        with metamem.trace(device="cuda", gpu=gpu) as t:
+            two_adamw_steps(device="cuda", how="torch.compile(model)", batches=[batch], seq=SHAPE["seq"])()
+        return (t.step_peaks, t.reserved_peak_bytes), counters["stats"]["unique_graphs"] - graphs
+
+    def fresh(batch, gpu=GPU):
+        torch._dynamo.reset()
+        return run(batch, gpu)[0]
+
+    first, compiled = run(16)
+    again, recompiled = run(16)
+    assert again == first == fresh(16) and compiled == 1 and recompiled == 0
+    run(16)
+    assert run(24)[0] == fresh(24)
+    assert run(24, "A100-80GB") == (fresh(24, "A100-80GB"), 1)
+
+
+def test_a_ranks_graphs_serve_that_rank_alone(caches):
+    # Dynamo bakes what a graph reads of the rank (a mesh coordinate, an
+    # uneven shard's size) into it without a guard: another rank compiles
+    # its own, unless its caller says the ranks compile alike
+    # (test_torchtitan.py).
+    from torch._dynamo.utils import counters
+
+    def scaled(x):
+        return (x * 2).softmax(-1)
+
+    def compiles(rank):
+        graphs = counters["stats"]["unique_graphs"]
+        with metamem.trace(device="cuda", gpu=GPU, world_size=2, rank=rank):
+            torch.compile(scaled)(torch.randn(8, 64))
+        return counters["stats"]["unique_graphs"] - graphs
+
+    cold(caches[0])
+    assert [compiles(0), compiles(0), compiles(1)] == [1, 0, 1]
+
+
 def test_an_autotune_cache_is_read_as_a_real_run_reads_it(caches):
     # Every configuration times 1 ms in a trace: it writes no choice to
     # Inductor's autotune cache, so that a real run after it still
