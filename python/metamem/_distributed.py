@@ -24,6 +24,7 @@ What a backend holds beside its arguments:
 
 import contextlib
 import functools
+import hashlib
 import os
 from unittest import mock
 
@@ -279,6 +280,33 @@ torch._prims.rng_prims.run_dtensor_rng_op.py_impl(torch._C.DispatchKey.PrivateUs
 
 
 
+def _names_by_role(patches, world_size, rank):
+    """Each group this rank is in named for its part in the job rather than
+    for its members or its number among every group the job made (torch
+    counts each rank's groups with the others' it is not in): its size,
+    the steps between its ranks, and which such group of this rank's it
+    is. The corresponding groups of two ranks of a layout then have one
+    name. A compiled graph names the groups of its collectives, so the
+    graph one rank's trace compiled is the graph another's compiles, and
+    Inductor's caches (on disk too) give it to the other
+    (metamem._compiled_graphs keeps it in the process). Groups this rank
+    is not in keep torch's names; no collective of its runs on them."""
+    name = dist.distributed_c10d._process_group_name
+    seen = {}
+
+    def by_role(ranks, use_hashed_name):
+        named = name(ranks, use_hashed_name)  # torch's count of groups moves on as it does
+        members = list(ranks) or list(range(world_size))
+        if rank not in members:
+            return named
+        role = (len(members), tuple(b - a for a, b in zip(members, members[1:])))
+        seen[role] = seen.get(role, 0) + 1
+        digest = hashlib.sha1(repr((world_size, role, seen[role])).encode()).hexdigest()[:12]
+        return f"metamem_{len(members)}_{digest}"
+
+    patches.set(dist.distributed_c10d, "_process_group_name", by_role)
+
+
 # torch keeps tables of every rank of a group (init_process_group's rank map:
 # 80 MiB at 2^20 ranks); ten times the largest jobs run.
 MOST_RANKS = 2**20
@@ -387,6 +415,7 @@ def ranks(device, world_size, rank, nproc_per_node=None):
                                      f"of {world_size}")
 
         _host_meshes(patches)
+        _names_by_role(patches, world_size, rank)
         _foreach_sharding.quicken(patches)
         _ddp.install(patches)
         _keep_every_ranks_statistics(patches)

@@ -28,6 +28,7 @@ import torch
 from . import gpu_memory
 from . import largest_batch_by_line
 from . import trace as metamem_trace
+from ._compiled_graphs import ranks_compile_alike
 from ._sharding import ranks_that_differ
 from ._step import positive
 
@@ -273,10 +274,46 @@ def trace(flavor, world_size=None, rank=0, gpu="H100-80GB", steps=2, **overrides
     loader's batches stay on the host until train_step copies them, as
     in torchtitan's own run (metamem.trace's host_tensors="host")."""
     world_size = world_size or _preset(flavor).world_size
-    with metamem_trace(device="cuda", gpu=gpu, world_size=world_size, rank=rank, values="placeholder",
-                       host_tensors="host") as t:
+    alike = ranks_compile_alike() if _splits_evenly(flavor, **overrides) else contextlib.nullcontext()
+    with alike, metamem_trace(device="cuda", gpu=gpu, world_size=world_size, rank=rank, values="placeholder",
+                              host_tensors="host") as t:
         training_step(flavor, steps, **overrides)()
     return t
+
+
+# The sizes of a Llama 3 model's configuration that tensor parallelism
+# splits: its linears' features (heads in its fused QKV) and its
+# embedding's rows (the vocabulary).
+_SPLIT_SIZES = ("in_features", "out_features", "num_embeddings", "n_heads", "n_kv_heads", "vocab_size")
+
+
+def _splits_evenly(flavor, tensor_parallel=None, seq_len=None, **unused):
+    """Whether tensor parallelism splits every size of `flavor`'s model, and
+    its sequence (sequence parallelism), evenly. Then every rank of the job
+    compiles the same graphs (no shard's size depends on where the rank
+    lies), and a trace of one rank runs those another's trace compiled
+    (metamem._compiled_graphs)."""
+    _torchtitan()
+    from torchtitan.models.llama3 import model_registry
+
+    preset = _preset(flavor)
+    degree = tensor_parallel or preset.tensor_parallel
+    sizes = [seq_len or preset.seq_len]
+
+    def collect(config):
+        if dataclasses.is_dataclass(config):
+            for field in dataclasses.fields(config):
+                value = getattr(config, field.name)
+                if field.name in _SPLIT_SIZES and isinstance(value, int):
+                    sizes.append(value)
+                else:
+                    collect(value)
+        elif isinstance(config, (list, tuple)):
+            for item in config:
+                collect(item)
+
+    collect(model_registry(flavor).model)
+    return all(size % degree == 0 for size in sizes)
 
 
 def largest_batch(flavor, world_size=None, gpu="H100-80GB", memory=None, most=64, **overrides):

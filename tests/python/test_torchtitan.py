@@ -69,6 +69,32 @@ def test_a_preset_compiled_with_float8_is_traced_as_torchtitan_runs_it():
     assert peaks[True, True] < peaks[True, False] < peaks[False, False]
 
 
+def test_ranks_of_an_even_layout_run_the_graphs_one_of_them_compiled():
+    # A rank's process groups are named for their part in the job, and
+    # where tensor parallelism splits every size evenly no graph depends on
+    # where a rank lies: rank 3 of tensor parallel 2 x FSDP2 over 2 runs
+    # the graphs rank 0's trace compiled, and holds what it holds when it
+    # compiles its own.
+    from torch._dynamo.utils import counters
+
+    settings = dict(world_size=4, tensor_parallel=2, compile=True, float8=False, local_batch_size=2, seq_len=256,
+                    activation_checkpoint="none")
+
+    def run(rank):
+        graphs = counters["stats"]["unique_graphs"]
+        t = titan.trace("debugmodel", rank=rank, **settings)
+        return (t.step_peaks, t.reserved_peak_bytes), counters["stats"]["unique_graphs"] - graphs
+
+    torch._dynamo.reset()
+    assert run(0)[1] > 0
+    shared, compiled = run(3)
+    torch._dynamo.reset()
+    assert compiled == 0 and shared == run(3)[0]
+    # The 8B preset's sequence of 8,190 tokens does not split over 4.
+    assert titan._splits_evenly("debugmodel", tensor_parallel=2)
+    assert not titan._splits_evenly("8B", tensor_parallel=4, seq_len=8190)
+
+
 def test_float8_is_refused_where_the_gpu_has_none():
     with pytest.raises(ValueError, match="only supported on NVIDIA SM89 or later"):  # torchtitan's words
         titan.trace("debugmodel", gpu="A100-80GB", float8=True, local_batch_size=1, seq_len=128)
