@@ -347,15 +347,18 @@ class CompiledCode(CompilingAside):
         run = CompiledFxGraph.__call__
 
         def run_scoped(graph, inputs):
-            if not _traced(inputs) or graph.fx_kwargs.get("is_backward", False):
+            if graph.fx_kwargs.get("is_backward", False):
                 return run(graph, inputs)
-            # A real parameter (a fake cpu's model from before the block)
-            # reaches the kernels through reinterpret_tensor, an alias
-            # autograd does not know: its .grad, which backward will set to
-            # a traced one, is kept here to be put back.
-            for tensor in inputs:
-                if isinstance(tensor, torch.Tensor) and tensor.requires_grad and not _metamem.is_traced(tensor):
-                    _metamem.keep_grad_of_leaf(tensor)
+            if threading.get_ident() == self.owner:
+                # A real parameter (a fake cpu's model from before the
+                # block) reaches the kernels through reinterpret_tensor, an
+                # alias autograd does not know: its .grad, which backward
+                # will set to a traced one, is kept here to be put back.
+                for tensor in inputs:
+                    if isinstance(tensor, torch.Tensor) and tensor.requires_grad and not _metamem.is_traced(tensor):
+                        _metamem.keep_grad_of_leaf(tensor)
+            if not _traced(inputs):
+                return run(graph, inputs)
             optimizer = self.optimizer_steps.get(id(graph), (None, None))[1]
             self.session.push_scope(self._scope(graph, f"{optimizer}.step" if optimizer else "forward"))
             try:

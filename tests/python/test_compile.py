@@ -284,6 +284,12 @@ def test_a_model_compiled_before_the_block_keeps_its_gradients_and_traces_again(
             step(batch)
         assert all(p.grad is None for p in model.parameters())
         peaks.append(t.peak_bytes)
+    # A batch from before the block too: the compiled graph's buffers are
+    # the trace's, and so is the gradient backward gives the parameters.
+    batch = torch.randn(4, 64)
+    with metamem.trace(device="cpu"):
+        compiled(batch).sum().backward()
+    assert all(p.grad is None for p in model.parameters())
     assert peaks[1] == metamem.achieved_cpu(lambda: step(8))
 
 
