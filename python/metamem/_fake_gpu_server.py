@@ -208,8 +208,15 @@ def _fallback(op, arguments, options, workspace, refused):
     torch keeps the engine a convolution ran per thread (Conv_v8.cpp's
     thread_local benchmark_cache), so a thread's first call asks cuDNN's
     heuristics afresh, and the engine it falls back on is not kept for the
-    server's later calls."""
+    server's later calls. Each thread is waited for until it is gone: join()
+    returns before a thread's C++ thread_locals are destroyed, where torch
+    gives the thread's cuDNN handle back to its pool, and a next thread that
+    started before then made a handle of its own, whose cudaMalloc (outside
+    the caching allocator) moved the refusal onto the wrong call: under load
+    2 in 300 answers were None, and a trace kept a workspace the GPU cannot
+    hold."""
     import threading
+    import time
     import torch
 
     at_least = _segment(refused[-1])
@@ -221,6 +228,8 @@ def _fallback(op, arguments, options, workspace, refused):
         thread = threading.Thread(target=lambda: result.append(run()))
         thread.start()
         thread.join()
+        while os.path.exists(f"/proc/self/task/{thread.native_id}"):
+            time.sleep(1e-4)
         return result[0]
 
     def history(refusing=None):
