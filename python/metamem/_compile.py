@@ -205,7 +205,7 @@ class CompilingAside:
         import torch._dynamo.convert_frame as convert_frame
         from torch._functorch._aot_autograd import runtime_wrappers
 
-        self.patches.set(convert_frame, "_compile", self.compiling(convert_frame._compile))
+        self.patches.set(convert_frame, "_compile", self.compiling_frames(convert_frame._compile))
         backward = runtime_wrappers._AutogradBackwardCompiler
         get_or_compile = backward.get_or_compile
         compile_aside = self.compiling(get_or_compile)
@@ -234,6 +234,10 @@ class CompilingAside:
                         raise refused from None
                     raise
         return aside
+
+    def compiling_frames(self, compile_frame):
+        """Dynamo's frame compile (convert_frame._compile(code, ...)), aside."""
+        return self.compiling(compile_frame)
 
     def refused(self, error):
         """The UnsupportedCompileError that compiling's `error` is, if any."""
@@ -387,14 +391,6 @@ class CompiledCode(CompilingAside):
         from torch._dynamo import convert_frame
 
         self.patches.set(convert_frame, "CheckFunctionManager", self._guarding(convert_frame.CheckFunctionManager))
-        compile_frame = convert_frame._compile
-
-        def compiling_frame(code, *args, **kwargs):
-            if threading.get_ident() == self.owner:
-                self.traces.compiling(code)
-            return compile_frame(code, *args, **kwargs)
-
-        self.patches.set(convert_frame, "_compile", compiling_frame)
         if self.ranks:
             from torch._functorch import config as functorch
 
@@ -411,6 +407,16 @@ class CompiledCode(CompilingAside):
                 self.optimizers.before_compiling()
             return aside(*args, **kwargs)
         return afresh
+
+    def compiling_frames(self, compile_frame):
+        compile_ = self.compiling(compile_frame)
+
+        @functools.wraps(compile_frame)
+        def noted(code, *args, **kwargs):
+            if threading.get_ident() == self.owner:
+                self.traces.compiling(code)
+            return compile_(code, *args, **kwargs)
+        return noted
 
     def _initializing(self, call_method):
         """Dynamo's OptimizerVariable.call_method. Dynamo runs an optimizer's

@@ -1,5 +1,5 @@
 """The graphs a trace compiled, kept for a later trace in the process that
-can run them (docs/compile.md, "Traces in one process").
+can run them (docs/compile.md, "Traces again in one process").
 
 Each trace compiles as its own process would: Dynamo's first compile of a
 function in a trace starts from what a fresh process knows of it. Left to
@@ -21,8 +21,11 @@ conditions it runs again:
 - A trace whose first call of a kept function does not pass its guards
   compiles it afresh: the kept entry is dropped and Dynamo's record of
   the function's sizes cleared first, so the new graph is static, as in a
-  fresh process. A trace of another kind drops every kept entry as it
-  begins.
+  fresh process. The new entry is kept in its place, unless the function
+  holds an entry dropped before too: dropped entries stay in Dynamo's
+  cache and count towards its recompile limit until the function is
+  reset, which is done then (at most two dropped entries at a time). A
+  trace of another kind drops every kept entry as it begins.
 - Between traces, Dynamo's records of sizes are as they were before the
   first: a real compile after a trace sees none of the trace's sizes.
 
@@ -126,15 +129,22 @@ def _invalidate(code, guards_list, why):
             guards.invalidate(why)  # "... got deallocated": Dynamo's words
 
 
+def _dropped_entries(code):
+    """How many of Dynamo's entries of `code` are invalid."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    from torch._dynamo.guards import DeletedGuardManagerWrapper
+
+    return sum(isinstance(entry.guard_manager, DeletedGuardManagerWrapper)
+               for entry in _debug_get_cache_entry_list(code))
+
+
 def _drop(code, guards_list, why):
     """_invalidate(); a function whose every entry is invalid is reset, so
     that they stop counting towards its recompile limit."""
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list, reset_code
-    from torch._dynamo.guards import DeletedGuardManagerWrapper
 
     _invalidate(code, guards_list, why)
-    if all(isinstance(entry.guard_manager, DeletedGuardManagerWrapper)
-           for entry in _debug_get_cache_entry_list(code)):
+    if _dropped_entries(code) == len(_debug_get_cache_entry_list(code)):
         reset_code(code)
 
 
@@ -151,6 +161,7 @@ class Traces:
         self.ran = set()  # codes whose kept entry this trace ran
         self.sizes_before = {}  # code -> its records of sizes before the trace
         self.not_kept = set()  # codes whose entries go with the trace
+        self.failed = set()  # kept codes whose kept entry did not pass its guards in this trace
         self.keep = keeps  # False: nothing this trace compiled is kept
 
     def __enter__(self):
@@ -173,9 +184,11 @@ class Traces:
             by_code.setdefault(code, []).append(guards)
         for code, guards_list in by_code.items():
             # Kept: a function compiled once, in a trace that ran no kept
-            # entry of it (that graph is what a fresh process compiles).
+            # entry of it (that graph is what a fresh process compiles),
+            # beside at most the one kept entry it dropped.
             earlier = _KEPT.pop(code, None)
-            if self.keep and len(guards_list) == 1 and code not in self.not_kept and earlier is None:
+            if (self.keep and len(guards_list) == 1 and code not in self.not_kept and earlier is None
+                    and _dropped_entries(code) <= (code in self.failed)):
                 _KEPT[code] = _Kept(self.key, guards_list[0], _sizes_of(code))
             else:
                 _drop(code, guards_list + ([earlier.guards] if earlier else []), "a trace recompiled it")
@@ -186,14 +199,14 @@ class Traces:
         """As Dynamo begins compiling `code` for this trace: where it is a
         kept function whose kept entry this trace has not run, that entry
         did not pass its guards at the first call. It is invalidated
-        (Dynamo is using its cache; the function is reset when the trace
-        ends), and the sizes it recorded cleared, so that the new graph is
-        static. After a run of the kept entry, a recompile is Dynamo's own,
+        (Dynamo is using its cache: the function is reset when the trace
+        ends, if its new entry is not kept), and the sizes it recorded
+        cleared, so that the new graph is static. After a run of the kept entry, a recompile is Dynamo's own,
         from the sizes of that entry, as in the process that compiled it."""
         self._remember_sizes(code)
         if code in self.carried and code not in self.ran:
             self.carried.discard(code)
-            self.not_kept.add(code)
+            self.failed.add(code)
             _invalidate(code, [_KEPT.pop(code).guards], "a trace of other sizes")
             _set_sizes(code, {})
 

@@ -125,6 +125,35 @@ def test_traces_in_one_process_hold_what_a_process_of_their_own_holds(caches):
     assert run(24, "A100-80GB") == (fresh(24, "A100-80GB"), 1)
 
 
+def test_a_kept_graph_that_other_sizes_fail_gives_way_to_theirs(caches):
+    # Batches 8, 12, 12: the third trace runs the graph the second compiled
+    # (before, a function whose kept graph had failed its guards kept none,
+    # and every later trace compiled it). Batches alternating past Dynamo's
+    # recompile limit (8) each compile once, static, as in a process of
+    # their own: dropped entries count towards the limit until the function
+    # is reset, and past it Dynamo would run the function uncompiled.
+    from torch._dynamo.utils import counters
+
+    compiled = torch.compile(lambda x: (x * 2).softmax(-1))
+
+    def trace(batch):
+        graphs = counters["stats"]["unique_graphs"]
+        with metamem.trace(device="cuda", gpu=GPU) as t:
+            compiled(torch.randn(batch, 4096))
+        return (t.step_peaks, t.reserved_peak_bytes), counters["stats"]["unique_graphs"] - graphs
+
+    def fresh(batch):
+        torch._dynamo.reset()
+        return trace(batch)[0]
+
+    cold(caches[0])
+    assert [trace(batch)[1] for batch in (8, 12, 12)] == [1, 1, 0]
+    alternating = [trace(batch) for batch in (8, 12) * 5]
+    alone = {8: fresh(8), 12: fresh(12)}
+    assert alternating == [(alone[batch], 1) for batch in (8, 12) * 5]
+    assert alone[8] != alone[12]
+
+
 def test_a_ranks_graphs_serve_that_rank_alone(caches):
     # Dynamo bakes what a graph reads of the rank (a mesh coordinate, an
     # uneven shard's size) into it without a guard: another rank compiles
