@@ -45,7 +45,7 @@ import weakref
 
 import torch
 
-from . import _compile_cuda, _metamem
+from . import _compile_cuda, _compiled_graphs, _metamem
 from ._optimizers import OptimizerRefused
 from ._cuda import Patches
 
@@ -391,6 +391,8 @@ class CompiledCode(CompilingAside):
         from torch._dynamo import convert_frame
 
         self.patches.set(convert_frame, "CheckFunctionManager", self._guarding(convert_frame.CheckFunctionManager))
+        self.patches.set(convert_frame, "compute_cache_size",
+                         _compiled_graphs.counting_live_entries(convert_frame.compute_cache_size))
         if self.ranks:
             from torch._functorch import config as functorch
 

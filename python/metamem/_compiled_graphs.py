@@ -21,11 +21,13 @@ conditions it runs again:
 - A trace whose first call of a kept function does not pass its guards
   compiles it afresh: the kept entry is dropped and Dynamo's record of
   the function's sizes cleared first, so the new graph is static, as in a
-  fresh process. The new entry is kept in its place, unless the function
-  holds an entry dropped before too: dropped entries stay in Dynamo's
-  cache and count towards its recompile limit until the function is
-  reset, which is done then (at most two dropped entries at a time). A
-  trace of another kind drops every kept entry as it begins.
+  fresh process. The new entry is kept in its place. Dropped entries stay
+  in Dynamo's cache until the function is reset: in a trace Dynamo counts
+  only the others (counting_live_entries), as a fresh process holds none,
+  and a function is reset once it holds more than _MOST_DROPPED (outside
+  traces Dynamo counts them towards its recompile limit, and each compile
+  since the last reset towards its accumulated limit). A trace of another
+  kind drops every kept entry as it begins.
 - Between traces, Dynamo's records of sizes are as they were before the
   first: a real compile after a trace sees none of the trace's sizes.
 
@@ -61,6 +63,10 @@ _KEPT = {}
 
 # Threads whose rank traces run graphs compiled for any rank of the layout.
 _ALIKE = set()
+
+# The dropped entries a function may hold: a function that drops one more
+# is reset.
+_MOST_DROPPED = 2
 
 
 @contextlib.contextmanager
@@ -138,6 +144,22 @@ def _dropped_entries(code):
                for entry in _debug_get_cache_entry_list(code))
 
 
+def counting_live_entries(compute_cache_size):
+    """Dynamo's convert_frame.compute_cache_size(frame, entries, total),
+    where a trace compiles: over the entries not dropped. Dynamo counts
+    every entry of a function towards its recompile limit (8) and takes a
+    compile beside any for a recompile; a process of its own would hold
+    none of the dropped ones."""
+    from torch._dynamo.guards import DeletedGuardManagerWrapper
+
+    def compute(frame, entries, total=0):
+        if threading.get_ident() not in _RUNNING:
+            return compute_cache_size(frame, entries, total)
+        live = [entry for entry in entries if not isinstance(entry.guard_manager, DeletedGuardManagerWrapper)]
+        return compute_cache_size(frame, live, total - (len(entries) - len(live)))
+    return compute
+
+
 def _drop(code, guards_list, why):
     """_invalidate(); a function whose every entry is invalid is reset, so
     that they stop counting towards its recompile limit."""
@@ -161,7 +183,6 @@ class Traces:
         self.ran = set()  # codes whose kept entry this trace ran
         self.sizes_before = {}  # code -> its records of sizes before the trace
         self.not_kept = set()  # codes whose entries go with the trace
-        self.failed = set()  # kept codes whose kept entry did not pass its guards in this trace
         self.keep = keeps  # False: nothing this trace compiled is kept
 
     def __enter__(self):
@@ -185,10 +206,10 @@ class Traces:
         for code, guards_list in by_code.items():
             # Kept: a function compiled once, in a trace that ran no kept
             # entry of it (that graph is what a fresh process compiles),
-            # beside at most the one kept entry it dropped.
+            # beside at most _MOST_DROPPED dropped ones.
             earlier = _KEPT.pop(code, None)
             if (self.keep and len(guards_list) == 1 and code not in self.not_kept and earlier is None
-                    and _dropped_entries(code) <= (code in self.failed)):
+                    and _dropped_entries(code) <= _MOST_DROPPED):
                 _KEPT[code] = _Kept(self.key, guards_list[0], _sizes_of(code))
             else:
                 _drop(code, guards_list + ([earlier.guards] if earlier else []), "a trace recompiled it")
@@ -206,7 +227,6 @@ class Traces:
         self._remember_sizes(code)
         if code in self.carried and code not in self.ran:
             self.carried.discard(code)
-            self.failed.add(code)
             _invalidate(code, [_KEPT.pop(code).guards], "a trace of other sizes")
             _set_sizes(code, {})
 

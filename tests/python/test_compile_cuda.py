@@ -154,6 +154,30 @@ def test_a_kept_graph_that_other_sizes_fail_gives_way_to_theirs(caches):
     assert alone[8] != alone[12]
 
 
+def test_a_trace_has_dynamos_whole_recompile_limit_beside_dropped_graphs(caches):
+    # A static function called at eight sizes compiles eight graphs in a
+    # process of its own (Dynamo's limit: eight entries). After a trace
+    # whose kept graph the next one drops, Dynamo counted the dropped entry
+    # too, and ran the eighth size uncompiled.
+    from torch._dynamo.utils import counters
+
+    compiled = torch.compile(lambda x: (x * 2).softmax(-1), dynamic=False)
+
+    def trace(batches):
+        graphs = counters["stats"]["unique_graphs"]
+        with metamem.trace(device="cuda", gpu=GPU) as t:
+            for batch in batches:
+                compiled(torch.randn(batch, 4096))
+        return t.reserved_peak_bytes, counters["stats"]["unique_graphs"] - graphs
+
+    cold(caches[0])
+    trace([8])
+    eight = range(12, 20)
+    after_a_dropped_graph = trace(eight)
+    torch._dynamo.reset()
+    assert after_a_dropped_graph == trace(eight) and after_a_dropped_graph[1] == 8
+
+
 def test_a_ranks_graphs_serve_that_rank_alone(caches):
     # Dynamo bakes what a graph reads of the rank (a mesh coordinate, an
     # uneven shard's size) into it without a guard: another rank compiles
