@@ -3,7 +3,7 @@ on fake H100s), as torchtitan ships it (405B: each block and the loss
 compiled, rowwise float8), in one process: the process's first rank, the
 job's last rank after it, and the first again. A trace runs the graphs
 another rank's trace compiled where the preset's ranks compile alike
-(docs/compile.md, "Traces in one process"); each trace's peak and
+(docs/compile.md, "Traces again in one process"); each trace's peak and
 reserved bytes are printed beside its time, so that the ones that ran
 kept graphs can be compared with the first, which compiled.
 
