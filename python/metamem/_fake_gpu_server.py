@@ -228,7 +228,10 @@ def _fallback(op, arguments, options, workspace, refused):
         thread = threading.Thread(target=lambda: result.append(run()))
         thread.start()
         thread.join()
-        while os.path.exists(f"/proc/self/task/{thread.native_id}"):
+        # Gone in microseconds; a task of that id still there after a
+        # second is a later thread that the kernel gave the id again.
+        gone_by = time.monotonic() + 1
+        while os.path.exists(f"/proc/self/task/{thread.native_id}") and time.monotonic() < gone_by:
             time.sleep(1e-4)
         return result[0]
 
