@@ -125,6 +125,18 @@ def test_traces_in_one_process_hold_what_a_process_of_their_own_holds(caches):
     assert run(24, "A100-80GB") == (fresh(24, "A100-80GB"), 1)
 
 
+def traced_calls(compiled, batches):
+    """((step peaks, reserved peak), graphs Dynamo compiled) of a trace that
+    calls `compiled` on a batch of 4,096-wide rows of each size."""
+    from torch._dynamo.utils import counters
+
+    graphs = counters["stats"]["unique_graphs"]
+    with metamem.trace(device="cuda", gpu=GPU) as t:
+        for batch in batches:
+            compiled(torch.randn(batch, 4096))
+    return (t.step_peaks, t.reserved_peak_bytes), counters["stats"]["unique_graphs"] - graphs
+
+
 def test_a_kept_graph_that_other_sizes_fail_gives_way_to_theirs(caches):
     # Batches 8, 12, 12: the third trace runs the graph the second compiled
     # (before, a function whose kept graph had failed its guards kept none,
@@ -132,23 +144,15 @@ def test_a_kept_graph_that_other_sizes_fail_gives_way_to_theirs(caches):
     # recompile limit (8) each compile once, static, as in a process of
     # their own: dropped entries count towards the limit until the function
     # is reset, and past it Dynamo would run the function uncompiled.
-    from torch._dynamo.utils import counters
-
     compiled = torch.compile(lambda x: (x * 2).softmax(-1))
-
-    def trace(batch):
-        graphs = counters["stats"]["unique_graphs"]
-        with metamem.trace(device="cuda", gpu=GPU) as t:
-            compiled(torch.randn(batch, 4096))
-        return (t.step_peaks, t.reserved_peak_bytes), counters["stats"]["unique_graphs"] - graphs
 
     def fresh(batch):
         torch._dynamo.reset()
-        return trace(batch)[0]
+        return traced_calls(compiled, [batch])[0]
 
     cold(caches[0])
-    assert [trace(batch)[1] for batch in (8, 12, 12)] == [1, 1, 0]
-    alternating = [trace(batch) for batch in (8, 12) * 5]
+    assert [traced_calls(compiled, [batch])[1] for batch in (8, 12, 12)] == [1, 1, 0]
+    alternating = [traced_calls(compiled, [batch]) for batch in (8, 12) * 5]
     alone = {8: fresh(8), 12: fresh(12)}
     assert alternating == [(alone[batch], 1) for batch in (8, 12) * 5]
     assert alone[8] != alone[12]
@@ -159,23 +163,13 @@ def test_a_trace_has_dynamos_whole_recompile_limit_beside_dropped_graphs(caches)
     # process of its own (Dynamo's limit: eight entries). After a trace
     # whose kept graph the next one drops, Dynamo counted the dropped entry
     # too, and ran the eighth size uncompiled.
-    from torch._dynamo.utils import counters
-
     compiled = torch.compile(lambda x: (x * 2).softmax(-1), dynamic=False)
-
-    def trace(batches):
-        graphs = counters["stats"]["unique_graphs"]
-        with metamem.trace(device="cuda", gpu=GPU) as t:
-            for batch in batches:
-                compiled(torch.randn(batch, 4096))
-        return t.reserved_peak_bytes, counters["stats"]["unique_graphs"] - graphs
-
     cold(caches[0])
-    trace([8])
+    traced_calls(compiled, [8])
     eight = range(12, 20)
-    after_a_dropped_graph = trace(eight)
+    after_a_dropped_graph = traced_calls(compiled, eight)
     torch._dynamo.reset()
-    assert after_a_dropped_graph == trace(eight) and after_a_dropped_graph[1] == 8
+    assert after_a_dropped_graph == traced_calls(compiled, eight) and after_a_dropped_graph[1] == 8
 
 
 def test_a_ranks_graphs_serve_that_rank_alone(caches):
