@@ -140,6 +140,32 @@ def _compiler_config(module_name):
     return Setting(f"{module_name} settings", overrides, set_overrides)
 
 
+def _triton_min_max():
+    """Inductor's Triton code for minimum and maximum, which torchao's
+    convert_to_float8_training replaces for the process (tl.where rather
+    than tl.minimum(..., PropagateNan.ALL): torchao.float8._inductor_patch),
+    and the flag by which torchao does it once. Another model compiled
+    after the block would otherwise get other kernel sources than in a
+    process of its own (and miss their autotune cache's entries). Where
+    Inductor's code generator is imported in the block, there is nothing
+    from before it to put back: importing it at every block would cost
+    seconds."""
+    codegen = sys.modules.get("torch._inductor.codegen.triton")
+    patch = sys.modules.get("torchao.float8._inductor_patch")
+    overrides = None if codegen is None else {name: codegen.TritonOverrides.__dict__[name]
+                                              for name in ("minimum", "maximum")}
+    return overrides, getattr(patch, "_PATCHED", False)
+
+
+def _set_triton_min_max(saved):
+    overrides, patched = saved
+    if overrides is not None:
+        for name, value in overrides.items():
+            setattr(sys.modules["torch._inductor.codegen.triton"].TritonOverrides, name, value)
+    if "torchao.float8._inductor_patch" in sys.modules:
+        sys.modules["torchao.float8._inductor_patch"]._PATCHED = patched
+
+
 def _garbage_collector(enabled):
     if enabled:
         gc.enable()
@@ -216,6 +242,7 @@ SETTINGS = [
     _compiler_config("torch._inductor.config"),
     _compiler_config("torch._functorch.config"),
     _compiler_config("torch.fx.experimental._config"),
+    Setting("Inductor's Triton minimum and maximum", _triton_min_max, _set_triton_min_max),
     Setting("garbage collector", gc.isenabled, _garbage_collector),
     _attribute(sys, "excepthook", "sys.excepthook"),
     Setting("dispatch keys and autograd modes (grad, inference, forward AD)", _metamem.ThreadState,

@@ -9,6 +9,7 @@ first call: the first step holds the autotuner's benchmarking buffers."""
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -394,6 +395,23 @@ def test_float8_on_a_gpu_without_it_is_refused_as_torch_refuses():
             float8_mlp("tensorwise", compile=False)()
     with metamem.trace(device="cuda", gpu="L4"):  # sm89 runs it
         assert len(float8_mlp("tensorwise", compile=False)()) == 2
+
+
+def test_leaving_the_block_puts_back_inductors_code_that_float8_replaced():
+    # torchao's convert_to_float8_training replaces Inductor's Triton code
+    # for minimum and maximum, once per process: a model compiled after
+    # the block got other kernel sources than in a process of its own, and
+    # missed the entries a real run had written to the autotune cache (a
+    # trace after this one reserved 350,224,384 B in step 1 for 297,795,584).
+    from torch._inductor.codegen.triton import TritonOverrides
+    from compiled_steps import float8_mlp
+
+    before = TritonOverrides.__dict__["minimum"]
+    with metamem.trace(device="cuda", gpu="L4"):
+        float8_mlp("tensorwise", compile=False)()
+        assert TritonOverrides.__dict__["minimum"] is not before
+    assert TritonOverrides.__dict__["minimum"] is before
+    assert not sys.modules["torchao.float8._inductor_patch"]._PATCHED
 
 
 def test_a_misaligned_product_is_benchmarked_padded_while_compiling_as_on_a_gpu(caches):
