@@ -135,13 +135,18 @@ def _invalidate(code, guards_list, why):
             guards.invalidate(why)  # "... got deallocated": Dynamo's words
 
 
+def _dropped(entry):
+    """Whether Dynamo's cache entry `entry` is invalid (passes no guard)."""
+    from torch._dynamo.guards import DeletedGuardManagerWrapper
+
+    return isinstance(entry.guard_manager, DeletedGuardManagerWrapper)
+
+
 def _dropped_entries(code):
     """How many of Dynamo's entries of `code` are invalid."""
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-    from torch._dynamo.guards import DeletedGuardManagerWrapper
 
-    return sum(isinstance(entry.guard_manager, DeletedGuardManagerWrapper)
-               for entry in _debug_get_cache_entry_list(code))
+    return sum(map(_dropped, _debug_get_cache_entry_list(code)))
 
 
 def counting_live_entries(compute_cache_size):
@@ -150,12 +155,10 @@ def counting_live_entries(compute_cache_size):
     every entry of a function towards its recompile limit (8) and takes a
     compile beside any for a recompile; a process of its own would hold
     none of the dropped ones."""
-    from torch._dynamo.guards import DeletedGuardManagerWrapper
-
     def compute(frame, entries, total=0):
         if threading.get_ident() not in _RUNNING:
             return compute_cache_size(frame, entries, total)
-        live = [entry for entry in entries if not isinstance(entry.guard_manager, DeletedGuardManagerWrapper)]
+        live = [entry for entry in entries if not _dropped(entry)]
         return compute_cache_size(frame, live, total - (len(entries) - len(live)))
     return compute
 
@@ -166,7 +169,7 @@ def _drop(code, guards_list, why):
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list, reset_code
 
     _invalidate(code, guards_list, why)
-    if _dropped_entries(code) == len(_debug_get_cache_entry_list(code)):
+    if all(map(_dropped, _debug_get_cache_entry_list(code))):
         reset_code(code)
 
 
@@ -222,8 +225,9 @@ class Traces:
         did not pass its guards at the first call. It is invalidated
         (Dynamo is using its cache: the function is reset when the trace
         ends, if its new entry is not kept), and the sizes it recorded
-        cleared, so that the new graph is static. After a run of the kept entry, a recompile is Dynamo's own,
-        from the sizes of that entry, as in the process that compiled it."""
+        cleared, so that the new graph is static. After a run of the kept
+        entry, a recompile is Dynamo's own, from the sizes of that entry, as
+        in the process that compiled it."""
         self._remember_sizes(code)
         if code in self.carried and code not in self.ran:
             self.carried.discard(code)

@@ -143,8 +143,8 @@ def test_a_kept_graph_that_other_sizes_fail_gives_way_to_theirs(caches):
     # (before, a function whose kept graph had failed its guards kept none,
     # and every later trace compiled it). Batches alternating past Dynamo's
     # recompile limit (8) each compile once, static, as in a process of
-    # their own: dropped entries count towards the limit until the function
-    # is reset, and past it Dynamo would run the function uncompiled.
+    # their own: a function is reset before its dropped entries pile up,
+    # and past the limit Dynamo would run the function uncompiled.
     compiled = torch.compile(lambda x: (x * 2).softmax(-1))
 
     def fresh(batch):
