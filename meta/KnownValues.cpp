@@ -234,11 +234,42 @@ bool compares_integers(c10::ArrayRef<c10::IValue> arguments) {
   return any;
 }
 
-// The first of `index`'s known values outside [lowest, size), if any.
+// An integer tensor's values as the host reads them: a real host tensor's
+// own, or those the trace knows of a traced one.
+std::optional<at::Tensor> host_values(const at::Tensor& t) {
+  const bool traced = is_meta_tensor(t) || t.is_meta();
+  return traced ? known_values(t) : t;
+}
+
+// Real integer `values`, flattened in order.
+std::vector<std::int64_t> flattened(const at::Tensor& values) {
+  OutsideMetaMode outside;
+  InsideMetaCall inside;  // the read's tensors are not the step's
+  const at::Tensor flat = values.to(at::kLong).contiguous().view(-1);
+  const std::int64_t* data = flat.const_data_ptr<std::int64_t>();
+  return std::vector<std::int64_t>(data, data + flat.numel());
+}
+
+// Real `values` without the repeats along the dimensions they are broadcast
+// along (stride 0), each of those one long.
+at::Tensor unrepeated(const at::Tensor& values) {
+  c10::SmallVector<std::int64_t, 6> sizes(values.sizes().begin(), values.sizes().end());
+  for (std::int64_t d = 0; d < values.dim(); ++d)
+    if (values.stride(d) == 0) sizes[d] = std::min<std::int64_t>(sizes[d], 1);
+  OutsideMetaMode outside;
+  InsideMetaCall inside;
+  return values.as_strided(sizes, values.strides(), values.storage_offset());
+}
+
+// The first of `index`'s known values outside [lowest, size), if any. An
+// index broadcast along a dimension repeats its values there, and the first
+// out of range lies where that coordinate is 0: the repeats are not read.
+// (torchtitan's RoPE gathers with its 16,384 positions expanded over 64
+// rotary features: reading every repeat cost a 405B rank's trace 1 to 2 s.)
 std::optional<std::int64_t> first_outside(const at::Tensor& index, std::int64_t lowest, std::int64_t size) {
   if (!index.defined() || !is_integer(index)) return std::nullopt;
-  if (const auto values = known_integers(index))
-    for (const std::int64_t value : *values)
+  if (const auto values = host_values(index))
+    for (const std::int64_t value : flattened(unrepeated(*values)))
       if (value < lowest || value >= size) return value;
   return std::nullopt;
 }
@@ -359,14 +390,9 @@ std::optional<at::Tensor> known_values(const at::Tensor& t) {
 }
 
 std::optional<std::vector<std::int64_t>> known_integers(const at::Tensor& t) {
-  const bool traced = is_meta_tensor(t) || t.is_meta();
-  const std::optional<at::Tensor> values = traced ? known_values(t) : t;
+  const std::optional<at::Tensor> values = host_values(t);
   if (!values) return std::nullopt;
-  OutsideMetaMode outside;
-  InsideMetaCall inside;  // the read's tensors are not the step's
-  const at::Tensor flat = values->to(at::kLong).contiguous().view(-1);
-  const std::int64_t* data = flat.const_data_ptr<std::int64_t>();
-  return std::vector<std::int64_t>(data, data + flat.numel());
+  return flattened(*values);
 }
 
 void forget_values(BufferId id) {

@@ -502,6 +502,12 @@ OUT_OF_RANGE = {
     "index_select": lambda d: torch.zeros(10, 4, device=d).index_select(0, torch.arange(11, device=d)),
     "gather": lambda d: torch.zeros(10, 4, device=d).gather(0, torch.full((1, 4), 10, device=d)),
     "indexing": lambda d: torch.zeros(10, 4, device=d)[torch.tensor([3, -11], device=d)],
+    # Broadcast indices (stride 0), whose repeats the trace does not read:
+    # the first out of range is still the one the kernel names.
+    "gather broadcast": lambda d: torch.zeros(10, 4, device=d).gather(
+        0, torch.tensor([[3], [12], [11]], device=d).expand(3, 4)),
+    "indexing broadcast": lambda d: torch.zeros(10, 4, device=d)[
+        torch.tensor([3, 12, -11], device=d).expand(2, 3), torch.tensor([[0], [5]], device=d).expand(2, 3)],
 }
 
 
