@@ -320,8 +320,16 @@ class CompiledCode(CompilingAside):
 
     def _patch(self):
         super()._patch()
-        from torch._inductor.codecache import PyCodeCache
+        from torch._inductor.codecache import PyCodeCache, triton_key
         from torch._inductor.output_code import CompiledFxGraph
+
+        if self.cuda is not None:
+            # Inductor's cache keys on a GPU hash Triton's library, once per
+            # process at its first compile: torch's prefetch hashes it beside
+            # the block from here, where reading and hashing leave the
+            # interpreter to the block (torch's own files, also hashed once,
+            # are thousands of small ones: the interpreter's work).
+            triton_key.prefetch()
 
         load = PyCodeCache.load_by_key_path.__func__
 
