@@ -11,9 +11,12 @@ for the traced GPU, and no kernel is built:
   GPU: its torch.tensor(..., device="cuda") stays fake rather than asking
   the CUDA runtime.
 - Inductor's constant folding computes values it then reads (a uniform
-  tensor's value, to replace it by a scalar), and make_fx keeps a real
-  copy of each small constant it traces: on a GPU they are made there; in
-  a trace they are made on the CPU, where the values are the same.
+  tensor's value, to replace it by a scalar), make_fx keeps a real copy of
+  each small constant it traces, and a graph read back from AOTAutograd's
+  cache is traced again from its code, which runs each op of constants
+  (FlexAttention's and_masks starts from a `full([], True)` on the GPU):
+  on a GPU they are made there; in a trace they are made on the CPU, where
+  the values are the same.
 - What a compile runs on the GPU in a real run runs in the trace: Inductor
   benchmarks a matmul whose shapes are misaligned (GPT-2's vocabulary of
   50,257) against a padded one on GPU tensors it makes, and max-autotune
@@ -217,6 +220,7 @@ def install(patches, cuda, owner, benchmarked):
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
     from torch._inductor.scheduler import Scheduler
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx import graph_module
     from torch.fx.experimental import proxy_tensor
 
     gpu = cuda.gpu
@@ -244,6 +248,7 @@ def install(patches, cuda, owner, benchmarked):
     # and constant propagation): on the CPU, as above.
     unset_fake = proxy_tensor.unset_fake_temporarily
     patches.set(proxy_tensor, "unset_fake_temporarily", lambda: _both(unset_fake(), _values_on_cpu(owner)))
+    patches.set(graph_module, "_deserialize_graph_module", _on_cpu(graph_module._deserialize_graph_module, owner))
     cuda.graph_trees.use(patches)
     patches.set(pad_mm, "_should_pad", _in_the_trace(pad_mm._should_pad, owner, benchmarked))
     # pad_mm's decisions are the trace's, kept for its later compiles as a

@@ -208,6 +208,34 @@ def test_an_autotune_cache_is_read_as_a_real_run_reads_it(caches):
     assert cold[0][0] > warm[0][0] and cold[1][0] == warm[1][0] and cold[1][1] > warm[1][1]
 
 
+def test_a_graph_read_from_aotautograds_cache_makes_its_constants_on_the_cpu(caches, capfd):
+    # FlexAttention's and_masks starts from a full([], True) on the GPU. A
+    # graph read back from AOTAutograd's cache is traced again from its
+    # code, which runs that op: on the CUDA this process lacks, so a trace
+    # after the first (as a second process) logged the failure and compiled
+    # again.
+    from torch._dynamo.utils import counters
+    from torch.nn.attention.flex_attention import and_masks, create_block_mask, flex_attention
+
+    def attention(q, k, v, mask):
+        return flex_attention(q, k, v, block_mask=mask)
+
+    def trace():
+        torch._dynamo.reset()
+        with metamem.trace(device="cuda", gpu=GPU) as t:
+            mask = create_block_mask(and_masks(lambda b, h, q, kv: q >= kv), 1, 1, 256, 256, device="cuda")
+            q, k, v = (torch.randn(1, 2, 256, 64, device="cuda", requires_grad=True) for _ in range(3))
+            torch.compile(attention)(q, k, v, mask).sum().backward()
+        return t.step_peaks
+
+    cold(caches[0])
+    first = trace()
+    hits = counters["aot_autograd"]["autograd_cache_hit"]
+    assert trace() == first
+    assert counters["aot_autograd"]["autograd_cache_hit"] == hits + 1
+    assert capfd.readouterr().err == ""
+
+
 # mode="max-autotune" takes the same trees after its benchmarks (docs/compile.md;
 # about four minutes here, so not in CI: compile_sweep.py --mode).
 @pytest.mark.parametrize("how", [pytest.param("mode=reduce-overhead", marks=full), "each block, mode=reduce-overhead"])
