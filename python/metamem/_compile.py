@@ -267,40 +267,6 @@ def _collecting_what_it_leaves():
                 gc.unfreeze()
 
 
-def _same_on_every_rank(check_cacheable):
-    """AOTAutograd's check that its cache may hold a graph, in a trace of one
-    rank: only a graph of plain tensors that communicates nothing. Its key
-    names the rank's process groups but not the rank, whose mesh
-    coordinates a graph of DTensors may hold (an uneven shard's size,
-    worked out as AOTAutograd traces through DTensor). A graph of plain
-    tensors (torchtitan's document block mask) is the same on every rank:
-    a trace takes it from the cache on disk as a process of its own does."""
-    from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache
-    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-
-    def check(gm):
-        for node in gm.graph.nodes:
-            value = node.meta.get("example_value", node.meta.get("val"))
-            if isinstance(value, torch.Tensor) and is_traceable_wrapper_subclass(value):
-                raise BypassAOTAutogradCache(f"metamem: a rank's graph of {type(value).__name__}s")
-            if node.op == "call_function" and _communicates(node.target):
-                raise BypassAOTAutogradCache(f"metamem: a rank's graph that calls {node.target}")
-        return check_cacheable(gm)
-    return check
-
-
-def _communicates(target):
-    """Whether a graph's function is a collective: an op of torch's c10d
-    libraries, or one of torch.distributed's functions."""
-    if isinstance(target, torch._ops.OpOverloadPacket):
-        library = target._qualified_op_name.split("::")[0]
-    elif isinstance(target, torch._ops.OpOverload):
-        library = target.namespace
-    else:
-        return getattr(target, "__module__", "").startswith("torch.distributed")
-    return library in ("c10d", "_c10d_functional", "_c10d_functional_autograd", "_dtensor")
-
-
 @contextlib.contextmanager
 def _outside_the_trace():
     """Compiling in a trace: its ops run outside it and what it allocates on
@@ -323,7 +289,10 @@ class CompiledCode(CompilingAside):
         self.optimizers = optimizers  # the block's _optimizers.OptimizersFollow
         self.traces = traces  # the block's _compiled_graphs.Traces: which graphs it runs and keeps
         self.cuda = cuda
-        self.ranks = ranks  # a trace of one rank: _same_on_every_rank
+        # A trace of one rank (`ranks`) takes nothing from AOTAutograd's
+        # cache: its key names the rank's process groups but not the rank,
+        # whose mesh coordinates a graph may hold (an uneven shard's size).
+        self.ranks = ranks
         self.wrappers = set()  # id() of the globals of the wrapper modules made traceable
         self.loaded = []  # the wrapper modules loaded during the block
         self.owner = threading.get_ident()
@@ -433,9 +402,9 @@ class CompiledCode(CompilingAside):
         self.patches.set(convert_frame, "compute_cache_size",
                          _compiled_graphs.counting_live_entries(convert_frame.compute_cache_size))
         if self.ranks:
-            from torch._functorch._aot_autograd import autograd_cache
+            from torch._functorch import config as functorch
 
-            self.patches.set(autograd_cache, "check_cacheable", _same_on_every_rank(autograd_cache.check_cacheable))
+            self.patches.set(functorch, "enable_autograd_cache", False, restore=functorch.enable_autograd_cache)
 
     def compiling(self, compile_):
         aside = super().compiling(compile_)

@@ -264,35 +264,6 @@ def test_each_trace_compiles_as_a_process_of_its_own_would(world_size):
     assert peaks[-1] == metamem.achieved_cpu(lambda: compiled(torch.randn(batch, 64, requires_grad=True)).backward())
 
 
-def test_a_ranks_trace_takes_from_aotautograds_cache_only_graphs_the_same_on_every_rank():
-    # AOTAutograd's cache key names a rank's process groups but not the
-    # rank, whose mesh coordinates a graph of DTensors may hold: a rank's
-    # trace leaves those to compile. A graph of plain tensors that
-    # communicates nothing is the same on every rank: rank 1's trace reads
-    # what rank 0's wrote, as a process of its own would.
-    from torch._dynamo.utils import counters
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard, distribute_tensor
-
-    def plain(x):
-        return (x * 3).cos().sum()
-
-    def sharded(x):
-        return (x * 5).sin()
-
-    def traced(rank):
-        with metamem.trace(device="cpu", world_size=2, rank=rank):
-            torch.compile(plain)(torch.randn(8, 64, requires_grad=True)).backward()
-            x = distribute_tensor(torch.randn(8, 64), init_device_mesh("cpu", (2,)), [Shard(0)])
-            torch.compile(sharded)(x.requires_grad_()).to_local().sum().backward()
-
-    traced(0)
-    hits, bypasses = (counters["aot_autograd"][what] for what in ("autograd_cache_hit", "autograd_cache_bypass"))
-    traced(1)
-    assert counters["aot_autograd"]["autograd_cache_hit"] == hits + 1
-    assert counters["aot_autograd"]["autograd_cache_bypass"] == bypasses + 1
-
-
 def test_a_model_compiled_before_the_block_keeps_its_gradients_and_traces_again():
     # On a fake cpu its parameters stay real, and reach the compiled kernels
     # through reinterpret_tensor, an alias autograd does not know: backward
